@@ -1,0 +1,275 @@
+package store
+
+import (
+	"encoding/json"
+	"time"
+)
+
+// Template is what a node boots.
+type Template struct {
+	ID   string
+	Name string
+	// RootModules are bottom first.
+	RootModules          []ModuleRef
+	ExtensionModules     []ModuleRef
+	KernelDigest         string
+	InitramfsDigest      string
+	KernelArgs           string
+	RequireSignedModules bool
+	CreatedAt, UpdatedAt time.Time
+}
+
+// ModuleRef names a module version.
+type ModuleRef struct {
+	Name    string
+	Version string
+}
+
+// Module is an immutable, content-addressed erofs image.
+type Module struct {
+	Name      string
+	Version   string
+	Digest    string // sha256:<hex>
+	Size      int64
+	Signature []byte
+	CreatedAt time.Time
+}
+
+// Node is a logical host; it outlives its instances.
+type Node struct {
+	ID            string
+	Name          string
+	TemplateID    string
+	Enabled       bool
+	Config        json.RawMessage // a JSON object
+	PublicAddress string
+	CreatedAt     time.Time
+	UpdatedAt     time.Time
+}
+
+// NodeFilter narrows ListNodes.
+type NodeFilter struct {
+	TemplateID string
+}
+
+// Instance statuses are the lifecycle package's states, stored as text.
+// Pool states of members.
+const (
+	PoolStateWarming  = "warming"
+	PoolStateReady    = "ready"
+	PoolStateClaimed  = "claimed"
+	PoolStateDraining = "draining"
+	PoolStateErrored  = "errored"
+)
+
+// Cordon is the marker cordon writes (SPEC 2).
+type Cordon struct {
+	By              string
+	Reason          string
+	At              time.Time
+	PoolStateBefore string
+}
+
+// Instance is one machine incarnation of a node.
+type Instance struct {
+	ID              string
+	NodeID          string
+	Status          string
+	Provider        string
+	Region          string
+	InstanceType    string
+	CloudInstanceID string
+	OperationID     string
+
+	PoolID               string
+	PoolState            string
+	PoolWarmingStartedAt *time.Time
+	// PoolReadyAt anchors the ready TTL; reuse resets it.
+	PoolReadyAt    *time.Time
+	PoolAcquiredAt *time.Time
+	ClaimID        string
+	AcquiredBy     string
+	AcquiredFor    string
+	// The errored-member terminate ladder.
+	PoolTerminateAttempts int
+	PoolNextTerminateAt   *time.Time
+	// Flags so that stale-claim events fire once per claim.
+	ClaimedStaleFlagged   bool
+	HeartbeatStaleFlagged bool
+
+	Hold       bool
+	HoldReason string
+	Cordon     *Cordon
+
+	LastHeartbeatAt *time.Time
+	AgentPhase      string
+	AgentVersion    string
+	RunningModules  []string
+	AgentError      string
+	Addresses       []string
+	BootID          string
+	// SilentSince is set when instance.silent was raised, and cleared by the
+	// next heartbeat, so the event fires once per silence.
+	SilentSince *time.Time
+
+	ErrorMessage string
+	// TerminateRequestedAt is the recorded intent of a two-phase terminate.
+	TerminateRequestedAt *time.Time
+	CreatedAt            time.Time
+	UpdatedAt            time.Time
+}
+
+// InstanceFilter narrows ListInstances and CountInstances. Zero fields
+// match everything.
+type InstanceFilter struct {
+	NodeID     string
+	PoolID     string
+	Provider   string
+	Statuses   []string
+	PoolStates []string
+	// HeartbeatBefore matches instances whose last heartbeat (or, with
+	// none yet, creation) is older than the time.
+	HeartbeatBefore *time.Time
+	// TerminateRequested matches instances with a recorded terminate intent.
+	TerminateRequested bool
+	// OldestFirst orders by creation (default is by id, which is also
+	// creation order for v7 ids).
+	OldestFirst bool
+}
+
+// Heartbeat is one coalesced agent heartbeat.
+type Heartbeat struct {
+	InstanceID     string
+	At             time.Time
+	Phase          string
+	AgentVersion   string
+	RunningModules []string
+	AgentError     string
+	Addresses      []string
+	BootID         string
+}
+
+// Token is a bootstrap token; only its hash is stored.
+type Token struct {
+	Hash       string
+	InstanceID string
+	ExpiresAt  time.Time
+	UsedAt     *time.Time
+	CreatedAt  time.Time
+}
+
+// Certificate kinds.
+const (
+	CertKindNode   = "node"
+	CertKindAdmin  = "admin"
+	CertKindServer = "server"
+)
+
+// Certificate is an issued identity.
+type Certificate struct {
+	Serial       string
+	InstanceID   string
+	Kind         string
+	Subject      string
+	NotBefore    time.Time
+	NotAfter     time.Time
+	RevokedAt    *time.Time
+	RevokeReason string
+	CreatedAt    time.Time
+}
+
+// CertificateFilter narrows ListCertificates.
+type CertificateFilter struct {
+	InstanceID string
+}
+
+// Task targets, kinds and statuses as stored.
+const (
+	TaskTargetAgent  = "agent"
+	TaskTargetWorker = "worker"
+
+	TaskPending   = "pending"
+	TaskLeased    = "leased"
+	TaskRunning   = "running"
+	TaskSucceeded = "succeeded"
+	TaskFailed    = "failed"
+	TaskCancelled = "cancelled"
+)
+
+// Task is a unit of work for an agent or a control-plane worker.
+type Task struct {
+	ID         string
+	Target     string
+	InstanceID string
+	Kind       string
+	// Payload is kind-specific JSON (exec: {"argv": [...], "timeout_seconds": N}).
+	Payload         json.RawMessage
+	Status          string
+	LeaseOwner      string
+	LeaseExpiresAt  *time.Time
+	Attempts        int
+	MaxAttempts     int
+	ExitCode        *int
+	Output          []byte
+	OutputTruncated bool
+	ErrorMessage    string
+	Progress        string
+	// CancelRequested asks a running task's executor to stop.
+	CancelRequested bool
+	CreatedAt       time.Time
+	UpdatedAt       time.Time
+}
+
+// Terminal reports whether the task has ended.
+func (t *Task) Terminal() bool {
+	return t.Status == TaskSucceeded || t.Status == TaskFailed || t.Status == TaskCancelled
+}
+
+// TaskFilter narrows ListTasks.
+type TaskFilter struct {
+	InstanceID string
+	Target     string
+	Statuses   []string
+}
+
+// TaskClaim asks for one pending task.
+type TaskClaim struct {
+	Target string
+	// InstanceID narrows to one instance's tasks (agents); empty means any.
+	InstanceID string
+	// TaskID narrows to one task (the push path leases the task it announces).
+	TaskID     string
+	Owner      string
+	Now        time.Time
+	LeaseUntil time.Time
+}
+
+// Severities as stored; the order matters for min-severity filters.
+const (
+	SeverityLow      = 1
+	SeverityMedium   = 2
+	SeverityHigh     = 3
+	SeverityCritical = 4
+)
+
+// Event is an append-only fleet event.
+type Event struct {
+	ID            int64
+	Kind          string
+	Severity      int
+	InstanceID    string
+	PoolID        string
+	CorrelationID string
+	Message       string
+	Payload       json.RawMessage // a JSON object
+	CreatedAt     time.Time
+}
+
+// EventFilter narrows event reads.
+type EventFilter struct {
+	Kind          string
+	InstanceID    string
+	PoolID        string
+	CorrelationID string
+	MinSeverity   int
+}

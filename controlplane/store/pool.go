@@ -1,0 +1,75 @@
+package store
+
+import (
+	"context"
+	"time"
+)
+
+// Pool statuses and lifecycle classes as stored.
+const (
+	PoolActive   = "active"
+	PoolPaused   = "paused"
+	PoolDraining = "draining"
+	PoolArchived = "archived"
+
+	ClassEphemeral = "ephemeral"
+	ClassSpot      = "spot"
+)
+
+// PoolMetadata carries the timeouts and policies of SPEC 4. Zero values
+// mean the defaults (see controlplane/pool).
+type PoolMetadata struct {
+	WarmingTimeoutSeconds       int  `json:"warming_timeout_seconds,omitempty"`
+	ReadyTTLSeconds             int  `json:"ready_ttl_seconds,omitempty"`
+	ClaimedTTLSeconds           int  `json:"claimed_ttl_seconds,omitempty"`
+	RecordRetentionDays         *int `json:"record_retention_days,omitempty"`
+	ReuseWithoutReset           bool `json:"reuse_without_reset,omitempty"`
+	ErroredTerminateMaxAttempts int  `json:"errored_terminate_max_attempts,omitempty"`
+}
+
+// Pool is a set of pre-warmed instances.
+type Pool struct {
+	ID                string
+	Name              string
+	TemplateID        string
+	Provider          string
+	Region            string
+	InstanceType      string
+	LifecycleClass    string
+	TargetSize        int
+	MinSize           int
+	MaxSize           int
+	Status            string
+	Metadata          PoolMetadata
+	LastReplenishedAt *time.Time
+	CreatedAt         time.Time
+	UpdatedAt         time.Time
+}
+
+// PoolCounts are live member counts by pool state; terminated members do
+// not count.
+type PoolCounts struct {
+	Warming, Ready, Claimed, Draining, Errored int
+}
+
+// PoolQueries are the pool methods of Queries.
+type PoolQueries interface {
+	CreatePool(ctx context.Context, p *Pool) error
+	GetPool(ctx context.Context, name string) (*Pool, error)
+	GetPoolByID(ctx context.Context, id string) (*Pool, error)
+	// LockPool reads a pool and locks its row on PostgreSQL.
+	LockPool(ctx context.Context, id string) (*Pool, error)
+	ListPools(ctx context.Context, p Page) ([]*Pool, error)
+	UpdatePool(ctx context.Context, p *Pool) error
+	// DeletePool refuses (ErrConflict) while the pool has members that are
+	// not terminated.
+	DeletePool(ctx context.Context, id string) error
+	CountPoolMembers(ctx context.Context, poolID string) (PoolCounts, error)
+	// ClaimPoolMember locks and returns the oldest ready member (by warming
+	// start) of an active pool: SKIP LOCKED on PostgreSQL, so concurrent
+	// claimers never get the same member. With poolID empty it picks any
+	// active pool with a ready member, narrowed by class when given. It
+	// returns ErrNotFound when there is none. The caller updates the member
+	// and writes the claim event in the same transaction.
+	ClaimPoolMember(ctx context.Context, poolID, class string) (*Instance, error)
+}

@@ -1,0 +1,213 @@
+// Package sqlstore is the one query layer both backends share, over
+// database/sql. A backend supplies a Dialect (placeholders, row locks,
+// error classification) and a Notifier; everything else is common, so the
+// storetest suite exercises the same SQL on SQLite and PostgreSQL.
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+
+	"github.com/tetherfleet/tether/controlplane/store"
+)
+
+// Dialect is what differs between backends.
+type Dialect interface {
+	Name() string
+	// Rebind turns ? placeholders into the backend's form.
+	Rebind(query string) string
+	// LockRow is appended to a SELECT that must lock its row until the
+	// transaction ends (" FOR UPDATE" on PostgreSQL; SQLite's immediate
+	// transaction already holds the write lock).
+	LockRow() string
+	// SkipLocked is appended to a claim SELECT (" FOR UPDATE SKIP LOCKED").
+	SkipLocked() string
+	IsUniqueViolation(err error) bool
+	IsForeignKeyViolation(err error) bool
+	// IsUnavailable reports a lost or refused connection.
+	IsUnavailable(err error) bool
+}
+
+// Execer is satisfied by *sql.DB, *sql.Conn and *sql.Tx.
+type Execer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// Notifier delivers store.Notify calls.
+type Notifier interface {
+	// Notify runs inside the caller's transaction (or autocommit) on ex. It
+	// may return a function to run once the transaction has committed.
+	Notify(ctx context.Context, ex Execer, channel, payload string) (afterCommit func(), err error)
+	Subscribe(channel string) (<-chan string, func())
+}
+
+// TxHook wraps a whole transaction; SQLite uses it to serialise writers in
+// process instead of spinning in the busy handler.
+type TxHook func(ctx context.Context, run func() error) error
+
+// DB implements store.Store except Elector, Backend and Close, which the
+// backend adds.
+type DB struct {
+	*queries
+	db       *sql.DB
+	dialect  Dialect
+	notifier Notifier
+	txHook   TxHook
+	// stmts caches rebound query text.
+	rebound sync.Map
+}
+
+// Options configure New.
+type Options struct {
+	Dialect  Dialect
+	Notifier Notifier
+	TxHook   TxHook
+}
+
+// New wraps an open database.
+func New(db *sql.DB, o Options) *DB {
+	d := &DB{db: db, dialect: o.Dialect, notifier: o.Notifier, txHook: o.TxHook}
+	d.queries = &queries{ex: db, db: d}
+	return d
+}
+
+// SQL returns the underlying pool (for migrations and health checks).
+func (d *DB) SQL() *sql.DB { return d.db }
+
+// Subscribe implements store.Store.
+func (d *DB) Subscribe(channel string) (<-chan string, func()) {
+	return d.notifier.Subscribe(channel)
+}
+
+// Tx implements store.Store.
+func (d *DB) Tx(ctx context.Context, fn func(q store.Queries) error) error {
+	var after []func()
+	run := func() error {
+		after = after[:0]
+		tx, err := d.db.BeginTx(ctx, nil)
+		if err != nil {
+			return d.classify(fmt.Errorf("begin transaction: %w", err))
+		}
+		q := &queries{ex: tx, db: d, inTx: true}
+		if err := fn(q); err != nil {
+			_ = tx.Rollback()
+			return err
+		}
+		if err := tx.Commit(); err != nil {
+			return d.classify(fmt.Errorf("commit: %w", err))
+		}
+		after = q.afterCommit
+		return nil
+	}
+	var err error
+	if d.txHook != nil {
+		err = d.txHook(ctx, run)
+	} else {
+		err = run()
+	}
+	if err != nil {
+		return err
+	}
+	for _, f := range after {
+		f()
+	}
+	return nil
+}
+
+// queries implements store.Queries on an Execer.
+type queries struct {
+	ex          Execer
+	db          *DB
+	inTx        bool
+	afterCommit []func()
+}
+
+func (q *queries) sql(query string) string {
+	if v, ok := q.db.rebound.Load(query); ok {
+		return v.(string)
+	}
+	r := q.db.dialect.Rebind(query)
+	q.db.rebound.Store(query, r)
+	return r
+}
+
+func (q *queries) exec(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	res, err := q.ex.ExecContext(ctx, q.sql(query), args...)
+	return res, q.db.classify(err)
+}
+
+func (q *queries) query(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	rows, err := q.ex.QueryContext(ctx, q.sql(query), args...)
+	return rows, q.db.classify(err)
+}
+
+func (q *queries) row(ctx context.Context, query string, args ...any) *sql.Row {
+	return q.ex.QueryRowContext(ctx, q.sql(query), args...)
+}
+
+// Notify implements store.Queries.
+func (q *queries) Notify(ctx context.Context, channel, payload string) error {
+	after, err := q.db.notifier.Notify(ctx, q.ex, channel, payload)
+	if err != nil {
+		return q.db.classify(fmt.Errorf("notify %s: %w", channel, err))
+	}
+	if after != nil {
+		if q.inTx {
+			q.afterCommit = append(q.afterCommit, after)
+		} else {
+			after()
+		}
+	}
+	return nil
+}
+
+// classify maps driver errors onto the store sentinels.
+func (d *DB) classify(err error) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, store.ErrNotFound) || errors.Is(err, store.ErrAlreadyExists) ||
+		errors.Is(err, store.ErrConflict) || errors.Is(err, store.ErrUnavailable) {
+		return err
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	dl := d.dialect
+	switch {
+	case dl.IsUniqueViolation(err):
+		return fmt.Errorf("%v: %w", err, store.ErrAlreadyExists)
+	case dl.IsForeignKeyViolation(err):
+		return fmt.Errorf("%v: %w", err, store.ErrConflict)
+	case dl.IsUnavailable(err):
+		return fmt.Errorf("%v: %w", err, store.ErrUnavailable)
+	}
+	return err
+}
+
+// notFound turns sql.ErrNoRows into store.ErrNotFound.
+func notFound(err error, what string, key any) error {
+	if errors.Is(err, sql.ErrNoRows) {
+		return store.Errorf(store.ErrNotFound, "%s %q", what, key)
+	}
+	return err
+}
+
+// in renders "IN (?,?,?)" for n values.
+func in(n int) string {
+	return "IN (" + strings.TrimSuffix(strings.Repeat("?,", n), ",") + ")"
+}
+
+func anySlice(ss []string) []any {
+	out := make([]any, len(ss))
+	for i, s := range ss {
+		out[i] = s
+	}
+	return out
+}

@@ -1,0 +1,152 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/tetherfleet/tether/controlplane/store"
+)
+
+const taskCols = `id, target, instance_id, kind, payload, status, lease_owner, lease_expires_at, attempts, max_attempts,
+	exit_code, output, output_truncated, error_message, progress, cancel_requested, created_at, updated_at`
+
+func scanTask(s scanner) (*store.Task, error) {
+	var t store.Task
+	var payload string
+	var lease, exit sql.NullInt64
+	var created, updated int64
+	if err := s.Scan(&t.ID, &t.Target, &t.InstanceID, &t.Kind, &payload, &t.Status, &t.LeaseOwner, &lease, &t.Attempts, &t.MaxAttempts,
+		&exit, &t.Output, &t.OutputTruncated, &t.ErrorMessage, &t.Progress, &t.CancelRequested, &created, &updated); err != nil {
+		return nil, err
+	}
+	t.Payload = []byte(payload)
+	t.LeaseExpiresAt = fromNTS(lease)
+	if exit.Valid {
+		v := int(exit.Int64)
+		t.ExitCode = &v
+	}
+	t.CreatedAt, t.UpdatedAt = fromTS(created), fromTS(updated)
+	return &t, nil
+}
+
+func taskArgs(t *store.Task) []any {
+	var exit any
+	if t.ExitCode != nil {
+		exit = *t.ExitCode
+	}
+	out := t.Output
+	if out == nil {
+		out = []byte{}
+	}
+	return []any{t.ID, t.Target, t.InstanceID, t.Kind, jsonObject(t.Payload), t.Status, t.LeaseOwner, nts(t.LeaseExpiresAt), t.Attempts, t.MaxAttempts,
+		exit, out, t.OutputTruncated, t.ErrorMessage, t.Progress, t.CancelRequested, ts(t.CreatedAt), ts(t.UpdatedAt)}
+}
+
+func (q *queries) CreateTask(ctx context.Context, t *store.Task) error {
+	if t.ID == "" {
+		t.ID = newID()
+	}
+	if _, err := q.exec(ctx, `INSERT INTO tasks (`+taskCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`, taskArgs(t)...); err != nil {
+		return fmt.Errorf("create task: %w", err)
+	}
+	return nil
+}
+
+func (q *queries) getTask(ctx context.Context, suffix, id string) (*store.Task, error) {
+	t, err := scanTask(q.row(ctx, `SELECT `+taskCols+` FROM tasks WHERE id = ?`+suffix, id))
+	if err != nil {
+		return nil, notFound(q.db.classify(err), "task", id)
+	}
+	return t, nil
+}
+
+func (q *queries) GetTask(ctx context.Context, id string) (*store.Task, error) { return q.getTask(ctx, "", id) }
+
+func (q *queries) LockTask(ctx context.Context, id string) (*store.Task, error) {
+	return q.getTask(ctx, q.db.dialect.LockRow(), id)
+}
+
+func (q *queries) ListTasks(ctx context.Context, f store.TaskFilter, p store.Page) ([]*store.Task, error) {
+	p = p.Normalize()
+	conds, args := []string{"id > ?"}, []any{p.After}
+	if f.InstanceID != "" {
+		conds, args = append(conds, "instance_id = ?"), append(args, f.InstanceID)
+	}
+	if f.Target != "" {
+		conds, args = append(conds, "target = ?"), append(args, f.Target)
+	}
+	if len(f.Statuses) > 0 {
+		conds, args = append(conds, "status "+in(len(f.Statuses))), append(args, anySlice(f.Statuses)...)
+	}
+	rows, err := q.query(ctx, `SELECT `+taskCols+` FROM tasks WHERE `+strings.Join(conds, " AND ")+` ORDER BY id LIMIT ?`, append(args, p.Limit)...)
+	if err != nil {
+		return nil, fmt.Errorf("list tasks: %w", err)
+	}
+	out, err := collect(rows, scanTask)
+	if err != nil {
+		return nil, fmt.Errorf("list tasks: %w", err)
+	}
+	return out, nil
+}
+
+func (q *queries) UpdateTask(ctx context.Context, t *store.Task) error {
+	args := taskArgs(t)
+	res, err := q.exec(ctx, `UPDATE tasks SET target = ?, instance_id = ?, kind = ?, payload = ?, status = ?, lease_owner = ?, lease_expires_at = ?,
+		attempts = ?, max_attempts = ?, exit_code = ?, output = ?, output_truncated = ?, error_message = ?, progress = ?, cancel_requested = ?,
+		updated_at = ? WHERE id = ?`, append(append(args[1:16:16], args[17]), t.ID)...)
+	return mustAffect(res, err, "task", t.ID)
+}
+
+func (q *queries) ClaimTask(ctx context.Context, c store.TaskClaim) (*store.Task, error) {
+	conds, args := []string{"status = 'pending'", "target = ?"}, []any{c.Target}
+	if c.InstanceID != "" {
+		conds, args = append(conds, "instance_id = ?"), append(args, c.InstanceID)
+	}
+	if c.TaskID != "" {
+		conds, args = append(conds, "id = ?"), append(args, c.TaskID)
+	}
+	// The inner SELECT locks the row it picks (SKIP LOCKED on PostgreSQL,
+	// so a concurrent claimer moves on to the next task); the outer UPDATE
+	// re-checks the status, so even without row locks two claimers cannot
+	// both win.
+	pick := `SELECT id FROM tasks WHERE ` + strings.Join(conds, " AND ") + ` ORDER BY created_at, id LIMIT 1` + q.db.dialect.SkipLocked()
+	t, err := scanTask(q.row(ctx, `UPDATE tasks SET status = 'leased', lease_owner = ?, lease_expires_at = ?, updated_at = ?
+		WHERE id = (`+pick+`) AND status = 'pending' RETURNING `+taskCols,
+		append([]any{c.Owner, ts(c.LeaseUntil), ts(c.Now)}, args...)...))
+	if err != nil {
+		return nil, notFound(q.db.classify(err), "pending task for", c.Target+"/"+c.InstanceID+c.TaskID)
+	}
+	return t, nil
+}
+
+func (q *queries) ExpireTaskLeases(ctx context.Context, now time.Time) ([]*store.Task, error) {
+	rows, err := q.query(ctx, `SELECT `+taskCols+` FROM tasks WHERE status IN ('leased', 'running') AND lease_expires_at < ? ORDER BY id`+q.db.dialect.SkipLocked(), ts(now))
+	if err != nil {
+		return nil, fmt.Errorf("expire task leases: %w", err)
+	}
+	expired, err := collect(rows, scanTask)
+	if err != nil {
+		return nil, fmt.Errorf("expire task leases: %w", err)
+	}
+	for _, t := range expired {
+		t.Attempts++
+		t.LeaseOwner, t.LeaseExpiresAt, t.UpdatedAt = "", nil, now
+		switch {
+		case t.CancelRequested:
+			t.Status, t.ErrorMessage = store.TaskCancelled, "cancelled; the lease expired before the executor confirmed"
+		case t.Attempts >= t.MaxAttempts:
+			t.Status = store.TaskFailed
+			t.ErrorMessage = fmt.Sprintf("lease expired on attempt %d of %d; giving up", t.Attempts, t.MaxAttempts)
+		default:
+			t.Status = store.TaskPending
+			t.ErrorMessage = fmt.Sprintf("lease expired on attempt %d of %d; retrying", t.Attempts, t.MaxAttempts)
+		}
+		if err := q.UpdateTask(ctx, t); err != nil {
+			return nil, err
+		}
+	}
+	return expired, nil
+}

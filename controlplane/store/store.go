@@ -1,0 +1,189 @@
+// Package store is the control plane's persistence contract. Backends
+// (sqlite, postgres) implement Store over one shared SQL layer (sqlstore);
+// the storetest suite keeps them honest. Nothing above this package may
+// assume which backend it runs on.
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Sentinel errors. Backends wrap them with context; callers test with
+// errors.Is and map them to gRPC codes in one place (controlplane/api).
+var (
+	ErrNotFound = errors.New("not found")
+	// ErrAlreadyExists is a unique-key violation.
+	ErrAlreadyExists = errors.New("already exists")
+	// ErrConflict means the row is not in the state the write requires
+	// (a spent token, a row referenced by another).
+	ErrConflict = errors.New("conflict")
+	// ErrUnavailable means the database cannot be reached; retry later.
+	ErrUnavailable = errors.New("store unavailable")
+)
+
+// Errorf wraps a sentinel with a message: Errorf(ErrNotFound, "instance %q", id).
+func Errorf(sentinel error, format string, args ...any) error {
+	return fmt.Errorf("%s: %w", fmt.Sprintf(format, args...), sentinel)
+}
+
+// Store is a backend.
+type Store interface {
+	// Queries outside a transaction run in autocommit mode.
+	Queries
+	// Tx runs fn in one transaction. If fn returns an error, nothing it
+	// wrote is kept and no notification it queued is sent. On SQLite the
+	// transaction is IMMEDIATE (it takes the write lock up front); on
+	// PostgreSQL it is READ COMMITTED with row locks where the method says so.
+	Tx(ctx context.Context, fn func(q Queries) error) error
+	// Subscribe delivers the payload of every Notify on channel, from any
+	// replica sharing the database, after the notifying transaction commits.
+	// Delivery is best effort (a slow reader drops notifications), so a
+	// subscriber treats a notification as a hint to re-read the store.
+	Subscribe(channel string) (<-chan string, func())
+	// Elector runs periodic loops on one replica at a time.
+	Elector() Elector
+	// Backend names the backend ("sqlite", "postgres") for logs and metrics.
+	Backend() string
+	Close() error
+}
+
+// Notification channels.
+const (
+	ChannelEvents      = "tether_events"      // payload: event id
+	ChannelTasks       = "tether_tasks"       // payload: instance id
+	ChannelRevocations = "tether_revocations" // payload: certificate serial
+	ChannelInstances   = "tether_instances"   // payload: instance id
+)
+
+// Elector grants leadership of named loops.
+type Elector interface {
+	// Campaign blocks until this replica leads name or ctx ends. The
+	// returned context is cancelled when leadership is lost; call release
+	// to give it up.
+	Campaign(ctx context.Context, name string) (lead context.Context, release func(), err error)
+}
+
+// Page bounds a list. After is the opaque cursor from the previous page.
+type Page struct {
+	Limit int
+	After string
+}
+
+// DefaultPageSize and MaxPageSize bound Page.Limit.
+const (
+	DefaultPageSize = 100
+	MaxPageSize     = 1000
+)
+
+// Normalize applies the default and the maximum.
+func (p Page) Normalize() Page {
+	if p.Limit <= 0 {
+		p.Limit = DefaultPageSize
+	}
+	if p.Limit > MaxPageSize {
+		p.Limit = MaxPageSize
+	}
+	return p
+}
+
+// Queries is every read and write. The same methods run in autocommit mode
+// (on Store) and inside a transaction (in Tx's callback).
+type Queries interface {
+	// Notify queues a notification; inside a transaction it is sent on commit.
+	Notify(ctx context.Context, channel, payload string) error
+
+	CreateTemplate(ctx context.Context, t *Template) error
+	GetTemplate(ctx context.Context, name string) (*Template, error)
+	GetTemplateByID(ctx context.Context, id string) (*Template, error)
+	ListTemplates(ctx context.Context, p Page) ([]*Template, error)
+	UpdateTemplate(ctx context.Context, t *Template) error
+	// DeleteTemplate refuses (ErrConflict) while a node or pool uses it.
+	DeleteTemplate(ctx context.Context, name string) error
+
+	CreateModule(ctx context.Context, m *Module) error
+	GetModule(ctx context.Context, name, version string) (*Module, error)
+	ListModules(ctx context.Context, name string, p Page) ([]*Module, error)
+	// DeleteModule refuses (ErrConflict) while a template references it.
+	DeleteModule(ctx context.Context, name, version string) error
+	// CountModulesWithDigest tells whether a blob is still referenced.
+	CountModulesWithDigest(ctx context.Context, digest string) (int, error)
+
+	CreateNode(ctx context.Context, n *Node) error
+	GetNode(ctx context.Context, name string) (*Node, error)
+	GetNodeByID(ctx context.Context, id string) (*Node, error)
+	ListNodes(ctx context.Context, f NodeFilter, p Page) ([]*Node, error)
+	UpdateNode(ctx context.Context, n *Node) error
+	// DeleteNode refuses (ErrConflict) while a non-terminated instance of it exists.
+	DeleteNode(ctx context.Context, name string) error
+
+	CreateInstance(ctx context.Context, in *Instance) error
+	GetInstance(ctx context.Context, id string) (*Instance, error)
+	// LockInstance reads an instance and, on PostgreSQL, locks its row
+	// until the transaction ends. Use it before a read-modify-write.
+	LockInstance(ctx context.Context, id string) (*Instance, error)
+	GetInstanceByOperationID(ctx context.Context, operationID string) (*Instance, error)
+	ListInstances(ctx context.Context, f InstanceFilter, p Page) ([]*Instance, error)
+	CountInstances(ctx context.Context, f InstanceFilter) (int, error)
+	// UpdateInstance writes every mutable column.
+	UpdateInstance(ctx context.Context, in *Instance) error
+	// RecordHeartbeats writes a batch of coalesced heartbeats.
+	RecordHeartbeats(ctx context.Context, hbs []Heartbeat) error
+
+	CreateToken(ctx context.Context, t *Token) error
+	GetToken(ctx context.Context, hash string) (*Token, error)
+	// ConsumeToken marks an unused, unexpired token used. It returns
+	// ErrNotFound for an unknown token and ErrConflict (wrapping
+	// ErrTokenUsed or ErrTokenExpired) otherwise, with the token.
+	ConsumeToken(ctx context.Context, hash string, now time.Time) (*Token, error)
+	// ExpireInstanceTokens ends every unused token of an instance.
+	ExpireInstanceTokens(ctx context.Context, instanceID string, now time.Time) (int, error)
+
+	CreateCertificate(ctx context.Context, c *Certificate) error
+	GetCertificate(ctx context.Context, serial string) (*Certificate, error)
+	ListCertificates(ctx context.Context, f CertificateFilter, p Page) ([]*Certificate, error)
+	RevokeCertificate(ctx context.Context, serial, reason string, now time.Time) (*Certificate, error)
+	// RevokeInstanceCertificates revokes every unrevoked certificate of an
+	// instance and returns their serials.
+	RevokeInstanceCertificates(ctx context.Context, instanceID, reason string, now time.Time) ([]string, error)
+	// ListRevokedSerials lists revoked certificates that have not expired
+	// by now: the only ones a revocation check still needs.
+	ListRevokedSerials(ctx context.Context, now time.Time) ([]string, error)
+
+	CreateTask(ctx context.Context, t *Task) error
+	GetTask(ctx context.Context, id string) (*Task, error)
+	LockTask(ctx context.Context, id string) (*Task, error)
+	ListTasks(ctx context.Context, f TaskFilter, p Page) ([]*Task, error)
+	UpdateTask(ctx context.Context, t *Task) error
+	// ClaimTask leases the oldest pending task matching c to c.Owner
+	// atomically: concurrent claimers never lease the same task (SKIP
+	// LOCKED on PostgreSQL, an immediate transaction on SQLite). It
+	// returns ErrNotFound when there is none.
+	ClaimTask(ctx context.Context, c TaskClaim) (*Task, error)
+	// ExpireTaskLeases returns leased or running tasks whose lease ran out
+	// to pending (attempts+1) or, past max_attempts, to failed. It returns
+	// the tasks it changed, as changed.
+	ExpireTaskLeases(ctx context.Context, now time.Time) ([]*Task, error)
+
+	// AppendEvent assigns e.ID and notifies ChannelEvents on commit.
+	AppendEvent(ctx context.Context, e *Event) error
+	// ListEvents is newest first; Page.After is an event id.
+	ListEvents(ctx context.Context, f EventFilter, p Page) ([]*Event, error)
+	// ListEventsSince is oldest first: events with id > afterID.
+	ListEventsSince(ctx context.Context, f EventFilter, afterID int64, limit int) ([]*Event, error)
+	// LatestEventID is 0 when there are none.
+	LatestEventID(ctx context.Context) (int64, error)
+	// PruneEvents deletes low/medium events older than lowBefore and
+	// high/critical ones older than highBefore.
+	PruneEvents(ctx context.Context, lowBefore, highBefore time.Time) (int64, error)
+
+	PoolQueries
+}
+
+// ErrTokenUsed and ErrTokenExpired are wrapped in ErrConflict by ConsumeToken.
+var (
+	ErrTokenUsed    = errors.New("token already used")
+	ErrTokenExpired = errors.New("token expired")
+)

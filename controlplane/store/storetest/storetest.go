@@ -1,0 +1,872 @@
+// Package storetest is the conformance suite every store backend passes.
+// A backend's test calls Run with a factory that returns a fresh, empty
+// store.
+package storetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tetherfleet/tether/controlplane/store"
+)
+
+// Factory returns a new empty store; the suite closes it.
+type Factory func(t *testing.T) store.Store
+
+// Run runs the whole suite.
+func Run(t *testing.T, newStore Factory) {
+	tests := []struct {
+		name string
+		fn   func(t *testing.T, s store.Store)
+	}{
+		{"Templates", testTemplates},
+		{"Modules", testModules},
+		{"Nodes", testNodes},
+		{"Instances", testInstances},
+		{"Heartbeats", testHeartbeats},
+		{"Tokens", testTokens},
+		{"TokenRace", testTokenRace},
+		{"Certificates", testCertificates},
+		{"Tasks", testTasks},
+		{"TaskClaimRace", testTaskClaimRace},
+		{"TaskLeaseExpiry", testTaskLeaseExpiry},
+		{"Events", testEvents},
+		{"Pools", testPools},
+		{"PoolClaimRace", testPoolClaimRace},
+		{"TxRollback", testTxRollback},
+		{"Notifications", testNotifications},
+		{"Elector", testElector},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newStore(t)
+			t.Cleanup(func() { s.Close() })
+			tc.fn(t, s)
+		})
+	}
+}
+
+var t0 = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func wantErr(t *testing.T, err, sentinel error) {
+	t.Helper()
+	if !errors.Is(err, sentinel) {
+		t.Fatalf("got error %v, want %v", err, sentinel)
+	}
+}
+
+func seedModule(t *testing.T, s store.Store, name, version string) *store.Module {
+	m := &store.Module{Name: name, Version: version, Digest: "sha256:" + fmt.Sprintf("%064x", len(name)+len(version)), Size: 4096, CreatedAt: t0}
+	must(t, s.CreateModule(ctx(t), m))
+	return m
+}
+
+func seedTemplate(t *testing.T, s store.Store, name string) *store.Template {
+	seedModule(t, s, name+"-base", "1")
+	tpl := &store.Template{Name: name, RootModules: []store.ModuleRef{{Name: name + "-base", Version: "1"}}, CreatedAt: t0, UpdatedAt: t0}
+	must(t, s.CreateTemplate(ctx(t), tpl))
+	return tpl
+}
+
+func seedNode(t *testing.T, s store.Store, name string) *store.Node {
+	tpl := seedTemplate(t, s, name+"-tpl")
+	n := &store.Node{Name: name, TemplateID: tpl.ID, Enabled: true, Config: []byte(`{"owner":"ops"}`), CreatedAt: t0, UpdatedAt: t0}
+	must(t, s.CreateNode(ctx(t), n))
+	return n
+}
+
+func newInstance(nodeID, status string) *store.Instance {
+	return &store.Instance{NodeID: nodeID, Status: status, Provider: "fake", CreatedAt: t0, UpdatedAt: t0}
+}
+
+func testTemplates(t *testing.T, s store.Store) {
+	c := ctx(t)
+	seedModule(t, s, "base", "1")
+	seedModule(t, s, "base", "2")
+	seedModule(t, s, "tools", "1")
+	tpl := &store.Template{
+		Name:             "web",
+		RootModules:      []store.ModuleRef{{"base", "1"}, {"tools", "1"}},
+		ExtensionModules: []store.ModuleRef{{"base", "2"}},
+		KernelArgs:       "quiet", CreatedAt: t0, UpdatedAt: t0,
+	}
+	must(t, s.CreateTemplate(c, tpl))
+	if tpl.ID == "" {
+		t.Fatal("CreateTemplate did not assign an id")
+	}
+	wantErr(t, s.CreateTemplate(c, &store.Template{Name: "web", CreatedAt: t0, UpdatedAt: t0}), store.ErrAlreadyExists)
+
+	got, err := s.GetTemplate(c, "web")
+	must(t, err)
+	if len(got.RootModules) != 2 || got.RootModules[0] != (store.ModuleRef{"base", "1"}) || got.RootModules[1] != (store.ModuleRef{"tools", "1"}) {
+		t.Fatalf("root modules out of order: %+v", got.RootModules)
+	}
+	if len(got.ExtensionModules) != 1 || got.KernelArgs != "quiet" || !got.CreatedAt.Equal(t0) {
+		t.Fatalf("template read back wrong: %+v", got)
+	}
+	byID, err := s.GetTemplateByID(c, tpl.ID)
+	must(t, err)
+	if byID.Name != "web" {
+		t.Fatalf("GetTemplateByID: %+v", byID)
+	}
+
+	// A reference to a module that does not exist is refused.
+	bad := &store.Template{Name: "bad", RootModules: []store.ModuleRef{{"nope", "1"}}, CreatedAt: t0, UpdatedAt: t0}
+	if err := s.Tx(c, func(q store.Queries) error { return q.CreateTemplate(c, bad) }); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("template with a missing module: got %v, want ErrConflict", err)
+	}
+	if _, err := s.GetTemplate(c, "bad"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("a refused template was half-written: %v", err)
+	}
+
+	got.RootModules = []store.ModuleRef{{"base", "2"}}
+	got.ExtensionModules = nil
+	got.KernelArgs = "debug"
+	must(t, s.UpdateTemplate(c, got))
+	got2, err := s.GetTemplate(c, "web")
+	must(t, err)
+	if len(got2.RootModules) != 1 || got2.RootModules[0].Version != "2" || len(got2.ExtensionModules) != 0 || got2.KernelArgs != "debug" {
+		t.Fatalf("update not applied: %+v", got2)
+	}
+
+	for i := 0; i < 5; i++ {
+		must(t, s.CreateTemplate(c, &store.Template{Name: "t" + strconv.Itoa(i), CreatedAt: t0, UpdatedAt: t0}))
+	}
+	page1, err := s.ListTemplates(c, store.Page{Limit: 3})
+	must(t, err)
+	page2, err := s.ListTemplates(c, store.Page{Limit: 3, After: page1[len(page1)-1].Name})
+	must(t, err)
+	if len(page1) != 3 || len(page2) != 3 || page2[0].Name <= page1[2].Name {
+		t.Fatalf("paging broken: %d then %d", len(page1), len(page2))
+	}
+
+	// A template in use by a node cannot be deleted.
+	must(t, s.CreateNode(c, &store.Node{Name: "n1", TemplateID: tpl.ID, Enabled: true, CreatedAt: t0, UpdatedAt: t0}))
+	wantErr(t, s.DeleteTemplate(c, "web"), store.ErrConflict)
+	must(t, s.DeleteNode(c, "n1"))
+	must(t, s.DeleteTemplate(c, "web"))
+	wantErr(t, s.DeleteTemplate(c, "web"), store.ErrNotFound)
+	_, err = s.GetTemplate(c, "web")
+	wantErr(t, err, store.ErrNotFound)
+}
+
+func testModules(t *testing.T, s store.Store) {
+	c := ctx(t)
+	m := &store.Module{Name: "base", Version: "1.0", Digest: "sha256:" + fmt.Sprintf("%064d", 1), Size: 1 << 20, Signature: []byte{1, 2, 3}, CreatedAt: t0}
+	must(t, s.CreateModule(c, m))
+	wantErr(t, s.CreateModule(c, m), store.ErrAlreadyExists)
+	got, err := s.GetModule(c, "base", "1.0")
+	must(t, err)
+	if got.Digest != m.Digest || got.Size != m.Size || string(got.Signature) != string(m.Signature) {
+		t.Fatalf("module read back wrong: %+v", got)
+	}
+	_, err = s.GetModule(c, "base", "2.0")
+	wantErr(t, err, store.ErrNotFound)
+
+	same := &store.Module{Name: "alias", Version: "1", Digest: m.Digest, Size: m.Size, CreatedAt: t0}
+	must(t, s.CreateModule(c, same))
+	n, err := s.CountModulesWithDigest(c, m.Digest)
+	must(t, err)
+	if n != 2 {
+		t.Fatalf("CountModulesWithDigest = %d, want 2", n)
+	}
+	list, err := s.ListModules(c, "base", store.Page{})
+	must(t, err)
+	if len(list) != 1 {
+		t.Fatalf("ListModules(base) = %d, want 1", len(list))
+	}
+	all, err := s.ListModules(c, "", store.Page{})
+	must(t, err)
+	if len(all) != 2 || all[0].Name != "alias" {
+		t.Fatalf("ListModules() = %+v", all)
+	}
+
+	must(t, s.CreateTemplate(c, &store.Template{Name: "uses-base", RootModules: []store.ModuleRef{{"base", "1.0"}}, CreatedAt: t0, UpdatedAt: t0}))
+	err = s.DeleteModule(c, "base", "1.0")
+	wantErr(t, err, store.ErrConflict)
+	must(t, s.DeleteModule(c, "alias", "1"))
+	wantErr(t, s.DeleteModule(c, "alias", "1"), store.ErrNotFound)
+}
+
+func testNodes(t *testing.T, s store.Store) {
+	c := ctx(t)
+	tpl := seedTemplate(t, s, "tpl")
+	n := &store.Node{Name: "edge-1", TemplateID: tpl.ID, Enabled: true, Config: []byte(`{"rack":"a"}`), PublicAddress: "192.0.2.1", CreatedAt: t0, UpdatedAt: t0}
+	must(t, s.CreateNode(c, n))
+	wantErr(t, s.CreateNode(c, &store.Node{Name: "edge-1", TemplateID: tpl.ID, CreatedAt: t0, UpdatedAt: t0}), store.ErrAlreadyExists)
+	got, err := s.GetNode(c, "edge-1")
+	must(t, err)
+	if got.ID != n.ID || string(got.Config) != `{"rack":"a"}` || !got.Enabled || got.PublicAddress != "192.0.2.1" {
+		t.Fatalf("node read back wrong: %+v", got)
+	}
+	got.Enabled = false
+	got.Config = []byte(`{}`)
+	must(t, s.UpdateNode(c, got))
+	got2, err := s.GetNodeByID(c, n.ID)
+	must(t, err)
+	if got2.Enabled || string(got2.Config) != `{}` {
+		t.Fatalf("update not applied: %+v", got2)
+	}
+	list, err := s.ListNodes(c, store.NodeFilter{TemplateID: tpl.ID}, store.Page{})
+	must(t, err)
+	if len(list) != 1 {
+		t.Fatalf("ListNodes = %d", len(list))
+	}
+
+	// A node with a live instance cannot be deleted; once it is terminated it can.
+	in := newInstance(n.ID, "running")
+	must(t, s.CreateInstance(c, in))
+	wantErr(t, s.DeleteNode(c, "edge-1"), store.ErrConflict)
+	in.Status = "terminated"
+	must(t, s.UpdateInstance(c, in))
+	must(t, s.DeleteNode(c, "edge-1"))
+	_, err = s.GetInstance(c, in.ID)
+	wantErr(t, err, store.ErrNotFound)
+}
+
+func testInstances(t *testing.T, s store.Store) {
+	c := ctx(t)
+	n := seedNode(t, s, "n")
+	hb := t0.Add(time.Minute)
+	in := &store.Instance{
+		NodeID: n.ID, Status: "pending", Provider: "qemu", Region: "local", InstanceType: "small", OperationID: "op-1",
+		Hold: true, HoldReason: "ops", Cordon: &store.Cordon{By: "alice", Reason: "disk", At: t0, PoolStateBefore: "ready"},
+		LastHeartbeatAt: &hb, AgentPhase: "pulling", RunningModules: []string{"sha256:aa", "sha256:bb"}, Addresses: []string{"10.0.2.15"},
+		CreatedAt: t0, UpdatedAt: t0,
+	}
+	must(t, s.CreateInstance(c, in))
+	got, err := s.GetInstance(c, in.ID)
+	must(t, err)
+	if got.OperationID != "op-1" || !got.Hold || got.Cordon == nil || got.Cordon.By != "alice" || !got.Cordon.At.Equal(t0) ||
+		got.LastHeartbeatAt == nil || !got.LastHeartbeatAt.Equal(hb) || len(got.RunningModules) != 2 || got.Addresses[0] != "10.0.2.15" {
+		t.Fatalf("instance read back wrong: %+v", got)
+	}
+	// operation_id is unique; instances without one do not collide.
+	dup := newInstance(n.ID, "pending")
+	dup.OperationID = "op-1"
+	wantErr(t, s.CreateInstance(c, dup), store.ErrAlreadyExists)
+	must(t, s.CreateInstance(c, newInstance(n.ID, "pending")))
+	must(t, s.CreateInstance(c, newInstance(n.ID, "running")))
+	byOp, err := s.GetInstanceByOperationID(c, "op-1")
+	must(t, err)
+	if byOp.ID != in.ID {
+		t.Fatal("GetInstanceByOperationID returned another instance")
+	}
+
+	must(t, s.Tx(c, func(q store.Queries) error {
+		locked, err := q.LockInstance(c, in.ID)
+		if err != nil {
+			return err
+		}
+		locked.Status = "provisioning"
+		locked.Cordon = nil
+		locked.TerminateRequestedAt = &hb
+		locked.UpdatedAt = hb
+		return q.UpdateInstance(c, locked)
+	}))
+	got, err = s.GetInstance(c, in.ID)
+	must(t, err)
+	if got.Status != "provisioning" || got.Cordon != nil || got.TerminateRequestedAt == nil || !got.CreatedAt.Equal(t0) {
+		t.Fatalf("update not applied: %+v", got)
+	}
+
+	pending, err := s.ListInstances(c, store.InstanceFilter{Statuses: []string{"pending"}}, store.Page{})
+	must(t, err)
+	if len(pending) != 1 {
+		t.Fatalf("ListInstances(pending) = %d, want 1", len(pending))
+	}
+	count, err := s.CountInstances(c, store.InstanceFilter{NodeID: n.ID})
+	must(t, err)
+	if count != 3 {
+		t.Fatalf("CountInstances = %d, want 3", count)
+	}
+	intent, err := s.ListInstances(c, store.InstanceFilter{TerminateRequested: true}, store.Page{})
+	must(t, err)
+	if len(intent) != 1 || intent[0].ID != in.ID {
+		t.Fatalf("TerminateRequested filter: %d", len(intent))
+	}
+	_, err = s.GetInstance(c, "missing")
+	wantErr(t, err, store.ErrNotFound)
+	wantErr(t, s.UpdateInstance(c, &store.Instance{ID: "missing", NodeID: n.ID}), store.ErrNotFound)
+}
+
+func testHeartbeats(t *testing.T, s store.Store) {
+	c := ctx(t)
+	n := seedNode(t, s, "n")
+	a, b := newInstance(n.ID, "running"), newInstance(n.ID, "running")
+	silent := t0
+	a.SilentSince = &silent
+	must(t, s.CreateInstance(c, a))
+	must(t, s.CreateInstance(c, b))
+	at := t0.Add(time.Hour)
+	must(t, s.Tx(c, func(q store.Queries) error {
+		return q.RecordHeartbeats(c, []store.Heartbeat{
+			{InstanceID: a.ID, At: at, Phase: "ready", AgentVersion: "v1", RunningModules: []string{"sha256:aa"}, BootID: "boot-1"},
+			{InstanceID: b.ID, At: at, Phase: "pulling", AgentError: "digest mismatch"},
+		})
+	}))
+	got, err := s.GetInstance(c, a.ID)
+	must(t, err)
+	if got.LastHeartbeatAt == nil || !got.LastHeartbeatAt.Equal(at) || got.AgentPhase != "ready" || got.SilentSince != nil || got.BootID != "boot-1" {
+		t.Fatalf("heartbeat not recorded: %+v", got)
+	}
+	// An older heartbeat (from a slower batch) does not move time backwards.
+	must(t, s.RecordHeartbeats(c, []store.Heartbeat{{InstanceID: a.ID, At: t0, Phase: "pulling"}}))
+	got, err = s.GetInstance(c, a.ID)
+	must(t, err)
+	if !got.LastHeartbeatAt.Equal(at) || got.AgentPhase != "ready" {
+		t.Fatalf("older heartbeat overwrote a newer one: %+v", got)
+	}
+	stale, err := s.ListInstances(c, store.InstanceFilter{HeartbeatBefore: ptr(at.Add(time.Minute))}, store.Page{})
+	must(t, err)
+	if len(stale) != 2 {
+		t.Fatalf("HeartbeatBefore filter = %d, want 2", len(stale))
+	}
+	fresh, err := s.ListInstances(c, store.InstanceFilter{HeartbeatBefore: ptr(at)}, store.Page{})
+	must(t, err)
+	if len(fresh) != 0 {
+		t.Fatalf("HeartbeatBefore(at) = %d, want 0", len(fresh))
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func testTokens(t *testing.T, s store.Store) {
+	c := ctx(t)
+	must(t, s.CreateToken(c, &store.Token{Hash: "h1", InstanceID: "i1", ExpiresAt: t0.Add(24 * time.Hour), CreatedAt: t0}))
+	must(t, s.CreateToken(c, &store.Token{Hash: "h2", InstanceID: "i1", ExpiresAt: t0.Add(time.Hour), CreatedAt: t0}))
+	must(t, s.CreateToken(c, &store.Token{Hash: "h3", InstanceID: "i2", ExpiresAt: t0.Add(time.Hour), CreatedAt: t0}))
+
+	tok, err := s.ConsumeToken(c, "h1", t0.Add(time.Minute))
+	must(t, err)
+	if tok.InstanceID != "i1" || tok.UsedAt == nil {
+		t.Fatalf("consumed token: %+v", tok)
+	}
+	tok, err = s.ConsumeToken(c, "h1", t0.Add(2*time.Minute))
+	wantErr(t, err, store.ErrConflict)
+	wantErr(t, err, store.ErrTokenUsed)
+	if tok == nil || tok.InstanceID != "i1" {
+		t.Fatal("a reused token must still name its instance for the audit event")
+	}
+	_, err = s.ConsumeToken(c, "h2", t0.Add(2*time.Hour))
+	wantErr(t, err, store.ErrTokenExpired)
+	_, err = s.ConsumeToken(c, "nope", t0)
+	wantErr(t, err, store.ErrNotFound)
+
+	n, err := s.ExpireInstanceTokens(c, "i2", t0.Add(time.Minute))
+	must(t, err)
+	if n != 1 {
+		t.Fatalf("ExpireInstanceTokens = %d, want 1", n)
+	}
+	_, err = s.ConsumeToken(c, "h3", t0.Add(2*time.Minute))
+	wantErr(t, err, store.ErrTokenExpired)
+}
+
+// testTokenRace: many concurrent consumers of one token, exactly one wins.
+func testTokenRace(t *testing.T, s store.Store) {
+	c := ctx(t)
+	must(t, s.CreateToken(c, &store.Token{Hash: "race", InstanceID: "i1", ExpiresAt: t0.Add(time.Hour), CreatedAt: t0}))
+	var wins, used int
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for i := 0; i < 16; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := s.Tx(c, func(q store.Queries) error {
+				_, err := q.ConsumeToken(c, "race", t0)
+				return err
+			})
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				wins++
+			case errors.Is(err, store.ErrTokenUsed):
+				used++
+			default:
+				t.Errorf("unexpected error: %v", err)
+			}
+		}()
+	}
+	wg.Wait()
+	if wins != 1 || used != 15 {
+		t.Fatalf("wins=%d used=%d, want 1 and 15", wins, used)
+	}
+}
+
+func testCertificates(t *testing.T, s store.Store) {
+	c := ctx(t)
+	for i, cert := range []store.Certificate{
+		{Serial: "01", InstanceID: "i1", Kind: store.CertKindNode, NotBefore: t0, NotAfter: t0.Add(24 * time.Hour)},
+		{Serial: "02", InstanceID: "i1", Kind: store.CertKindNode, NotBefore: t0, NotAfter: t0.Add(24 * time.Hour)},
+		{Serial: "03", InstanceID: "i2", Kind: store.CertKindNode, NotBefore: t0, NotAfter: t0.Add(time.Hour)},
+		{Serial: "04", Kind: store.CertKindAdmin, Subject: "admin", NotBefore: t0, NotAfter: t0.Add(365 * 24 * time.Hour)},
+	} {
+		cert.CreatedAt = t0.Add(time.Duration(i) * time.Second)
+		must(t, s.CreateCertificate(c, &cert))
+	}
+	wantErr(t, s.CreateCertificate(c, &store.Certificate{Serial: "01", NotBefore: t0, NotAfter: t0, CreatedAt: t0}), store.ErrAlreadyExists)
+
+	got, err := s.RevokeCertificate(c, "03", "compromised", t0.Add(time.Minute))
+	must(t, err)
+	if got.RevokedAt == nil || got.RevokeReason != "compromised" {
+		t.Fatalf("revoke: %+v", got)
+	}
+	again, err := s.RevokeCertificate(c, "03", "again", t0.Add(time.Hour))
+	must(t, err)
+	if !again.RevokedAt.Equal(*got.RevokedAt) || again.RevokeReason != "compromised" {
+		t.Fatal("revoking twice must keep the first revocation")
+	}
+	_, err = s.RevokeCertificate(c, "99", "x", t0)
+	wantErr(t, err, store.ErrNotFound)
+
+	serials, err := s.RevokeInstanceCertificates(c, "i1", "terminated", t0.Add(time.Minute))
+	must(t, err)
+	sort.Strings(serials)
+	if len(serials) != 2 || serials[0] != "01" {
+		t.Fatalf("RevokeInstanceCertificates = %v", serials)
+	}
+	// Revoked and unexpired at t0+30m: 01, 02, 03. At t0+2h, 03 has expired.
+	revoked, err := s.ListRevokedSerials(c, t0.Add(30*time.Minute))
+	must(t, err)
+	if len(revoked) != 3 {
+		t.Fatalf("ListRevokedSerials = %v", revoked)
+	}
+	revoked, err = s.ListRevokedSerials(c, t0.Add(2*time.Hour))
+	must(t, err)
+	if len(revoked) != 2 {
+		t.Fatalf("ListRevokedSerials after expiry = %v", revoked)
+	}
+	list, err := s.ListCertificates(c, store.CertificateFilter{InstanceID: "i1"}, store.Page{})
+	must(t, err)
+	if len(list) != 2 {
+		t.Fatalf("ListCertificates(i1) = %d", len(list))
+	}
+}
+
+func newTask(instanceID, target string, at time.Time) *store.Task {
+	return &store.Task{Target: target, InstanceID: instanceID, Kind: "exec", Payload: []byte(`{"argv":["true"]}`),
+		Status: store.TaskPending, MaxAttempts: 3, CreatedAt: at, UpdatedAt: at}
+}
+
+func testTasks(t *testing.T, s store.Store) {
+	c := ctx(t)
+	first := newTask("i1", store.TaskTargetAgent, t0)
+	must(t, s.CreateTask(c, first))
+	second := newTask("i1", store.TaskTargetAgent, t0.Add(time.Second))
+	must(t, s.CreateTask(c, second))
+	must(t, s.CreateTask(c, newTask("i2", store.TaskTargetAgent, t0)))
+	must(t, s.CreateTask(c, newTask("i1", store.TaskTargetWorker, t0)))
+
+	claim := store.TaskClaim{Target: store.TaskTargetAgent, InstanceID: "i1", Owner: "agent:i1", Now: t0, LeaseUntil: t0.Add(time.Minute)}
+	got, err := s.ClaimTask(c, claim)
+	must(t, err)
+	if got.ID != first.ID || got.Status != store.TaskLeased || got.LeaseOwner != "agent:i1" || got.LeaseExpiresAt == nil {
+		t.Fatalf("claim took the wrong task or did not lease it: %+v", got)
+	}
+	// Claim by id.
+	byID := claim
+	byID.TaskID = second.ID
+	got, err = s.ClaimTask(c, byID)
+	must(t, err)
+	if got.ID != second.ID {
+		t.Fatal("claim by id took another task")
+	}
+	_, err = s.ClaimTask(c, claim)
+	wantErr(t, err, store.ErrNotFound)
+
+	exit := 3
+	got.Status, got.ExitCode, got.Output, got.OutputTruncated, got.UpdatedAt = store.TaskSucceeded, &exit, []byte("hello\n"), true, t0.Add(time.Minute)
+	must(t, s.UpdateTask(c, got))
+	back, err := s.GetTask(c, second.ID)
+	must(t, err)
+	if back.Status != store.TaskSucceeded || back.ExitCode == nil || *back.ExitCode != 3 || string(back.Output) != "hello\n" || !back.OutputTruncated || !back.Terminal() {
+		t.Fatalf("task read back wrong: %+v", back)
+	}
+	list, err := s.ListTasks(c, store.TaskFilter{InstanceID: "i1", Target: store.TaskTargetAgent}, store.Page{})
+	must(t, err)
+	if len(list) != 2 {
+		t.Fatalf("ListTasks = %d", len(list))
+	}
+	list, err = s.ListTasks(c, store.TaskFilter{Statuses: []string{store.TaskPending}}, store.Page{})
+	must(t, err)
+	if len(list) != 2 {
+		t.Fatalf("ListTasks(pending) = %d", len(list))
+	}
+}
+
+// testTaskClaimRace: 64 concurrent claimers over 200 tasks never lease the
+// same task twice, and every task is leased exactly once.
+func testTaskClaimRace(t *testing.T, s store.Store) {
+	c := ctx(t)
+	const tasks, claimers = 200, 64
+	for i := 0; i < tasks; i++ {
+		must(t, s.CreateTask(c, newTask("i1", store.TaskTargetWorker, t0.Add(time.Duration(i)*time.Millisecond))))
+	}
+	seen := map[string]string{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for w := 0; w < claimers; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			owner := "worker-" + strconv.Itoa(w)
+			for {
+				var got *store.Task
+				err := s.Tx(c, func(q store.Queries) error {
+					var err error
+					got, err = q.ClaimTask(c, store.TaskClaim{Target: store.TaskTargetWorker, Owner: owner, Now: t0, LeaseUntil: t0.Add(time.Minute)})
+					return err
+				})
+				if errors.Is(err, store.ErrNotFound) {
+					return
+				}
+				if err != nil {
+					t.Errorf("claim: %v", err)
+					return
+				}
+				mu.Lock()
+				if prev, dup := seen[got.ID]; dup {
+					t.Errorf("task %s leased twice: to %s and %s", got.ID, prev, owner)
+				}
+				seen[got.ID] = owner
+				mu.Unlock()
+			}
+		}(w)
+	}
+	wg.Wait()
+	if len(seen) != tasks {
+		t.Fatalf("%d tasks leased, want %d", len(seen), tasks)
+	}
+}
+
+func testTaskLeaseExpiry(t *testing.T, s store.Store) {
+	c := ctx(t)
+	tk := newTask("i1", store.TaskTargetAgent, t0)
+	tk.MaxAttempts = 2
+	must(t, s.CreateTask(c, tk))
+	claim := store.TaskClaim{Target: store.TaskTargetAgent, InstanceID: "i1", Owner: "a", Now: t0, LeaseUntil: t0.Add(time.Minute)}
+
+	_, err := s.ClaimTask(c, claim)
+	must(t, err)
+	// Not yet expired.
+	changed, err := s.ExpireTaskLeases(c, t0.Add(30*time.Second))
+	must(t, err)
+	if len(changed) != 0 {
+		t.Fatalf("expired a live lease: %+v", changed)
+	}
+	changed, err = s.ExpireTaskLeases(c, t0.Add(2*time.Minute))
+	must(t, err)
+	if len(changed) != 1 || changed[0].Status != store.TaskPending || changed[0].Attempts != 1 {
+		t.Fatalf("first expiry: %+v", changed)
+	}
+	_, err = s.ClaimTask(c, claim)
+	must(t, err)
+	changed, err = s.ExpireTaskLeases(c, t0.Add(2*time.Minute))
+	must(t, err)
+	if len(changed) != 1 || changed[0].Status != store.TaskFailed || changed[0].Attempts != 2 || changed[0].ErrorMessage == "" {
+		t.Fatalf("second expiry must fail the task with a reason: %+v", changed)
+	}
+	_, err = s.ClaimTask(c, claim)
+	wantErr(t, err, store.ErrNotFound)
+}
+
+func testEvents(t *testing.T, s store.Store) {
+	c := ctx(t)
+	kinds := []struct {
+		kind     string
+		sev      int
+		instance string
+		pool     string
+		corr     string
+	}{
+		{"instance.silent", store.SeverityMedium, "i1", "", ""},
+		{"pool.claimed", store.SeverityLow, "i1", "p1", "claim-1"},
+		{"pool.released", store.SeverityLow, "i1", "p1", "claim-1"},
+		{"enroll.token_reused", store.SeverityHigh, "i2", "", ""},
+	}
+	for i, k := range kinds {
+		e := &store.Event{Kind: k.kind, Severity: k.sev, InstanceID: k.instance, PoolID: k.pool, CorrelationID: k.corr,
+			Payload: []byte(`{"n":` + strconv.Itoa(i) + `}`), CreatedAt: t0.Add(time.Duration(i) * 24 * time.Hour)}
+		must(t, s.AppendEvent(c, e))
+		if e.ID == 0 {
+			t.Fatal("AppendEvent did not assign an id")
+		}
+	}
+	all, err := s.ListEvents(c, store.EventFilter{}, store.Page{})
+	must(t, err)
+	if len(all) != 4 || all[0].Kind != "enroll.token_reused" || all[3].Kind != "instance.silent" {
+		t.Fatalf("ListEvents must be newest first: %v", kindsOf(all))
+	}
+	for _, tc := range []struct {
+		f    store.EventFilter
+		want int
+	}{
+		{store.EventFilter{Kind: "pool.claimed"}, 1},
+		{store.EventFilter{InstanceID: "i1"}, 3},
+		{store.EventFilter{PoolID: "p1"}, 2},
+		{store.EventFilter{CorrelationID: "claim-1"}, 2},
+		{store.EventFilter{MinSeverity: store.SeverityHigh}, 1},
+		{store.EventFilter{InstanceID: "i1", Kind: "pool.released"}, 1},
+	} {
+		got, err := s.ListEvents(c, tc.f, store.Page{})
+		must(t, err)
+		if len(got) != tc.want {
+			t.Errorf("ListEvents(%+v) = %d, want %d", tc.f, len(got), tc.want)
+		}
+	}
+	page, err := s.ListEvents(c, store.EventFilter{}, store.Page{Limit: 2, After: strconv.FormatInt(all[1].ID, 10)})
+	must(t, err)
+	if len(page) != 2 || page[0].ID != all[2].ID {
+		t.Fatalf("event paging: %v", kindsOf(page))
+	}
+	since, err := s.ListEventsSince(c, store.EventFilter{}, all[2].ID, 10)
+	must(t, err)
+	if len(since) != 2 || since[0].ID != all[1].ID {
+		t.Fatalf("ListEventsSince must be oldest first after the id: %v", kindsOf(since))
+	}
+	latest, err := s.LatestEventID(c)
+	must(t, err)
+	if latest != all[0].ID {
+		t.Fatalf("LatestEventID = %d, want %d", latest, all[0].ID)
+	}
+	// Low/medium older than day 2 go; the high one (day 3) stays until its own window.
+	n, err := s.PruneEvents(c, t0.Add(36*time.Hour), t0.Add(48*time.Hour))
+	must(t, err)
+	if n != 2 {
+		t.Fatalf("PruneEvents = %d, want 2", n)
+	}
+	left, err := s.ListEvents(c, store.EventFilter{}, store.Page{})
+	must(t, err)
+	if len(left) != 2 {
+		t.Fatalf("after prune: %v", kindsOf(left))
+	}
+}
+
+func kindsOf(es []*store.Event) []string {
+	var out []string
+	for _, e := range es {
+		out = append(out, e.Kind)
+	}
+	return out
+}
+
+func seedPool(t *testing.T, s store.Store, name string) *store.Pool {
+	tpl := seedTemplate(t, s, name+"-tpl")
+	retention := 3
+	p := &store.Pool{Name: name, TemplateID: tpl.ID, Provider: "fake", LifecycleClass: store.ClassEphemeral, TargetSize: 2, MaxSize: 12,
+		Status: store.PoolActive, Metadata: store.PoolMetadata{ReadyTTLSeconds: 60, RecordRetentionDays: &retention}, CreatedAt: t0, UpdatedAt: t0}
+	must(t, s.CreatePool(ctx(t), p))
+	return p
+}
+
+func addMembers(t *testing.T, s store.Store, p *store.Pool, nodeID string, state string, n int) []*store.Instance {
+	var out []*store.Instance
+	for i := 0; i < n; i++ {
+		in := newInstance(nodeID, "running")
+		in.PoolID, in.PoolState = p.ID, state
+		w := t0.Add(time.Duration(i) * time.Second)
+		in.PoolWarmingStartedAt = &w
+		must(t, s.CreateInstance(ctx(t), in))
+		out = append(out, in)
+	}
+	return out
+}
+
+func testPools(t *testing.T, s store.Store) {
+	c := ctx(t)
+	p := seedPool(t, s, "ci")
+	wantErr(t, s.CreatePool(c, &store.Pool{Name: "ci", TemplateID: p.TemplateID, Status: store.PoolActive, CreatedAt: t0, UpdatedAt: t0}), store.ErrAlreadyExists)
+	got, err := s.GetPool(c, "ci")
+	must(t, err)
+	if got.Metadata.ReadyTTLSeconds != 60 || got.Metadata.RecordRetentionDays == nil || *got.Metadata.RecordRetentionDays != 3 || got.MaxSize != 12 {
+		t.Fatalf("pool read back wrong: %+v", got)
+	}
+	got.Status = store.PoolPaused
+	now := t0.Add(time.Hour)
+	got.LastReplenishedAt = &now
+	must(t, s.UpdatePool(c, got))
+	back, err := s.GetPoolByID(c, p.ID)
+	must(t, err)
+	if back.Status != store.PoolPaused || back.LastReplenishedAt == nil {
+		t.Fatalf("pool update not applied: %+v", back)
+	}
+	list, err := s.ListPools(c, store.Page{})
+	must(t, err)
+	if len(list) != 1 {
+		t.Fatalf("ListPools = %d", len(list))
+	}
+
+	n := seedNode(t, s, "member")
+	addMembers(t, s, p, n.ID, store.PoolStateReady, 2)
+	addMembers(t, s, p, n.ID, store.PoolStateWarming, 1)
+	addMembers(t, s, p, n.ID, store.PoolStateErrored, 1)
+	gone := addMembers(t, s, p, n.ID, store.PoolStateReady, 1)[0]
+	gone.Status = "terminated"
+	must(t, s.UpdateInstance(c, gone))
+	counts, err := s.CountPoolMembers(c, p.ID)
+	must(t, err)
+	if counts != (store.PoolCounts{Ready: 2, Warming: 1, Errored: 1}) {
+		t.Fatalf("CountPoolMembers = %+v", counts)
+	}
+	// A paused pool hands out nothing.
+	_, err = s.ClaimPoolMember(c, p.ID, "")
+	wantErr(t, err, store.ErrNotFound)
+	back.Status = store.PoolActive
+	must(t, s.UpdatePool(c, back))
+	m, err := s.ClaimPoolMember(c, p.ID, "")
+	must(t, err)
+	if m.PoolWarmingStartedAt == nil || !m.PoolWarmingStartedAt.Equal(t0) {
+		t.Fatal("ClaimPoolMember must take the oldest ready member")
+	}
+	_, err = s.ClaimPoolMember(c, "", store.ClassSpot)
+	wantErr(t, err, store.ErrNotFound)
+	_, err = s.ClaimPoolMember(c, "", store.ClassEphemeral)
+	must(t, err)
+
+	wantErr(t, s.DeletePool(c, p.ID), store.ErrConflict)
+}
+
+// testPoolClaimRace: 32 claimers, 20 ready members: exactly 20 distinct claims.
+func testPoolClaimRace(t *testing.T, s store.Store) {
+	c := ctx(t)
+	p := seedPool(t, s, "race")
+	n := seedNode(t, s, "member")
+	addMembers(t, s, p, n.ID, store.PoolStateReady, 20)
+	var mu sync.Mutex
+	claimed := map[string]bool{}
+	exhausted := 0
+	var wg sync.WaitGroup
+	for i := 0; i < 32; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var id string
+			err := s.Tx(c, func(q store.Queries) error {
+				m, err := q.ClaimPoolMember(c, p.ID, "")
+				if err != nil {
+					return err
+				}
+				m.PoolState = store.PoolStateClaimed
+				id = m.ID
+				return q.UpdateInstance(c, m)
+			})
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				if claimed[id] {
+					t.Errorf("member %s claimed twice", id)
+				}
+				claimed[id] = true
+			case errors.Is(err, store.ErrNotFound):
+				exhausted++
+			default:
+				t.Errorf("claim: %v", err)
+			}
+		}()
+	}
+	wg.Wait()
+	if len(claimed) != 20 || exhausted != 12 {
+		t.Fatalf("claims=%d exhausted=%d, want 20 and 12", len(claimed), exhausted)
+	}
+}
+
+func testTxRollback(t *testing.T, s store.Store) {
+	c := ctx(t)
+	boom := errors.New("boom")
+	err := s.Tx(c, func(q store.Queries) error {
+		if err := q.CreateToken(c, &store.Token{Hash: "rolled", InstanceID: "i", ExpiresAt: t0.Add(time.Hour), CreatedAt: t0}); err != nil {
+			return err
+		}
+		if err := q.AppendEvent(c, &store.Event{Kind: "x", Severity: 1, CreatedAt: t0}); err != nil {
+			return err
+		}
+		return boom
+	})
+	wantErr(t, err, boom)
+	_, err = s.GetToken(c, "rolled")
+	wantErr(t, err, store.ErrNotFound)
+	evs, err := s.ListEvents(c, store.EventFilter{}, store.Page{})
+	must(t, err)
+	if len(evs) != 0 {
+		t.Fatal("a rolled-back event was kept")
+	}
+}
+
+func testNotifications(t *testing.T, s store.Store) {
+	c := ctx(t)
+	ch, stop := s.Subscribe(store.ChannelTasks)
+	defer stop()
+	// A rolled-back transaction sends nothing.
+	_ = s.Tx(c, func(q store.Queries) error {
+		if err := q.Notify(c, store.ChannelTasks, "rolled-back"); err != nil {
+			return err
+		}
+		return errors.New("abort")
+	})
+	must(t, s.Tx(c, func(q store.Queries) error { return q.Notify(c, store.ChannelTasks, "i-42") }))
+	select {
+	case got := <-ch:
+		if got != "i-42" {
+			t.Fatalf("got notification %q, want i-42 (a rolled-back one leaked?)", got)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no notification after commit")
+	}
+	// Autocommit notifications and events arrive too.
+	evs, stopEv := s.Subscribe(store.ChannelEvents)
+	defer stopEv()
+	e := &store.Event{Kind: "k", Severity: 1, CreatedAt: t0}
+	must(t, s.AppendEvent(c, e))
+	select {
+	case got := <-evs:
+		if got != strconv.FormatInt(e.ID, 10) {
+			t.Fatalf("event notification %q, want %d", got, e.ID)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no event notification")
+	}
+}
+
+func testElector(t *testing.T, s store.Store) {
+	c := ctx(t)
+	lead, release, err := s.Elector().Campaign(c, "loop")
+	must(t, err)
+	if lead.Err() != nil {
+		t.Fatal("leadership context already done")
+	}
+	// A second campaign waits while the first leads.
+	waitCtx, cancel := context.WithTimeout(c, 200*time.Millisecond)
+	defer cancel()
+	if _, _, err := s.Elector().Campaign(waitCtx, "loop"); err == nil {
+		t.Fatal("two leaders of one loop")
+	}
+	release()
+	if lead.Err() == nil {
+		t.Fatal("release must end the leadership context")
+	}
+	_, release2, err := s.Elector().Campaign(c, "loop")
+	must(t, err)
+	release2()
+}
