@@ -1,0 +1,361 @@
+// Package ca is the control plane's certificate authority. It keeps the CA
+// key and signs node, admin and server certificates. Node certificates go
+// through smallstep's embedded authority, which enforces the name policy
+// (only tether://instance/... identities), the certificate constraints and
+// our lifetime and key-type validators on every signature.
+//
+// The agent must never import this package.
+package ca
+
+import (
+	"context"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/ed25519"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/smallstep/certificates/authority"
+	"github.com/smallstep/certificates/authority/config"
+	"github.com/smallstep/certificates/authority/policy"
+	"github.com/smallstep/certificates/authority/provisioner"
+	"go.step.sm/crypto/x509util"
+
+	"github.com/tetherfleet/tether/pki"
+)
+
+// Defaults.
+const (
+	DefaultNodeLifetime  = 24 * time.Hour
+	MaxNodeLifetime      = 7 * 24 * time.Hour
+	DefaultAdminLifetime = 365 * 24 * time.Hour
+	ServerLifetime       = 5 * 365 * 24 * time.Hour
+	caLifetime           = 10 * 365 * 24 * time.Hour
+	// backdate absorbs clock skew between the control plane and nodes.
+	backdate = time.Minute
+)
+
+// File names inside the CA directory.
+const (
+	CertFile = "ca.crt"
+	KeyFile  = "ca.key"
+)
+
+// Clock is the time source.
+type Clock interface{ Now() time.Time }
+
+// ErrExists is returned by Create when a CA is already there.
+var ErrExists = errors.New("a CA already exists")
+
+// CA signs certificates.
+type CA struct {
+	cert  *x509.Certificate
+	key   crypto.Signer
+	auth  *authority.Authority
+	clock Clock
+	pool  *x509.CertPool
+}
+
+// Create makes a new CA in dir and refuses to overwrite one.
+func Create(dir, name string, clock Clock) (*CA, error) {
+	certPath, keyPath := filepath.Join(dir, CertFile), filepath.Join(dir, KeyFile)
+	for _, p := range []string{certPath, keyPath} {
+		if _, err := os.Stat(p); err == nil {
+			return nil, fmt.Errorf("%s: %w (refusing to overwrite it)", p, ErrExists)
+		}
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("create CA dir: %w", err)
+	}
+	// ECDSA P-256: signs fast and every TLS stack and openssl accept it.
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("generate CA key: %w", err)
+	}
+	now := clock.Now()
+	tpl := &x509.Certificate{
+		SerialNumber:          randomSerial(),
+		Subject:               pkix.Name{CommonName: name, Organization: []string{"Tether"}},
+		NotBefore:             now.Add(-backdate),
+		NotAfter:              now.Add(caLifetime),
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+		MaxPathLen:            0,
+		MaxPathLenZero:        true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tpl, tpl, key.Public(), key)
+	if err != nil {
+		return nil, fmt.Errorf("self-sign CA: %w", err)
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		return nil, fmt.Errorf("encode CA key: %w", err)
+	}
+	// Key first, exclusively: a crash leaves a key without a certificate,
+	// which Create refuses to overwrite rather than silently replacing.
+	if err := WriteFileExclusive(keyPath, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
+		return nil, err
+	}
+	if err := WriteFileExclusive(certPath, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
+		return nil, err
+	}
+	return Load(dir, clock)
+}
+
+// Load opens the CA in dir.
+func Load(dir string, clock Clock) (*CA, error) {
+	certPEM, err := os.ReadFile(filepath.Join(dir, CertFile))
+	if err != nil {
+		return nil, fmt.Errorf("load CA certificate: %w", err)
+	}
+	cert, err := ParseCertificatePEM(certPEM)
+	if err != nil {
+		return nil, fmt.Errorf("load CA certificate: %w", err)
+	}
+	keyPEM, err := os.ReadFile(filepath.Join(dir, KeyFile))
+	if err != nil {
+		return nil, fmt.Errorf("load CA key: %w", err)
+	}
+	block, _ := pem.Decode(keyPEM)
+	if block == nil {
+		return nil, errors.New("load CA key: no PEM block")
+	}
+	parsed, err := x509.ParsePKCS8PrivateKey(block.Bytes)
+	if err != nil {
+		return nil, fmt.Errorf("load CA key: %w", err)
+	}
+	key, ok := parsed.(crypto.Signer)
+	if !ok {
+		return nil, errors.New("load CA key: not a signing key")
+	}
+	return New(cert, key, clock)
+}
+
+// New builds a CA from a certificate and key (tests use it directly).
+func New(cert *x509.Certificate, key crypto.Signer, clock Clock) (*CA, error) {
+	cfg := &config.Config{
+		AuthorityConfig: &config.AuthConfig{
+			Backdate: &provisioner.Duration{Duration: backdate},
+			// The authority refuses to sign any name outside this policy,
+			// whatever a caller asks: node certificates name an instance,
+			// nothing else.
+			Policy: &policy.Options{X509: &policy.X509PolicyOptions{
+				AllowedNames: &policy.X509NameOptions{URIDomains: []string{pki.KindInstance}},
+			}},
+		},
+	}
+	auth, err := authority.NewEmbedded(
+		authority.WithConfig(cfg),
+		authority.WithX509RootCerts(cert),
+		authority.WithX509Signer(cert, key),
+		authority.WithQuietInit(),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("start signing authority: %w", err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(cert)
+	return &CA{cert: cert, key: key, auth: auth, clock: clock, pool: pool}, nil
+}
+
+// Certificate is the CA certificate.
+func (c *CA) Certificate() *x509.Certificate { return c.cert }
+
+// Pool holds just the CA certificate, for verifying peers.
+func (c *CA) Pool() *x509.CertPool { return c.pool }
+
+// Fingerprint is the pinned form agents receive.
+func (c *CA) Fingerprint() string { return pki.Fingerprint(c.cert.Raw) }
+
+// CertificatePEM is the CA certificate in PEM.
+func (c *CA) CertificatePEM() []byte {
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.cert.Raw})
+}
+
+// SignNode signs a node certificate for instanceID. The CSR must carry an
+// Ed25519 key and may name nothing but the instance.
+func (c *CA) SignNode(ctx context.Context, csr *x509.CertificateRequest, instanceID string, lifetime time.Duration) (*x509.Certificate, error) {
+	if err := CheckNodeCSR(csr, instanceID); err != nil {
+		return nil, err
+	}
+	if lifetime <= 0 {
+		lifetime = DefaultNodeLifetime
+	}
+	uri := pki.InstanceURI(instanceID).String()
+	// No common name: the identity is the URI SAN, and the name policy
+	// allows nothing else.
+	certOpts, err := provisioner.TemplateOptions(nil, x509util.CreateTemplateData("", []string{uri}))
+	if err != nil {
+		return nil, fmt.Errorf("sign node certificate: template: %w", err)
+	}
+	now := c.clock.Now()
+	chain, err := c.auth.SignWithContext(ctx, csr, provisioner.SignOptions{},
+		certOpts,
+		validity(now, lifetime),
+		lifetimeValidator{max: MaxNodeLifetime},
+		clientAuthOnly{},
+	)
+	if err != nil {
+		return nil, fmt.Errorf("sign node certificate: %w", err)
+	}
+	return chain[0], nil
+}
+
+// validity sets the certificate window from the injected clock (the
+// authority's own default would use the wall clock).
+func validity(now time.Time, lifetime time.Duration) provisioner.CertificateModifierFunc {
+	return func(cert *x509.Certificate, _ provisioner.SignOptions) error {
+		cert.NotBefore = now.Add(-backdate)
+		cert.NotAfter = now.Add(lifetime)
+		return nil
+	}
+}
+
+type lifetimeValidator struct{ max time.Duration }
+
+func (v lifetimeValidator) Valid(cert *x509.Certificate, _ provisioner.SignOptions) error {
+	if d := cert.NotAfter.Sub(cert.NotBefore) - backdate; d > v.max {
+		return fmt.Errorf("requested lifetime %s exceeds the maximum %s", d, v.max)
+	}
+	return nil
+}
+
+// clientAuthOnly narrows the default leaf template's usages: a node
+// certificate authenticates a client, it must not serve TLS.
+type clientAuthOnly struct{}
+
+func (clientAuthOnly) Enforce(cert *x509.Certificate) error {
+	cert.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
+	cert.KeyUsage = x509.KeyUsageDigitalSignature
+	return nil
+}
+
+// CSR errors, phrased for the operator reading the agent's console.
+var (
+	ErrCSRKeyType = errors.New("CSR key must be Ed25519")
+	ErrCSRNames   = errors.New("CSR may name only its own instance")
+)
+
+// CheckNodeCSR enforces what a node may ask for: an Ed25519 key, a valid
+// self-signature, and no names other than tether://instance/<id>.
+func CheckNodeCSR(csr *x509.CertificateRequest, instanceID string) error {
+	if _, ok := csr.PublicKey.(ed25519.PublicKey); !ok {
+		return fmt.Errorf("%w, got %s", ErrCSRKeyType, csr.PublicKeyAlgorithm)
+	}
+	if err := csr.CheckSignature(); err != nil {
+		return fmt.Errorf("CSR signature: %w", err)
+	}
+	if len(csr.DNSNames) > 0 || len(csr.IPAddresses) > 0 || len(csr.EmailAddresses) > 0 {
+		return fmt.Errorf("%w: it asks for DNS/IP/email names", ErrCSRNames)
+	}
+	want := pki.InstanceURI(instanceID).String()
+	for _, u := range csr.URIs {
+		if u.String() != want {
+			return fmt.Errorf("%w: it asks for %q", ErrCSRNames, u.String())
+		}
+	}
+	if cn := csr.Subject.CommonName; cn != "" && cn != instanceID {
+		return fmt.Errorf("%w: its common name is %q", ErrCSRNames, cn)
+	}
+	return nil
+}
+
+// ParseCSR decodes a PEM (or DER) certificate request. It does not check
+// the signature; CheckNodeCSR does.
+func ParseCSR(data []byte) (*x509.CertificateRequest, error) {
+	if block, _ := pem.Decode(data); block != nil {
+		if block.Type != "CERTIFICATE REQUEST" && block.Type != "NEW CERTIFICATE REQUEST" {
+			return nil, fmt.Errorf("PEM block is %q, want CERTIFICATE REQUEST", block.Type)
+		}
+		data = block.Bytes
+	}
+	csr, err := x509.ParseCertificateRequest(data)
+	if err != nil {
+		return nil, fmt.Errorf("parse CSR: %w", err)
+	}
+	return csr, nil
+}
+
+// SignAdmin issues an admin client certificate for a key.
+func (c *CA) SignAdmin(name, role string, pub crypto.PublicKey, lifetime time.Duration) (*x509.Certificate, error) {
+	if lifetime <= 0 {
+		lifetime = DefaultAdminLifetime
+	}
+	id := pki.Identity{Kind: pki.KindAdmin, Name: name, Role: role}
+	return c.signDirect(&x509.Certificate{
+		Subject:     pkix.Name{CommonName: name, OrganizationalUnit: []string{role}},
+		URIs:        []*urlT{id.URI()},
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}, pub, lifetime)
+}
+
+// SignServer issues the control plane's TLS server certificate for the
+// given host names and addresses.
+func (c *CA) SignServer(hosts []string, pub crypto.PublicKey) (*x509.Certificate, error) {
+	tpl := &x509.Certificate{
+		Subject:     pkix.Name{CommonName: "tetherd"},
+		URIs:        []*urlT{pki.Identity{Kind: pki.KindServer, Name: "tetherd"}.URI()},
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	for _, h := range hosts {
+		if ip := net.ParseIP(h); ip != nil {
+			tpl.IPAddresses = append(tpl.IPAddresses, ip)
+		} else {
+			tpl.DNSNames = append(tpl.DNSNames, h)
+		}
+	}
+	return c.signDirect(tpl, pub, ServerLifetime)
+}
+
+// signDirect signs certificates the control plane makes for itself at init
+// (server, admin) through x509util, outside the node name policy.
+func (c *CA) signDirect(tpl *x509.Certificate, pub crypto.PublicKey, lifetime time.Duration) (*x509.Certificate, error) {
+	now := c.clock.Now()
+	tpl.SerialNumber = randomSerial()
+	tpl.NotBefore, tpl.NotAfter = now.Add(-backdate), now.Add(lifetime)
+	if tpl.NotAfter.After(c.cert.NotAfter) {
+		tpl.NotAfter = c.cert.NotAfter
+	}
+	cert, err := x509util.CreateCertificate(tpl, c.cert, pub, c.key)
+	if err != nil {
+		return nil, fmt.Errorf("sign certificate for %s: %w", tpl.Subject.CommonName, err)
+	}
+	return cert, nil
+}
+
+// Verify checks a peer certificate against the CA at the clock's time and
+// returns its identity. It does not check revocation.
+func (c *CA) Verify(cert *x509.Certificate, usage x509.ExtKeyUsage) (pki.Identity, error) {
+	if _, err := cert.Verify(x509.VerifyOptions{Roots: c.pool, CurrentTime: c.clock.Now(), KeyUsages: []x509.ExtKeyUsage{usage}}); err != nil {
+		var inv x509.CertificateInvalidError
+		if errors.As(err, &inv) && inv.Reason == x509.Expired {
+			return pki.Identity{}, fmt.Errorf("certificate %s expired at %s", SerialString(cert), cert.NotAfter.UTC().Format(time.RFC3339))
+		}
+		return pki.Identity{}, fmt.Errorf("certificate %s: %w", SerialString(cert), err)
+	}
+	return pki.IdentityOf(cert)
+}
+
+// SerialString is how serials are stored and shown: lowercase hex.
+func SerialString(cert *x509.Certificate) string { return fmt.Sprintf("%x", cert.SerialNumber) }
+
+func randomSerial() *big.Int {
+	n, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
+	if err != nil {
+		panic(fmt.Sprintf("crypto/rand failed: %v", err))
+	}
+	return n
+}
