@@ -63,7 +63,9 @@ func (q *queries) getTask(ctx context.Context, suffix, id string) (*store.Task, 
 	return t, nil
 }
 
-func (q *queries) GetTask(ctx context.Context, id string) (*store.Task, error) { return q.getTask(ctx, "", id) }
+func (q *queries) GetTask(ctx context.Context, id string) (*store.Task, error) {
+	return q.getTask(ctx, "", id)
+}
 
 func (q *queries) LockTask(ctx context.Context, id string) (*store.Task, error) {
 	return q.getTask(ctx, q.db.dialect.LockRow(), id)
