@@ -1,0 +1,528 @@
+// Package fake is an in-memory providers.Provider for tests. It keeps
+// machines in a map, records every call so a test can assert what the control
+// plane asked for, and lets a test inject failures, delays and drift (a
+// machine that vanished, or one that came back after it was terminated).
+package fake
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/tetherfleet/tether/providers"
+)
+
+// Name is the provider's registered name.
+const Name = "fake"
+
+// Op names a provider method.
+type Op string
+
+// The seven provider operations.
+const (
+	OpProvision Op = "provision"
+	OpStart     Op = "start"
+	OpStop      Op = "stop"
+	OpReboot    Op = "reboot"
+	OpTerminate Op = "terminate"
+	OpStatus    Op = "status"
+	OpList      Op = "list"
+)
+
+// Ops returns every operation, for table-driven tests.
+func Ops() []Op {
+	return []Op{OpProvision, OpStart, OpStop, OpReboot, OpTerminate, OpStatus, OpList}
+}
+
+// Clock is the time source for call records.
+type Clock interface{ Now() time.Time }
+
+type realClock struct{}
+
+func (realClock) Now() time.Time { return time.Now() }
+
+// Call is one recorded provider call. Spec and Boot are copies (with the
+// token: this is a test double, and tests assert the token was handed over).
+type Call struct {
+	Op   Op
+	ID   string // machine id; for provision the id the machine gets; "" for list
+	Spec *providers.Spec
+	Boot *providers.Boot
+	// Err is what the call returned, so a test can tell attempts that failed
+	// from ones that took effect.
+	Err error
+	At  time.Time
+}
+
+// Fault describes an injected failure.
+type Fault struct {
+	Kind providers.Kind
+	// Times is how many calls fail; 0 means every call until cleared.
+	Times int
+	// AfterEffect makes the call do its work and then report failure, the
+	// "the machine was destroyed but the answer was lost" case.
+	AfterEffect bool
+	// Message is the error text; a default names the injection.
+	Message string
+}
+
+type fault struct {
+	Fault
+	remaining int // only meaningful when Times > 0
+}
+
+type machine struct {
+	m          providers.Machine
+	enrollment providers.Enrollment
+	boots      int
+}
+
+// Provider is the fake. The zero value is not usable; call New.
+type Provider struct {
+	clock Clock
+
+	mu       sync.Mutex
+	machines map[string]*machine
+	// graveyard remembers terminated or vanished machines so Resurrect can
+	// bring one back, the way a leaked VM reappears in a provider's list.
+	graveyard map[string]*machine
+	calls     []Call
+	faults    map[Op]*fault
+	delays    map[Op]time.Duration
+	gates     map[Op]chan struct{}
+}
+
+// Option configures New.
+type Option func(*Provider)
+
+// WithClock sets the clock used to stamp calls.
+func WithClock(c Clock) Option { return func(p *Provider) { p.clock = c } }
+
+// New returns an empty fake provider.
+func New(opts ...Option) *Provider {
+	p := &Provider{
+		clock:     realClock{},
+		machines:  map[string]*machine{},
+		graveyard: map[string]*machine{},
+		faults:    map[Op]*fault{},
+		delays:    map[Op]time.Duration{},
+		gates:     map[Op]chan struct{}{},
+	}
+	for _, o := range opts {
+		o(p)
+	}
+	return p
+}
+
+var _ providers.Provider = (*Provider)(nil)
+
+// MachineID is the id the fake gives the machine of an instance. It is
+// derived from the instance id so Provision is idempotent without a lookup
+// table.
+func MachineID(instanceID string) string { return "fake-" + instanceID }
+
+// Name implements providers.Provider.
+func (p *Provider) Name() string { return Name }
+
+// Provision implements providers.Provider.
+func (p *Provider) Provision(ctx context.Context, spec providers.Spec) (providers.Machine, error) {
+	id := MachineID(spec.InstanceID)
+	sp := spec
+	var out providers.Machine
+	err := p.do(ctx, Call{Op: OpProvision, ID: id, Spec: &sp}, func() error {
+		if spec.InstanceID == "" {
+			return providers.Errorf(providers.KindPermanent, Name, string(OpProvision), "instance id is required")
+		}
+		if m, ok := p.machines[id]; ok {
+			out = clone(m.m)
+			return nil
+		}
+		m := &machine{
+			m:          providers.Machine{ID: id, InstanceID: spec.InstanceID, State: providers.StateRunning},
+			enrollment: spec.Boot.Enrollment,
+			boots:      1,
+		}
+		p.machines[id] = m
+		delete(p.graveyard, id)
+		out = clone(m.m)
+		return nil
+	})
+	return out, err
+}
+
+// Start implements providers.Provider. A running machine is left alone and
+// keeps its enrollment: no new boot happened, so no new token was handed
+// over.
+func (p *Provider) Start(ctx context.Context, id string, boot providers.Boot) (providers.Machine, error) {
+	b := boot
+	return p.power(ctx, Call{Op: OpStart, ID: id, Boot: &b}, func(m *machine) {
+		if m.m.State == providers.StateRunning {
+			return
+		}
+		m.m.State = providers.StateRunning
+		m.enrollment = boot.Enrollment
+		m.boots++
+	})
+}
+
+// Stop implements providers.Provider.
+func (p *Provider) Stop(ctx context.Context, id string) (providers.Machine, error) {
+	return p.power(ctx, Call{Op: OpStop, ID: id}, func(m *machine) {
+		m.m.State = providers.StateStopped
+	})
+}
+
+// Reboot implements providers.Provider. Like the qemu provider, it boots the
+// machine with the new enrollment whatever state it was in.
+func (p *Provider) Reboot(ctx context.Context, id string, boot providers.Boot) (providers.Machine, error) {
+	b := boot
+	return p.power(ctx, Call{Op: OpReboot, ID: id, Boot: &b}, func(m *machine) {
+		m.m.State = providers.StateRunning
+		m.enrollment = boot.Enrollment
+		m.boots++
+	})
+}
+
+func (p *Provider) power(ctx context.Context, c Call, apply func(*machine)) (providers.Machine, error) {
+	var out providers.Machine
+	err := p.do(ctx, c, func() error {
+		m, ok := p.machines[c.ID]
+		if !ok {
+			return providers.Errorf(providers.KindNotFound, Name, string(c.Op), "machine %q not found", c.ID)
+		}
+		apply(m)
+		out = clone(m.m)
+		return nil
+	})
+	return out, err
+}
+
+// Terminate implements providers.Provider. A machine that is already gone is
+// success.
+func (p *Provider) Terminate(ctx context.Context, id string) error {
+	return p.do(ctx, Call{Op: OpTerminate, ID: id}, func() error {
+		if m, ok := p.machines[id]; ok {
+			p.graveyard[id] = m
+			delete(p.machines, id)
+		}
+		return nil
+	})
+}
+
+// Status implements providers.Provider. An unknown id is StateGone with a nil
+// error.
+func (p *Provider) Status(ctx context.Context, id string) (providers.Machine, error) {
+	out := providers.Machine{ID: id, State: providers.StateGone}
+	err := p.do(ctx, Call{Op: OpStatus, ID: id}, func() error {
+		if m, ok := p.machines[id]; ok {
+			out = clone(m.m)
+		}
+		return nil
+	})
+	if err != nil {
+		return providers.Machine{}, err
+	}
+	return out, nil
+}
+
+// List implements providers.Provider, sorted by id.
+func (p *Provider) List(ctx context.Context) ([]providers.Machine, error) {
+	var out []providers.Machine
+	err := p.do(ctx, Call{Op: OpList}, func() error {
+		out = p.snapshot()
+		return nil
+	})
+	return out, err
+}
+
+// do runs one call: wait for any gate and delay (outside the lock, honouring
+// ctx), then apply injected faults around the effect, and record the call.
+func (p *Provider) do(ctx context.Context, c Call, effect func() error) error {
+	if err := p.wait(ctx, c.Op); err != nil {
+		p.record(c, err)
+		return err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	f := p.takeFault(c.Op)
+	var err error
+	switch {
+	case f == nil:
+		err = effect()
+	case f.AfterEffect:
+		if err = effect(); err == nil {
+			err = f.err(c.Op)
+		}
+	default:
+		err = f.err(c.Op)
+	}
+	c.Err = err
+	c.At = p.clock.Now()
+	p.calls = append(p.calls, c)
+	return err
+}
+
+func (p *Provider) record(c Call, err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	c.Err = err
+	c.At = p.clock.Now()
+	p.calls = append(p.calls, c)
+}
+
+func (p *Provider) wait(ctx context.Context, op Op) error {
+	p.mu.Lock()
+	d := p.delays[op]
+	gate := p.gates[op]
+	p.mu.Unlock()
+	if gate != nil {
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return providers.Errorf(providers.KindTransient, Name, string(op), "waiting for gate: %w", ctx.Err())
+		}
+	}
+	if d > 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return providers.Errorf(providers.KindTransient, Name, string(op), "delayed call: %w", ctx.Err())
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return providers.Errorf(providers.KindTransient, Name, string(op), "%w", err)
+	}
+	return nil
+}
+
+// takeFault returns the fault to apply to this call, consuming one use of a
+// counted fault. Callers hold p.mu.
+func (p *Provider) takeFault(op Op) *fault {
+	f, ok := p.faults[op]
+	if !ok {
+		return nil
+	}
+	if f.Times > 0 {
+		f.remaining--
+		if f.remaining <= 0 {
+			delete(p.faults, op)
+		}
+	}
+	return f
+}
+
+func (f *fault) err(op Op) error {
+	msg := f.Message
+	if msg == "" {
+		msg = "injected failure"
+	}
+	return providers.Errorf(f.Kind, Name, string(op), "%s", msg)
+}
+
+// Inject makes calls of op fail as f describes, replacing any earlier fault
+// for op.
+func (p *Provider) Inject(op Op, f Fault) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.faults[op] = &fault{Fault: f, remaining: f.Times}
+}
+
+// FailNext makes the next n calls of op fail with kind, before any effect.
+func (p *Provider) FailNext(op Op, n int, kind providers.Kind) {
+	if n <= 0 {
+		return
+	}
+	p.Inject(op, Fault{Kind: kind, Times: n})
+}
+
+// FailAlways makes every call of op fail with kind until ClearFailures.
+func (p *Provider) FailAlways(op Op, kind providers.Kind) {
+	p.Inject(op, Fault{Kind: kind})
+}
+
+// ClearFailures removes the injected faults of the given ops, or of every op
+// when none is given.
+func (p *Provider) ClearFailures(ops ...Op) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(ops) == 0 {
+		clear(p.faults)
+		return
+	}
+	for _, op := range ops {
+		delete(p.faults, op)
+	}
+}
+
+// SetDelay makes calls of op take d before they act (0 removes it). A call
+// whose ctx ends first fails with a transient error and has no effect.
+func (p *Provider) SetDelay(op Op, d time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if d <= 0 {
+		delete(p.delays, op)
+		return
+	}
+	p.delays[op] = d
+}
+
+// Block makes calls of op wait until the returned release function is called
+// (or their ctx ends). It lets a test hold a call in flight, for example to
+// restart the control plane between a terminate's intent and its effect.
+// Release is safe to call more than once.
+func (p *Provider) Block(op Op) (release func()) {
+	gate := make(chan struct{})
+	p.mu.Lock()
+	p.gates[op] = gate
+	p.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			p.mu.Lock()
+			if p.gates[op] == gate {
+				delete(p.gates, op)
+			}
+			p.mu.Unlock()
+			close(gate)
+		})
+	}
+}
+
+// Calls returns a copy of every recorded call, oldest first.
+func (p *Provider) Calls() []Call {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.calls)
+}
+
+// CallsFor returns the recorded calls of one op.
+func (p *Provider) CallsFor(op Op) []Call {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []Call
+	for _, c := range p.calls {
+		if c.Op == op {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// ResetCalls forgets the recorded calls.
+func (p *Provider) ResetCalls() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.calls = nil
+}
+
+// Enrollment returns the enrollment of the machine's latest boot: what a
+// real machine would have found in fw_cfg.
+func (p *Provider) Enrollment(id string) (providers.Enrollment, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	m, ok := p.machines[id]
+	if !ok {
+		return providers.Enrollment{}, false
+	}
+	return m.enrollment, true
+}
+
+// Boots returns how many times the machine has booted (provision counts as
+// the first).
+func (p *Provider) Boots(id string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if m, ok := p.machines[id]; ok {
+		return m.boots
+	}
+	return 0
+}
+
+// Machines returns the machines that exist, sorted by id.
+func (p *Provider) Machines() []providers.Machine {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.snapshot()
+}
+
+func (p *Provider) snapshot() []providers.Machine {
+	out := make([]providers.Machine, 0, len(p.machines))
+	for _, id := range slices.Sorted(maps.Keys(p.machines)) {
+		out = append(out, clone(p.machines[id].m))
+	}
+	return out
+}
+
+// clone copies m so callers cannot reach the fake's state through Addresses.
+func clone(m providers.Machine) providers.Machine {
+	m.Addresses = slices.Clone(m.Addresses)
+	return m
+}
+
+// Vanish removes a machine behind the control plane's back, as a cloud
+// console delete or a crashed hypervisor would. It reports whether the
+// machine existed.
+func (p *Provider) Vanish(id string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	m, ok := p.machines[id]
+	if ok {
+		p.graveyard[id] = m
+		delete(p.machines, id)
+	}
+	return ok
+}
+
+// Resurrect brings a terminated or vanished machine back as running: the
+// "terminated row whose guest still exists" drift. It reports whether the
+// fake remembered the machine.
+func (p *Provider) Resurrect(id string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	m, ok := p.graveyard[id]
+	if !ok {
+		return false
+	}
+	delete(p.graveyard, id)
+	m.m.State = providers.StateRunning
+	p.machines[id] = m
+	return true
+}
+
+// Plant adds (or replaces) a machine the control plane never asked for.
+func (p *Provider) Plant(m providers.Machine) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if m.State == "" {
+		m.State = providers.StateRunning
+	}
+	delete(p.graveyard, m.ID)
+	p.machines[m.ID] = &machine{m: clone(m), boots: 1}
+}
+
+// SetState forces a machine's observed state. StateGone is the same as
+// Vanish. It reports whether the machine existed.
+func (p *Provider) SetState(id string, state providers.MachineState) bool {
+	if state == providers.StateGone {
+		return p.Vanish(id)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	m, ok := p.machines[id]
+	if ok {
+		m.m.State = state
+	}
+	return ok
+}
+
+// String summarises the fake for test failure messages.
+func (p *Provider) String() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return fmt.Sprintf("fake provider: %d machines, %d calls", len(p.machines), len(p.calls))
+}

@@ -1,0 +1,166 @@
+package qemu
+
+import (
+	"fmt"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+)
+
+// Files in an instance directory.
+const (
+	consoleLogFile = "console.log"
+	qmpSocketFile  = "qmp.sock"
+	pidFile        = "qemu.pid"
+	qemuLogFile    = "qemu.log"
+	// tokenFile holds the one-time token only between writing it and QMP's
+	// first answer: QEMU reads fw_cfg files at start-up, and a token in argv
+	// would be visible to every user through ps.
+	tokenFile = "fw_cfg-token"
+)
+
+// fw_cfg names the agent reads (SPEC section 3).
+const (
+	fwCfgURL   = "opt/tether/url"
+	fwCfgToken = "opt/tether/token"
+	fwCfgCA    = "opt/tether/ca"
+)
+
+// networkKernelArg lets the agent configure the network statically: with
+// user-mode networking the guest is always 10.0.2.15 and reaches the host's
+// loopback through 10.0.2.2, and a static address saves a DHCP round trip.
+const networkKernelArg = "ip=10.0.2.15::10.0.2.2:255.255.255.0::eth0:off"
+
+// baseKernelArgs come before the template's KernelArgs, so a template can
+// override them (the kernel takes the last value of a repeated parameter).
+// panic=-1 turns a guest panic into an immediate reboot, which -no-reboot
+// turns into QEMU exiting: the machine then reads stopped instead of
+// "running" with a dead kernel inside.
+const baseKernelArgs = "console=ttyS0 panic=-1 " + networkKernelArg
+
+// maxSocketPath is the longest path a unix socket can bind to (sun_path is
+// 108 bytes including the terminating NUL).
+const maxSocketPath = 107
+
+// validID limits instance ids to names that are safe as one path element and
+// inside QEMU option strings (no commas, slashes or dots-only names).
+var validID = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
+
+func checkID(op, id string) error {
+	if !validID.MatchString(id) {
+		return permanent(op, id, fmt.Errorf("invalid instance id %q: want 1-64 of [A-Za-z0-9_.-], starting with a letter or digit", id))
+	}
+	return nil
+}
+
+// instancePaths are the files of one instance.
+type instancePaths struct {
+	dir, console, qmp, pid, qemuLog, token string
+}
+
+func pathsFor(stateDir, id string) instancePaths {
+	dir := filepath.Join(stateDir, id)
+	return instancePaths{
+		dir:     dir,
+		console: filepath.Join(dir, consoleLogFile),
+		qmp:     filepath.Join(dir, qmpSocketFile),
+		pid:     filepath.Join(dir, pidFile),
+		qemuLog: filepath.Join(dir, qemuLogFile),
+		token:   filepath.Join(dir, tokenFile),
+	}
+}
+
+// qmpArg is the -qmp value. It doubles as the process's fingerprint: a pid
+// from a pid file only counts as our VM when that process's command line
+// carries exactly this argument (pids are reused).
+func (p instancePaths) qmpArg() string {
+	return "unix:" + optEscape(p.qmp) + ",server=on,wait=off"
+}
+
+// launchSpec is everything that goes on one QEMU command line.
+type launchSpec struct {
+	Binary     string
+	InstanceID string
+	Accel      string // kvm or tcg, already resolved
+	MemoryMiB  int
+	CPUs       int
+	Paths      instancePaths
+	Kernel     string
+	Initramfs  string
+	KernelArgs string
+	URL        string
+	CA         string
+	// WithToken adds the fw_cfg token entry, read from Paths.token.
+	WithToken bool
+}
+
+// buildArgv returns the full QEMU command line, argv[0] included. It never
+// contains the token itself, only the path of the file that holds it.
+func buildArgv(s launchSpec) []string {
+	argv := []string{
+		s.Binary,
+		"-name", "guest=" + optEscape("tether-"+s.InstanceID),
+		"-M", "q35",
+		"-accel", s.Accel,
+		"-m", strconv.Itoa(s.MemoryMiB),
+		"-smp", strconv.Itoa(s.CPUs),
+		"-nodefaults",
+		"-nographic",
+		"-no-reboot",
+		"-netdev", "user,id=n0",
+		"-device", "virtio-net-pci,netdev=n0",
+		"-kernel", s.Kernel,
+		"-initrd", s.Initramfs,
+		"-append", kernelCommandLine(s.KernelArgs),
+		// append=on keeps the console history of earlier boots of the
+		// same instance, which is what an operator debugging a reboot
+		// loop wants to read.
+		"-chardev", "file,id=ser0,path=" + optEscape(s.Paths.console) + ",append=on",
+		"-serial", "chardev:ser0",
+		"-qmp", s.Paths.qmpArg(),
+	}
+	if s.URL != "" {
+		argv = append(argv, "-fw_cfg", "name="+fwCfgURL+",string="+optEscape(s.URL))
+	}
+	if s.CA != "" {
+		argv = append(argv, "-fw_cfg", "name="+fwCfgCA+",string="+optEscape(s.CA))
+	}
+	if s.WithToken {
+		argv = append(argv, "-fw_cfg", "name="+fwCfgToken+",file="+optEscape(s.Paths.token))
+	}
+	return argv
+}
+
+func kernelCommandLine(extra string) string {
+	extra = strings.TrimSpace(extra)
+	if extra == "" {
+		return baseKernelArgs
+	}
+	return baseKernelArgs + " " + extra
+}
+
+// optEscape escapes a value inside a QEMU -opt a=b,c=d string, where a comma
+// is written as two.
+func optEscape(s string) string { return strings.ReplaceAll(s, ",", ",,") }
+
+// minSecretLen is the shortest secret redact looks for: replacing a very
+// short string would mangle the whole command line, and real tokens are 256
+// bits.
+const minSecretLen = 8
+
+// redact replaces every occurrence of the given secrets in argv. The argv we
+// build carries no secret; this is the belt to that brace, applied to
+// everything we log or record.
+func redact(argv []string, secrets ...string) []string {
+	out := make([]string, len(argv))
+	for i, a := range argv {
+		for _, s := range secrets {
+			if len(s) >= minSecretLen {
+				a = strings.ReplaceAll(a, s, "<redacted>")
+			}
+		}
+		out[i] = a
+	}
+	return out
+}

@@ -1,0 +1,148 @@
+package qemu
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+)
+
+// Name is the provider's registered name.
+const Name = "qemu"
+
+// Mode selects what the provider does with a request.
+type Mode string
+
+const (
+	// ModeReal boots real QEMU VMs.
+	ModeReal Mode = "real"
+	// ModeRecorder records what real mode would do (argv, QMP commands) and
+	// keeps machine state in memory; it starts no VM.
+	ModeRecorder Mode = "recorder"
+	// ModeDisabled refuses every request with KindUnsupported.
+	ModeDisabled Mode = "disabled"
+)
+
+// ParseMode parses a --qemu-mode value. An unknown mode is an error so that
+// tetherd refuses to start rather than silently doing something else.
+func ParseMode(s string) (Mode, error) {
+	switch m := Mode(s); m {
+	case ModeReal, ModeRecorder, ModeDisabled:
+		return m, nil
+	}
+	return "", fmt.Errorf("qemu: unknown mode %q (want real, recorder or disabled)", s)
+}
+
+// Accelerator choices for Config.Accel.
+const (
+	AccelAuto = "auto"
+	AccelKVM  = "kvm"
+	AccelTCG  = "tcg"
+)
+
+// Clock is the provider's time source (recorder timestamps, log headers).
+type Clock interface{ Now() time.Time }
+
+type realClock struct{}
+
+func (realClock) Now() time.Time { return time.Now() }
+
+// Config configures the provider. Zero values take the defaults below.
+type Config struct {
+	Mode Mode
+	// Binary is the QEMU executable, looked up in PATH (default
+	// qemu-system-x86_64).
+	Binary string
+	// StateDir holds one directory per instance (console log, QMP socket,
+	// pid file). It is the provider's only memory: a restarted control
+	// plane finds its VMs again from it. Required in real and recorder mode.
+	StateDir string
+	// MemoryMiB is the guest RAM (default 512).
+	MemoryMiB int
+	// CPUs is the number of vCPUs (default 1; under TCG -smp 2 is slower).
+	CPUs int
+	// Accel is auto, kvm or tcg (default auto: KVM when it is really
+	// usable, else TCG; see kvmUsable).
+	Accel string
+	// StopGrace is how long Stop waits for an ACPI powerdown before it
+	// quits QEMU (default 3 s). Tether's initramfs agent has no ACPI
+	// handler, so a guest normally uses the whole grace.
+	StopGrace time.Duration
+	// QMPTimeout bounds one QMP exchange: connect, greeting, command and
+	// answer (default 5 s).
+	QMPTimeout time.Duration
+	// LaunchTimeout bounds how long a new QEMU process has to answer on
+	// QMP before it is killed (default 20 s).
+	LaunchTimeout time.Duration
+	// KillTimeout bounds each wait for the process to exit after quit and
+	// after SIGKILL (default 5 s).
+	KillTimeout time.Duration
+	// RecorderLimit caps the entries recorder mode keeps, oldest dropped
+	// first (default 1000), so a long-running recorder does not grow
+	// without bound.
+	RecorderLimit int
+	Logger        *slog.Logger
+	Clock         Clock
+}
+
+const (
+	defaultBinary        = "qemu-system-x86_64"
+	defaultMemoryMiB     = 512
+	defaultCPUs          = 1
+	defaultStopGrace     = 3 * time.Second
+	defaultQMPTimeout    = 5 * time.Second
+	defaultLaunchTimeout = 20 * time.Second
+	defaultKillTimeout   = 5 * time.Second
+	defaultRecorderLimit = 1000
+)
+
+// withDefaults validates c and fills in defaults.
+func (c Config) withDefaults() (Config, error) {
+	if _, err := ParseMode(string(c.Mode)); err != nil {
+		return c, err
+	}
+	if c.Binary == "" {
+		c.Binary = defaultBinary
+	}
+	if c.MemoryMiB < 0 || c.CPUs < 0 || c.StopGrace < 0 || c.QMPTimeout < 0 ||
+		c.LaunchTimeout < 0 || c.KillTimeout < 0 || c.RecorderLimit < 0 {
+		return c, fmt.Errorf("qemu: negative size or duration in config")
+	}
+	if c.MemoryMiB == 0 {
+		c.MemoryMiB = defaultMemoryMiB
+	}
+	if c.CPUs == 0 {
+		c.CPUs = defaultCPUs
+	}
+	switch c.Accel {
+	case "":
+		c.Accel = AccelAuto
+	case AccelAuto, AccelKVM, AccelTCG:
+	default:
+		return c, fmt.Errorf("qemu: unknown accel %q (want auto, kvm or tcg)", c.Accel)
+	}
+	if c.StopGrace == 0 {
+		c.StopGrace = defaultStopGrace
+	}
+	if c.QMPTimeout == 0 {
+		c.QMPTimeout = defaultQMPTimeout
+	}
+	if c.LaunchTimeout == 0 {
+		c.LaunchTimeout = defaultLaunchTimeout
+	}
+	if c.KillTimeout == 0 {
+		c.KillTimeout = defaultKillTimeout
+	}
+	if c.RecorderLimit == 0 {
+		c.RecorderLimit = defaultRecorderLimit
+	}
+	if c.Mode != ModeDisabled && c.StateDir == "" {
+		return c, fmt.Errorf("qemu: StateDir is required in %s mode", c.Mode)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Clock == nil {
+		c.Clock = realClock{}
+	}
+	return c, nil
+}

@@ -1,0 +1,133 @@
+// Package qemu is the provider that boots Tether machines as local QEMU VMs:
+// direct kernel boot of the template's kernel and initramfs, enrollment data
+// in fw_cfg, user-mode networking, and a QMP socket for control.
+//
+// Real mode keeps its state in a directory per instance (pid file, QMP
+// socket, console log), so VMs outlive a control plane restart and are found
+// again by the next one. Status always asks the process table and QMP, never
+// a stored value. Recorder mode does the same bookkeeping in memory and
+// records the command lines it would run; disabled mode refuses everything.
+package qemu
+
+import (
+	"context"
+	"errors"
+
+	"github.com/tetherfleet/tether/providers"
+)
+
+// driver is one mode's implementation of the provider operations.
+type driver interface {
+	Provision(ctx context.Context, spec providers.Spec) (providers.Machine, error)
+	Start(ctx context.Context, id string, boot providers.Boot) (providers.Machine, error)
+	Stop(ctx context.Context, id string) (providers.Machine, error)
+	Reboot(ctx context.Context, id string, boot providers.Boot) (providers.Machine, error)
+	Terminate(ctx context.Context, id string) error
+	Status(ctx context.Context, id string) (providers.Machine, error)
+	List(ctx context.Context) ([]providers.Machine, error)
+}
+
+// Provider is the qemu provider. Machine ids are Tether instance ids.
+type Provider struct {
+	cfg   Config
+	accel string
+	driver
+	rec *recorder
+}
+
+var _ providers.Provider = (*Provider)(nil)
+
+// New validates cfg and returns a provider in cfg.Mode. In real mode it
+// creates StateDir; it does not look for the QEMU binary, so that a host
+// without QEMU can still run tetherd (every launch then fails with a
+// permanent error that says what to install).
+func New(cfg Config) (*Provider, error) { return newProvider(cfg, kvmUsable) }
+
+func newProvider(cfg Config, probe kvmProbe) (*Provider, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	p := &Provider{cfg: cfg}
+	if cfg.Mode == ModeDisabled {
+		p.driver = disabled{}
+		return p, nil
+	}
+	accel, why := resolveAccel(cfg.Accel, probe)
+	p.accel = accel
+	cfg.Logger.Info("qemu provider", "mode", cfg.Mode, "accel", accel, "why", why, "state_dir", cfg.StateDir)
+	switch cfg.Mode {
+	case ModeRecorder:
+		p.rec = newRecorder(cfg, accel)
+		p.driver = p.rec
+	case ModeReal:
+		d, err := newRealDriver(cfg, accel)
+		if err != nil {
+			return nil, err
+		}
+		p.driver = d
+	}
+	return p, nil
+}
+
+// Name implements providers.Provider.
+func (p *Provider) Name() string { return Name }
+
+// Mode returns the provider's mode.
+func (p *Provider) Mode() Mode { return p.cfg.Mode }
+
+// Accel returns the accelerator VMs get (kvm or tcg); "" when disabled.
+func (p *Provider) Accel() string { return p.accel }
+
+// ConsoleLogPath returns the file the instance's serial console is written
+// to (it survives restarts of the VM, not its termination). It is "" for an
+// invalid id and in disabled mode; in recorder mode the file never exists.
+func (p *Provider) ConsoleLogPath(id string) string {
+	if p.cfg.Mode == ModeDisabled {
+		return ""
+	}
+	return consolePath(p.cfg.StateDir, id)
+}
+
+// Recorded returns what recorder mode would have done, oldest first; nil in
+// the other modes.
+func (p *Provider) Recorded() []Entry {
+	if p.rec == nil {
+		return nil
+	}
+	return p.rec.entriesCopy()
+}
+
+// disabled refuses every operation, so an instance aimed at a disabled
+// provider fails loudly instead of waiting for a machine that never comes.
+type disabled struct{}
+
+var errDisabled = errors.New("qemu provider disabled")
+
+func refuse(op string) error {
+	return provErr(providers.KindUnsupported, op, "", errDisabled)
+}
+
+func (disabled) Provision(context.Context, providers.Spec) (providers.Machine, error) {
+	return providers.Machine{}, refuse(opProvision)
+}
+
+func (disabled) Start(context.Context, string, providers.Boot) (providers.Machine, error) {
+	return providers.Machine{}, refuse(opStart)
+}
+
+func (disabled) Stop(context.Context, string) (providers.Machine, error) {
+	return providers.Machine{}, refuse(opStop)
+}
+
+func (disabled) Reboot(context.Context, string, providers.Boot) (providers.Machine, error) {
+	return providers.Machine{}, refuse(opReboot)
+}
+
+func (disabled) Terminate(context.Context, string) error { return refuse(opTerminate) }
+
+func (disabled) Status(context.Context, string) (providers.Machine, error) {
+	return providers.Machine{}, refuse(opStatus)
+}
+
+func (disabled) List(context.Context) ([]providers.Machine, error) { return nil, refuse(opList) }

@@ -1,0 +1,217 @@
+package qemu
+
+import (
+	"context"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/tetherfleet/tether/providers"
+)
+
+// Entry is one thing recorder mode would have done.
+type Entry struct {
+	At         time.Time
+	Op         string
+	InstanceID string
+	// Argv is the QEMU command line a launch would run, secrets redacted
+	// (the token never is on it; it travels in a 0600 file).
+	Argv []string
+	// QMP lists the QMP commands, in order.
+	QMP []string
+	// Steps names the other side effects, in order (files written and
+	// removed, waits, signals).
+	Steps []string
+	// Result is the machine state after the operation.
+	Result providers.MachineState
+}
+
+// recorder is the in-memory stand-in for real mode: same validation and same
+// command lines, no processes.
+type recorder struct {
+	cfg   Config
+	accel string
+
+	mu       sync.Mutex
+	machines map[string]providers.MachineState
+	entries  []Entry
+}
+
+func newRecorder(cfg Config, accel string) *recorder {
+	return &recorder{cfg: cfg, accel: accel, machines: map[string]providers.MachineState{}}
+}
+
+func (r *recorder) record(e Entry) {
+	e.At = r.cfg.Clock.Now()
+	r.entries = append(r.entries, e)
+	if over := len(r.entries) - r.cfg.RecorderLimit; over > 0 {
+		r.entries = slices.Delete(r.entries, 0, over)
+	}
+}
+
+func (r *recorder) entriesCopy() []Entry {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]Entry, len(r.entries))
+	for i, e := range r.entries {
+		e.Argv = slices.Clone(e.Argv)
+		e.QMP = slices.Clone(e.QMP)
+		e.Steps = slices.Clone(e.Steps)
+		out[i] = e
+	}
+	return out
+}
+
+func (r *recorder) launchEntry(op, id string, boot providers.Boot) Entry {
+	p := pathsFor(r.cfg.StateDir, id)
+	withToken := boot.Enrollment.Token != ""
+	argv := buildArgv(launchSpec{
+		Binary:     r.cfg.Binary,
+		InstanceID: id,
+		Accel:      r.accel,
+		MemoryMiB:  r.cfg.MemoryMiB,
+		CPUs:       r.cfg.CPUs,
+		Paths:      p,
+		Kernel:     boot.KernelPath,
+		Initramfs:  boot.InitramfsPath,
+		KernelArgs: boot.KernelArgs,
+		URL:        boot.Enrollment.ControlPlaneURL,
+		CA:         boot.Enrollment.CAFingerprint,
+		WithToken:  withToken,
+	})
+	var steps []string
+	if op == opProvision {
+		steps = append(steps, "mkdir "+p.dir+" 0700")
+	}
+	if withToken {
+		steps = append(steps, "write "+p.token+" 0600 (token redacted)")
+	}
+	steps = append(steps, "start qemu in its own session", "write "+p.pid, "wait for QMP query-status")
+	if withToken {
+		steps = append(steps, "remove "+p.token)
+	}
+	return Entry{Op: op, InstanceID: id, Argv: redact(argv, boot.Enrollment.Token), QMP: []string{"query-status"}, Steps: steps, Result: providers.StateRunning}
+}
+
+func (r *recorder) Provision(_ context.Context, spec providers.Spec) (providers.Machine, error) {
+	id := spec.InstanceID
+	if err := checkID(opProvision, id); err != nil {
+		return providers.Machine{}, err
+	}
+	if err := checkBoot(opProvision, id, spec.Boot); err != nil {
+		return providers.Machine{}, err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if st, ok := r.machines[id]; ok {
+		return r.machine(id, st), nil
+	}
+	r.record(r.launchEntry(opProvision, id, spec.Boot))
+	r.machines[id] = providers.StateRunning
+	return r.machine(id, providers.StateRunning), nil
+}
+
+func (r *recorder) Start(_ context.Context, id string, boot providers.Boot) (providers.Machine, error) {
+	return r.boot(opStart, id, boot)
+}
+
+func (r *recorder) Reboot(_ context.Context, id string, boot providers.Boot) (providers.Machine, error) {
+	return r.boot(opReboot, id, boot)
+}
+
+func (r *recorder) boot(op, id string, boot providers.Boot) (providers.Machine, error) {
+	if err := checkID(op, id); err != nil {
+		return providers.Machine{}, err
+	}
+	if err := checkBoot(op, id, boot); err != nil {
+		return providers.Machine{}, err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	st, ok := r.machines[id]
+	if !ok {
+		return providers.Machine{}, notFound(op, id)
+	}
+	if st == providers.StateRunning && op == opStart {
+		return r.machine(id, st), nil
+	}
+	e := r.launchEntry(op, id, boot)
+	if st == providers.StateRunning {
+		e.QMP = append([]string{"quit"}, e.QMP...)
+		e.Steps = append([]string{"wait for exit, SIGKILL after " + r.cfg.KillTimeout.String()}, e.Steps...)
+	}
+	r.record(e)
+	r.machines[id] = providers.StateRunning
+	return r.machine(id, providers.StateRunning), nil
+}
+
+func (r *recorder) Stop(_ context.Context, id string) (providers.Machine, error) {
+	if err := checkID(opStop, id); err != nil {
+		return providers.Machine{}, err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	st, ok := r.machines[id]
+	if !ok {
+		return providers.Machine{}, notFound(opStop, id)
+	}
+	if st != providers.StateStopped {
+		r.record(Entry{
+			Op: opStop, InstanceID: id,
+			QMP:    []string{"system_powerdown", "quit"},
+			Steps:  []string{"wait " + r.cfg.StopGrace.String() + " for ACPI powerdown", "quit", "SIGKILL if alive after " + r.cfg.KillTimeout.String(), "keep " + pathsFor(r.cfg.StateDir, id).dir},
+			Result: providers.StateStopped,
+		})
+		r.machines[id] = providers.StateStopped
+	}
+	return r.machine(id, providers.StateStopped), nil
+}
+
+func (r *recorder) Terminate(_ context.Context, id string) error {
+	if err := checkID(opTerminate, id); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	st, ok := r.machines[id]
+	if !ok {
+		return nil
+	}
+	e := Entry{Op: opTerminate, InstanceID: id, Result: providers.StateGone}
+	if st != providers.StateStopped {
+		e.QMP = []string{"quit"}
+		e.Steps = []string{"SIGKILL if alive after " + r.cfg.KillTimeout.String()}
+	}
+	e.Steps = append(e.Steps, "remove "+pathsFor(r.cfg.StateDir, id).dir)
+	r.record(e)
+	delete(r.machines, id)
+	return nil
+}
+
+func (r *recorder) Status(_ context.Context, id string) (providers.Machine, error) {
+	if err := checkID(opStatus, id); err != nil {
+		return providers.Machine{}, err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	st, ok := r.machines[id]
+	if !ok {
+		st = providers.StateGone
+	}
+	return r.machine(id, st), nil
+}
+
+func (r *recorder) List(context.Context) ([]providers.Machine, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []providers.Machine
+	for _, id := range slices.Sorted(maps.Keys(r.machines)) {
+		out = append(out, r.machine(id, r.machines[id]))
+	}
+	return out, nil
+}
+
+func (r *recorder) machine(id string, st providers.MachineState) providers.Machine {
+	return providers.Machine{ID: id, InstanceID: id, State: st, Detail: "recorder mode: no VM"}
+}
