@@ -94,6 +94,10 @@ func seedNode(t *testing.T, s store.Store, name string) *store.Node {
 	return n
 }
 
+func ref(name, version string) store.ModuleRef {
+	return store.ModuleRef{Name: name, Version: version}
+}
+
 func newInstance(nodeID, status string) *store.Instance {
 	return &store.Instance{NodeID: nodeID, Status: status, Provider: "fake", CreatedAt: t0, UpdatedAt: t0}
 }
@@ -105,8 +109,8 @@ func testTemplates(t *testing.T, s store.Store) {
 	seedModule(t, s, "tools", "1")
 	tpl := &store.Template{
 		Name:             "web",
-		RootModules:      []store.ModuleRef{{"base", "1"}, {"tools", "1"}},
-		ExtensionModules: []store.ModuleRef{{"base", "2"}},
+		RootModules:      []store.ModuleRef{ref("base", "1"), ref("tools", "1")},
+		ExtensionModules: []store.ModuleRef{ref("base", "2")},
 		KernelArgs:       "quiet", CreatedAt: t0, UpdatedAt: t0,
 	}
 	must(t, s.CreateTemplate(c, tpl))
@@ -117,7 +121,7 @@ func testTemplates(t *testing.T, s store.Store) {
 
 	got, err := s.GetTemplate(c, "web")
 	must(t, err)
-	if len(got.RootModules) != 2 || got.RootModules[0] != (store.ModuleRef{"base", "1"}) || got.RootModules[1] != (store.ModuleRef{"tools", "1"}) {
+	if len(got.RootModules) != 2 || got.RootModules[0] != (ref("base", "1")) || got.RootModules[1] != (ref("tools", "1")) {
 		t.Fatalf("root modules out of order: %+v", got.RootModules)
 	}
 	if len(got.ExtensionModules) != 1 || got.KernelArgs != "quiet" || !got.CreatedAt.Equal(t0) {
@@ -130,7 +134,7 @@ func testTemplates(t *testing.T, s store.Store) {
 	}
 
 	// A reference to a module that does not exist is refused.
-	bad := &store.Template{Name: "bad", RootModules: []store.ModuleRef{{"nope", "1"}}, CreatedAt: t0, UpdatedAt: t0}
+	bad := &store.Template{Name: "bad", RootModules: []store.ModuleRef{ref("nope", "1")}, CreatedAt: t0, UpdatedAt: t0}
 	if err := s.Tx(c, func(q store.Queries) error { return q.CreateTemplate(c, bad) }); !errors.Is(err, store.ErrConflict) {
 		t.Fatalf("template with a missing module: got %v, want ErrConflict", err)
 	}
@@ -138,7 +142,7 @@ func testTemplates(t *testing.T, s store.Store) {
 		t.Fatalf("a refused template was half-written: %v", err)
 	}
 
-	got.RootModules = []store.ModuleRef{{"base", "2"}}
+	got.RootModules = []store.ModuleRef{ref("base", "2")}
 	got.ExtensionModules = nil
 	got.KernelArgs = "debug"
 	must(t, s.UpdateTemplate(c, got))
@@ -200,7 +204,7 @@ func testModules(t *testing.T, s store.Store) {
 		t.Fatalf("ListModules() = %+v", all)
 	}
 
-	must(t, s.CreateTemplate(c, &store.Template{Name: "uses-base", RootModules: []store.ModuleRef{{"base", "1.0"}}, CreatedAt: t0, UpdatedAt: t0}))
+	must(t, s.CreateTemplate(c, &store.Template{Name: "uses-base", RootModules: []store.ModuleRef{ref("base", "1.0")}, CreatedAt: t0, UpdatedAt: t0}))
 	err = s.DeleteModule(c, "base", "1.0")
 	wantErr(t, err, store.ErrConflict)
 	must(t, s.DeleteModule(c, "alias", "1"))

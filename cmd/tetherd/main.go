@@ -1,0 +1,101 @@
+// Command tetherd is the Tether control plane: `tetherd init` creates a data
+// dir (CA, server certificate, admin identity); `tetherd serve` runs it.
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/tetherfleet/tether/controlplane/daemon"
+)
+
+func main() {
+	if err := root().Execute(); err != nil {
+		fmt.Fprintln(os.Stderr, "tetherd:", err)
+		os.Exit(1)
+	}
+}
+
+func root() *cobra.Command {
+	cmd := &cobra.Command{Use: "tetherd", Short: "Tether control plane", SilenceUsage: true, SilenceErrors: true}
+	cmd.AddCommand(initCmd(), serveCmd())
+	return cmd
+}
+
+func initCmd() *cobra.Command {
+	var o daemon.InitOptions
+	cmd := &cobra.Command{
+		Use:   "init --data-dir DIR",
+		Short: "Create the CA, the server certificate and an admin identity in DIR",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := daemon.Init(o); err != nil {
+				return err
+			}
+			fmt.Printf("initialised %s\n  admin client config: %s/%s/%s\n  next: tetherd serve --data-dir %s\n",
+				o.DataDir, o.DataDir, daemon.AdminDir, daemon.ClientConfig, o.DataDir)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&o.DataDir, "data-dir", "", "data directory to create (required)")
+	cmd.Flags().StringSliceVar(&o.Advertise, "advertise", nil, "extra host names or addresses for the server certificate")
+	cmd.Flags().StringVar(&o.Endpoint, "endpoint", "127.0.0.1:7443", "address written into the admin client config")
+	_ = cmd.MarkFlagRequired("data-dir")
+	return cmd
+}
+
+func serveCmd() *cobra.Command {
+	var o daemon.ServeOptions
+	var level, format string
+	cmd := &cobra.Command{
+		Use:   "serve --data-dir DIR",
+		Short: "Run the control plane",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log, err := logger(level, format)
+			if err != nil {
+				return err
+			}
+			o.Log = log
+			if o.Store == "" {
+				o.Store = os.Getenv("TETHER_STORE")
+			}
+			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+			defer stop()
+			return daemon.Serve(ctx, o)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.DataDir, "data-dir", "", "data directory made by `tetherd init` (required)")
+	f.StringVar(&o.Listen, "listen", "127.0.0.1:7443", "gRPC listen address")
+	f.StringVar(&o.Store, "store", "", "sqlite (default) or a postgres:// URL; also $TETHER_STORE")
+	f.StringVar(&o.MetricsListen, "metrics-listen", "", "serve Prometheus metrics on this address at /metrics (off by default)")
+	f.StringVar(&o.AgentURL, "agent-url", "", "control plane URL handed to agents (default https://10.0.2.2:PORT, the host as a QEMU guest sees it)")
+	f.StringSliceVar(&o.SigningKeyFiles, "module-signing-key", nil, "Ed25519 public key files that module signatures may verify with")
+	f.StringVar(&level, "log-level", "info", "debug, info, warn or error")
+	f.StringVar(&format, "log-format", "text", "text or json")
+	_ = cmd.MarkFlagRequired("data-dir")
+	return cmd
+}
+
+func logger(level, format string) (*slog.Logger, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{Level: l}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
+	default:
+		return nil, fmt.Errorf("--log-format %q: want text or json", format)
+	}
+}

@@ -1,0 +1,432 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"slices"
+
+	"github.com/tetherfleet/tether/controlplane/fail"
+	"github.com/tetherfleet/tether/controlplane/modules"
+	"github.com/tetherfleet/tether/controlplane/store"
+	"github.com/tetherfleet/tether/controlplane/store/sqlstore"
+	v1 "github.com/tetherfleet/tether/proto/tether/v1"
+)
+
+// Templates, modules and nodes: the catalogue of what boots.
+
+const maxKernelArgs = 4096
+
+func (a *adminServer) resolveModules(ctx context.Context, q store.Queries, field string, refs []*v1.ModuleRef) ([]store.ModuleRef, error) {
+	out := make([]store.ModuleRef, 0, len(refs))
+	seen := map[store.ModuleRef]bool{}
+	for i, r := range refs {
+		f := field + "[" + itoa(i) + "]"
+		if err := modules.ValidateName(f+".name", r.GetName()); err != nil {
+			return nil, err
+		}
+		if err := modules.ValidateVersion(f+".version", r.GetVersion()); err != nil {
+			return nil, err
+		}
+		ref := store.ModuleRef{Name: r.Name, Version: r.Version}
+		if seen[ref] {
+			return nil, fail.Invalid(f, "module %s:%s is listed twice", r.Name, r.Version)
+		}
+		seen[ref] = true
+		m, err := q.GetModule(ctx, r.Name, r.Version)
+		if errors.Is(err, store.ErrNotFound) {
+			return nil, fail.Invalid(f, "module %s:%s has not been pushed (tetherctl module push %s:%s FILE)", r.Name, r.Version, r.Name, r.Version)
+		}
+		if err != nil {
+			return nil, err
+		}
+		if r.Digest != "" && r.Digest != m.Digest {
+			return nil, fail.Invalid(f+".digest", "module %s:%s has digest %s, not %s", r.Name, r.Version, m.Digest, r.Digest)
+		}
+		out = append(out, ref)
+	}
+	return out, nil
+}
+
+func validateArtifactDigest(field, d string) error {
+	if d == "" {
+		return nil
+	}
+	if _, err := modules.ParseDigest(d); err != nil {
+		return fail.Invalid(field, "%v", err)
+	}
+	return nil
+}
+
+func (a *adminServer) templateOut(ctx context.Context, t *store.Template) (*v1.Template, error) {
+	mods := map[store.ModuleRef]*store.Module{}
+	for _, r := range append(slices.Clone(t.RootModules), t.ExtensionModules...) {
+		m, err := a.Store.GetModule(ctx, r.Name, r.Version)
+		if err != nil {
+			return nil, err
+		}
+		mods[r] = m
+	}
+	return templateProto(t, mods), nil
+}
+
+func (a *adminServer) CreateTemplate(ctx context.Context, req *v1.CreateTemplateRequest) (*v1.Template, error) {
+	if err := modules.ValidateName("name", req.Name); err != nil {
+		return nil, err
+	}
+	if len(req.RootModules) == 0 {
+		return nil, fail.Invalid("root_modules", "at least one root layer is required")
+	}
+	if len(req.KernelArgs) > maxKernelArgs {
+		return nil, fail.Invalid("kernel_args", "longer than %d bytes", maxKernelArgs)
+	}
+	if err := validateArtifactDigest("kernel_digest", req.KernelDigest); err != nil {
+		return nil, err
+	}
+	if err := validateArtifactDigest("initramfs_digest", req.InitramfsDigest); err != nil {
+		return nil, err
+	}
+	now := a.Clock.Now()
+	t := &store.Template{Name: req.Name, KernelDigest: req.KernelDigest, InitramfsDigest: req.InitramfsDigest,
+		KernelArgs: req.KernelArgs, RequireSignedModules: req.RequireSignedModules, CreatedAt: now, UpdatedAt: now}
+	err := a.Store.Tx(ctx, func(q store.Queries) error {
+		var err error
+		if t.RootModules, err = a.resolveModules(ctx, q, "root_modules", req.RootModules); err != nil {
+			return err
+		}
+		if t.ExtensionModules, err = a.resolveModules(ctx, q, "extension_modules", req.ExtensionModules); err != nil {
+			return err
+		}
+		return q.CreateTemplate(ctx, t)
+	})
+	if errors.Is(err, store.ErrAlreadyExists) {
+		return nil, fail.Exists("template %q already exists", req.Name)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return a.templateOut(ctx, t)
+}
+
+func (a *adminServer) GetTemplate(ctx context.Context, req *v1.GetTemplateRequest) (*v1.Template, error) {
+	if req.Name == "" {
+		return nil, fail.Invalid("name", "required")
+	}
+	t, err := a.Store.GetTemplate(ctx, req.Name)
+	if err != nil {
+		return nil, err
+	}
+	return a.templateOut(ctx, t)
+}
+
+func (a *adminServer) ListTemplates(ctx context.Context, req *v1.ListTemplatesRequest) (*v1.ListTemplatesResponse, error) {
+	p, err := page(req.PageSize, req.PageToken)
+	if err != nil {
+		return nil, err
+	}
+	ts, err := a.Store.ListTemplates(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	out := &v1.ListTemplatesResponse{}
+	for _, t := range ts {
+		pt, err := a.templateOut(ctx, t)
+		if err != nil {
+			return nil, err
+		}
+		out.Templates = append(out.Templates, pt)
+	}
+	if len(ts) == p.Limit {
+		out.NextPageToken = ts[len(ts)-1].Name
+	}
+	return out, nil
+}
+
+func (a *adminServer) UpdateTemplate(ctx context.Context, req *v1.UpdateTemplateRequest) (*v1.Template, error) {
+	if req.Name == "" {
+		return nil, fail.Invalid("name", "required")
+	}
+	mask, err := updateMask(req.UpdateMask, "root_modules", "extension_modules", "kernel_digest", "initramfs_digest", "kernel_args", "require_signed_modules")
+	if err != nil {
+		return nil, err
+	}
+	var t *store.Template
+	err = a.Store.Tx(ctx, func(q store.Queries) error {
+		if t, err = q.GetTemplate(ctx, req.Name); err != nil {
+			return err
+		}
+		if mask["root_modules"] {
+			if len(req.RootModules) == 0 {
+				return fail.Invalid("root_modules", "at least one root layer is required")
+			}
+			if t.RootModules, err = a.resolveModules(ctx, q, "root_modules", req.RootModules); err != nil {
+				return err
+			}
+		}
+		if mask["extension_modules"] {
+			if t.ExtensionModules, err = a.resolveModules(ctx, q, "extension_modules", req.ExtensionModules); err != nil {
+				return err
+			}
+		}
+		if mask["kernel_digest"] {
+			if err := validateArtifactDigest("kernel_digest", req.KernelDigest); err != nil {
+				return err
+			}
+			t.KernelDigest = req.KernelDigest
+		}
+		if mask["initramfs_digest"] {
+			if err := validateArtifactDigest("initramfs_digest", req.InitramfsDigest); err != nil {
+				return err
+			}
+			t.InitramfsDigest = req.InitramfsDigest
+		}
+		if mask["kernel_args"] {
+			if len(req.KernelArgs) > maxKernelArgs {
+				return fail.Invalid("kernel_args", "longer than %d bytes", maxKernelArgs)
+			}
+			t.KernelArgs = req.KernelArgs
+		}
+		if mask["require_signed_modules"] {
+			t.RequireSignedModules = req.RequireSignedModules
+		}
+		t.UpdatedAt = a.Clock.Now()
+		return q.UpdateTemplate(ctx, t)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return a.templateOut(ctx, t)
+}
+
+func (a *adminServer) DeleteTemplate(ctx context.Context, req *v1.DeleteTemplateRequest) (*v1.DeleteTemplateResponse, error) {
+	if req.Name == "" {
+		return nil, fail.Invalid("name", "required")
+	}
+	if err := a.Store.Tx(ctx, func(q store.Queries) error { return q.DeleteTemplate(ctx, req.Name) }); err != nil {
+		return nil, err
+	}
+	return &v1.DeleteTemplateResponse{}, nil
+}
+
+// PushModule receives a header, then chunks.
+func (a *adminServer) PushModule(stream v1.AdminService_PushModuleServer) error {
+	first, err := stream.Recv()
+	if err != nil {
+		return fail.Invalid("header", "the stream ended before the header: %v", err)
+	}
+	h := first.GetHeader()
+	if h == nil {
+		return fail.Invalid("header", "the first message must be the header")
+	}
+	m, _, err := a.Registry.Push(stream.Context(), modules.PushHeader{Name: h.Name, Version: h.Version, Digest: h.Digest, Size: h.Size, Signature: h.Signature},
+		func() ([]byte, error) {
+			msg, err := stream.Recv()
+			if err != nil {
+				return nil, err
+			}
+			if msg.GetHeader() != nil {
+				return nil, fail.Invalid("header", "only the first message may be a header")
+			}
+			return msg.GetChunk(), nil
+		})
+	if err != nil {
+		return err
+	}
+	return stream.SendAndClose(moduleProto(m))
+}
+
+func (a *adminServer) GetModule(ctx context.Context, req *v1.GetModuleRequest) (*v1.Module, error) {
+	if req.Name == "" {
+		return nil, fail.Invalid("name", "required")
+	}
+	if req.Version == "" {
+		return nil, fail.Invalid("version", "required")
+	}
+	m, err := a.Store.GetModule(ctx, req.Name, req.Version)
+	if err != nil {
+		return nil, err
+	}
+	return moduleProto(m), nil
+}
+
+func (a *adminServer) ListModules(ctx context.Context, req *v1.ListModulesRequest) (*v1.ListModulesResponse, error) {
+	p, err := page(req.PageSize, req.PageToken)
+	if err != nil {
+		return nil, err
+	}
+	ms, err := a.Store.ListModules(ctx, req.Name, p)
+	if err != nil {
+		return nil, err
+	}
+	out := &v1.ListModulesResponse{}
+	for _, m := range ms {
+		out.Modules = append(out.Modules, moduleProto(m))
+	}
+	if len(ms) == p.Limit {
+		out.NextPageToken = sqlstore.ModuleCursor(ms[len(ms)-1])
+	}
+	return out, nil
+}
+
+func (a *adminServer) DeleteModule(ctx context.Context, req *v1.DeleteModuleRequest) (*v1.DeleteModuleResponse, error) {
+	if req.Name == "" {
+		return nil, fail.Invalid("name", "required")
+	}
+	if req.Version == "" {
+		return nil, fail.Invalid("version", "required")
+	}
+	if err := a.Registry.Delete(ctx, req.Name, req.Version); err != nil {
+		return nil, err
+	}
+	return &v1.DeleteModuleResponse{}, nil
+}
+
+func nodeConfig(field string, s interface{ AsMap() map[string]any }) (json.RawMessage, error) {
+	b, err := json.Marshal(s.AsMap())
+	if err != nil {
+		return nil, fail.Invalid(field, "%v", err)
+	}
+	if len(b) > 64<<10 {
+		return nil, fail.Invalid(field, "%d bytes is more than 64 KiB", len(b))
+	}
+	return b, nil
+}
+
+func (a *adminServer) CreateNode(ctx context.Context, req *v1.CreateNodeRequest) (*v1.Node, error) {
+	if err := modules.ValidateName("name", req.Name); err != nil {
+		return nil, err
+	}
+	if req.Template == "" {
+		return nil, fail.Invalid("template", "required")
+	}
+	if len(req.PublicAddress) > 253 {
+		return nil, fail.Invalid("public_address", "longer than 253 characters")
+	}
+	tpl, err := a.Store.GetTemplate(ctx, req.Template)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, fail.Invalid("template", "template %q does not exist", req.Template)
+	}
+	if err != nil {
+		return nil, err
+	}
+	now := a.Clock.Now()
+	n := &store.Node{Name: req.Name, TemplateID: tpl.ID, Enabled: req.Enabled == nil || *req.Enabled,
+		PublicAddress: req.PublicAddress, CreatedAt: now, UpdatedAt: now}
+	if req.Config != nil {
+		if n.Config, err = nodeConfig("config", req.Config); err != nil {
+			return nil, err
+		}
+	}
+	if err := a.Store.CreateNode(ctx, n); errors.Is(err, store.ErrAlreadyExists) {
+		return nil, fail.Exists("node %q already exists", req.Name)
+	} else if err != nil {
+		return nil, err
+	}
+	return nodeProto(n, tpl.Name), nil
+}
+
+func (a *adminServer) nodeOut(ctx context.Context, n *store.Node) (*v1.Node, error) {
+	tpl, err := a.Store.GetTemplateByID(ctx, n.TemplateID)
+	if err != nil {
+		return nil, err
+	}
+	return nodeProto(n, tpl.Name), nil
+}
+
+func (a *adminServer) GetNode(ctx context.Context, req *v1.GetNodeRequest) (*v1.Node, error) {
+	if req.Name == "" {
+		return nil, fail.Invalid("name", "required")
+	}
+	n, err := a.Store.GetNode(ctx, req.Name)
+	if err != nil {
+		return nil, err
+	}
+	return a.nodeOut(ctx, n)
+}
+
+func (a *adminServer) ListNodes(ctx context.Context, req *v1.ListNodesRequest) (*v1.ListNodesResponse, error) {
+	p, err := page(req.PageSize, req.PageToken)
+	if err != nil {
+		return nil, err
+	}
+	var f store.NodeFilter
+	if req.Template != "" {
+		tpl, err := a.Store.GetTemplate(ctx, req.Template)
+		if err != nil {
+			return nil, err
+		}
+		f.TemplateID = tpl.ID
+	}
+	ns, err := a.Store.ListNodes(ctx, f, p)
+	if err != nil {
+		return nil, err
+	}
+	out := &v1.ListNodesResponse{}
+	for _, n := range ns {
+		pn, err := a.nodeOut(ctx, n)
+		if err != nil {
+			return nil, err
+		}
+		out.Nodes = append(out.Nodes, pn)
+	}
+	if len(ns) == p.Limit {
+		out.NextPageToken = ns[len(ns)-1].Name
+	}
+	return out, nil
+}
+
+func (a *adminServer) UpdateNode(ctx context.Context, req *v1.UpdateNodeRequest) (*v1.Node, error) {
+	if req.Name == "" {
+		return nil, fail.Invalid("name", "required")
+	}
+	mask, err := updateMask(req.UpdateMask, "template", "enabled", "config", "public_address")
+	if err != nil {
+		return nil, err
+	}
+	var n *store.Node
+	err = a.Store.Tx(ctx, func(q store.Queries) error {
+		if n, err = q.GetNode(ctx, req.Name); err != nil {
+			return err
+		}
+		if mask["template"] {
+			tpl, err := q.GetTemplate(ctx, req.Template)
+			if errors.Is(err, store.ErrNotFound) {
+				return fail.Invalid("template", "template %q does not exist", req.Template)
+			}
+			if err != nil {
+				return err
+			}
+			n.TemplateID = tpl.ID
+		}
+		if mask["enabled"] {
+			n.Enabled = req.Enabled
+		}
+		if mask["config"] {
+			n.Config = nil
+			if req.Config != nil {
+				if n.Config, err = nodeConfig("config", req.Config); err != nil {
+					return err
+				}
+			}
+		}
+		if mask["public_address"] {
+			n.PublicAddress = req.PublicAddress
+		}
+		n.UpdatedAt = a.Clock.Now()
+		return q.UpdateNode(ctx, n)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return a.nodeOut(ctx, n)
+}
+
+func (a *adminServer) DeleteNode(ctx context.Context, req *v1.DeleteNodeRequest) (*v1.DeleteNodeResponse, error) {
+	if req.Name == "" {
+		return nil, fail.Invalid("name", "required")
+	}
+	if err := a.Store.Tx(ctx, func(q store.Queries) error { return q.DeleteNode(ctx, req.Name) }); err != nil {
+		return nil, err
+	}
+	return &v1.DeleteNodeResponse{}, nil
+}

@@ -1,0 +1,275 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"time"
+
+	"github.com/tetherfleet/tether/controlplane/events"
+	"github.com/tetherfleet/tether/controlplane/fail"
+	"github.com/tetherfleet/tether/controlplane/instances"
+	"github.com/tetherfleet/tether/controlplane/store"
+	"github.com/tetherfleet/tether/controlplane/tasks"
+	v1 "github.com/tetherfleet/tether/proto/tether/v1"
+)
+
+// Instances, tokens, certificates, tasks and events.
+
+func (a *adminServer) instanceOut(ctx context.Context, in *store.Instance) (*v1.Instance, error) {
+	n, err := a.Store.GetNodeByID(ctx, in.NodeID)
+	if err != nil {
+		return nil, err
+	}
+	return InstanceProto(in, n.Name), nil
+}
+
+func (a *adminServer) ProvisionInstance(ctx context.Context, req *v1.ProvisionInstanceRequest) (*v1.ProvisionInstanceResponse, error) {
+	res, err := a.Instances.Provision(ctx, instances.ProvisionParams{Node: req.Node, Provider: req.Provider, Region: req.Region,
+		InstanceType: req.InstanceType, OperationID: req.OperationId})
+	if err != nil {
+		return nil, err
+	}
+	return &v1.ProvisionInstanceResponse{
+		Instance: InstanceProto(res.Instance, res.Node.Name), TaskId: res.TaskID, BootstrapToken: res.Token,
+		CaFingerprint: a.CA.Fingerprint(), ControlPlaneUrl: a.AgentURL, Existing: res.Existed,
+	}, nil
+}
+
+func (a *adminServer) GetInstance(ctx context.Context, req *v1.GetInstanceRequest) (*v1.Instance, error) {
+	if req.Id == "" {
+		return nil, fail.Invalid("id", "required")
+	}
+	in, err := a.Store.GetInstance(ctx, req.Id)
+	if err != nil {
+		return nil, err
+	}
+	return a.instanceOut(ctx, in)
+}
+
+func (a *adminServer) ListInstances(ctx context.Context, req *v1.ListInstancesRequest) (*v1.ListInstancesResponse, error) {
+	p, err := page(req.PageSize, req.PageToken)
+	if err != nil {
+		return nil, err
+	}
+	var f store.InstanceFilter
+	if req.Node != "" {
+		n, err := a.Store.GetNode(ctx, req.Node)
+		if err != nil {
+			return nil, err
+		}
+		f.NodeID = n.ID
+	}
+	if req.Pool != "" {
+		pl, err := a.Store.GetPool(ctx, req.Pool)
+		if err != nil {
+			return nil, err
+		}
+		f.PoolID = pl.ID
+	}
+	if req.Status != v1.InstanceStatus_INSTANCE_STATUS_UNSPECIFIED {
+		f.Statuses = []string{InstanceStatusName(req.Status)}
+	}
+	ins, err := a.Store.ListInstances(ctx, f, p)
+	if err != nil {
+		return nil, err
+	}
+	out := &v1.ListInstancesResponse{}
+	names := map[string]string{}
+	for _, in := range ins {
+		name, ok := names[in.NodeID]
+		if !ok {
+			if n, err := a.Store.GetNodeByID(ctx, in.NodeID); err == nil {
+				name = n.Name
+			}
+			names[in.NodeID] = name
+		}
+		out.Instances = append(out.Instances, InstanceProto(in, name))
+	}
+	if len(ins) == p.Limit {
+		out.NextPageToken = ins[len(ins)-1].ID
+	}
+	return out, nil
+}
+
+func (a *adminServer) CreateBootstrapToken(ctx context.Context, req *v1.CreateBootstrapTokenRequest) (*v1.CreateBootstrapTokenResponse, error) {
+	if req.InstanceId == "" {
+		return nil, fail.Invalid("instance_id", "required")
+	}
+	if req.TtlSeconds < 0 || req.TtlSeconds > 7*24*3600 {
+		return nil, fail.Invalid("ttl_seconds", "%d is out of range (0..%d)", req.TtlSeconds, 7*24*3600)
+	}
+	tok, exp, err := a.Instances.IssueToken(ctx, req.InstanceId, time.Duration(req.TtlSeconds)*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	return &v1.CreateBootstrapTokenResponse{Token: tok, InstanceId: req.InstanceId, ExpiresAt: tsp(exp),
+		CaFingerprint: a.CA.Fingerprint(), ControlPlaneUrl: a.AgentURL}, nil
+}
+
+func (a *adminServer) ListCertificates(ctx context.Context, req *v1.ListCertificatesRequest) (*v1.ListCertificatesResponse, error) {
+	p, err := page(req.PageSize, req.PageToken)
+	if err != nil {
+		return nil, err
+	}
+	cs, err := a.Store.ListCertificates(ctx, store.CertificateFilter{InstanceID: req.InstanceId}, p)
+	if err != nil {
+		return nil, err
+	}
+	out := &v1.ListCertificatesResponse{}
+	for _, c := range cs {
+		out.Certificates = append(out.Certificates, certProto(c))
+	}
+	if len(cs) == p.Limit {
+		out.NextPageToken = cs[len(cs)-1].Serial
+	}
+	return out, nil
+}
+
+func (a *adminServer) RevokeCertificate(ctx context.Context, req *v1.RevokeCertificateRequest) (*v1.Certificate, error) {
+	if req.Serial == "" {
+		return nil, fail.Invalid("serial", "required")
+	}
+	if len(req.Reason) > 1024 {
+		return nil, fail.Invalid("reason", "longer than 1024 characters")
+	}
+	reason := req.Reason
+	if reason == "" {
+		reason = "revoked by operator"
+	}
+	caller, _ := CallerFrom(ctx)
+	var c *store.Certificate
+	now := a.Clock.Now()
+	err := a.Store.Tx(ctx, func(q store.Queries) error {
+		var err error
+		if c, err = q.RevokeCertificate(ctx, req.Serial, reason, now); err != nil {
+			return err
+		}
+		if _, err := (events.E{Kind: events.CertRevoked, Severity: events.Medium, InstanceID: c.InstanceID,
+			Message: "certificate " + c.Serial + " revoked: " + c.RevokeReason,
+			Payload: map[string]any{"serial": c.Serial, "by": caller.Identity.Name}}).Write(ctx, q, now); err != nil {
+			return err
+		}
+		return q.Notify(ctx, store.ChannelRevocations, c.Serial)
+	})
+	if err != nil {
+		return nil, err
+	}
+	a.Revoked.Add(c.Serial)
+	return certProto(c), nil
+}
+
+func (a *adminServer) CreateTask(ctx context.Context, req *v1.CreateTaskRequest) (*v1.Task, error) {
+	var exec *tasks.Exec
+	if req.Exec != nil {
+		exec = &tasks.Exec{Argv: req.Exec.Argv, TimeoutSeconds: req.Exec.TimeoutSeconds}
+	}
+	if req.Kind == v1.TaskKind_TASK_KIND_UNSPECIFIED {
+		return nil, fail.Invalid("kind", "required")
+	}
+	t, err := a.Tasks.CreateAgentTask(ctx, req.InstanceId, TaskKindName(req.Kind), exec, int(req.MaxAttempts))
+	if err != nil {
+		return nil, err
+	}
+	return TaskProto(t), nil
+}
+
+func (a *adminServer) GetTask(ctx context.Context, req *v1.GetTaskRequest) (*v1.Task, error) {
+	if req.Id == "" {
+		return nil, fail.Invalid("id", "required")
+	}
+	t, err := a.Store.GetTask(ctx, req.Id)
+	if err != nil {
+		return nil, err
+	}
+	return TaskProto(t), nil
+}
+
+func (a *adminServer) ListTasks(ctx context.Context, req *v1.ListTasksRequest) (*v1.ListTasksResponse, error) {
+	p, err := page(req.PageSize, req.PageToken)
+	if err != nil {
+		return nil, err
+	}
+	f := store.TaskFilter{InstanceID: req.InstanceId, Target: TaskTargetName(req.Target)}
+	if req.Status != v1.TaskStatus_TASK_STATUS_UNSPECIFIED {
+		f.Statuses = []string{TaskStatusName(req.Status)}
+	}
+	ts, err := a.Store.ListTasks(ctx, f, p)
+	if err != nil {
+		return nil, err
+	}
+	out := &v1.ListTasksResponse{}
+	for _, t := range ts {
+		out.Tasks = append(out.Tasks, TaskProto(t))
+	}
+	if len(ts) == p.Limit {
+		out.NextPageToken = ts[len(ts)-1].ID
+	}
+	return out, nil
+}
+
+func (a *adminServer) CancelTask(ctx context.Context, req *v1.CancelTaskRequest) (*v1.Task, error) {
+	if req.Id == "" {
+		return nil, fail.Invalid("id", "required")
+	}
+	t, err := a.Tasks.Cancel(ctx, req.Id)
+	if err != nil {
+		return nil, err
+	}
+	return TaskProto(t), nil
+}
+
+func eventFilter(kind, instance, pool, corr string, sev v1.Severity) (store.EventFilter, error) {
+	for _, f := range []struct{ name, v string }{{"kind", kind}, {"instance_id", instance}, {"pool_id", pool}, {"correlation_id", corr}} {
+		if len(f.v) > 256 {
+			return store.EventFilter{}, fail.Invalid(f.name, "longer than 256 characters")
+		}
+	}
+	return store.EventFilter{Kind: kind, InstanceID: instance, PoolID: pool, CorrelationID: corr, MinSeverity: int(sev)}, nil
+}
+
+func (a *adminServer) ListEvents(ctx context.Context, req *v1.ListEventsRequest) (*v1.ListEventsResponse, error) {
+	p, err := page(req.PageSize, req.PageToken)
+	if err != nil {
+		return nil, err
+	}
+	if p.After != "" {
+		if _, err := strconv.ParseInt(p.After, 10, 64); err != nil {
+			return nil, fail.Invalid("page_token", "not a token this server issued")
+		}
+	}
+	f, err := eventFilter(req.Kind, req.InstanceId, req.PoolId, req.CorrelationId, req.MinSeverity)
+	if err != nil {
+		return nil, err
+	}
+	evs, err := a.Store.ListEvents(ctx, f, p)
+	if err != nil {
+		return nil, err
+	}
+	out := &v1.ListEventsResponse{}
+	for _, e := range evs {
+		out.Events = append(out.Events, eventProto(e))
+	}
+	if len(evs) == p.Limit {
+		out.NextPageToken = strconv.FormatInt(evs[len(evs)-1].ID, 10)
+	}
+	return out, nil
+}
+
+// WatchEvents streams new events from now on.
+func (a *adminServer) WatchEvents(req *v1.WatchEventsRequest, stream v1.AdminService_WatchEventsServer) error {
+	f, err := eventFilter(req.Kind, req.InstanceId, req.PoolId, req.CorrelationId, req.MinSeverity)
+	if err != nil {
+		return err
+	}
+	ctx := stream.Context()
+	from, err := a.Store.LatestEventID(ctx)
+	if err != nil {
+		return err
+	}
+	err = events.Watch(ctx, a.Store, f, from, 2*time.Second, func(e *store.Event) error { return stream.Send(eventProto(e)) })
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}

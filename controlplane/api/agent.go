@@ -1,0 +1,349 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/tetherfleet/tether/controlplane/fail"
+	"github.com/tetherfleet/tether/controlplane/modules"
+	"github.com/tetherfleet/tether/controlplane/store"
+	"github.com/tetherfleet/tether/controlplane/tasks"
+	"github.com/tetherfleet/tether/pki/ca"
+	v1 "github.com/tetherfleet/tether/proto/tether/v1"
+)
+
+// fetchChunk is the FetchModule chunk size: big enough to amortise
+// per-message costs, well under the message size limit.
+const fetchChunk = 256 << 10
+
+type agentServer struct {
+	v1.UnimplementedAgentServiceServer
+	Config
+	m *Metrics
+}
+
+func (a *agentServer) caller(ctx context.Context) (Caller, error) {
+	c, ok := CallerFrom(ctx)
+	if !ok {
+		return Caller{}, fail.Unauthenticated("no authenticated caller")
+	}
+	return c, nil
+}
+
+// Renew implements AgentService.
+func (a *agentServer) Renew(ctx context.Context, req *v1.RenewRequest) (*v1.RenewResponse, error) {
+	c, err := a.caller(ctx)
+	if err != nil {
+		return nil, err
+	}
+	issued, err := a.Enrollment.Renew(ctx, c.Identity.Name, c.PublicKey, req.CsrPem)
+	if err != nil {
+		return nil, err
+	}
+	return &v1.RenewResponse{CertificatePem: string(ca.CertPEM(issued.Cert)), CaPem: string(a.CA.CertificatePEM()), NotAfter: tsp(issued.Cert.NotAfter)}, nil
+}
+
+// assignment loads what the caller's template assigns.
+func (a *agentServer) assignment(ctx context.Context, instanceID string) (*v1.Assignment, map[string]bool, error) {
+	in, err := a.Store.GetInstance(ctx, instanceID)
+	if err != nil {
+		return nil, nil, err
+	}
+	if in.Status == "terminated" {
+		return nil, nil, fail.Precondition("instance %s is terminated", instanceID)
+	}
+	node, err := a.Store.GetNodeByID(ctx, in.NodeID)
+	if err != nil {
+		return nil, nil, err
+	}
+	tpl, err := a.Store.GetTemplateByID(ctx, node.TemplateID)
+	if err != nil {
+		return nil, nil, err
+	}
+	out := &v1.Assignment{InstanceId: instanceID, RequireSignedModules: tpl.RequireSignedModules, SigningKeys: a.SigningKeys}
+	allowed := map[string]bool{}
+	load := func(refs []store.ModuleRef) ([]*v1.Module, error) {
+		var ms []*v1.Module
+		for _, r := range refs {
+			m, err := a.Store.GetModule(ctx, r.Name, r.Version)
+			if err != nil {
+				return nil, err
+			}
+			allowed[m.Digest] = true
+			ms = append(ms, moduleProto(m))
+		}
+		return ms, nil
+	}
+	if out.RootModules, err = load(tpl.RootModules); err != nil {
+		return nil, nil, err
+	}
+	if out.ExtensionModules, err = load(tpl.ExtensionModules); err != nil {
+		return nil, nil, err
+	}
+	return out, allowed, nil
+}
+
+// GetAssignment implements AgentService.
+func (a *agentServer) GetAssignment(ctx context.Context, _ *v1.GetAssignmentRequest) (*v1.Assignment, error) {
+	c, err := a.caller(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out, _, err := a.assignment(ctx, c.Identity.Name)
+	return out, err
+}
+
+// FetchModule implements AgentService: only modules assigned to the
+// caller's template, from any offset (resume after a cut).
+func (a *agentServer) FetchModule(req *v1.FetchModuleRequest, stream v1.AgentService_FetchModuleServer) error {
+	ctx := stream.Context()
+	c, err := a.caller(ctx)
+	if err != nil {
+		return err
+	}
+	if _, err := modules.ParseDigest(req.Digest); err != nil {
+		return fail.Invalid("digest", "%v", err)
+	}
+	if req.Offset < 0 {
+		return fail.Invalid("offset", "must not be negative")
+	}
+	_, allowed, err := a.assignment(ctx, c.Identity.Name)
+	if err != nil {
+		return err
+	}
+	if !allowed[req.Digest] {
+		return fail.Denied("module %s is not assigned to instance %s", req.Digest, c.Identity.Name)
+	}
+	f, err := a.Registry.Blobs.Open(req.Digest)
+	if errors.Is(err, os.ErrNotExist) {
+		return fail.Internal("module %s is recorded but its blob is missing from the data dir", req.Digest)
+	}
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	size := st.Size()
+	if req.Offset > size {
+		return fail.Invalid("offset", "%d is past the end of the module (%d bytes)", req.Offset, size)
+	}
+	buf := make([]byte, fetchChunk)
+	off := req.Offset
+	first := true
+	for {
+		n, err := f.ReadAt(buf, off)
+		if n > 0 || first {
+			chunk := &v1.ModuleChunk{Offset: off, Data: buf[:n]}
+			if first {
+				chunk.Size, first = size, false
+			}
+			if err := stream.Send(chunk); err != nil {
+				return err
+			}
+			off += int64(n)
+		}
+		if errors.Is(err, io.EOF) || off >= size {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("read module %s at %d: %w", req.Digest, off, err)
+		}
+	}
+}
+
+// Connect implements AgentService: the agent's one long-lived stream.
+func (a *agentServer) Connect(stream v1.AgentService_ConnectServer) error {
+	ctx, cancel := context.WithCancel(stream.Context())
+	defer cancel()
+	c, err := a.caller(ctx)
+	if err != nil {
+		return err
+	}
+	id := c.Identity.Name
+	in, err := a.Store.GetInstance(ctx, id)
+	if err != nil {
+		return err
+	}
+	if in.Status == "terminated" {
+		return fail.Precondition("instance %s is terminated; its agent may not connect", id)
+	}
+	conn := a.Agents.register(id)
+	defer a.Agents.unregister(id, conn)
+	revoked, stopRevoked := a.Revoked.Watch()
+	defer stopRevoked()
+
+	if err := stream.Send(&v1.ControlMessage{Msg: &v1.ControlMessage_Settings{Settings: a.settings()}}); err != nil {
+		return err
+	}
+
+	// The receiver runs apart so that Send stays on this goroutine
+	// (a gRPC stream allows one sender at a time).
+	recvErr := make(chan error, 1)
+	go func() { recvErr <- a.receive(ctx, id, stream) }()
+
+	sentCancel := map[string]bool{}
+	poll := time.NewTicker(15 * time.Second) // a missed notification costs at most this
+	defer poll.Stop()
+	for {
+		if err := a.push(ctx, id, stream, sentCancel); err != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-recvErr:
+			if errors.Is(err, io.EOF) || status.Code(err) == codes.Canceled {
+				return nil
+			}
+			return err
+		case <-conn.kick:
+			return fail.Unavailable("a newer stream from instance %s replaced this one", id)
+		case serial := <-revoked:
+			if serial == c.Serial {
+				return fail.Unauthenticated("certificate %s was revoked", serial)
+			}
+		case <-conn.wake:
+		case <-poll.C:
+		}
+	}
+}
+
+func (a *agentServer) settings() *v1.Settings {
+	return &v1.Settings{
+		HeartbeatIntervalSeconds: int32(HeartbeatInterval(a.Agents.Connected()) / time.Second),
+		MaxTaskOutputBytes:       int32(a.Tasks.MaxOutput()),
+		TaskLeaseSeconds:         int32(a.Tasks.LeaseDuration() / time.Second),
+	}
+}
+
+// push leases the instance's pending tasks to it and relays cancellations.
+func (a *agentServer) push(ctx context.Context, id string, stream v1.AgentService_ConnectServer, sentCancel map[string]bool) error {
+	for {
+		t, err := a.Tasks.LeaseNext(ctx, id)
+		if err != nil {
+			a.Log.Warn("lease task", "instance", id, "err", err)
+			break
+		}
+		if t == nil {
+			break
+		}
+		msg := &v1.TaskAssignment{TaskId: t.ID, Kind: taskKind(t.Kind), LeaseExpiresAt: ntsp(t.LeaseExpiresAt)}
+		if p := TaskProto(t); p.Exec != nil {
+			msg.Exec = p.Exec
+		}
+		if err := stream.Send(&v1.ControlMessage{Msg: &v1.ControlMessage_Task{Task: msg}}); err != nil {
+			return err
+		}
+		a.m.TasksPushed.Inc()
+	}
+	cancels, err := a.Tasks.CancelsFor(ctx, id)
+	if err != nil {
+		a.Log.Warn("list cancellations", "instance", id, "err", err)
+		return nil
+	}
+	for _, t := range cancels {
+		if sentCancel[t.ID] {
+			continue
+		}
+		if err := stream.Send(&v1.ControlMessage{Msg: &v1.ControlMessage_Cancel{Cancel: &v1.TaskCancel{TaskId: t.ID}}}); err != nil {
+			return err
+		}
+		sentCancel[t.ID] = true
+	}
+	return nil
+}
+
+// receive handles what the agent sends until the stream ends.
+func (a *agentServer) receive(ctx context.Context, id string, stream v1.AgentService_ConnectServer) error {
+	var lastPhase, lastError string
+	for {
+		msg, err := stream.Recv()
+		if err != nil {
+			return err
+		}
+		now := a.Clock.Now()
+		switch m := msg.Msg.(type) {
+		case *v1.AgentMessage_Heartbeat:
+			hb := m.Heartbeat
+			if err := validHeartbeat(hb); err != nil {
+				return err
+			}
+			phase := PhaseName(hb.Phase)
+			a.Agents.Heartbeat(store.Heartbeat{InstanceID: id, At: now, Phase: phase, AgentVersion: hb.AgentVersion,
+				RunningModules: hb.RunningModuleDigests, AgentError: hb.Error, Addresses: hb.Addresses, BootID: hb.BootId})
+			if hb.Error != "" && hb.Error != lastError {
+				if err := a.Instances.AgentError(ctx, id, phase, hb.Error); err != nil {
+					a.Log.Warn("record agent error", "instance", id, "err", err)
+				}
+			}
+			lastError = hb.Error
+			if phase == "ready" && lastPhase != "ready" {
+				if err := a.Instances.AgentReady(ctx, id, a.ReadyHooks...); err != nil {
+					a.Log.Warn("mark instance running", "instance", id, "err", err)
+				}
+			}
+			lastPhase = phase
+		case *v1.AgentMessage_TaskUpdate:
+			u := m.TaskUpdate
+			up := tasks.Update{TaskID: u.TaskId, Status: TaskStatusName(u.Status), ErrorMessage: u.ErrorMessage, Progress: u.Progress}
+			if r := u.Result; r != nil {
+				code := int(r.ExitCode)
+				up.ExitCode, up.Output, up.OutputTruncated = &code, r.Output, r.OutputTruncated
+			}
+			if _, err := a.Tasks.ApplyAgentUpdate(ctx, id, up); err != nil {
+				if errors.Is(err, tasks.ErrNotYours) {
+					return fail.Denied("task update refused: %v", err)
+				}
+				if errors.Is(err, store.ErrNotFound) {
+					return fail.Denied("task update refused: no task %s for instance %s", u.TaskId, id)
+				}
+				return err
+			}
+		default:
+			return fail.Invalid("msg", "empty agent message")
+		}
+	}
+}
+
+func validHeartbeat(hb *v1.Heartbeat) error {
+	switch {
+	case len(hb.AgentVersion) > 128:
+		return fail.Invalid("heartbeat.agent_version", "longer than 128 characters")
+	case len(hb.Error) > 4096:
+		return fail.Invalid("heartbeat.error", "longer than 4096 characters")
+	case len(hb.RunningModuleDigests) > 256:
+		return fail.Invalid("heartbeat.running_module_digests", "more than 256 entries")
+	case len(hb.Addresses) > 64:
+		return fail.Invalid("heartbeat.addresses", "more than 64 entries")
+	case len(hb.BootId) > 64:
+		return fail.Invalid("heartbeat.boot_id", "longer than 64 characters")
+	}
+	return nil
+}
+
+// HeartbeatInterval stretches the 30 s heartbeat with fleet size so that
+// the control plane sees at most MaxHeartbeatsPerSecond (SPEC 2, Nomad's
+// rule).
+func HeartbeatInterval(connected int) time.Duration {
+	d := BaseHeartbeatInterval
+	if scaled := time.Duration(float64(connected) / MaxHeartbeatsPerSecond * float64(time.Second)); scaled > d {
+		d = scaled
+	}
+	return d
+}
+
+// Heartbeat rate limits.
+const (
+	BaseHeartbeatInterval  = 30 * time.Second
+	MaxHeartbeatsPerSecond = 2000.0
+)

@@ -1,0 +1,148 @@
+package api
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/tetherfleet/tether/controlplane/store"
+)
+
+// AgentHub tracks the agents connected to this replica and wakes their
+// streams when a notification (from any replica) concerns them. It also
+// coalesces heartbeats: the newest per instance is kept in memory and
+// written in one transaction per flush interval, not one per heartbeat.
+type AgentHub struct {
+	Store store.Store
+	Log   *slog.Logger
+	// Flush is the heartbeat write interval.
+	Flush   time.Duration
+	Metrics *Metrics
+
+	mu      sync.Mutex
+	streams map[string]*agentConn
+	pending map[string]store.Heartbeat
+}
+
+type agentConn struct {
+	wake chan struct{}
+	// kick ends the stream: a newer stream for the same instance replaced it.
+	kick chan struct{}
+}
+
+// NewAgentHub returns an idle hub; Run starts it.
+func NewAgentHub(s store.Store, log *slog.Logger, flush time.Duration) *AgentHub {
+	return &AgentHub{Store: s, Log: log, Flush: flush, streams: map[string]*agentConn{}, pending: map[string]store.Heartbeat{}}
+}
+
+// Run follows task notifications and flushes heartbeats until ctx ends,
+// then flushes once more so acknowledged heartbeats are not lost.
+func (h *AgentHub) Run(ctx context.Context) {
+	ch, stop := h.Store.Subscribe(store.ChannelTasks)
+	defer stop()
+	t := time.NewTicker(h.Flush)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			fctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			h.FlushHeartbeats(fctx)
+			cancel()
+			return
+		case id := <-ch:
+			h.Wake(id)
+		case <-t.C:
+			h.FlushHeartbeats(ctx)
+		}
+	}
+}
+
+// Connected is the number of open streams.
+func (h *AgentHub) Connected() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.streams)
+}
+
+func (h *AgentHub) register(id string) *agentConn {
+	c := &agentConn{wake: make(chan struct{}, 1), kick: make(chan struct{})}
+	h.mu.Lock()
+	if old := h.streams[id]; old != nil {
+		close(old.kick)
+	}
+	h.streams[id] = c
+	h.mu.Unlock()
+	if h.Metrics != nil {
+		h.Metrics.ConnectedAgents.Inc()
+	}
+	return c
+}
+
+func (h *AgentHub) unregister(id string, c *agentConn) {
+	h.mu.Lock()
+	if h.streams[id] == c {
+		delete(h.streams, id)
+	}
+	h.mu.Unlock()
+	if h.Metrics != nil {
+		h.Metrics.ConnectedAgents.Dec()
+	}
+}
+
+// Wake nudges an instance's stream to look for tasks and cancellations.
+func (h *AgentHub) Wake(instanceID string) {
+	h.mu.Lock()
+	c := h.streams[instanceID]
+	h.mu.Unlock()
+	if c == nil {
+		return
+	}
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Heartbeat queues a heartbeat for the next batch.
+func (h *AgentHub) Heartbeat(hb store.Heartbeat) {
+	h.mu.Lock()
+	h.pending[hb.InstanceID] = hb
+	h.mu.Unlock()
+	if h.Metrics != nil {
+		h.Metrics.Heartbeats.Inc()
+	}
+}
+
+// FlushHeartbeats writes the queued heartbeats in one transaction. If the
+// write fails (the database is down) they go back in the queue, unless a
+// newer one arrived meanwhile, and are written by a later flush.
+func (h *AgentHub) FlushHeartbeats(ctx context.Context) {
+	h.mu.Lock()
+	if len(h.pending) == 0 {
+		h.mu.Unlock()
+		return
+	}
+	batch := make([]store.Heartbeat, 0, len(h.pending))
+	for _, hb := range h.pending {
+		batch = append(batch, hb)
+	}
+	h.pending = make(map[string]store.Heartbeat, len(batch))
+	h.mu.Unlock()
+
+	err := h.Store.Tx(ctx, func(q store.Queries) error { return q.RecordHeartbeats(ctx, batch) })
+	if err != nil {
+		h.Log.Warn("heartbeat batch not written; keeping it for the next flush", "heartbeats", len(batch), "err", err)
+		h.mu.Lock()
+		for _, hb := range batch {
+			if cur, ok := h.pending[hb.InstanceID]; !ok || cur.At.Before(hb.At) {
+				h.pending[hb.InstanceID] = hb
+			}
+		}
+		h.mu.Unlock()
+		return
+	}
+	if h.Metrics != nil {
+		h.Metrics.HeartbeatWrites.Observe(float64(len(batch)))
+	}
+}

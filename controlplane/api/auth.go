@@ -1,0 +1,257 @@
+package api
+
+import (
+	"context"
+	"crypto"
+	"crypto/x509"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
+
+	"github.com/tetherfleet/tether/controlplane/fail"
+	"github.com/tetherfleet/tether/controlplane/store"
+	"github.com/tetherfleet/tether/pki"
+	"github.com/tetherfleet/tether/pki/ca"
+)
+
+// Caller is the authenticated peer of a call.
+type Caller struct {
+	Identity  pki.Identity
+	Serial    string
+	NotAfter  time.Time
+	PublicKey crypto.PublicKey
+}
+
+type callerKey struct{}
+
+// CallerFrom returns the caller put in the context by the auth interceptor.
+func CallerFrom(ctx context.Context) (Caller, bool) {
+	c, ok := ctx.Value(callerKey{}).(Caller)
+	return c, ok
+}
+
+// WithCaller is for tests that call services directly.
+func WithCaller(ctx context.Context, c Caller) context.Context {
+	return context.WithValue(ctx, callerKey{}, c)
+}
+
+// Roles, weakest first. The role is in the admin certificate (SPEC 3.6).
+var roleRank = map[string]int{"viewer": 1, "operator": 2, "admin": 3}
+
+// requiredRole is the least role an admin RPC needs. Reads are for
+// viewers; identity material (tokens, certificates, seed ISOs carrying
+// tokens) and modules are for admins; the rest drives the fleet.
+func requiredRole(method string) string {
+	name := method[strings.LastIndex(method, "/")+1:]
+	switch {
+	case name == "CreateSeedISO", name == "CreateBootstrapToken", name == "RevokeCertificate",
+		name == "PushModule", name == "DeleteModule":
+		return "admin"
+	case strings.HasPrefix(name, "Get"), strings.HasPrefix(name, "List"), strings.HasPrefix(name, "Watch"):
+		return "viewer"
+	default:
+		return "operator"
+	}
+}
+
+const (
+	enrollmentPrefix = "/tether.v1.EnrollmentService/"
+	agentPrefix      = "/tether.v1.AgentService/"
+	adminPrefix      = "/tether.v1.AdminService/"
+)
+
+// Authenticator checks client certificates and what they may call.
+type Authenticator struct {
+	CA      *ca.CA
+	Revoked *Revocations
+}
+
+// authenticate verifies the peer's certificate against the CA at the
+// injected clock's time, then revocation. TLS only requests the
+// certificate (the enrollment service must work without one), so every
+// check of an authenticated call happens here, where it can answer with
+// a clear Unauthenticated instead of a torn handshake.
+func (a *Authenticator) authenticate(ctx context.Context) (Caller, error) {
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return Caller{}, fail.Unauthenticated("no peer information")
+	}
+	tlsInfo, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok || len(tlsInfo.State.PeerCertificates) == 0 {
+		return Caller{}, fail.Unauthenticated("a client certificate is required (use the admin certificate from `tetherd init`, or the node certificate from enrollment)")
+	}
+	cert := tlsInfo.State.PeerCertificates[0]
+	id, err := a.CA.Verify(cert, x509.ExtKeyUsageClientAuth)
+	if err != nil {
+		return Caller{}, fail.Unauthenticated("client certificate refused: %v", err)
+	}
+	serial := ca.SerialString(cert)
+	if a.Revoked.IsRevoked(serial) {
+		return Caller{}, fail.Unauthenticated("client certificate %s is revoked", serial)
+	}
+	return Caller{Identity: id, Serial: serial, NotAfter: cert.NotAfter, PublicKey: cert.PublicKey}, nil
+}
+
+func (a *Authenticator) authorize(ctx context.Context, method string) (context.Context, error) {
+	switch {
+	case strings.HasPrefix(method, enrollmentPrefix):
+		return ctx, nil
+	case strings.HasPrefix(method, agentPrefix):
+		c, err := a.authenticate(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if c.Identity.Kind != pki.KindInstance {
+			return nil, fail.Denied("%s needs a node certificate; this is a %s certificate (%s)", method, c.Identity.Kind, c.Identity)
+		}
+		return WithCaller(ctx, c), nil
+	case strings.HasPrefix(method, adminPrefix):
+		c, err := a.authenticate(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if c.Identity.Kind != pki.KindAdmin {
+			return nil, fail.Denied("%s needs an admin certificate; this is a %s certificate (%s)", method, c.Identity.Kind, c.Identity)
+		}
+		need := requiredRole(method)
+		if roleRank[c.Identity.Role] < roleRank[need] {
+			return nil, fail.Denied("%s needs role %s; certificate %s has role %s", method, need, c.Identity.Name, c.Identity.Role)
+		}
+		return WithCaller(ctx, c), nil
+	default:
+		// Health and reflection: public by design, they reveal no fleet data.
+		return ctx, nil
+	}
+}
+
+func (a *Authenticator) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, next grpc.UnaryHandler) (any, error) {
+	ctx, err := a.authorize(ctx, info.FullMethod)
+	if err != nil {
+		return nil, err
+	}
+	return next(ctx, req)
+}
+
+func (a *Authenticator) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, next grpc.StreamHandler) error {
+	ctx, err := a.authorize(ss.Context(), info.FullMethod)
+	if err != nil {
+		return err
+	}
+	return next(srv, &ctxStream{ServerStream: ss, ctx: ctx})
+}
+
+type ctxStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s *ctxStream) Context() context.Context { return s.ctx }
+
+// Revocations is the in-memory set of revoked, unexpired certificate
+// serials that every authenticated call checks. It is loaded from the
+// store, follows revocations from any replica through notifications, and
+// is reloaded periodically in case a notification was missed.
+type Revocations struct {
+	mu     sync.RWMutex
+	serial map[string]struct{}
+	subs   map[chan string]struct{}
+}
+
+// NewRevocations returns an empty set.
+func NewRevocations() *Revocations {
+	return &Revocations{serial: map[string]struct{}{}, subs: map[chan string]struct{}{}}
+}
+
+// IsRevoked reports whether serial is revoked.
+func (r *Revocations) IsRevoked(serial string) bool {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	_, ok := r.serial[serial]
+	return ok
+}
+
+// Add marks serials revoked and tells watchers (open agent streams).
+func (r *Revocations) Add(serials ...string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, s := range serials {
+		if _, ok := r.serial[s]; ok {
+			continue
+		}
+		r.serial[s] = struct{}{}
+		for ch := range r.subs {
+			select {
+			case ch <- s:
+			default:
+			}
+		}
+	}
+}
+
+// Watch returns revoked serials as they arrive.
+func (r *Revocations) Watch() (<-chan string, func()) {
+	ch := make(chan string, 16)
+	r.mu.Lock()
+	r.subs[ch] = struct{}{}
+	r.mu.Unlock()
+	return ch, func() {
+		r.mu.Lock()
+		delete(r.subs, ch)
+		r.mu.Unlock()
+	}
+}
+
+// Load replaces the set from the store.
+func (r *Revocations) Load(ctx context.Context, s store.Store, now time.Time) error {
+	serials, err := s.ListRevokedSerials(ctx, now)
+	if err != nil {
+		return err
+	}
+	fresh := make(map[string]struct{}, len(serials))
+	for _, x := range serials {
+		fresh[x] = struct{}{}
+	}
+	r.mu.Lock()
+	old := r.serial
+	r.serial = fresh
+	r.mu.Unlock()
+	var added []string
+	for x := range fresh {
+		if _, ok := old[x]; !ok {
+			added = append(added, x)
+		}
+	}
+	if len(added) > 0 {
+		// Re-add through Add so watchers hear about ones a missed
+		// notification would have announced.
+		r.mu.Lock()
+		for _, x := range added {
+			delete(r.serial, x)
+		}
+		r.mu.Unlock()
+		r.Add(added...)
+	}
+	return nil
+}
+
+// Follow keeps the set current until ctx ends.
+func (r *Revocations) Follow(ctx context.Context, s store.Store, clock interface{ Now() time.Time }, every time.Duration) {
+	ch, stop := s.Subscribe(store.ChannelRevocations)
+	defer stop()
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case serial := <-ch:
+			r.Add(serial)
+		case <-t.C:
+			_ = r.Load(ctx, s, clock.Now())
+		}
+	}
+}

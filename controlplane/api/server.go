@@ -1,0 +1,141 @@
+// Package api is the gRPC surface of tetherd: the enrollment, agent and
+// admin services, and the interceptors every call passes (authentication
+// and authorisation, strict input, metrics, error mapping).
+package api
+
+import (
+	"context"
+	"crypto/tls"
+	"log/slog"
+	"net"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/reflection"
+
+	"github.com/tetherfleet/tether/controlplane/enroll"
+	"github.com/tetherfleet/tether/controlplane/instances"
+	"github.com/tetherfleet/tether/controlplane/modules"
+	"github.com/tetherfleet/tether/controlplane/store"
+	"github.com/tetherfleet/tether/controlplane/tasks"
+	"github.com/tetherfleet/tether/pki/ca"
+	v1 "github.com/tetherfleet/tether/proto/tether/v1"
+)
+
+// MaxRecvMsgSize bounds every request message. Module pushes stream in
+// chunks well below it; anything larger is refused by gRPC with
+// ResourceExhausted before it is parsed.
+const MaxRecvMsgSize = 4 << 20
+
+// Clock is the time source.
+type Clock interface{ Now() time.Time }
+
+// Config wires the server.
+type Config struct {
+	Store      store.Store
+	CA         *ca.CA
+	ServerCert tls.Certificate
+	Clock      Clock
+	Log        *slog.Logger
+	Registerer prometheus.Registerer
+
+	Enrollment *enroll.Service
+	Instances  *instances.Service
+	Tasks      *tasks.Service
+	Registry   *modules.Registry
+	Revoked    *Revocations
+	Agents     *AgentHub
+
+	// AgentURL is the control plane address handed to agents.
+	AgentURL string
+	// SigningKeys are the Ed25519 keys module signatures may verify with.
+	SigningKeys [][]byte
+	// ReadyHooks run when an agent first reports ready (pool membership).
+	ReadyHooks []instances.ReadyHook
+}
+
+// Server is a configured gRPC server.
+type Server struct {
+	GRPC    *grpc.Server
+	Health  *health.Server
+	Metrics *Metrics
+	cfg     Config
+}
+
+// New builds the server and registers every service.
+func New(cfg Config) *Server {
+	m := NewMetrics(cfg.Registerer)
+	auth := &Authenticator{CA: cfg.CA, Revoked: cfg.Revoked}
+	obsUnary, obsStream := observe(m, cfg.Log)
+	tlsCfg := &tls.Config{
+		Certificates: []tls.Certificate{cfg.ServerCert},
+		// Only request: enrollment must work without a certificate, and the
+		// auth interceptor verifies (with the injected clock) and answers
+		// Unauthenticated with the reason instead of a torn handshake.
+		ClientAuth: tls.RequestClientCert,
+		MinVersion: tls.VersionTLS13,
+	}
+	g := grpc.NewServer(
+		grpc.Creds(credentials.NewTLS(tlsCfg)),
+		grpc.MaxRecvMsgSize(MaxRecvMsgSize),
+		grpc.ChainUnaryInterceptor(mapUnary, auth.unary, strictUnary, obsUnary),
+		grpc.ChainStreamInterceptor(mapStream, auth.stream, strictStream, obsStream),
+		// Agents keep one stream open for hours; pings find dead peers.
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 2 * time.Minute, Timeout: 20 * time.Second}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 20 * time.Second, PermitWithoutStream: true}),
+	)
+	s := &Server{GRPC: g, Health: health.NewServer(), Metrics: m, cfg: cfg}
+	v1.RegisterEnrollmentServiceServer(g, &enrollmentServer{Config: cfg, m: m})
+	v1.RegisterAgentServiceServer(g, &agentServer{Config: cfg, m: m})
+	v1.RegisterAdminServiceServer(g, &adminServer{Config: cfg})
+	healthpb.RegisterHealthServer(g, s.Health)
+	reflection.Register(g)
+	for _, svc := range []string{"", "tether.v1.EnrollmentService", "tether.v1.AgentService", "tether.v1.AdminService"} {
+		s.Health.SetServingStatus(svc, healthpb.HealthCheckResponse_SERVING)
+	}
+	return s
+}
+
+// Serve accepts connections on lis until Stop.
+func (s *Server) Serve(lis net.Listener) error { return s.GRPC.Serve(lis) }
+
+// Stop drains: health goes NOT_SERVING, in-flight calls finish, long
+// streams are cut after grace.
+func (s *Server) Stop(grace time.Duration) {
+	s.Health.Shutdown()
+	done := make(chan struct{})
+	go func() { s.GRPC.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(grace):
+		s.GRPC.Stop()
+	}
+}
+
+type adminServer struct {
+	v1.UnimplementedAdminServiceServer
+	Config
+}
+
+type enrollmentServer struct {
+	v1.UnimplementedEnrollmentServiceServer
+	Config
+	m *Metrics
+}
+
+// Enroll implements EnrollmentService.
+func (e *enrollmentServer) Enroll(ctx context.Context, req *v1.EnrollRequest) (*v1.EnrollResponse, error) {
+	issued, err := e.Enrollment.Enroll(ctx, req.Token, req.CsrPem)
+	if err != nil {
+		e.m.Enrollments.WithLabelValues("refused").Inc()
+		return nil, err
+	}
+	e.m.Enrollments.WithLabelValues("issued").Inc()
+	return &v1.EnrollResponse{InstanceId: issued.InstanceID, CertificatePem: string(ca.CertPEM(issued.Cert)),
+		CaPem: string(e.CA.CertificatePEM()), NotAfter: tsp(issued.Cert.NotAfter)}, nil
+}

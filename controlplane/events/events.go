@@ -1,0 +1,136 @@
+// Package events writes and reads the fleet event log (SPEC 7): append-only,
+// each event with kind, severity, ids, correlation id and payload.
+package events
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/tetherfleet/tether/controlplane/store"
+)
+
+// Severities.
+const (
+	Low      = store.SeverityLow
+	Medium   = store.SeverityMedium
+	High     = store.SeverityHigh
+	Critical = store.SeverityCritical
+)
+
+// Event kinds written by the control plane. Pool kinds follow SPEC 4.
+const (
+	EnrollSucceeded   = "enroll.succeeded"
+	EnrollTokenReused = "enroll.token_reused"
+	EnrollRefused     = "enroll.refused"
+	CertRenewed       = "certificate.renewed"
+	CertRevoked       = "certificate.revoked"
+	TokenIssued       = "token.issued"
+
+	InstanceProvisioned     = "instance.provisioned"
+	InstanceTransition      = "instance.transition"
+	InstanceRunning         = "instance.running"
+	InstanceErrored         = "instance.errored"
+	InstanceAgentError      = "instance.agent_error"
+	InstanceSilent          = "instance.silent"
+	InstancePresumedDead    = "instance.presumed_dead"
+	InstanceTerminated      = "instance.terminated"
+	InstanceTerminateFailed = "instance.terminate_failed"
+	InstanceGuestPresent    = "instance.terminated_guest_present"
+	InstanceProviderFailed  = "instance.provider_failed"
+	InstanceCordoned        = "instance.cordoned"
+	InstanceUncordoned      = "instance.uncordoned"
+	InstanceHeld            = "instance.held"
+	InstanceUnheld          = "instance.unheld"
+
+	TaskCreated  = "task.created"
+	TaskFinished = "task.finished"
+	TaskRefused  = "task.update_refused"
+
+	ModulePushed       = "module.pushed"
+	ModuleDeleted      = "module.deleted"
+	ModuleFetchRefused = "module.fetch_refused"
+
+	PoolMemberReady           = "pool.member_ready"
+	PoolClaimed               = "pool.claimed"
+	PoolReleased              = "pool.released"
+	PoolClaimedStale          = "pool.claimed_stale"
+	PoolClaimedStaleHeartbeat = "pool.claimed_stale_heartbeat_flagged"
+	PoolReadyStaleHeartbeat   = "pool.ready_stale_heartbeat_recycled"
+	PoolTerminateFailed       = "pool.terminate_failed"
+	PoolTerminateAbandoned    = "pool.terminate_abandoned"
+	PoolRecycleWithheld       = "pool.recycle_withheld"
+)
+
+// E describes an event to write.
+type E struct {
+	Kind          string
+	Severity      int
+	InstanceID    string
+	PoolID        string
+	CorrelationID string
+	Message       string
+	Payload       map[string]any
+}
+
+// Write appends e through q (so it commits or rolls back with the caller's
+// transaction) and returns the stored event.
+func (e E) Write(ctx context.Context, q store.Queries, now time.Time) (*store.Event, error) {
+	payload := []byte("{}")
+	if len(e.Payload) > 0 {
+		b, err := json.Marshal(e.Payload)
+		if err != nil {
+			return nil, fmt.Errorf("event %s payload: %w", e.Kind, err)
+		}
+		payload = b
+	}
+	sev := e.Severity
+	if sev == 0 {
+		sev = Low
+	}
+	ev := &store.Event{Kind: e.Kind, Severity: sev, InstanceID: e.InstanceID, PoolID: e.PoolID,
+		CorrelationID: e.CorrelationID, Message: e.Message, Payload: payload, CreatedAt: now}
+	if err := q.AppendEvent(ctx, ev); err != nil {
+		return nil, err
+	}
+	return ev, nil
+}
+
+// Watch sends every event matching f with an id above after, oldest
+// first, until ctx ends or send fails. It wakes on notifications from any
+// replica and also polls, so a dropped notification only delays delivery.
+func Watch(ctx context.Context, s store.Store, f store.EventFilter, after int64, poll time.Duration, send func(*store.Event) error) error {
+	ch, stop := s.Subscribe(store.ChannelEvents)
+	defer stop()
+	t := time.NewTicker(poll)
+	defer t.Stop()
+	for {
+		for {
+			evs, err := s.ListEventsSince(ctx, f, after, 500)
+			if err != nil {
+				return err
+			}
+			for _, e := range evs {
+				if err := send(e); err != nil {
+					return err
+				}
+				after = e.ID
+			}
+			if len(evs) < 500 {
+				break
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case id := <-ch:
+			// Skip the read when the notified event is one we have sent.
+			if n, err := strconv.ParseInt(id, 10, 64); err == nil && n <= after {
+				continue
+			}
+		case <-t.C:
+		}
+	}
+}
