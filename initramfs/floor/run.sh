@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Measure the bare-netboot floor: wall time from QEMU's start to the switched
+# root's init printing its ready marker, with the minimal Go /init of
+# initramfs/floor/init (agent/boot + agent/rootfs, nothing else).
+#
+# Usage: initramfs/floor/run.sh [RUNS]        (default 5)
+# Environment: FLOOR_APPEND  extra kernel arguments (e.g. "quiet")
+#              FLOOR_SHELL   1 to put busybox in the initramfs as the real one has
+#              FLOOR_TIMEOUT seconds per VM (default 120)
+#              FLOOR_NIC_OPTS extra virtio-net-pci options (e.g. ",romfile=" to skip iPXE's ROM)
+# Prints one line per run and the median, in milliseconds. Logs and build
+# outputs go to .cache/floor/.
+set -euo pipefail
+
+runs=${1:-5}
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$repo"
+work=$repo/.cache/floor
+mkdir -p "$work"
+vm_timeout=${FLOOR_TIMEOUT:-120}
+
+command -v qemu-system-x86_64 >/dev/null || { echo "floor: qemu-system-x86_64 is missing (apt-get install qemu-system-x86)" >&2; exit 1; }
+
+release=$(scripts/fetch-kernel.sh .cache/kernel)
+echo "floor: kernel $release" >&2
+
+CGO_ENABLED=0 go build -trimpath -buildvcs=false -ldflags='-s -w' -o "$work/init" ./initramfs/floor/init
+go build -trimpath -buildvcs=false -o "$work/serve" ./initramfs/floor/serve
+shell_flag=-busybox=none
+[ "${FLOOR_SHELL:-0}" = 1 ] && shell_flag=-busybox=auto
+initramfs/build.sh "$work/init" .cache/kernel "$work/initramfs.cpio" "$shell_flag" >&2
+
+rm -rf "$work/modules"
+line=$(examples/build.sh "$work/modules" | grep '/tether-example-root.erofs ')
+image=$(basename "${line%% *}")
+digest=${line##*sha256:}
+echo "floor: module $image $(echo "$line" | cut -d' ' -f2) bytes sha256:$digest" >&2
+
+rm -f "$work/port"
+"$work/serve" -dir "$work/modules" -port-file "$work/port" 2>"$work/serve.log" &
+serve_pid=$!
+trap 'kill "$serve_pid" 2>/dev/null || true' EXIT
+for _ in $(seq 100); do [ -s "$work/port" ] && break; sleep 0.05; done
+[ -s "$work/port" ] || { echo "floor: file server did not start" >&2; exit 1; }
+port=$(cat "$work/port")
+
+append="console=ttyS0 ip=10.0.2.15::10.0.2.2:255.255.255.0::eth0:off panic=-1"
+append+=" floor.url=http://10.0.2.2:$port/$image floor.sha256=$digest tether.example.poweroff=1"
+append+=" ${FLOOR_APPEND:-}"
+
+times=()
+for i in $(seq "$runs"); do
+  log=$work/run$i.log
+  : >"$log"
+  rm -f "$work/t$i"
+  start=$(date +%s%N)
+  # The marker is printed by the example root's rcS; it then powers off, so
+  # QEMU exits on its own; the timeout bounds a VM that hangs.
+  timeout "$vm_timeout" qemu-system-x86_64 -M q35 -accel tcg -m 512 -smp 1 -nodefaults -nographic \
+    -serial stdio -no-reboot -netdev user,id=n0 -device "virtio-net-pci,netdev=n0${FLOOR_NIC_OPTS:-}" \
+    -kernel .cache/kernel/vmlinuz -initrd "$work/initramfs.cpio" -append "$append" </dev/null 2>&1 |
+    while IFS= read -r l; do
+      case $l in
+        *TETHER_EXAMPLE_READY*) [ -e "$work/t$i" ] || echo $((($(date +%s%N) - start) / 1000000)) >"$work/t$i" ;;
+      esac
+      printf '%s\n' "$l" >>"$log"
+    done
+  if [ ! -s "$work/t$i" ]; then
+    echo "floor: run $i: no ready marker within ${vm_timeout}s; log $log:" >&2
+    tail -n 30 "$log" >&2
+    exit 1
+  fi
+  t=$(cat "$work/t$i")
+  times+=("$t")
+  # Guest-side phase times (seconds since the kernel started, which is
+  # a few hundred ms after QEMU did).
+  phases=$(tr -d '\r' <"$log" | sed -n 's/.*\[ *\([0-9]*\.[0-9]*\)\] floor: /\1 /p' | awk '
+    { t = $1; $1 = "" }
+    / \/init started/       { k = "init" }
+    / boot: network up/      { k = "net" }
+    / fetched/               { k = "fetched" }
+    / root composed/         { k = "composed" }
+    / rootfs: switched root/ { k = "exec" }
+    k != "" { printf "%s%s %.2f", sep, k, t; sep = ", "; k = "" }')
+  echo "run $i: ${t} ms  (guest uptime s: $phases)"
+done
+
+median=$(printf '%s\n' "${times[@]}" | sort -n | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : int((a[NR/2] + a[NR/2+1]) / 2)}')
+echo "median of $runs: ${median} ms"
