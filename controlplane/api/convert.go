@@ -13,18 +13,20 @@ import (
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
 
+// Responses carry the store's precision (microseconds), so an object reads
+// the same right after it is created as it does later.
 func tsp(t time.Time) *timestamppb.Timestamp {
 	if t.IsZero() {
 		return nil
 	}
-	return timestamppb.New(t)
+	return timestamppb.New(t.Truncate(time.Microsecond))
 }
 
 func ntsp(t *time.Time) *timestamppb.Timestamp {
 	if t == nil {
 		return nil
 	}
-	return timestamppb.New(*t)
+	return tsp(*t)
 }
 
 // enumName maps "pending" <-> INSTANCE_STATUS_PENDING for every enum whose

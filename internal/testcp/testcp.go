@@ -1,0 +1,259 @@
+// Package testcp starts a real tetherd in-process for tests: a temp data
+// dir made by `init`, the whole `serve` wiring, real TLS on loopback.
+package testcp
+
+import (
+	"context"
+	"crypto"
+	"crypto/ed25519"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+
+	"github.com/tetherfleet/tether/controlplane/daemon"
+	"github.com/tetherfleet/tether/internal/clock"
+	"github.com/tetherfleet/tether/pki"
+	v1 "github.com/tetherfleet/tether/proto/tether/v1"
+)
+
+// ControlPlane is a running tetherd.
+type ControlPlane struct {
+	DataDir string
+	Addr    string
+	CA      *x509.Certificate
+	CAPool  *x509.CertPool
+	Admin   v1.AdminServiceClient
+	// AdminCert is the admin client identity from init.
+	AdminCert tls.Certificate
+
+	t      testing.TB
+	cancel context.CancelFunc
+	done   chan error
+	opts   daemon.ServeOptions
+}
+
+// Option adjusts the serve options.
+type Option func(*daemon.ServeOptions)
+
+// WithClock injects a clock.
+func WithClock(c clock.Clock) Option { return func(o *daemon.ServeOptions) { o.Clock = c } }
+
+// WithStore selects a store ("" is SQLite in the data dir).
+func WithStore(spec string) Option { return func(o *daemon.ServeOptions) { o.Store = spec } }
+
+// WithDataDir reuses a data dir (to restart a control plane on the same state).
+func WithDataDir(dir string) Option { return func(o *daemon.ServeOptions) { o.DataDir = dir } }
+
+// WithLog sets the logger (default: discard, to keep test output readable).
+func WithLog(l *slog.Logger) Option { return func(o *daemon.ServeOptions) { o.Log = l } }
+
+// With applies any change to the serve options.
+func With(f func(*daemon.ServeOptions)) Option { return Option(f) }
+
+// Start inits a data dir (unless one is given) and serves it.
+func Start(t testing.TB, opts ...Option) *ControlPlane {
+	t.Helper()
+	o := daemon.ServeOptions{Log: slog.New(slog.NewTextHandler(io.Discard, nil)), HeartbeatFlush: 50 * time.Millisecond, LoopEvery: 200 * time.Millisecond}
+	for _, f := range opts {
+		f(&o)
+	}
+	if o.DataDir == "" {
+		o.DataDir = filepath.Join(t.TempDir(), "data")
+		if err := daemon.Init(daemon.InitOptions{DataDir: o.DataDir, Clock: o.Clock}); err != nil {
+			t.Fatalf("tetherd init: %v", err)
+		}
+	}
+	cp := &ControlPlane{DataDir: o.DataDir, t: t, opts: o}
+	cp.serve()
+	t.Cleanup(cp.Stop)
+	return cp
+}
+
+func (cp *ControlPlane) serve() {
+	t := cp.t
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := cp.opts
+	o.Listener = lis
+	ready := make(chan string, 1)
+	o.Ready = ready
+	ctx, cancel := context.WithCancel(context.Background())
+	cp.cancel, cp.done = cancel, make(chan error, 1)
+	go func() { cp.done <- daemon.Serve(ctx, o) }()
+	select {
+	case cp.Addr = <-ready:
+	case err := <-cp.done:
+		t.Fatalf("tetherd serve: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("tetherd did not start within 30s")
+	}
+	caPEM, err := os.ReadFile(filepath.Join(cp.DataDir, daemon.AdminDir, daemon.AdminCAFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	block, _ := pem.Decode(caPEM)
+	if cp.CA, err = x509.ParseCertificate(block.Bytes); err != nil {
+		t.Fatal(err)
+	}
+	cp.CAPool = x509.NewCertPool()
+	cp.CAPool.AddCert(cp.CA)
+	if cp.AdminCert, err = tls.LoadX509KeyPair(filepath.Join(cp.DataDir, daemon.AdminDir, daemon.AdminCertFile),
+		filepath.Join(cp.DataDir, daemon.AdminDir, daemon.AdminKeyFile)); err != nil {
+		t.Fatal(err)
+	}
+	cp.Admin = v1.NewAdminServiceClient(cp.Dial(&cp.AdminCert))
+}
+
+// Stop shuts the control plane down (idempotent).
+func (cp *ControlPlane) Stop() {
+	if cp.cancel == nil {
+		return
+	}
+	cp.cancel()
+	cp.cancel = nil
+	select {
+	case err := <-cp.done:
+		if err != nil {
+			cp.t.Errorf("tetherd serve: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		cp.t.Error("tetherd did not stop within 30s")
+	}
+}
+
+// Restart stops and serves the same data dir again, on a new port.
+func (cp *ControlPlane) Restart() {
+	cp.Stop()
+	cp.serve()
+}
+
+// Fingerprint is the CA pin agents get.
+func (cp *ControlPlane) Fingerprint() string { return pki.Fingerprint(cp.CA.Raw) }
+
+// TLS returns a client TLS config with an optional client certificate.
+func (cp *ControlPlane) TLS(cert *tls.Certificate) *tls.Config {
+	c := &tls.Config{RootCAs: cp.CAPool, ServerName: "127.0.0.1", MinVersion: tls.VersionTLS13}
+	if cert != nil {
+		c.Certificates = []tls.Certificate{*cert}
+	}
+	return c
+}
+
+// Dial opens a client connection (cert may be nil).
+func (cp *ControlPlane) Dial(cert *tls.Certificate, opts ...grpc.DialOption) *grpc.ClientConn {
+	conn, err := grpc.NewClient(cp.Addr, append([]grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(cp.TLS(cert)))}, opts...)...)
+	if err != nil {
+		cp.t.Fatal(err)
+	}
+	cp.t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+// NodeKey is an agent-side Ed25519 key and its CSR.
+type NodeKey struct {
+	Key    ed25519.PrivateKey
+	CSRPEM string
+}
+
+// NewNodeKey makes a key and a bare CSR, as the agent does.
+func NewNodeKey(t testing.TB) NodeKey {
+	_, key, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return NodeKey{Key: key, CSRPEM: CSR(t, key, &x509.CertificateRequest{})}
+}
+
+// CSR signs a CSR template with key.
+func CSR(t testing.TB, key crypto.Signer, tpl *x509.CertificateRequest) string {
+	der, err := x509.CreateCertificateRequest(rand.Reader, tpl, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}))
+}
+
+// Certificate pairs an enrollment response with its key.
+func (k NodeKey) Certificate(t testing.TB, certPEM string) tls.Certificate {
+	block, _ := pem.Decode([]byte(certPEM))
+	if block == nil {
+		t.Fatal("no certificate PEM in the response")
+	}
+	leaf, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{block.Bytes}, PrivateKey: k.Key, Leaf: leaf}
+}
+
+// Fleet is a template + node ready for instances.
+type Fleet struct {
+	Template, Node string
+}
+
+// SeedFleet pushes a tiny erofs module and creates a template and a node.
+func (cp *ControlPlane) SeedFleet(ctx context.Context, name string) Fleet {
+	cp.t.Helper()
+	img := TinyErofs()
+	cp.PushModule(ctx, name+"-base", "1", img)
+	if _, err := cp.Admin.CreateTemplate(ctx, &v1.CreateTemplateRequest{Name: name + "-tpl",
+		RootModules: []*v1.ModuleRef{{Name: name + "-base", Version: "1"}}}); err != nil {
+		cp.t.Fatal(err)
+	}
+	if _, err := cp.Admin.CreateNode(ctx, &v1.CreateNodeRequest{Name: name, Template: name + "-tpl"}); err != nil {
+		cp.t.Fatal(err)
+	}
+	return Fleet{Template: name + "-tpl", Node: name}
+}
+
+// PushModule uploads data as name:version.
+func (cp *ControlPlane) PushModule(ctx context.Context, name, version string, data []byte) *v1.Module {
+	cp.t.Helper()
+	m, err := PushModule(ctx, cp.Admin, name, version, data)
+	if err != nil {
+		cp.t.Fatalf("push %s:%s: %v", name, version, err)
+	}
+	return m
+}
+
+// PushModule streams data in 64 KiB chunks with its digest declared.
+func PushModule(ctx context.Context, c v1.AdminServiceClient, name, version string, data []byte) (*v1.Module, error) {
+	stream, err := c.PushModule(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := stream.Send(&v1.PushModuleRequest{Msg: &v1.PushModuleRequest_Header{Header: &v1.PushModuleHeader{
+		Name: name, Version: version, Digest: Digest(data), Size: int64(len(data))}}}); err != nil {
+		return stream.CloseAndRecv()
+	}
+	for off := 0; off < len(data); off += 64 << 10 {
+		end := min(off+64<<10, len(data))
+		if err := stream.Send(&v1.PushModuleRequest{Msg: &v1.PushModuleRequest_Chunk{Chunk: data[off:end]}}); err != nil {
+			return stream.CloseAndRecv()
+		}
+	}
+	return stream.CloseAndRecv()
+}
+
+// Provision creates an external instance and returns it with its token.
+func (cp *ControlPlane) Provision(ctx context.Context, node string) (*v1.Instance, string) {
+	cp.t.Helper()
+	resp, err := cp.Admin.ProvisionInstance(ctx, &v1.ProvisionInstanceRequest{Node: node, Provider: "external"})
+	if err != nil {
+		cp.t.Fatalf("provision %s: %v", node, err)
+	}
+	return resp.Instance, resp.BootstrapToken
+}
