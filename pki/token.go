@@ -37,11 +37,18 @@ func NewToken() (token, hash string, err error) {
 // errors are reported without detail so callers cannot probe the format of
 // stored tokens; the caller answers Unauthenticated either way.
 func ParseToken(token string) (hash string, err error) {
-	if len(token) == 0 || len(token) > MaxTokenLength || !strings.HasPrefix(token, TokenPrefix) {
+	body, ok := strings.CutPrefix(token, TokenPrefix)
+	if !ok || len(body) != base64.RawURLEncoding.EncodedLen(tokenBytes) {
 		return "", errMalformedToken
 	}
-	raw, err := base64.RawURLEncoding.DecodeString(token[len(TokenPrefix):])
-	if err != nil || len(raw) != tokenBytes {
+	// The decoder skips \r and \n, so check the alphabet first: a token is
+	// exactly the text NewToken makes, nothing that merely decodes the same.
+	for i := 0; i < len(body); i++ {
+		if !isBase64URL(body[i]) {
+			return "", errMalformedToken
+		}
+	}
+	if raw, err := base64.RawURLEncoding.DecodeString(body); err != nil || len(raw) != tokenBytes {
 		return "", errMalformedToken
 	}
 	return HashToken(token), nil
@@ -51,4 +58,8 @@ func ParseToken(token string) (hash string, err error) {
 func HashToken(token string) string {
 	sum := sha256.Sum256([]byte(token))
 	return hex.EncodeToString(sum[:])
+}
+
+func isBase64URL(c byte) bool {
+	return c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '_'
 }

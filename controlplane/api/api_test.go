@@ -9,6 +9,7 @@ import (
 	"crypto/rsa"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/pem"
 	"net/url"
 	"strings"
 	"testing"
@@ -144,6 +145,7 @@ func TestEnrollmentBadInputChangesNothing(t *testing.T) {
 		{"garbage CSR", token, "-----BEGIN CERTIFICATE REQUEST-----\nZ2FyYmFnZQ==\n-----END CERTIFICATE REQUEST-----\n", codes.InvalidArgument},
 		{"not PEM at all", token, "hello", codes.InvalidArgument},
 		{"blank CSR", token, "", codes.InvalidArgument},
+		{"bad signature", token, badSignature(t, testcp.NewNodeKey(t).CSRPEM), codes.InvalidArgument},
 		{"RSA key", token, testcp.CSR(t, rsaKey, &x509.CertificateRequest{}), codes.InvalidArgument},
 		{"ECDSA key", token, testcp.CSR(t, ecKey, &x509.CertificateRequest{}), codes.InvalidArgument},
 		{"names another instance", token, testcp.CSR(t, edKey, &x509.CertificateRequest{URIs: []*url.URL{otherURI}}), codes.InvalidArgument},
@@ -387,4 +389,12 @@ func TestCatalogCRUD(t *testing.T) {
 	}
 	_, err = cp.Admin.GetModule(ctx, &v1.GetModuleRequest{Name: "base", Version: "1"})
 	wantCode(t, err, codes.NotFound)
+}
+
+// badSignature flips the last byte of a CSR (inside its signature).
+func badSignature(t *testing.T, csrPEM string) string {
+	block, _ := pem.Decode([]byte(csrPEM))
+	der := append([]byte(nil), block.Bytes...)
+	der[len(der)-1] ^= 0xff
+	return string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}))
 }

@@ -60,9 +60,6 @@ func (s *Service) Enroll(ctx context.Context, token, csrPEM string) (*Issued, er
 	if err != nil {
 		return nil, fail.Invalid("csr_pem", "%v", err)
 	}
-	if err := csr.CheckSignature(); err != nil {
-		return nil, fail.Invalid("csr_pem", "CSR signature does not verify: %v", err)
-	}
 	hash, err := pki.ParseToken(token)
 	if err != nil {
 		return nil, errRefused
@@ -95,9 +92,8 @@ func (s *Service) Enroll(ctx context.Context, token, csrPEM string) (*Issued, er
 	if err != nil {
 		return nil, err
 	}
-	if err := ca.CheckNodeCSR(csr, inst.ID); err != nil {
-		return nil, fail.Invalid("csr_pem", "%v", err)
-	}
+	// SignNode checks the policy and the CSR's signature before anything is
+	// spent; a refusal here leaves the token usable.
 	cert, err := s.CA.SignNode(ctx, csr, inst.ID, s.Lifetime)
 	if err != nil {
 		return nil, fail.Invalid("csr_pem", "%v", err)
@@ -138,9 +134,6 @@ func (s *Service) Renew(ctx context.Context, instanceID string, current crypto.P
 	}
 	csr, err := ca.ParseCSR([]byte(csrPEM))
 	if err != nil {
-		return nil, fail.Invalid("csr_pem", "%v", err)
-	}
-	if err := ca.CheckNodeCSR(csr, instanceID); err != nil {
 		return nil, fail.Invalid("csr_pem", "%v", err)
 	}
 	if k, ok := current.(interface{ Equal(crypto.PublicKey) bool }); ok && k.Equal(csr.PublicKey) {

@@ -6,11 +6,8 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"net/url"
 	"os"
 )
-
-type urlT = url.URL
 
 // WriteFileExclusive creates path with perm and fails if it exists.
 func WriteFileExclusive(path string, data []byte, perm os.FileMode) error {
