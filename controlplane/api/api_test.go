@@ -202,7 +202,6 @@ func TestEnrollmentBadInputChangesNothing(t *testing.T) {
 	}
 }
 
-
 func TestAuthorization(t *testing.T) {
 	clk := clock.NewFake(time.Now())
 	cp := testcp.Start(t, testcp.WithClock(clk))
@@ -296,7 +295,10 @@ func TestStrictInput(t *testing.T) {
 	wantCode(t, err, codes.ResourceExhausted)
 	// Blank required fields and out-of-range numbers name the field.
 	for _, call := range []func() error{
-		func() error { _, err := cp.Admin.CreateNode(ctx, &v1.CreateNodeRequest{Template: fleet.Template}); return err },
+		func() error {
+			_, err := cp.Admin.CreateNode(ctx, &v1.CreateNodeRequest{Template: fleet.Template})
+			return err
+		},
 		func() error { _, err := cp.Admin.ListNodes(ctx, &v1.ListNodesRequest{PageSize: -1}); return err },
 		func() error {
 			_, err := cp.Admin.CreateBootstrapToken(ctx, &v1.CreateBootstrapTokenRequest{InstanceId: "x", TtlSeconds: -5})

@@ -21,13 +21,19 @@ import (
 	"github.com/tetherfleet/tether/controlplane/api"
 	"github.com/tetherfleet/tether/controlplane/enroll"
 	"github.com/tetherfleet/tether/controlplane/instances"
+	"github.com/tetherfleet/tether/controlplane/liveness"
 	"github.com/tetherfleet/tether/controlplane/loops"
 	"github.com/tetherfleet/tether/controlplane/modules"
+	"github.com/tetherfleet/tether/controlplane/netboot"
+	"github.com/tetherfleet/tether/controlplane/provsync"
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/controlplane/store/sqlite"
 	"github.com/tetherfleet/tether/controlplane/tasks"
+	"github.com/tetherfleet/tether/controlplane/worker"
 	"github.com/tetherfleet/tether/internal/clock"
 	"github.com/tetherfleet/tether/pki/ca"
+	"github.com/tetherfleet/tether/providers"
+	"github.com/tetherfleet/tether/providers/qemu"
 )
 
 // ServeOptions configure Serve.
@@ -46,8 +52,44 @@ type ServeOptions struct {
 	// module signatures may verify with.
 	SigningKeyFiles []string
 
+	// QEMUMode is real (the default), recorder or disabled; anything else
+	// fails at start-up.
+	QEMUMode string
+	// QEMUStateDir holds the qemu provider's per-instance directories
+	// (default DATA/machines). QMP sockets live in it, so it must be short.
+	QEMUStateDir string
+	// Kernel and Initramfs are the default netboot artifacts, ingested into
+	// the blob store at start-up (templates may name others by digest).
+	Kernel, Initramfs string
+	// NetbootListen serves the artifacts and per-instance iPXE scripts
+	// over HTTP ("" = off); NetbootListener is used instead when set.
+	NetbootListen   string
+	NetbootListener net.Listener
+	// NetbootURL is the netboot server as machines reach it; default
+	// http://10.0.2.2:<port>, like AgentURL.
+	NetbootURL string
+	// Providers are added to the built-in ones (external, qemu), each
+	// replacing a built-in of the same name. Tests inject the fake here.
+	Providers []providers.Provider
+	// SelfInstanceIDs are instances hosting this control plane (drain
+	// refuses them).
+	SelfInstanceIDs []string
+
 	HeartbeatFlush time.Duration // default 1 s
 	LoopEvery      time.Duration // default 5 s
+	// SilentAfter and PresumedDeadAfter are the liveness thresholds for a
+	// small fleet (defaults 3 and 10 minutes); both stretch with its size.
+	SilentAfter, PresumedDeadAfter time.Duration
+	// ProviderSyncEvery is how often rows are compared with the providers'
+	// machines (default 1 minute).
+	ProviderSyncEvery time.Duration
+	// TerminateResumeAfter is how old an unfinished terminate intent must
+	// be before the periodic reconciler resumes it (default 1 minute); at
+	// start-up every intent is resumed.
+	TerminateResumeAfter time.Duration
+	// WorkerLease and WorkerPoll tune the provider-work task leases
+	// (defaults 60 s and 5 s).
+	WorkerLease, WorkerPoll time.Duration
 	// EventRetention: low/medium and high/critical windows (defaults 90 and 365 days).
 	EventRetentionLow, EventRetentionHigh time.Duration
 
@@ -94,15 +136,48 @@ func Serve(ctx context.Context, o ServeOptions) error {
 	if err := revoked.Load(ctx, st, o.Clock.Now()); err != nil {
 		return fmt.Errorf("serve: load revocations: %w", err)
 	}
+	machines, err := buildProviders(o, log, o.Clock)
+	if err != nil {
+		return err
+	}
+	kernel, err := ingestArtifact(blobs, "--kernel", o.Kernel)
+	if err != nil {
+		return err
+	}
+	initramfs, err := ingestArtifact(blobs, "--initramfs", o.Initramfs)
+	if err != nil {
+		return err
+	}
+	netLis := o.NetbootListener
+	if netLis == nil && o.NetbootListen != "" {
+		if netLis, err = net.Listen("tcp", o.NetbootListen); err != nil {
+			return fmt.Errorf("serve: netboot listen on %s: %w", o.NetbootListen, err)
+		}
+	}
+	if netLis != nil {
+		defer netLis.Close()
+		if o.NetbootURL == "" {
+			_, port, _ := net.SplitHostPort(netLis.Addr().String())
+			o.NetbootURL = "http://10.0.2.2:" + port
+		}
+	}
 	taskSvc := &tasks.Service{Store: st, Clock: o.Clock, Log: log}
-	instSvc := &instances.Service{Store: st, Clock: o.Clock, Log: log, Providers: []string{instances.ProviderExternal}}
+	instSvc := &instances.Service{Store: st, Clock: o.Clock, Log: log, Machines: machines,
+		Artifacts: &instances.Artifacts{Blobs: blobs, Kernel: kernel, Initramfs: initramfs, BaseURL: strings.TrimSuffix(o.NetbootURL, "/")},
+		AgentURL:  o.AgentURL, CAFingerprint: authority.Fingerprint(),
+		Owner: worker.NewOwner("tetherd-api"), Lease: o.WorkerLease, SelfInstanceIDs: o.SelfInstanceIDs}
+	wk := &worker.Worker{Store: st, Clock: o.Clock, Log: log.With("component", "worker"), Owner: worker.NewOwner("tetherd-worker"),
+		Lease: o.WorkerLease, Poll: o.WorkerPoll, Handlers: instSvc.Handlers()}
+	sensor := &liveness.Sensor{Store: st, Clock: o.Clock, Log: log, Instances: instSvc, SilentAfter: o.SilentAfter,
+		DeadAfter: o.PresumedDeadAfter, MaxHeartbeatsPerSecond: api.MaxHeartbeatsPerSecond}
+	syncer := &provsync.Syncer{Store: st, Clock: o.Clock, Log: log, Instances: instSvc}
 	hub := api.NewAgentHub(st, log, o.HeartbeatFlush)
 	srv := api.New(api.Config{
 		Store: st, CA: authority, ServerCert: serverCert, Clock: o.Clock, Log: log, Registerer: reg,
 		Enrollment: &enroll.Service{Store: st, CA: authority, Clock: o.Clock, Log: log},
 		Instances:  instSvc, Tasks: taskSvc,
-		Registry:   &modules.Registry{Store: st, Blobs: blobs, Clock: o.Clock, Log: log},
-		Revoked:    revoked, Agents: hub, AgentURL: o.AgentURL, SigningKeys: keys,
+		Registry: &modules.Registry{Store: st, Blobs: blobs, Clock: o.Clock, Log: log},
+		Revoked:  revoked, Agents: hub, AgentURL: o.AgentURL, SigningKeys: keys,
 	})
 	hub.Metrics = srv.Metrics
 
@@ -121,11 +196,45 @@ func Serve(ctx context.Context, o ServeOptions) error {
 		workers = append(workers, func() { <-done })
 	}
 	spawn(hub.Run)
+	spawn(wk.Run)
+	spawn(func(ctx context.Context) {
+		// Terminates a previous run left between intent and destroy.
+		if n, err := instSvc.ResumeTerminates(ctx, 0); err != nil {
+			log.Warn("resuming interrupted terminates", "finished", n, "err", err)
+		} else if n > 0 {
+			log.Info("finished terminates interrupted by the previous run", "count", n)
+		}
+	})
+	if netLis != nil {
+		nb := &netboot.Server{Store: st, Clock: o.Clock, Log: log.With("component", "netboot"), Instances: instSvc}
+		spawn(func(ctx context.Context) {
+			if err := nb.Serve(ctx, netLis); err != nil {
+				log.Error("netboot server stopped", "err", err)
+			}
+		})
+		log.Info("netboot serving", "addr", netLis.Addr().String(), "url", o.NetbootURL)
+	}
 	spawn(func(ctx context.Context) { revoked.Follow(ctx, st, o.Clock, 30*time.Second) })
 	spawn(func(ctx context.Context) {
 		loops.Run(ctx, st.Elector(), log,
 			loops.Loop{Name: "task-leases", Every: o.LoopEvery, Tick: func(ctx context.Context) error {
 				_, err := taskSvc.ExpireLeases(ctx)
+				return err
+			}},
+			loops.Loop{Name: "terminate-reconciler", Every: o.LoopEvery, Tick: func(ctx context.Context) error {
+				_, err := instSvc.ResumeTerminates(ctx, o.TerminateResumeAfter)
+				return err
+			}},
+			loops.Loop{Name: "provision-sweeper", Every: o.LoopEvery, Tick: func(ctx context.Context) error {
+				_, err := instSvc.SweepProvisions(ctx)
+				return err
+			}},
+			loops.Loop{Name: "liveness", Every: o.LoopEvery, Tick: func(ctx context.Context) error {
+				_, err := sensor.Tick(ctx)
+				return err
+			}},
+			loops.Loop{Name: "provider-sync", Every: o.ProviderSyncEvery, Tick: func(ctx context.Context) error {
+				_, err := syncer.Tick(ctx)
 				return err
 			}},
 			loops.Loop{Name: "event-retention", Every: time.Hour, Tick: func(ctx context.Context) error {
@@ -154,7 +263,8 @@ func Serve(ctx context.Context, o ServeOptions) error {
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(lis) }()
 	log.Info("tetherd serving", "addr", lis.Addr().String(), "store", st.Backend(), "data_dir", o.DataDir,
-		"agent_url", o.AgentURL, "ca_fingerprint", authority.Fingerprint())
+		"agent_url", o.AgentURL, "ca_fingerprint", authority.Fingerprint(), "providers", instSvc.ProviderNames(),
+		"qemu_mode", o.QEMUMode, "kernel", kernel, "initramfs", initramfs)
 	if o.Ready != nil {
 		o.Ready <- lis.Addr().String()
 	}
@@ -196,6 +306,15 @@ func (o *ServeOptions) defaults() error {
 	}
 	if o.LoopEvery <= 0 {
 		o.LoopEvery = 5 * time.Second
+	}
+	if o.ProviderSyncEvery <= 0 {
+		o.ProviderSyncEvery = time.Minute
+	}
+	if o.TerminateResumeAfter <= 0 {
+		o.TerminateResumeAfter = time.Minute
+	}
+	if o.QEMUMode == "" {
+		o.QEMUMode = string(qemu.ModeReal)
 	}
 	if o.EventRetentionLow <= 0 {
 		o.EventRetentionLow = 90 * 24 * time.Hour

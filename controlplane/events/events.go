@@ -44,6 +44,21 @@ const (
 	InstanceUncordoned      = "instance.uncordoned"
 	InstanceHeld            = "instance.held"
 	InstanceUnheld          = "instance.unheld"
+	// InstanceTerminateRequested records a terminate's intent (phase one
+	// of two), so an interrupted terminate is findable and resumable.
+	InstanceTerminateRequested = "instance.terminate_requested"
+	// InstanceMachineCreated records the provider's machine id for an
+	// instance once a provision took effect.
+	InstanceMachineCreated = "instance.machine_created"
+	// InstanceProviderAnswerLost records a provider call that reported a
+	// failure although the observed state shows it took effect.
+	InstanceProviderAnswerLost = "instance.provider_answer_lost"
+	// InstanceMachineDestroyed records a machine destroyed because its
+	// instance was terminated while the machine was being created.
+	InstanceMachineDestroyed = "instance.machine_destroyed"
+
+	NetbootServed  = "netboot.script_served"
+	NetbootRefused = "netboot.script_refused"
 
 	TaskCreated  = "task.created"
 	TaskFinished = "task.finished"

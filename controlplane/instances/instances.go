@@ -14,7 +14,9 @@ import (
 	"github.com/tetherfleet/tether/controlplane/fail"
 	"github.com/tetherfleet/tether/controlplane/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/store"
+	"github.com/tetherfleet/tether/controlplane/worker"
 	"github.com/tetherfleet/tether/pki"
+	"github.com/tetherfleet/tether/providers"
 )
 
 // DefaultTokenTTL is how long a bootstrap token lives (SPEC 3.1).
@@ -31,10 +33,40 @@ type Service struct {
 	Store store.Store
 	Clock Clock
 	Log   *slog.Logger
-	// Providers lists the provider names provisioning accepts.
-	Providers []string
-	TokenTTL  time.Duration
+	// Machines are the configured providers by name: what provisioning
+	// accepts and what the power operations drive.
+	Machines map[string]providers.Provider
+	TokenTTL time.Duration
+	// Artifacts resolves a template's kernel and initramfs.
+	Artifacts *Artifacts
+	// AgentURL and CAFingerprint are the enrollment data handed to every
+	// boot with its fresh token.
+	AgentURL      string
+	CAFingerprint string
+	// Owner names this replica in the leases of the provider operations
+	// it runs inside API calls (see worker.NewOwner).
+	Owner string
+	// Lease is how long an operation holds its task between renewals
+	// (zero: worker.DefaultLease).
+	Lease time.Duration
+	// OpTimeout bounds one provider call (zero: DefaultOpTimeout).
+	OpTimeout time.Duration
+	// ProvisionAttempts and RetryBackoff shape how a provision task
+	// retries transient provider failures before it gives up (zero:
+	// DefaultProvisionAttempts, DefaultRetryBackoff, doubling).
+	ProvisionAttempts int
+	RetryBackoff      time.Duration
+	// SelfInstanceIDs are instances that host this control plane: drain
+	// refuses them (stopping them would stop us).
+	SelfInstanceIDs []string
 }
+
+// Defaults for Service's zero values.
+const (
+	DefaultOpTimeout         = 2 * time.Minute
+	DefaultProvisionAttempts = 3
+	DefaultRetryBackoff      = 2 * time.Second
+)
 
 // ProvisionParams is a provision request.
 type ProvisionParams struct {
@@ -61,10 +93,16 @@ func (s *Service) Provision(ctx context.Context, p ProvisionParams) (*Provisione
 		return nil, fail.Invalid("node", "required")
 	}
 	if p.Provider == "" {
-		return nil, fail.Invalid("provider", "required (one of %v)", s.Providers)
+		return nil, fail.Invalid("provider", "required (one of %v)", s.ProviderNames())
 	}
-	if !contains(s.Providers, p.Provider) {
-		return nil, fail.Invalid("provider", "%q is not configured here (configured: %v)", p.Provider, s.Providers)
+	prov, ok := s.Machines[p.Provider]
+	if !ok {
+		return nil, fail.Invalid("provider", "%q is not configured here (configured: %v)", p.Provider, s.ProviderNames())
+	}
+	for _, f := range []struct{ name, v string }{{"region", p.Region}, {"instance_type", p.InstanceType}} {
+		if len(f.v) > 128 {
+			return nil, fail.Invalid(f.name, "at most 128 characters")
+		}
 	}
 	if len(p.OperationID) > 128 {
 		return nil, fail.Invalid("operation_id", "at most 128 characters")
@@ -80,6 +118,17 @@ func (s *Service) Provision(ctx context.Context, p ProvisionParams) (*Provisione
 	}
 	if !node.Enabled {
 		return nil, fail.Precondition("node %q is disabled; enable it (tetherctl node update %s --enabled) before provisioning", node.Name, node.Name)
+	}
+	if p.Provider != ProviderExternal {
+		// Refuse now what the worker could only fail later: a machine
+		// that has no kernel to boot.
+		tpl, err := s.Store.GetTemplateByID(ctx, node.TemplateID)
+		if err != nil {
+			return nil, err
+		}
+		if _, _, err := s.Artifacts.Digests(tpl); err != nil {
+			return nil, err
+		}
 	}
 	now := s.Clock.Now()
 	in := &store.Instance{
@@ -97,10 +146,24 @@ func (s *Service) Provision(ctx context.Context, p ProvisionParams) (*Provisione
 			return err
 		}
 		if p.Provider != ProviderExternal {
-			return fail.Precondition("provider %q has no provisioning worker yet", p.Provider)
+			// A worker creates the machine; the call returns at once.
+			t := &store.Task{InstanceID: in.ID, Kind: TaskProvision, CreatedAt: now, UpdatedAt: now}
+			if err := worker.Enqueue(ctx, q, t); err != nil {
+				return err
+			}
+			out.TaskID = t.ID
+			_, err := events.E{Kind: events.TaskCreated, InstanceID: in.ID, CorrelationID: t.ID,
+				Message: fmt.Sprintf("provision task %s created", t.ID)}.Write(ctx, q, now)
+			return err
 		}
 		// Nothing creates an external machine: the operator boots it with
-		// the token, so the instance enters its boot window at once.
+		// the token, so the instance enters its boot window at once. The
+		// provider only names the machine (it acts on nothing).
+		m, err := prov.Provision(ctx, providers.Spec{InstanceID: in.ID, Region: in.Region, InstanceType: in.InstanceType})
+		if err != nil {
+			return err
+		}
+		in.CloudInstanceID = m.ID
 		if err := s.transition(ctx, q, in, lifecycle.MarkProvisioning, "external machine awaiting boot", now); err != nil {
 			return err
 		}
@@ -130,7 +193,18 @@ func (s *Service) existing(ctx context.Context, opID string) (*Provisioned, erro
 	if err != nil {
 		return nil, err
 	}
-	return &Provisioned{Instance: in, Node: node, Existed: true}, nil
+	out := &Provisioned{Instance: in, Node: node, Existed: true}
+	ts, err := s.Store.ListTasks(ctx, store.TaskFilter{InstanceID: in.ID, Target: store.TaskTargetWorker}, store.Page{Limit: store.MaxPageSize})
+	if err != nil {
+		return nil, err
+	}
+	for _, t := range ts {
+		if t.Kind == TaskProvision {
+			out.TaskID = t.ID
+			break
+		}
+	}
+	return out, nil
 }
 
 // IssueToken makes a fresh bootstrap token for an instance that is not
@@ -210,11 +284,14 @@ func (s *Service) Transition(ctx context.Context, id string, ev lifecycle.Event,
 	return in, err
 }
 
-func contains(list []string, v string) bool {
-	for _, x := range list {
-		if x == v {
-			return true
-		}
-	}
-	return false
+// TransitionTx applies ev to in (read and locked in q's transaction),
+// writing the row and the transition event. Loops that decide on their
+// own (liveness, provider sync) use it to change state under their lock.
+func (s *Service) TransitionTx(ctx context.Context, q store.Queries, in *store.Instance, ev lifecycle.Event, reason string, now time.Time) error {
+	return s.transition(ctx, q, in, ev, reason, now)
+}
+
+// IssueTokenTx issues a fresh bootstrap token inside q's transaction.
+func (s *Service) IssueTokenTx(ctx context.Context, q store.Queries, instanceID string, now time.Time) (string, error) {
+	return s.issueToken(ctx, q, instanceID, now)
 }

@@ -75,4 +75,3 @@ func (s *seekBuffer) Seek(offset int64, whence int) (int64, error) {
 	}
 	return s.off, nil
 }
-

@@ -1,0 +1,189 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/tetherfleet/tether/controlplane/fail"
+	"github.com/tetherfleet/tether/controlplane/store"
+	"github.com/tetherfleet/tether/internal/seediso"
+	v1 "github.com/tetherfleet/tether/proto/tether/v1"
+)
+
+// The instance actions (SPEC 2). The logic lives in controlplane/instances;
+// these handlers check the request shape, name the caller and convert.
+
+// consoleChunk is the size of one console message; consolePoll is how
+// often follow mode looks for new output.
+const (
+	consoleChunk = 32 << 10
+	consolePoll  = 250 * time.Millisecond
+)
+
+func (a *adminServer) callerName(ctx context.Context) string {
+	if c, ok := CallerFrom(ctx); ok {
+		return c.Identity.Name
+	}
+	return "unknown"
+}
+
+func (a *adminServer) instanceReply(ctx context.Context, in *store.Instance, err error) (*v1.Instance, error) {
+	if err != nil {
+		return nil, err
+	}
+	return a.instanceOut(ctx, in)
+}
+
+func (a *adminServer) StartInstance(ctx context.Context, req *v1.InstanceActionRequest) (*v1.Instance, error) {
+	in, err := a.Instances.Start(ctx, req.Id)
+	return a.instanceReply(ctx, in, err)
+}
+
+func (a *adminServer) StopInstance(ctx context.Context, req *v1.InstanceActionRequest) (*v1.Instance, error) {
+	in, err := a.Instances.Stop(ctx, req.Id)
+	return a.instanceReply(ctx, in, err)
+}
+
+func (a *adminServer) RebootInstance(ctx context.Context, req *v1.InstanceActionRequest) (*v1.Instance, error) {
+	in, err := a.Instances.Reboot(ctx, req.Id)
+	return a.instanceReply(ctx, in, err)
+}
+
+func (a *adminServer) TerminateInstance(ctx context.Context, req *v1.InstanceActionRequest) (*v1.Instance, error) {
+	in, err := a.Instances.Terminate(ctx, req.Id)
+	if err == nil && a.Revoked != nil {
+		// Cut this replica's streams at once; other replicas hear the
+		// revocation notifications the terminate queued.
+		if certs, lerr := a.Store.ListCertificates(ctx, store.CertificateFilter{InstanceID: in.ID}, store.Page{Limit: store.MaxPageSize}); lerr == nil {
+			for _, c := range certs {
+				if c.RevokedAt != nil {
+					a.Revoked.Add(c.Serial)
+				}
+			}
+		}
+	}
+	return a.instanceReply(ctx, in, err)
+}
+
+func (a *adminServer) HoldInstance(ctx context.Context, req *v1.HoldInstanceRequest) (*v1.Instance, error) {
+	in, err := a.Instances.Hold(ctx, req.Id, req.Reason, a.callerName(ctx))
+	return a.instanceReply(ctx, in, err)
+}
+
+func (a *adminServer) UnholdInstance(ctx context.Context, req *v1.InstanceActionRequest) (*v1.Instance, error) {
+	in, err := a.Instances.Unhold(ctx, req.Id, a.callerName(ctx))
+	return a.instanceReply(ctx, in, err)
+}
+
+func (a *adminServer) CordonInstance(ctx context.Context, req *v1.CordonInstanceRequest) (*v1.CordonInstanceResponse, error) {
+	in, state, err := a.Instances.Cordon(ctx, req.Id, req.Reason, a.callerName(ctx))
+	out, err := a.instanceReply(ctx, in, err)
+	if err != nil {
+		return nil, err
+	}
+	return &v1.CordonInstanceResponse{Instance: out, CordonState: state}, nil
+}
+
+func (a *adminServer) UncordonInstance(ctx context.Context, req *v1.InstanceActionRequest) (*v1.UncordonInstanceResponse, error) {
+	in, state, err := a.Instances.Uncordon(ctx, req.Id, a.callerName(ctx))
+	out, err := a.instanceReply(ctx, in, err)
+	if err != nil {
+		return nil, err
+	}
+	return &v1.UncordonInstanceResponse{Instance: out, UncordonState: state}, nil
+}
+
+func (a *adminServer) DrainInstance(ctx context.Context, req *v1.DrainInstanceRequest) (*v1.DrainInstanceResponse, error) {
+	in, state, err := a.Instances.Drain(ctx, req.Id, req.Reason, a.callerName(ctx))
+	out, err := a.instanceReply(ctx, in, err)
+	if err != nil {
+		return nil, err
+	}
+	return &v1.DrainInstanceResponse{Instance: out, CordonState: state}, nil
+}
+
+// GetInstanceConsole streams a qemu instance's serial console log: the
+// whole file, or its last tail_bytes, then (with follow) new output as it
+// is written, until the caller hangs up.
+func (a *adminServer) GetInstanceConsole(req *v1.GetInstanceConsoleRequest, stream v1.AdminService_GetInstanceConsoleServer) error {
+	if req.TailBytes < 0 {
+		return fail.Invalid("tail_bytes", "must not be negative")
+	}
+	ctx := stream.Context()
+	path, err := a.Instances.ConsoleLogPath(ctx, req.Id)
+	if err != nil {
+		return err
+	}
+	f, err := os.Open(path)
+	for errors.Is(err, os.ErrNotExist) && req.Follow {
+		// Not booted yet: follow waits for the first output.
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(consolePoll):
+		}
+		f, err = os.Open(path)
+	}
+	if errors.Is(err, os.ErrNotExist) {
+		return fail.Precondition("instance %s has no console output (not booted yet, or the provider records no console)", req.Id)
+	}
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if req.TailBytes > 0 {
+		if st, err := f.Stat(); err == nil && st.Size() > req.TailBytes {
+			if _, err := f.Seek(-req.TailBytes, io.SeekEnd); err != nil {
+				return err
+			}
+		}
+	}
+	buf := make([]byte, consoleChunk)
+	for {
+		n, err := f.Read(buf)
+		if n > 0 {
+			if serr := stream.Send(&v1.ConsoleChunk{Data: buf[:n]}); serr != nil {
+				return serr
+			}
+			continue
+		}
+		if err != nil && !errors.Is(err, io.EOF) {
+			return err
+		}
+		if !req.Follow {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(consolePoll):
+		}
+	}
+}
+
+// CreateSeedISO returns a seed ISO (TETHERSEED) holding a fresh one-time
+// token. Admin only: the image is a credential.
+func (a *adminServer) CreateSeedISO(ctx context.Context, req *v1.CreateSeedISORequest) (*v1.CreateSeedISOResponse, error) {
+	m, err := a.Instances.SeedMaterial(ctx, req.Id)
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "tether-seed-")
+	if err != nil {
+		return nil, fail.Internal("seed iso: %v", err)
+	}
+	defer os.RemoveAll(dir)
+	path := filepath.Join(dir, "seed.iso")
+	if err := seediso.Write(path, m); err != nil {
+		return nil, fail.Internal("%v", err)
+	}
+	iso, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fail.Internal("seed iso: %v", err)
+	}
+	return &v1.CreateSeedISOResponse{Iso: iso}, nil
+}

@@ -1,0 +1,83 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/tetherfleet/tether/internal/clock"
+	"github.com/tetherfleet/tether/providers"
+	"github.com/tetherfleet/tether/providers/external"
+	"github.com/tetherfleet/tether/providers/fake"
+	"github.com/tetherfleet/tether/providers/qemu"
+)
+
+func TestBuildProviders(t *testing.T) {
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	dir := t.TempDir()
+	tests := []struct {
+		name     string
+		opts     ServeOptions
+		wantErr  string
+		wantMode qemu.Mode
+		wantFake bool
+	}{
+		{"recorder", ServeOptions{DataDir: dir, QEMUMode: "recorder"}, "", qemu.ModeRecorder, false},
+		{"disabled", ServeOptions{DataDir: dir, QEMUMode: "disabled"}, "", qemu.ModeDisabled, false},
+		{"unknown mode refuses to start", ServeOptions{DataDir: dir, QEMUMode: "local"}, `unknown mode "local"`, "", false},
+		{"tests inject the fake", ServeOptions{DataDir: dir, QEMUMode: "disabled", Providers: []providers.Provider{fake.New()}}, "", qemu.ModeDisabled, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ps, err := buildProviders(tc.opts, log, clock.Real{})
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err %v, want %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, ok := ps[external.Name]; !ok {
+				t.Fatal("no external provider")
+			}
+			q, ok := ps[qemu.Name].(*qemu.Provider)
+			if !ok || q.Mode() != tc.wantMode {
+				t.Fatalf("qemu provider %v", ps[qemu.Name])
+			}
+			if _, ok := ps[fake.Name]; ok != tc.wantFake {
+				t.Fatalf("fake provider present: %v", ok)
+			}
+		})
+	}
+}
+
+func TestServeRefusesAnUnknownQEMUMode(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data")
+	if err := Init(InitOptions{DataDir: dir}); err != nil {
+		t.Fatal(err)
+	}
+	err := Serve(context.Background(), ServeOptions{DataDir: dir, Listen: "127.0.0.1:0", QEMUMode: "bogus",
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err == nil || !strings.Contains(err.Error(), "--qemu-mode") {
+		t.Fatalf("serve with --qemu-mode bogus: %v", err)
+	}
+}
+
+func TestServeRefusesAMissingKernel(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data")
+	if err := Init(InitOptions{DataDir: dir}); err != nil {
+		t.Fatal(err)
+	}
+	err := Serve(context.Background(), ServeOptions{DataDir: dir, Listen: "127.0.0.1:0", QEMUMode: "disabled",
+		Kernel: filepath.Join(dir, "no-such-bzImage"), Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err == nil || !strings.Contains(err.Error(), "--kernel") || !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("serve with a missing kernel: %v", err)
+	}
+}

@@ -1,0 +1,221 @@
+package instances
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/tetherfleet/tether/controlplane/events"
+	"github.com/tetherfleet/tether/controlplane/fail"
+	"github.com/tetherfleet/tether/controlplane/lifecycle"
+	"github.com/tetherfleet/tether/controlplane/store"
+)
+
+// Cordon results (SPEC 2).
+const (
+	CordonFenced        = "fenced"
+	CordonClaimed       = "claimed"
+	CordonAlreadyFenced = "already_fenced"
+	CordonNotPooled     = "not_pooled"
+	// CordonAlreadyCordoned is drain's answer for an instance an earlier
+	// cordon marked: the cordon half is done, so the drain goes on to stop.
+	CordonAlreadyCordoned = "already_cordoned"
+
+	UncordonRestored = "restored"
+	UncordonCleared  = "cleared"
+	// UncordonNotCordoned answers an uncordon of an instance with no
+	// marker: already where the caller wants it, nothing changed.
+	UncordonNotCordoned = "not_cordoned"
+)
+
+const maxReason = 1024
+
+func checkReason(reason string) error {
+	switch {
+	case strings.TrimSpace(reason) == "":
+		return fail.Invalid("reason", "required: say why (it is recorded on the instance and in the event)")
+	case len(reason) > maxReason:
+		return fail.Invalid("reason", "longer than %d characters", maxReason)
+	}
+	return nil
+}
+
+// mutate runs fn on a locked, not terminated instance in one transaction.
+func (s *Service) mutate(ctx context.Context, id, what string, fn func(q store.Queries, in *store.Instance, now time.Time) error) (*store.Instance, error) {
+	if id == "" {
+		return nil, fail.Invalid("id", "required")
+	}
+	now := s.Clock.Now()
+	var in *store.Instance
+	err := s.Store.Tx(ctx, func(q store.Queries) error {
+		var err error
+		if in, err = q.LockInstance(ctx, id); err != nil {
+			return err
+		}
+		if lifecycle.State(in.Status).Terminal() {
+			return fail.Precondition("instance %s is terminated; it cannot be %s", id, what)
+		}
+		return fn(q, in, now)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return in, nil
+}
+
+// Hold places an ops hold: start, reboot and terminate are refused until
+// Unhold, by every caller (no force overrides it); stop still works.
+// Holding a held instance changes nothing.
+func (s *Service) Hold(ctx context.Context, id, reason, by string) (*store.Instance, error) {
+	if err := checkReason(reason); err != nil {
+		return nil, err
+	}
+	return s.mutate(ctx, id, "held", func(q store.Queries, in *store.Instance, now time.Time) error {
+		if in.Hold {
+			return nil
+		}
+		in.Hold, in.HoldReason, in.UpdatedAt = true, reason, now
+		if err := q.UpdateInstance(ctx, in); err != nil {
+			return err
+		}
+		_, err := events.E{Kind: events.InstanceHeld, Severity: events.Medium, InstanceID: in.ID,
+			Message: fmt.Sprintf("ops hold by %s: %s", by, reason), Payload: map[string]any{"by": by, "reason": reason}}.Write(ctx, q, now)
+		return err
+	})
+}
+
+// Unhold clears an ops hold; an instance without one is left as it is.
+func (s *Service) Unhold(ctx context.Context, id, by string) (*store.Instance, error) {
+	return s.mutate(ctx, id, "unheld", func(q store.Queries, in *store.Instance, now time.Time) error {
+		if !in.Hold {
+			return nil
+		}
+		was := in.HoldReason
+		in.Hold, in.HoldReason, in.UpdatedAt = false, "", now
+		if err := q.UpdateInstance(ctx, in); err != nil {
+			return err
+		}
+		_, err := events.E{Kind: events.InstanceUnheld, Severity: events.Medium, InstanceID: in.ID,
+			Message: fmt.Sprintf("ops hold lifted by %s (was: %s)", by, was), Payload: map[string]any{"by": by, "was": was}}.Write(ctx, q, now)
+		return err
+	})
+}
+
+// Cordon marks an instance unschedulable and leaves it running (SPEC 2).
+// A ready pool member is fenced to draining under the row lock, so a
+// member claimed a moment earlier is recorded as claimed, not clobbered.
+func (s *Service) Cordon(ctx context.Context, id, reason, by string) (*store.Instance, string, error) {
+	if err := checkReason(reason); err != nil {
+		return nil, "", err
+	}
+	var result string
+	in, err := s.mutate(ctx, id, "cordoned", func(q store.Queries, in *store.Instance, now time.Time) error {
+		var err error
+		result, err = s.cordon(ctx, q, in, reason, by, now)
+		return err
+	})
+	return in, result, err
+}
+
+func (s *Service) cordon(ctx context.Context, q store.Queries, in *store.Instance, reason, by string, now time.Time) (string, error) {
+	if c := in.Cordon; c != nil {
+		return "", fail.Precondition("instance %s is already cordoned (by %s at %s: %s); uncordon it first",
+			in.ID, c.By, c.At.UTC().Format(time.RFC3339), c.Reason)
+	}
+	result := CordonNotPooled
+	if in.PoolID != "" {
+		switch in.PoolState {
+		case store.PoolStateWarming:
+			return "", fail.Precondition("instance %s is a warming pool member: it is not acquirable yet, so there is nothing to cordon", in.ID)
+		case store.PoolStateErrored:
+			return "", fail.Precondition("instance %s is an errored pool member: it is already on its way out", in.ID)
+		case store.PoolStateReady:
+			result = CordonFenced
+		case store.PoolStateClaimed:
+			// Marker only: release paths expect claimed, and a claimed
+			// member is not acquirable anyway.
+			result = CordonClaimed
+		case store.PoolStateDraining:
+			result = CordonAlreadyFenced
+		}
+	}
+	in.Cordon = &store.Cordon{By: by, Reason: reason, At: now, PoolStateBefore: in.PoolState}
+	if result == CordonFenced {
+		in.PoolState = store.PoolStateDraining
+	}
+	in.UpdatedAt = now
+	if err := q.UpdateInstance(ctx, in); err != nil {
+		return "", err
+	}
+	_, err := events.E{Kind: events.InstanceCordoned, InstanceID: in.ID, PoolID: in.PoolID,
+		Message: fmt.Sprintf("cordoned by %s (%s): %s", by, result, reason),
+		Payload: map[string]any{"by": by, "reason": reason, "cordon_state": result, "pool_state_before": in.Cordon.PoolStateBefore}}.Write(ctx, q, now)
+	return result, err
+}
+
+// Uncordon clears the marker. A member this cordon fenced that is still
+// draining and running goes back to ready with a fresh TTL anchor
+// (restored); a fenced member that is not running is refused, since a
+// ready member must be a live one; otherwise the marker is just cleared.
+func (s *Service) Uncordon(ctx context.Context, id, by string) (*store.Instance, string, error) {
+	result := UncordonNotCordoned
+	in, err := s.mutate(ctx, id, "uncordoned", func(q store.Queries, in *store.Instance, now time.Time) error {
+		c := in.Cordon
+		if c == nil {
+			return nil
+		}
+		result = UncordonCleared
+		if in.PoolID != "" && c.PoolStateBefore == store.PoolStateReady && in.PoolState == store.PoolStateDraining {
+			if lifecycle.State(in.Status) != lifecycle.Running {
+				return fail.Precondition("instance %s was fenced by this cordon but is %s: a ready member must be running; start it, then uncordon",
+					in.ID, in.Status)
+			}
+			result = UncordonRestored
+			in.PoolState, in.PoolReadyAt = store.PoolStateReady, &now
+		}
+		in.Cordon, in.UpdatedAt = nil, now
+		if err := q.UpdateInstance(ctx, in); err != nil {
+			return err
+		}
+		_, err := events.E{Kind: events.InstanceUncordoned, InstanceID: in.ID, PoolID: in.PoolID,
+			Message: fmt.Sprintf("uncordoned by %s (%s); the cordon was: %s", by, result, c.Reason),
+			Payload: map[string]any{"by": by, "uncordon_state": result, "was": c.Reason}}.Write(ctx, q, now)
+		return err
+	})
+	if err != nil {
+		return nil, "", err
+	}
+	return in, result, nil
+}
+
+// Drain is cordon + stop (SPEC 2). A cordon refusal aborts before the
+// stop; an instance an earlier cordon marked keeps that marker and is
+// stopped. It is refused for an instance that hosts this control plane.
+func (s *Service) Drain(ctx context.Context, id, reason, by string) (*store.Instance, string, error) {
+	if err := checkReason(reason); err != nil {
+		return nil, "", err
+	}
+	if slices.Contains(s.SelfInstanceIDs, id) {
+		return nil, "", fail.Precondition("instance %s hosts this control plane; draining it would stop the control plane itself", id)
+	}
+	var result string
+	_, err := s.mutate(ctx, id, "drained", func(q store.Queries, in *store.Instance, now time.Time) error {
+		if in.Cordon != nil {
+			result = CordonAlreadyCordoned
+			return nil
+		}
+		var err error
+		result, err = s.cordon(ctx, q, in, reason, by, now)
+		return err
+	})
+	if err != nil {
+		return nil, "", err
+	}
+	in, err := s.Stop(ctx, id)
+	if err != nil {
+		return nil, result, fmt.Errorf("drain: cordoned (%s), but the stop failed: %w", result, err)
+	}
+	return in, result, nil
+}

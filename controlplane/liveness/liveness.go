@@ -1,0 +1,214 @@
+// Package liveness is the heartbeat sensor (SPEC 2, Liveness): it raises
+// instance.silent once per silence, and declares an instance dead only
+// after asking its provider, so a machine that runs but whose agent went
+// quiet (a network partition, a wedged agent) is reported, not errored.
+package liveness
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/tetherfleet/tether/controlplane/events"
+	"github.com/tetherfleet/tether/controlplane/instances"
+	"github.com/tetherfleet/tether/controlplane/lifecycle"
+	"github.com/tetherfleet/tether/controlplane/store"
+	"github.com/tetherfleet/tether/providers"
+)
+
+// Defaults (SPEC 2).
+const (
+	DefaultSilentAfter = 3 * time.Minute
+	DefaultDeadAfter   = 10 * time.Minute
+	// DefaultGrace absorbs the heartbeat flush interval and the jitter of
+	// the loop itself.
+	DefaultGrace = 15 * time.Second
+	// DefaultMaxHeartbeatsPerSecond mirrors the agent API's rate (the
+	// daemon passes api.MaxHeartbeatsPerSecond).
+	DefaultMaxHeartbeatsPerSecond = 2000.0
+)
+
+// Clock is the time source.
+type Clock interface{ Now() time.Time }
+
+// Sensor checks heartbeats.
+type Sensor struct {
+	Store     store.Store
+	Clock     Clock
+	Log       *slog.Logger
+	Instances *instances.Service
+
+	// SilentAfter and DeadAfter are the thresholds of a small fleet
+	// (zero: the defaults); TTL stretches both with the fleet's size.
+	SilentAfter, DeadAfter time.Duration
+	// Grace is added to both (zero: DefaultGrace; negative: none).
+	Grace time.Duration
+	// MaxHeartbeatsPerSecond is the agents' heartbeat budget
+	// (zero: DefaultMaxHeartbeatsPerSecond).
+	MaxHeartbeatsPerSecond float64
+}
+
+// TTL is how long an agent may stay quiet in a fleet of n running
+// instances before the threshold min counts as passed. Agents heartbeat at
+// most every n / rate seconds when the fleet is large (api.HeartbeatInterval
+// stretches their interval to keep the load bounded), so the timeout
+// stretches with it: max(min, n / rate) + grace, Nomad's rule.
+func TTL(min time.Duration, n int, rate float64, grace time.Duration) time.Duration {
+	if rate <= 0 {
+		rate = DefaultMaxHeartbeatsPerSecond
+	}
+	scaled := time.Duration(float64(n) / rate * float64(time.Second))
+	return max(min, scaled) + grace
+}
+
+// Result counts what a tick did.
+type Result struct {
+	// Silent instances newly marked silent.
+	Silent int
+	// Dead instances errored as presumed dead.
+	Dead int
+	// KeptAlive instances silent past the dead threshold that their
+	// provider reports running.
+	KeptAlive int
+	// Unknown instances whose provider could not be asked; left for the
+	// next tick.
+	Unknown int
+}
+
+func (s *Sensor) thresholds(n int) (silent, dead time.Duration) {
+	silentAfter, deadAfter, grace := s.SilentAfter, s.DeadAfter, s.Grace
+	if silentAfter <= 0 {
+		silentAfter = DefaultSilentAfter
+	}
+	if deadAfter <= 0 {
+		deadAfter = DefaultDeadAfter
+	}
+	if grace < 0 {
+		grace = 0
+	} else if grace == 0 {
+		grace = DefaultGrace
+	}
+	rate := s.MaxHeartbeatsPerSecond
+	return TTL(silentAfter, n, rate, grace), TTL(deadAfter, n, rate, grace)
+}
+
+// Tick checks every running instance once.
+func (s *Sensor) Tick(ctx context.Context) (Result, error) {
+	var res Result
+	n, err := s.Store.CountInstances(ctx, store.InstanceFilter{Statuses: []string{string(lifecycle.Running)}})
+	if err != nil {
+		return res, fmt.Errorf("liveness: count running instances: %w", err)
+	}
+	silentTTL, deadTTL := s.thresholds(n)
+	now := s.Clock.Now()
+	before := now.Add(-silentTTL)
+	page := store.Page{Limit: store.MaxPageSize}
+	for {
+		ins, err := s.Store.ListInstances(ctx, store.InstanceFilter{Statuses: []string{string(lifecycle.Running)}, HeartbeatBefore: &before}, page)
+		if err != nil {
+			return res, fmt.Errorf("liveness: list silent instances: %w", err)
+		}
+		for _, in := range ins {
+			if in.TerminateRequestedAt != nil {
+				continue
+			}
+			if err := s.check(ctx, in, now, silentTTL, deadTTL, &res); err != nil {
+				return res, err
+			}
+		}
+		if len(ins) < page.Limit {
+			return res, nil
+		}
+		page.After = ins[len(ins)-1].ID
+	}
+}
+
+func lastHeard(in *store.Instance) time.Time {
+	if in.LastHeartbeatAt != nil {
+		return *in.LastHeartbeatAt
+	}
+	return in.CreatedAt
+}
+
+func (s *Sensor) check(ctx context.Context, in *store.Instance, now time.Time, silentTTL, deadTTL time.Duration, res *Result) error {
+	heard := lastHeard(in)
+	if now.Sub(heard) < deadTTL {
+		return s.markSilent(ctx, in.ID, heard, now, res)
+	}
+	// Past the dead threshold: ask the provider before declaring anything.
+	p, err := s.Instances.Provider(in.Provider)
+	if err != nil {
+		res.Unknown++
+		s.Log.Warn("liveness: cannot ask the provider of a silent instance", "instance", in.ID, "err", err)
+		return s.markSilent(ctx, in.ID, heard, now, res)
+	}
+	machine := in.CloudInstanceID
+	var m providers.Machine
+	if machine != "" {
+		m, err = p.Status(ctx, machine)
+	} else {
+		m.State = providers.StateGone
+	}
+	switch {
+	case err != nil && !providers.IsNotFound(err):
+		res.Unknown++
+		s.Log.Warn("liveness: provider status failed; not declaring a silent instance dead", "instance", in.ID, "err", err)
+		return s.markSilent(ctx, in.ID, heard, now, res)
+	case err == nil && m.State == providers.StateRunning:
+		res.KeptAlive++
+		return s.markSilent(ctx, in.ID, heard, now, res)
+	}
+	if err != nil {
+		m.State = providers.StateGone
+	}
+	return s.presumeDead(ctx, in.ID, heard, now, m.State, res)
+}
+
+// markSilent raises instance.silent once per silence: silent_since is set
+// here and cleared by the next heartbeat.
+func (s *Sensor) markSilent(ctx context.Context, id string, heard, now time.Time, res *Result) error {
+	return s.Store.Tx(ctx, func(q store.Queries) error {
+		in, err := q.LockInstance(ctx, id)
+		if err != nil {
+			return err
+		}
+		if in.SilentSince != nil || lifecycle.State(in.Status) != lifecycle.Running || lastHeard(in).After(heard) {
+			return nil
+		}
+		in.SilentSince, in.UpdatedAt = &now, now
+		if err := q.UpdateInstance(ctx, in); err != nil {
+			return err
+		}
+		res.Silent++
+		_, err = events.E{Kind: events.InstanceSilent, Severity: events.Medium, InstanceID: id,
+			Message: fmt.Sprintf("no heartbeat since %s (%s)", heard.UTC().Format(time.RFC3339), now.Sub(heard).Round(time.Second)),
+			Payload: map[string]any{"last_heartbeat_at": heard.UTC().Format(time.RFC3339)}}.Write(ctx, q, now)
+		return err
+	})
+}
+
+func (s *Sensor) presumeDead(ctx context.Context, id string, heard, now time.Time, observed providers.MachineState, res *Result) error {
+	return s.Store.Tx(ctx, func(q store.Queries) error {
+		in, err := q.LockInstance(ctx, id)
+		if err != nil {
+			return err
+		}
+		if lifecycle.State(in.Status) != lifecycle.Running || lastHeard(in).After(heard) || in.TerminateRequestedAt != nil {
+			return nil
+		}
+		reason := fmt.Sprintf("presumed dead: no heartbeat since %s (%s); provider %s reports the machine %s",
+			heard.UTC().Format(time.RFC3339), now.Sub(heard).Round(time.Second), in.Provider, observed)
+		in.ErrorMessage = reason
+		if in.SilentSince == nil {
+			in.SilentSince = &now
+		}
+		if err := s.Instances.TransitionTx(ctx, q, in, lifecycle.MarkErrored, reason, now); err != nil {
+			return err
+		}
+		res.Dead++
+		_, err = events.E{Kind: events.InstancePresumedDead, Severity: events.High, InstanceID: id, Message: reason,
+			Payload: map[string]any{"last_heartbeat_at": heard.UTC().Format(time.RFC3339), "observed": string(observed)}}.Write(ctx, q, now)
+		return err
+	})
+}

@@ -1,0 +1,217 @@
+package liveness_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/tetherfleet/tether/controlplane/events"
+	"github.com/tetherfleet/tether/controlplane/instances"
+	"github.com/tetherfleet/tether/controlplane/lifecycle"
+	"github.com/tetherfleet/tether/controlplane/liveness"
+	"github.com/tetherfleet/tether/controlplane/store"
+	"github.com/tetherfleet/tether/controlplane/store/sqlite"
+	"github.com/tetherfleet/tether/internal/clock"
+	"github.com/tetherfleet/tether/providers"
+	"github.com/tetherfleet/tether/providers/fake"
+)
+
+func TestTTL(t *testing.T) {
+	tests := []struct {
+		name  string
+		min   time.Duration
+		n     int
+		rate  float64
+		grace time.Duration
+		want  time.Duration
+	}{
+		{"small fleet: the minimum", 3 * time.Minute, 100, 2000, 0, 3 * time.Minute},
+		{"grace is added", 3 * time.Minute, 100, 2000, 15 * time.Second, 3*time.Minute + 15*time.Second},
+		{"a fleet past min*rate stretches it", 3 * time.Minute, 1_000_000, 2000, 0, 500 * time.Second},
+		{"exactly at the knee", 3 * time.Minute, 360_000, 2000, 0, 3 * time.Minute},
+		{"zero rate falls back to the default", 3 * time.Minute, 2_000_000, 0, 0, 1000 * time.Second},
+	}
+	for _, tc := range tests {
+		if got := liveness.TTL(tc.min, tc.n, tc.rate, tc.grace); got != tc.want {
+			t.Errorf("%s: TTL = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+type fixture struct {
+	ctx    context.Context
+	st     store.Store
+	clk    *clock.Fake
+	fake   *fake.Provider
+	svc    *instances.Service
+	sensor *liveness.Sensor
+	nodeID string
+}
+
+var t0 = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+
+func setup(t *testing.T) *fixture {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "t.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	clk := clock.NewFake(t0)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	fp := fake.New(fake.WithClock(clk))
+	svc := &instances.Service{Store: st, Clock: clk, Log: log, Machines: map[string]providers.Provider{fake.Name: fp}}
+	tpl := &store.Template{Name: "tpl", CreatedAt: t0, UpdatedAt: t0}
+	if err := st.CreateTemplate(ctx, tpl); err != nil {
+		t.Fatal(err)
+	}
+	node := &store.Node{Name: "n", TemplateID: tpl.ID, Enabled: true, Config: []byte("{}"), CreatedAt: t0, UpdatedAt: t0}
+	if err := st.CreateNode(ctx, node); err != nil {
+		t.Fatal(err)
+	}
+	s := &liveness.Sensor{Store: st, Clock: clk, Log: log, Instances: svc, Grace: -1}
+	return &fixture{ctx: ctx, st: st, clk: clk, fake: fp, svc: svc, sensor: s, nodeID: node.ID}
+}
+
+// running adds a running instance with a machine that last heartbeat now.
+func (f *fixture) running(t *testing.T) *store.Instance {
+	t.Helper()
+	now := f.clk.Now()
+	in := &store.Instance{NodeID: f.nodeID, Status: string(lifecycle.Running), Provider: fake.Name, LastHeartbeatAt: &now, CreatedAt: now, UpdatedAt: now}
+	if err := f.st.CreateInstance(f.ctx, in); err != nil {
+		t.Fatal(err)
+	}
+	m, err := f.fake.Provision(f.ctx, providers.Spec{InstanceID: in.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	in.CloudInstanceID = m.ID
+	if err := f.st.UpdateInstance(f.ctx, in); err != nil {
+		t.Fatal(err)
+	}
+	return in
+}
+
+func (f *fixture) heartbeat(t *testing.T, id string) {
+	t.Helper()
+	if err := f.st.RecordHeartbeats(f.ctx, []store.Heartbeat{{InstanceID: id, At: f.clk.Now(), Phase: "ready"}}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (f *fixture) tick(t *testing.T) liveness.Result {
+	t.Helper()
+	res, err := f.sensor.Tick(f.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+func (f *fixture) count(t *testing.T, id, kind string) int {
+	t.Helper()
+	evs, err := f.st.ListEvents(f.ctx, store.EventFilter{InstanceID: id, Kind: kind}, store.Page{Limit: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(evs)
+}
+
+func TestSilentOncePerSilence(t *testing.T) {
+	f := setup(t)
+	in := f.running(t)
+	f.clk.Advance(2 * time.Minute)
+	if res := f.tick(t); res.Silent != 0 {
+		t.Fatalf("silent after 2 minutes: %+v", res)
+	}
+	f.clk.Advance(90 * time.Second)
+	if res := f.tick(t); res.Silent != 1 {
+		t.Fatalf("not silent after 3.5 minutes: %+v", res)
+	}
+	f.clk.Advance(time.Minute)
+	f.tick(t)
+	if n := f.count(t, in.ID, events.InstanceSilent); n != 1 {
+		t.Fatalf("%d silent events for one silence", n)
+	}
+	// A heartbeat ends the silence; the next one is reported again.
+	f.heartbeat(t, in.ID)
+	f.tick(t)
+	f.clk.Advance(4 * time.Minute)
+	f.tick(t)
+	if n := f.count(t, in.ID, events.InstanceSilent); n != 2 {
+		t.Fatalf("%d silent events for two silences", n)
+	}
+}
+
+func TestPresumedDeadAsksTheProvider(t *testing.T) {
+	tests := []struct {
+		name    string
+		arrange func(f *fixture, machine string)
+		status  lifecycle.State
+		dead    bool
+	}{
+		{"machine stopped", func(f *fixture, m string) { f.fake.SetState(m, providers.StateStopped) }, lifecycle.Error, true},
+		{"machine gone", func(f *fixture, m string) { f.fake.Vanish(m) }, lifecycle.Error, true},
+		{"machine running: stays silent", func(*fixture, string) {}, lifecycle.Running, false},
+		{"provider cannot answer: no verdict", func(f *fixture, _ string) { f.fake.FailAlways(fake.OpStatus, providers.KindTransient) }, lifecycle.Running, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := setup(t)
+			in := f.running(t)
+			tc.arrange(f, in.CloudInstanceID)
+			f.clk.Advance(11 * time.Minute)
+			f.tick(t)
+			got, _ := f.st.GetInstance(f.ctx, in.ID)
+			if got.Status != string(tc.status) {
+				t.Fatalf("instance %s (%q), want %s", got.Status, got.ErrorMessage, tc.status)
+			}
+			if n := f.count(t, in.ID, events.InstancePresumedDead); (n == 1) != tc.dead {
+				t.Fatalf("%d presumed_dead events", n)
+			}
+			if tc.dead && got.ErrorMessage == "" {
+				t.Fatal("presumed dead without a reason")
+			}
+			if !tc.dead && (got.SilentSince == nil || f.count(t, in.ID, events.InstanceSilent) != 1) {
+				t.Fatal("a silent instance kept alive was not reported silent")
+			}
+		})
+	}
+}
+
+// The thresholds stretch with the number of running instances.
+func TestThresholdsScaleWithFleetSize(t *testing.T) {
+	f := setup(t)
+	// At 0.01 heartbeats/s, 3 running agents heartbeat every 300 s, so a
+	// 200 s silence is normal.
+	f.sensor.MaxHeartbeatsPerSecond = 0.01
+	ins := []*store.Instance{f.running(t), f.running(t), f.running(t)}
+	f.clk.Advance(200 * time.Second)
+	if res := f.tick(t); res.Silent != 0 {
+		t.Fatalf("silent inside the stretched interval: %+v", res)
+	}
+	f.clk.Advance(150 * time.Second)
+	if res := f.tick(t); res.Silent != len(ins) {
+		t.Fatalf("not silent past it: %+v", res)
+	}
+}
+
+func TestInstancesBeingTerminatedAreLeftAlone(t *testing.T) {
+	f := setup(t)
+	in := f.running(t)
+	now := f.clk.Now()
+	in.TerminateRequestedAt = &now
+	if err := f.st.UpdateInstance(f.ctx, in); err != nil {
+		t.Fatal(err)
+	}
+	f.fake.Vanish(in.CloudInstanceID)
+	f.clk.Advance(time.Hour)
+	if res := f.tick(t); res != (liveness.Result{}) {
+		t.Fatalf("touched an instance being terminated: %+v", res)
+	}
+}

@@ -1,0 +1,271 @@
+// Package netboot serves what a machine netbooting over iPXE fetches: the
+// kernel and initramfs, content addressed, and a per-instance iPXE script
+// whose kernel command line carries the enrollment data (SPEC 3.2:
+// tether.url, tether.token, tether.ca).
+//
+// The script holds a one-time token, so it is served once per boot: the
+// first fetch in a boot window (provisioning, starting or rebooting) gets a
+// freshly issued token, and every later fetch until the instance's next
+// boot is refused with 410 Gone and an event. Whether this boot's script
+// was served is read from the event log under the instance's row lock, so
+// the rule holds across restarts and replicas. Tokens are never logged:
+// they appear in the response body and nowhere else.
+package netboot
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"net"
+	"net/http"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/tetherfleet/tether/controlplane/events"
+	"github.com/tetherfleet/tether/controlplane/instances"
+	"github.com/tetherfleet/tether/controlplane/lifecycle"
+	"github.com/tetherfleet/tether/controlplane/modules"
+	"github.com/tetherfleet/tether/controlplane/store"
+)
+
+// Clock is the time source.
+type Clock interface{ Now() time.Time }
+
+// Server serves netboot files over HTTP.
+type Server struct {
+	Store     store.Store
+	Clock     Clock
+	Log       *slog.Logger
+	Instances *instances.Service
+}
+
+// ScriptPath is where an instance's iPXE script is served; chain to it
+// from a machine's boot loader: `chain http://HOST:PORT/ipxe/<instance id>`.
+func ScriptPath(instanceID string) string { return "/ipxe/" + instanceID }
+
+var validID = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
+
+// Handler returns the HTTP routes.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /ipxe/{id}", s.script)
+	mux.HandleFunc("GET /artifacts/{digest}", s.artifact)
+	return mux
+}
+
+// Serve serves on lis until ctx ends.
+func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
+	srv := &http.Server{
+		Handler:           s.Handler(),
+		ReadHeaderTimeout: 10 * time.Second,
+		// net/http's own error log could quote a request; ours is slog.
+		ErrorLog: log.New(io.Discard, "", 0),
+	}
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	err := srv.Serve(lis)
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+// refusal is an answer other than the script, with an HTTP status.
+type refusal struct {
+	code int
+	msg  string
+}
+
+func (r *refusal) Error() string { return r.msg }
+
+// bootWindow are the states in which a machine is expected to boot.
+var bootWindow = []lifecycle.State{lifecycle.Provisioning, lifecycle.Starting, lifecycle.Rebooting}
+
+func (s *Server) script(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	if !validID.MatchString(id) {
+		http.Error(w, "not an instance id", http.StatusBadRequest)
+		return
+	}
+	ctx := r.Context()
+	now := s.Clock.Now()
+	var body string
+	err := s.Store.Tx(ctx, func(q store.Queries) error {
+		in, err := q.LockInstance(ctx, id)
+		if errors.Is(err, store.ErrNotFound) {
+			return &refusal{http.StatusNotFound, "no such instance"}
+		}
+		if err != nil {
+			return err
+		}
+		st := lifecycle.State(in.Status)
+		inWindow := false
+		for _, b := range bootWindow {
+			inWindow = inWindow || st == b
+		}
+		if !inWindow || in.TerminateRequestedAt != nil {
+			return &refusal{http.StatusConflict, fmt.Sprintf("instance %s is %s: no boot is expected", id, st)}
+		}
+		served, err := servedThisBoot(ctx, q, id)
+		if err != nil {
+			return err
+		}
+		if served {
+			return &refusal{http.StatusGone, fmt.Sprintf("the script of instance %s was already served for this boot", id)}
+		}
+		node, err := q.GetNodeByID(ctx, in.NodeID)
+		if err != nil {
+			return err
+		}
+		tpl, err := q.GetTemplateByID(ctx, node.TemplateID)
+		if err != nil {
+			return err
+		}
+		boot, err := s.Instances.Artifacts.Boot(tpl)
+		if err != nil {
+			return &refusal{http.StatusServiceUnavailable, fmt.Sprintf("no boot artifacts: %v", err)}
+		}
+		if boot.KernelURL == "" {
+			return &refusal{http.StatusServiceUnavailable, "the netboot server's base URL is not configured"}
+		}
+		tok, err := s.Instances.IssueTokenTx(ctx, q, id, now)
+		if err != nil {
+			return err
+		}
+		body = Script(boot.KernelURL, boot.InitramfsURL, boot.KernelArgs, s.Instances.AgentURL, tok, s.Instances.CAFingerprint)
+		_, err = events.E{Kind: events.NetbootServed, InstanceID: id,
+			Message: fmt.Sprintf("iPXE script served to %s (instance %s)", r.RemoteAddr, st),
+			Payload: map[string]any{"remote": r.RemoteAddr, "status": string(st)}}.Write(ctx, q, now)
+		return err
+	})
+	var ref *refusal
+	switch {
+	case errors.As(err, &ref):
+		s.Log.Warn("netboot script refused", "instance", id, "remote", r.RemoteAddr, "status", ref.code, "reason", ref.msg)
+		if ref.code != http.StatusNotFound {
+			s.refused(ctx, id, r.RemoteAddr, ref.msg)
+		}
+		http.Error(w, ref.msg, ref.code)
+		return
+	case err != nil:
+		s.Log.Error("netboot script", "instance", id, "remote", r.RemoteAddr, "err", err)
+		http.Error(w, "internal error", http.StatusInternalServerError)
+		return
+	}
+	s.Log.Info("netboot script served", "instance", id, "remote", r.RemoteAddr)
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	_, _ = io.WriteString(w, body)
+}
+
+// servedThisBoot reports whether the instance's script was served since
+// it last changed state: each boot window begins with a transition.
+func servedThisBoot(ctx context.Context, q store.Queries, id string) (bool, error) {
+	latest := func(kind string) (int64, error) {
+		evs, err := q.ListEvents(ctx, store.EventFilter{Kind: kind, InstanceID: id}, store.Page{Limit: 1})
+		if err != nil || len(evs) == 0 {
+			return 0, err
+		}
+		return evs[0].ID, nil
+	}
+	served, err := latest(events.NetbootServed)
+	if err != nil || served == 0 {
+		return false, err
+	}
+	entered, err := latest(events.InstanceTransition)
+	if err != nil {
+		return false, err
+	}
+	return served > entered, nil
+}
+
+// refused leaves the trail of a refused fetch: a second fetch in one boot
+// may be someone else's attempt at the token.
+func (s *Server) refused(ctx context.Context, id, remote, reason string) {
+	now := s.Clock.Now()
+	ctx = context.WithoutCancel(ctx) // the client may have hung up already
+	err := s.Store.Tx(ctx, func(q store.Queries) error {
+		_, err := events.E{Kind: events.NetbootRefused, Severity: events.Medium, InstanceID: id,
+			Message: fmt.Sprintf("iPXE script refused to %s: %s", remote, reason),
+			Payload: map[string]any{"remote": remote, "reason": reason}}.Write(ctx, q, now)
+		return err
+	})
+	if err != nil {
+		s.Log.Warn("netboot: record refusal", "instance", id, "err", err)
+	}
+}
+
+// Script is an instance's iPXE script. Template arguments come before the
+// tether.* parameters, which the agent reads by name.
+func Script(kernelURL, initramfsURL, kernelArgs, agentURL, token, caFingerprint string) string {
+	// A line break in template arguments would be a second iPXE command.
+	args := strings.Join(strings.Fields(kernelArgs), " ")
+	cmdline := "initrd=initramfs"
+	if args != "" {
+		cmdline += " " + args
+	}
+	cmdline += " tether.url=" + agentURL + " tether.token=" + token + " tether.ca=" + caFingerprint
+	return "#!ipxe\n" +
+		"kernel " + kernelURL + " " + cmdline + "\n" +
+		"initrd --name initramfs " + initramfsURL + "\n" +
+		"boot\n"
+}
+
+// artifact serves a kernel or initramfs blob. Only digests that are boot
+// artifacts are served: modules are for enrolled agents only, over mTLS.
+func (s *Server) artifact(w http.ResponseWriter, r *http.Request) {
+	digest := r.PathValue("digest")
+	if _, err := modules.ParseDigest(digest); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	ok, err := s.isArtifact(r.Context(), digest)
+	if err != nil {
+		s.Log.Error("netboot artifact", "digest", digest, "err", err)
+		http.Error(w, "internal error", http.StatusInternalServerError)
+		return
+	}
+	if !ok {
+		http.Error(w, "not a boot artifact", http.StatusNotFound)
+		return
+	}
+	f, err := s.Instances.Artifacts.Blobs.Open(digest)
+	if err != nil {
+		http.Error(w, "artifact missing from the blob store", http.StatusNotFound)
+		return
+	}
+	defer f.Close()
+	w.Header().Set("Content-Type", "application/octet-stream")
+	// Content addressed: the bytes behind a digest never change.
+	w.Header().Set("Cache-Control", "public, max-age=31536000, immutable")
+	http.ServeContent(w, r, "", time.Time{}, f)
+}
+
+func (s *Server) isArtifact(ctx context.Context, digest string) (bool, error) {
+	a := s.Instances.Artifacts
+	if a.IsArtifact(digest, nil) {
+		return true, nil
+	}
+	page := store.Page{Limit: store.MaxPageSize}
+	for {
+		ts, err := s.Store.ListTemplates(ctx, page)
+		if err != nil {
+			return false, err
+		}
+		if a.IsArtifact(digest, ts) {
+			return true, nil
+		}
+		if len(ts) < page.Limit {
+			return false, nil
+		}
+		page.After = ts[len(ts)-1].Name
+	}
+}

@@ -1,0 +1,219 @@
+// Package provsync is the provider sync loop (SPEC 2): it compares
+// instance rows with each provider's own list of machines. A running row
+// whose machine is gone goes to error; a terminated row whose machine still
+// exists is reported (high severity) and the machine destroyed, because a
+// guest left running behind a terminated row runs and bills unseen.
+package provsync
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/tetherfleet/tether/controlplane/events"
+	"github.com/tetherfleet/tether/controlplane/instances"
+	"github.com/tetherfleet/tether/controlplane/lifecycle"
+	"github.com/tetherfleet/tether/controlplane/store"
+	"github.com/tetherfleet/tether/providers"
+)
+
+// Clock is the time source.
+type Clock interface{ Now() time.Time }
+
+// Syncer runs the comparison.
+type Syncer struct {
+	Store     store.Store
+	Clock     Clock
+	Log       *slog.Logger
+	Instances *instances.Service
+	// CallTimeout bounds each provider call (default 1 min).
+	CallTimeout time.Duration
+}
+
+// Result counts what a tick found and did.
+type Result struct {
+	// Skipped providers cannot list their machines (external) or failed to.
+	Skipped []string
+	// Errored running rows whose machine is gone.
+	Errored int
+	// GuestsPresent terminated rows whose machine still exists, and
+	// Destroyed how many of those machines were destroyed.
+	GuestsPresent, Destroyed int
+}
+
+func (s *Syncer) timeout() time.Duration {
+	if s.CallTimeout > 0 {
+		return s.CallTimeout
+	}
+	return time.Minute
+}
+
+// Tick compares every provider once. One provider's failure does not stop
+// the others; the errors are joined.
+func (s *Syncer) Tick(ctx context.Context) (Result, error) {
+	var res Result
+	var errs []error
+	for _, name := range s.Instances.ProviderNames() {
+		p, err := s.Instances.Provider(name)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if err := s.syncProvider(ctx, p, &res); err != nil {
+			errs = append(errs, fmt.Errorf("provider sync %s: %w", name, err))
+		}
+	}
+	return res, errors.Join(errs...)
+}
+
+func (s *Syncer) syncProvider(ctx context.Context, p providers.Provider, res *Result) error {
+	// Rows first, list second: a running row read before the list cannot
+	// have gained its machine after it.
+	running, err := s.listRunning(ctx, p.Name())
+	if err != nil {
+		return err
+	}
+	lctx, cancel := context.WithTimeout(ctx, s.timeout())
+	ms, err := p.List(lctx)
+	cancel()
+	if err != nil {
+		res.Skipped = append(res.Skipped, p.Name())
+		if providers.KindOf(err) == providers.KindUnsupported {
+			return nil // the provider cannot see its machines (external)
+		}
+		return err // no list, no conclusions
+	}
+	byID := map[string]providers.Machine{}
+	byInstance := map[string]providers.Machine{}
+	for _, m := range ms {
+		if m.State == providers.StateGone {
+			continue
+		}
+		byID[m.ID] = m
+		if m.InstanceID != "" {
+			byInstance[m.InstanceID] = m
+		}
+	}
+	for _, in := range running {
+		if _, ok := byID[in.CloudInstanceID]; ok {
+			continue
+		}
+		if _, ok := byInstance[in.ID]; ok {
+			continue
+		}
+		if err := s.machineGone(ctx, p, in, res); err != nil {
+			return err
+		}
+	}
+	for _, m := range ms {
+		if m.InstanceID == "" || m.State == providers.StateGone {
+			continue
+		}
+		in, err := s.Store.GetInstance(ctx, m.InstanceID)
+		if errors.Is(err, store.ErrNotFound) {
+			s.Log.Warn("provider sync: a machine names an instance this control plane does not know", "provider", p.Name(), "machine", m.ID, "instance", m.InstanceID)
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if lifecycle.State(in.Status).Terminal() {
+			if err := s.guestPresent(ctx, p, in, m, res); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (s *Syncer) listRunning(ctx context.Context, provider string) ([]*store.Instance, error) {
+	var out []*store.Instance
+	page := store.Page{Limit: store.MaxPageSize}
+	for {
+		ins, err := s.Store.ListInstances(ctx, store.InstanceFilter{Provider: provider, Statuses: []string{string(lifecycle.Running)}}, page)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, ins...)
+		if len(ins) < page.Limit {
+			return out, nil
+		}
+		page.After = ins[len(ins)-1].ID
+	}
+}
+
+// machineGone errors a running row whose machine the provider no longer
+// lists, after the provider confirms it by the machine's own status.
+func (s *Syncer) machineGone(ctx context.Context, p providers.Provider, in *store.Instance, res *Result) error {
+	if in.TerminateRequestedAt != nil || in.CloudInstanceID == "" {
+		return nil // a terminate is under way, or nothing to look for
+	}
+	cctx, cancel := context.WithTimeout(ctx, s.timeout())
+	m, err := p.Status(cctx, in.CloudInstanceID)
+	cancel()
+	if err != nil && !providers.IsNotFound(err) {
+		s.Log.Warn("provider sync: status of an unlisted machine failed; not concluding", "instance", in.ID, "err", err)
+		return nil
+	}
+	if err == nil && m.State != providers.StateGone {
+		return nil // listed late: it exists
+	}
+	now := s.Clock.Now()
+	return s.Store.Tx(ctx, func(q store.Queries) error {
+		cur, err := q.LockInstance(ctx, in.ID)
+		if err != nil {
+			return err
+		}
+		if lifecycle.State(cur.Status) != lifecycle.Running || cur.TerminateRequestedAt != nil {
+			return nil
+		}
+		reason := fmt.Sprintf("machine gone: provider %s no longer has machine %s", p.Name(), cur.CloudInstanceID)
+		cur.ErrorMessage = reason
+		if err := s.Instances.TransitionTx(ctx, q, cur, lifecycle.MarkErrored, reason, now); err != nil {
+			return err
+		}
+		res.Errored++
+		_, err = events.E{Kind: events.InstanceErrored, Severity: events.High, InstanceID: cur.ID, Message: reason,
+			Payload: map[string]any{"provider": p.Name(), "machine": cur.CloudInstanceID, "source": "provider_sync"}}.Write(ctx, q, now)
+		return err
+	})
+}
+
+// guestPresent reports a machine that outlived its terminated instance and
+// destroys it. The machine's own status is asked first, so a destroy that
+// finished after the list was taken is not reported.
+func (s *Syncer) guestPresent(ctx context.Context, p providers.Provider, in *store.Instance, m providers.Machine, res *Result) error {
+	cctx, cancel := context.WithTimeout(ctx, s.timeout())
+	cur, err := p.Status(cctx, m.ID)
+	cancel()
+	if (err == nil && cur.State == providers.StateGone) || providers.IsNotFound(err) {
+		return nil
+	}
+	res.GuestsPresent++
+	cctx, cancel = context.WithTimeout(ctx, s.timeout())
+	terr := p.Terminate(cctx, m.ID)
+	cancel()
+	msg := fmt.Sprintf("instance is terminated but provider %s still has its machine %s (%s); destroyed it", p.Name(), m.ID, m.State)
+	if terr != nil {
+		msg = fmt.Sprintf("instance is terminated but provider %s still has its machine %s (%s); destroying it failed: %v (retried next sync)",
+			p.Name(), m.ID, m.State, terr)
+	} else {
+		res.Destroyed++
+	}
+	now := s.Clock.Now()
+	return s.Store.Tx(ctx, func(q store.Queries) error {
+		_, err := events.E{Kind: events.InstanceGuestPresent, Severity: events.High, InstanceID: in.ID, Message: msg,
+			Payload: map[string]any{"provider": p.Name(), "machine": m.ID, "state": string(m.State), "destroyed": terr == nil,
+				"error": errText(terr)}}.Write(ctx, q, now)
+		return err
+	})
+}
+
+func errText(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}

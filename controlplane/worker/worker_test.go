@@ -1,0 +1,208 @@
+package worker_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tetherfleet/tether/controlplane/store"
+	"github.com/tetherfleet/tether/controlplane/store/sqlite"
+	"github.com/tetherfleet/tether/controlplane/worker"
+	"github.com/tetherfleet/tether/internal/clock"
+)
+
+type fixture struct {
+	ctx context.Context
+	st  store.Store
+	clk clock.Clock
+}
+
+func setup(t *testing.T, clk clock.Clock) fixture {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "t.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	// Tasks reference an instance.
+	now := clk.Now()
+	tpl := &store.Template{Name: "tpl", CreatedAt: now, UpdatedAt: now}
+	node := &store.Node{Name: "n", Enabled: true, Config: []byte("{}"), CreatedAt: now, UpdatedAt: now}
+	in := &store.Instance{ID: "i1", Status: "pending", Provider: "fake", CreatedAt: now, UpdatedAt: now}
+	if err := st.CreateTemplate(ctx, tpl); err != nil {
+		t.Fatal(err)
+	}
+	node.TemplateID = tpl.ID
+	if err := st.CreateNode(ctx, node); err != nil {
+		t.Fatal(err)
+	}
+	in.NodeID = node.ID
+	if err := st.CreateInstance(ctx, in); err != nil {
+		t.Fatal(err)
+	}
+	return fixture{ctx, st, clk}
+}
+
+func (f fixture) enqueue(t *testing.T, kind string) *store.Task {
+	t.Helper()
+	task := &store.Task{InstanceID: "i1", Kind: kind, CreatedAt: f.clk.Now(), UpdatedAt: f.clk.Now()}
+	if err := f.st.Tx(f.ctx, func(q store.Queries) error { return worker.Enqueue(f.ctx, q, task) }); err != nil {
+		t.Fatal(err)
+	}
+	return task
+}
+
+func (f fixture) task(t *testing.T, id string) *store.Task {
+	t.Helper()
+	task, err := f.st.GetTask(f.ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return task
+}
+
+func discard() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+func TestOutcomes(t *testing.T) {
+	tests := []struct {
+		name    string
+		kind    string
+		handler worker.Handler
+		status  string
+		errText string
+	}{
+		{"success", "ok", func(context.Context, *store.Task) error { return nil }, store.TaskSucceeded, ""},
+		{"failure keeps the reason", "bad", func(context.Context, *store.Task) error { return errors.New("provider said no") }, store.TaskFailed, "provider said no"},
+		{"unknown kind fails at once", "mystery", nil, store.TaskFailed, `no worker handles "mystery"`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := setup(t, clock.Real{})
+			task := f.enqueue(t, tc.kind)
+			w := &worker.Worker{Store: f.st, Clock: f.clk, Log: discard(), Owner: "w", Handlers: map[string]worker.Handler{}}
+			if tc.handler != nil {
+				w.Handlers[tc.kind] = tc.handler
+			}
+			if ran, err := w.RunOnce(f.ctx); !ran || err != nil {
+				t.Fatalf("%v %v", ran, err)
+			}
+			got := f.task(t, task.ID)
+			if got.Status != tc.status || !strings.Contains(got.ErrorMessage, tc.errText) || got.LeaseExpiresAt != nil {
+				t.Fatalf("task %s %q lease %v", got.Status, got.ErrorMessage, got.LeaseExpiresAt)
+			}
+		})
+	}
+}
+
+// A long handler keeps its lease: the lease loop does not take the task
+// away while it runs.
+func TestLeaseIsRenewedWhileRunning(t *testing.T) {
+	f := setup(t, clock.Real{})
+	task := f.enqueue(t, "slow")
+	lease := 150 * time.Millisecond
+	var expiredWhileRunning atomic.Int32
+	w := &worker.Worker{Store: f.st, Clock: f.clk, Log: discard(), Owner: "w", Lease: lease, Handlers: map[string]worker.Handler{
+		"slow": func(ctx context.Context, _ *store.Task) error {
+			for range 8 {
+				time.Sleep(lease / 2)
+				ts, err := f.st.ExpireTaskLeases(ctx, time.Now())
+				if err != nil {
+					return err
+				}
+				expiredWhileRunning.Add(int32(len(ts)))
+			}
+			return nil
+		}}}
+	if _, err := w.RunOnce(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := expiredWhileRunning.Load(); n != 0 {
+		t.Fatalf("the lease expired %d times under a live handler", n)
+	}
+	if got := f.task(t, task.ID); got.Status != store.TaskSucceeded || got.Attempts != 0 {
+		t.Fatalf("task %s after %d attempts", got.Status, got.Attempts)
+	}
+}
+
+// A handler whose lease passed to another worker is told to stop and does
+// not write the task's end.
+func TestLostLeaseStopsTheHandler(t *testing.T) {
+	f := setup(t, clock.Real{})
+	task := f.enqueue(t, "slow")
+	lease := 90 * time.Millisecond
+	stolen := make(chan struct{})
+	w := &worker.Worker{Store: f.st, Clock: f.clk, Log: discard(), Owner: "w", Lease: lease, Handlers: map[string]worker.Handler{
+		"slow": func(ctx context.Context, t2 *store.Task) error {
+			// Another worker takes the task over.
+			cur, _ := f.st.GetTask(ctx, t2.ID)
+			cur.LeaseOwner = "someone-else"
+			if err := f.st.UpdateTask(ctx, cur); err != nil {
+				return err
+			}
+			close(stolen)
+			<-ctx.Done()
+			if !errors.Is(context.Cause(ctx), worker.ErrLeaseLost) {
+				return errors.New("cancelled for the wrong reason")
+			}
+			return ctx.Err()
+		}}}
+	if _, err := w.RunOnce(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	<-stolen
+	if got := f.task(t, task.ID); got.Status != store.TaskRunning || got.LeaseOwner != "someone-else" {
+		t.Fatalf("the old owner wrote over the new one's task: %s %s", got.Status, got.LeaseOwner)
+	}
+}
+
+func TestCancelRequestedStopsTheHandler(t *testing.T) {
+	f := setup(t, clock.Real{})
+	task := f.enqueue(t, "slow")
+	w := &worker.Worker{Store: f.st, Clock: f.clk, Log: discard(), Owner: "w", Lease: 90 * time.Millisecond, Handlers: map[string]worker.Handler{
+		"slow": func(ctx context.Context, t2 *store.Task) error {
+			cur, _ := f.st.GetTask(ctx, t2.ID)
+			cur.CancelRequested = true
+			if err := f.st.UpdateTask(ctx, cur); err != nil {
+				return err
+			}
+			<-ctx.Done()
+			return context.Cause(ctx)
+		}}}
+	if _, err := w.RunOnce(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.task(t, task.ID); got.Status != store.TaskCancelled {
+		t.Fatalf("task %s %q", got.Status, got.ErrorMessage)
+	}
+}
+
+// Run wakes on the notification channel: a task runs without waiting for
+// the poll.
+func TestRunWakesOnEnqueue(t *testing.T) {
+	f := setup(t, clock.Real{})
+	done := make(chan string, 1)
+	w := &worker.Worker{Store: f.st, Clock: f.clk, Log: discard(), Owner: "w", Poll: time.Hour, Handlers: map[string]worker.Handler{
+		"ping": func(_ context.Context, t2 *store.Task) error { done <- t2.ID; return nil }}}
+	ctx, stop := context.WithCancel(f.ctx)
+	stopped := make(chan struct{})
+	go func() { w.Run(ctx); close(stopped) }()
+	defer func() { stop(); <-stopped }()
+	time.Sleep(50 * time.Millisecond) // let Run subscribe
+	task := f.enqueue(t, "ping")
+	select {
+	case id := <-done:
+		if id != task.ID {
+			t.Fatalf("ran %s", id)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the worker did not wake for a new task")
+	}
+}
