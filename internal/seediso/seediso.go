@@ -58,7 +58,8 @@ type Material struct {
 
 // Write creates (or replaces) a seed ISO at path holding m. The image is
 // written beside path and renamed into place, so a reader never sees half an
-// image.
+// image. It is created 0600 because it holds a bootstrap token; loosen it
+// if the hypervisor runs as another user.
 func Write(path string, m Material) (err error) {
 	if err := m.validate(); err != nil {
 		return fmt.Errorf("seed iso: %w", err)
@@ -94,6 +95,10 @@ func Write(path string, m Material) (err error) {
 		return fmt.Errorf("seed iso: create %s: %w", tmp, err)
 	}
 	defer b.Close()
+	// The image carries a bootstrap token: readable by its owner only.
+	if err := os.Chmod(tmp, 0o600); err != nil {
+		return fmt.Errorf("seed iso: %w", err)
+	}
 	fsys, err := iso9660.Create(b, 0, 0, blockSize, workspace)
 	if err != nil {
 		return fmt.Errorf("seed iso: create filesystem: %w", err)

@@ -19,6 +19,9 @@ func TestWriteReadRoundTrip(t *testing.T) {
 	if err := Write(path, goodMaterial); err != nil {
 		t.Fatalf("Write: %v", err)
 	}
+	if st, err := os.Stat(path); err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("image mode = %v, %v; want 0600 (it holds a token)", st.Mode().Perm(), err)
+	}
 	got, err := Read(path)
 	if err != nil {
 		t.Fatalf("Read: %v", err)

@@ -1,0 +1,179 @@
+package enroll
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	tetherv1 "github.com/tetherfleet/tether/proto/tether/v1"
+)
+
+// TokenSource looks for a bootstrap token again (the orchestrator reruns
+// discovery: an operator may have handed the node a fresh one).
+type TokenSource func(ctx context.Context) (string, error)
+
+// ExpiredError says the certificate lapsed and why the agent could not get
+// a new one yet.
+type ExpiredError struct {
+	InstanceID string
+	NotAfter   time.Time
+	Reason     string
+}
+
+func (e *ExpiredError) Error() string {
+	return fmt.Sprintf("certificate for instance %s expired at %s: this node was cut off from the control plane for longer than the certificate's lifetime, "+
+		"and %s. Mint a token with `tetherctl token create --instance %s` and hand it to the node (fw_cfg, seed ISO, or --token), or reboot the instance so it boots with a fresh one",
+		e.InstanceID, e.NotAfter.UTC().Format(time.RFC3339), e.Reason, e.InstanceID)
+}
+
+// subscribers extends Changed to more than one listener.
+type subscribers struct {
+	mu   sync.Mutex
+	subs []chan struct{}
+}
+
+// Subscribe returns a channel signalled (coalesced) on every identity change.
+func (m *Manager) Subscribe() <-chan struct{} {
+	m.subs.mu.Lock()
+	defer m.subs.mu.Unlock()
+	ch := make(chan struct{}, 1)
+	m.subs.subs = append(m.subs.subs, ch)
+	return ch
+}
+
+func (m *Manager) notify() {
+	m.subs.mu.Lock()
+	defer m.subs.mu.Unlock()
+	for _, ch := range m.subs.subs {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Maintain keeps the certificate valid until ctx ends: it renews at two
+// thirds of the lifetime, retries failed renewals with backoff (saying why
+// each time), and recovers from an expired certificate (see Recover).
+// agent returns a client on the current mTLS connection.
+func (m *Manager) Maintain(ctx context.Context, agent func() tetherv1.AgentServiceClient, tokens TokenSource) error {
+	changed := m.Subscribe()
+	attempt := 0
+	for {
+		id := m.Current()
+		if id == nil {
+			return errors.New("maintain: not enrolled")
+		}
+		now := m.cfg.Clock.Now()
+		if id.Expired(now) {
+			if err := m.Recover(ctx, agent, tokens); err != nil {
+				return err
+			}
+			attempt = 0
+			continue
+		}
+		if wait := id.RenewAt().Sub(now); wait > 0 {
+			// Re-evaluate on wake-up: a forced renewal may have moved the
+			// deadline meanwhile.
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-m.cfg.Clock.After(wait):
+			case <-changed:
+			}
+			continue
+		}
+		renewed, err := m.Renew(ctx, agent())
+		if err == nil {
+			m.cfg.Logf("certificate renewed with a fresh key (valid until %s)", stamp(renewed.Cert.NotAfter))
+			attempt = 0
+			continue
+		}
+		d := m.cfg.Delay(attempt)
+		attempt++
+		m.cfg.Logf("certificate renewal failed: %v; retrying in %s (the current certificate is valid until %s; check that the control plane is reachable)",
+			err, d.Round(time.Millisecond), stamp(id.Cert.NotAfter))
+		if err := m.sleep(ctx, d); err != nil {
+			return err
+		}
+	}
+}
+
+// Recover gets a valid certificate back after the current one expired. If
+// discovery turns up a token this node has not spent, it enrolls again;
+// otherwise it keeps trying (a renewal, and discovery again, in case a
+// token is handed over) with backoff, printing the reason every time.
+func (m *Manager) Recover(ctx context.Context, agent func() tetherv1.AgentServiceClient, tokens TokenSource) error {
+	id := m.Current()
+	if id == nil {
+		return errors.New("recover: not enrolled")
+	}
+	m.cfg.Logf("certificate for instance %s expired at %s while this node could not reach the control plane; trying to get a new one",
+		id.InstanceID, stamp(id.Cert.NotAfter))
+	for attempt := 0; ; attempt++ {
+		err := m.recoverOnce(ctx, id, agent, tokens)
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		d := m.cfg.Delay(attempt)
+		m.cfg.Logf("%v; retrying in %s", err, d.Round(time.Millisecond))
+		if err := m.sleep(ctx, d); err != nil {
+			return err
+		}
+	}
+}
+
+func (m *Manager) recoverOnce(ctx context.Context, old *Identity, agent func() tetherv1.AgentServiceClient, tokens TokenSource) error {
+	reason := "no bootstrap token was found"
+	if tokens != nil {
+		tok, err := tokens(ctx)
+		switch {
+		case err != nil:
+			reason = fmt.Sprintf("looking for a bootstrap token failed (%v)", err)
+		case tok == "":
+		case m.TokenSpent(tok):
+			reason = "the only bootstrap token it holds was spent when it enrolled"
+		default:
+			id, err := m.enrollFresh(ctx, tok)
+			if err != nil {
+				return fmt.Errorf("re-enrolling with the unused bootstrap token failed: %w", err)
+			}
+			m.cfg.Logf("re-enrolled as instance %s with an unused bootstrap token (certificate valid until %s)", id.InstanceID, stamp(id.Cert.NotAfter))
+			return nil
+		}
+	}
+	// A control plane may still renew a certificate that lapsed a moment
+	// ago; try before giving the operator work.
+	if agent != nil {
+		if id, err := m.Renew(ctx, agent()); err == nil {
+			m.cfg.Logf("certificate renewed after expiry (valid until %s)", stamp(id.Cert.NotAfter))
+			return nil
+		}
+	}
+	return &ExpiredError{InstanceID: old.InstanceID, NotAfter: old.Cert.NotAfter, Reason: reason}
+}
+
+func (m *Manager) enrollFresh(ctx context.Context, token string) (*Identity, error) {
+	conn, err := m.Dial(false)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	return m.Enroll(ctx, tetherv1.NewEnrollmentServiceClient(conn), token)
+}
+
+func (m *Manager) sleep(ctx context.Context, d time.Duration) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-m.cfg.Clock.After(d):
+		return nil
+	}
+}
+
+func stamp(t time.Time) string { return t.UTC().Format(time.RFC3339) }

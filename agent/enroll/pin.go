@@ -1,0 +1,174 @@
+package enroll
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/tetherfleet/tether/pki"
+)
+
+// PinMismatchError means no certificate the server presented has the pinned
+// CA fingerprint: either the fingerprint handed to the node is wrong or
+// something between the node and the control plane is not the control
+// plane.
+type PinMismatchError struct {
+	Server   string
+	Expected string
+	// Seen are the fingerprints of the presented certificates, leaf first,
+	// each followed by its subject in parentheses.
+	Seen []string
+}
+
+func (e *PinMismatchError) Error() string {
+	return fmt.Sprintf("CA fingerprint mismatch at %s: expected %s, the server presented %s. "+
+		"Either this node was handed the wrong tether.ca, or something other than the control plane answered. "+
+		"On the control plane host run `openssl x509 -in DATA_DIR/ca.crt -outform der | sha256sum` and, if it differs from the expected value, "+
+		"re-provision the node with that fingerprint; if it matches, find what is intercepting %s",
+		e.Server, e.Expected, strings.Join(e.Seen, ", "), e.Server)
+}
+
+// Pin verifies a control plane's TLS certificate against a pinned CA
+// fingerprint rather than the system roots (an initramfs has none, and a
+// node must trust only its own control plane's CA).
+type Pin struct {
+	fingerprint string
+	serverName  string
+	now         func() time.Time
+
+	mu       sync.Mutex
+	knownCA  *x509.Certificate
+	mismatch *PinMismatchError
+}
+
+// NewPin pins fingerprint ("sha256:<hex>") for connections to serverName
+// (a host name or IP address, checked against the leaf's SANs).
+func NewPin(fingerprint, serverName string, now func() time.Time) (*Pin, error) {
+	fp, err := pki.ParseFingerprint(fingerprint)
+	if err != nil {
+		return nil, err
+	}
+	if serverName == "" {
+		return nil, errors.New("pin: empty server name")
+	}
+	if now == nil {
+		now = time.Now
+	}
+	return &Pin{fingerprint: fp, serverName: serverName, now: now}, nil
+}
+
+// Fingerprint returns the pinned fingerprint.
+func (p *Pin) Fingerprint() string { return p.fingerprint }
+
+// SetKnownCA supplies the CA certificate from an earlier enrollment, so a
+// server that sends only its leaf can still be checked. It must match the
+// pin.
+func (p *Pin) SetKnownCA(ca *x509.Certificate) error {
+	if !pki.FingerprintMatches(ca.Raw, p.fingerprint) {
+		return fmt.Errorf("saved CA certificate has fingerprint %s, but the pin is %s", pki.Fingerprint(ca.Raw), p.fingerprint)
+	}
+	p.mu.Lock()
+	p.knownCA = ca
+	p.mu.Unlock()
+	return nil
+}
+
+// TakeMismatch returns and clears the last pin mismatch seen. gRPC folds
+// handshake errors into an Unavailable status string, so the typed error
+// travels through here instead.
+func (p *Pin) TakeMismatch() *PinMismatchError {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	m := p.mismatch
+	p.mismatch = nil
+	return m
+}
+
+// TLSConfig returns a client configuration that trusts only the pinned CA.
+// getCert, when non-nil, supplies the client certificate at each handshake
+// (so renewals apply to new connections without rebuilding anything).
+func (p *Pin) TLSConfig(getCert func() *tls.Certificate) *tls.Config {
+	cfg := &tls.Config{
+		ServerName: p.serverName,
+		MinVersion: tls.VersionTLS13,
+		// The standard verification checks against system roots, which an
+		// initramfs does not have and which a node must not trust anyway;
+		// VerifyConnection below does the whole check against the pin.
+		InsecureSkipVerify: true, //nolint:gosec // verified in VerifyConnection
+		VerifyConnection:   p.verify,
+	}
+	if getCert != nil {
+		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			if c := getCert(); c != nil {
+				return c, nil
+			}
+			return &tls.Certificate{}, nil
+		}
+	}
+	return cfg
+}
+
+// verify accepts the connection only if one of the presented certificates
+// (or the CA saved at enrollment) has the pinned fingerprint and the leaf
+// chains to it and names serverName.
+func (p *Pin) verify(cs tls.ConnectionState) error {
+	certs := cs.PeerCertificates
+	if len(certs) == 0 {
+		return errors.New("control plane presented no certificate")
+	}
+	var ca *x509.Certificate
+	for _, c := range certs {
+		if pki.FingerprintMatches(c.Raw, p.fingerprint) {
+			ca = c
+			break
+		}
+	}
+	p.mu.Lock()
+	if ca == nil && p.knownCA != nil {
+		ca = p.knownCA
+	}
+	if ca == nil {
+		m := &PinMismatchError{Server: p.serverName, Expected: p.fingerprint}
+		for _, c := range certs {
+			m.Seen = append(m.Seen, fmt.Sprintf("%s (%s)", pki.Fingerprint(c.Raw), describeCert(c)))
+		}
+		p.mismatch = m
+		p.mu.Unlock()
+		return m
+	}
+	p.mu.Unlock()
+
+	roots := x509.NewCertPool()
+	roots.AddCert(ca)
+	inter := x509.NewCertPool()
+	for _, c := range certs[1:] {
+		if c != ca {
+			inter.AddCert(c)
+		}
+	}
+	_, err := certs[0].Verify(x509.VerifyOptions{
+		Roots:         roots,
+		Intermediates: inter,
+		DNSName:       p.serverName,
+		CurrentTime:   p.now(),
+		KeyUsages:     []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	})
+	if err != nil {
+		return fmt.Errorf("control plane certificate %s does not verify against the pinned CA %s: %w", describeCert(certs[0]), p.fingerprint, err)
+	}
+	return nil
+}
+
+func describeCert(c *x509.Certificate) string {
+	if c.Subject.CommonName != "" {
+		return "CN=" + c.Subject.CommonName
+	}
+	if len(c.DNSNames) > 0 {
+		return "DNS:" + c.DNSNames[0]
+	}
+	return "serial " + c.SerialNumber.String()
+}

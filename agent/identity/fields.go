@@ -1,0 +1,74 @@
+package identity
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/tetherfleet/tether/pki"
+)
+
+// Fields is the enrollment material: where the control plane is, the
+// one-time token, and the pinned CA fingerprint. Any of them may be empty
+// when a source holds only part of it.
+type Fields struct {
+	URL   string // https://HOST:PORT, normalised by CheckURL
+	Token string
+	CA    string // "sha256:<hex>", normalised by pki.ParseFingerprint
+}
+
+func (f Fields) complete() bool { return f.URL != "" && f.Token != "" && f.CA != "" }
+
+// CheckToken checks a bootstrap token's shape, so a token mangled in
+// transit (a cut-off command line, a stray quote) is reported where it was
+// found rather than as an enrollment refusal later.
+func CheckToken(s string) (string, error) {
+	if _, err := pki.ParseToken(s); err != nil {
+		shown := s
+		if len(shown) > 8 {
+			shown = shown[:8] + "..."
+		}
+		return "", fmt.Errorf("%q is not a Tether bootstrap token (want %s followed by 43 base64url characters)", shown, pki.TokenPrefix)
+	}
+	return s, nil
+}
+
+// CheckCA normalises a CA fingerprint.
+func CheckCA(s string) (string, error) {
+	fp, err := pki.ParseFingerprint(s)
+	if err != nil {
+		return "", fmt.Errorf("%w (compute it with: openssl x509 -in ca.crt -outform der | sha256sum)", err)
+	}
+	return fp, nil
+}
+
+// check validates every non-empty field, naming where it came from.
+func (f Fields) check(where func(field string) string) (Fields, error) {
+	var err error
+	if f.URL != "" {
+		if f.URL, err = CheckURL(f.URL); err != nil {
+			return Fields{}, fmt.Errorf("%s: %w", where("url"), err)
+		}
+	}
+	if f.Token != "" {
+		if f.Token, err = CheckToken(f.Token); err != nil {
+			return Fields{}, fmt.Errorf("%s: %w", where("token"), err)
+		}
+	}
+	if f.CA != "" {
+		if f.CA, err = CheckCA(f.CA); err != nil {
+			return Fields{}, fmt.Errorf("%s: %w", where("ca"), err)
+		}
+	}
+	return f, nil
+}
+
+// String never prints the token: it is a secret until it is spent.
+func (f Fields) String() string {
+	tok := ""
+	if f.Token != "" {
+		tok = "(set)"
+	}
+	return fmt.Sprintf("url=%s token=%s ca=%s", f.URL, tok, f.CA)
+}
+
+func trimValue(b []byte) string { return strings.TrimRight(string(b), " \t\r\n\x00") }

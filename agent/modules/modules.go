@@ -1,0 +1,416 @@
+// Package modules fetches the content-addressed erofs modules a node is
+// assigned, verifying each against its SHA-256 digest while it streams,
+// resuming a broken download from where it stopped, and keeping verified
+// modules in a cache directory named by digest. A cached module is hashed
+// again before it is used: the cache may be a persistent disk, and a module
+// is mounted as part of the root filesystem.
+package modules
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"io/fs"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	tetherv1 "github.com/tetherfleet/tether/proto/tether/v1"
+)
+
+// DigestMismatchError means the bytes received do not hash to the digest
+// the module is known by. The download has been discarded.
+type DigestMismatchError struct {
+	Module string // name:version
+	Want   string
+	Got    string
+}
+
+func (e *DigestMismatchError) Error() string {
+	return fmt.Sprintf("module %s digest mismatch: want %s got %s; the download was discarded (if it repeats, the control plane's blob store is corrupt: re-push the module)", e.Module, e.Want, e.Got)
+}
+
+// ParseDigest checks "sha256:<64 hex>" and returns the hex part.
+func ParseDigest(d string) (string, error) {
+	h, ok := strings.CutPrefix(d, "sha256:")
+	if !ok || len(h) != 64 {
+		return "", fmt.Errorf("digest %q: want sha256:<64 hex digits>", d)
+	}
+	if _, err := hex.DecodeString(h); err != nil || strings.ToLower(h) != h {
+		return "", fmt.Errorf("digest %q: want lower-case hex", d)
+	}
+	return h, nil
+}
+
+// Name is how a module is named in messages: name:version.
+func Name(m *tetherv1.Module) string { return m.GetName() + ":" + m.GetVersion() }
+
+// Progress reports a download's state.
+type Progress struct {
+	Module string // name:version
+	Digest string
+	Done   int64
+	// Total is the module's size, 0 while unknown.
+	Total int64
+	// Cached is set when the module came from the cache.
+	Cached bool
+	// Resumed counts how many times the download was resumed.
+	Resumed int
+}
+
+// Config configures a Fetcher.
+type Config struct {
+	// Dir is the cache, <state>/modules.
+	Dir string
+	// Client returns a client on the current mTLS connection (it may change
+	// across a certificate renewal, and a resumed download takes the new one).
+	Client func() tetherv1.AgentServiceClient
+	// Progress, when set, is called after every chunk.
+	Progress func(Progress)
+	// Logf prints a console line.
+	Logf func(format string, args ...any)
+	// Delay is the wait before retry attempt n; default full jitter up to
+	// min(30 s, 500 ms·2^n).
+	Delay func(attempt int) time.Duration
+	// After waits; default time.After. Tests make it instant.
+	After func(time.Duration) <-chan time.Time
+	// MaxStalls is how many consecutive attempts may fail without receiving
+	// a byte before Fetch gives up (default 10).
+	MaxStalls int
+}
+
+// Fetcher downloads and verifies modules.
+type Fetcher struct {
+	cfg Config
+}
+
+// New checks cfg.
+func New(cfg Config) (*Fetcher, error) {
+	if cfg.Dir == "" || cfg.Client == nil {
+		return nil, errors.New("modules: Dir and Client are required")
+	}
+	if cfg.Logf == nil {
+		cfg.Logf = func(string, ...any) {}
+	}
+	if cfg.Progress == nil {
+		cfg.Progress = func(Progress) {}
+	}
+	if cfg.Delay == nil {
+		cfg.Delay = func(n int) time.Duration {
+			ceil := min(500*time.Millisecond<<min(n, 6), 30*time.Second)
+			return time.Duration(rand.Int64N(int64(ceil) + 1))
+		}
+	}
+	if cfg.After == nil {
+		cfg.After = time.After
+	}
+	if cfg.MaxStalls == 0 {
+		cfg.MaxStalls = 10
+	}
+	return &Fetcher{cfg: cfg}, nil
+}
+
+// Path is where a verified module with this digest is cached.
+func (f *Fetcher) Path(digest string) (string, error) {
+	h, err := ParseDigest(digest)
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(f.cfg.Dir, h), nil
+}
+
+// Fetch returns the path of the verified module, from the cache when a
+// verified copy is there, otherwise downloaded.
+func (f *Fetcher) Fetch(ctx context.Context, m *tetherv1.Module) (string, error) {
+	name := Name(m)
+	hexDigest, err := ParseDigest(m.GetDigest())
+	if err != nil {
+		return "", fmt.Errorf("module %s: %w", name, err)
+	}
+	if err := os.MkdirAll(f.cfg.Dir, 0o700); err != nil {
+		return "", fmt.Errorf("module cache: %w", err)
+	}
+	final := filepath.Join(f.cfg.Dir, hexDigest)
+	switch err := VerifyFile(final, m.GetDigest()); {
+	case err == nil:
+		size := fileSize(final)
+		f.cfg.Progress(Progress{Module: name, Digest: m.GetDigest(), Done: size, Total: size, Cached: true})
+		return final, nil
+	case errors.Is(err, fs.ErrNotExist):
+	default:
+		f.cfg.Logf("cached module %s failed verification (%v); discarding it and downloading again", name, err)
+		if err := os.Remove(final); err != nil {
+			return "", fmt.Errorf("module %s: discard bad cache entry: %w", name, err)
+		}
+	}
+	if err := f.download(ctx, m, hexDigest, final); err != nil {
+		return "", err
+	}
+	return final, nil
+}
+
+// download streams the module into <hex>.partial, resuming after broken
+// streams, and renames it into place once its digest checks out.
+func (f *Fetcher) download(ctx context.Context, m *tetherv1.Module, hexDigest, final string) (err error) {
+	name := Name(m)
+	partial := final + ".partial"
+	file, err := os.OpenFile(partial, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return fmt.Errorf("module %s: %w", name, err)
+	}
+	defer func() {
+		if file != nil {
+			file.Close()
+		}
+	}()
+	h := sha256.New()
+	// A partial file from an earlier run (the agent restarted mid-download)
+	// is resumed: re-hash what is there so the digest covers every byte.
+	offset, err := rehash(file, h, m.GetSize())
+	if err != nil {
+		return fmt.Errorf("module %s: resume %s: %w", name, partial, err)
+	}
+	w := newSink(file, h)
+	// Runs before file.Close (defers are last in, first out).
+	defer w.close()
+	total := m.GetSize()
+	resumed := 0
+	stalls := 0
+	for {
+		if total > 0 && offset == total {
+			break // every byte is here; only the end of the stream was lost
+		}
+		got, size, err := f.stream(ctx, m, offset, w, total, resumed)
+		offset += got
+		if size > 0 {
+			total = size
+		}
+		if err == nil {
+			break
+		}
+		if werr := w.err(); werr != nil {
+			return fmt.Errorf("module %s: write %s: %w", name, partial, werr)
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("module %s: %w", name, ctx.Err())
+		}
+		var perm *permanentError
+		if errors.As(err, &perm) {
+			if perm.discard {
+				w.close()
+				file.Close()
+				file = nil
+				os.Remove(partial)
+			}
+			return fmt.Errorf("module %s: %w", name, perm.err)
+		}
+		if got > 0 {
+			stalls = 0
+		} else {
+			stalls++
+		}
+		if stalls >= f.cfg.MaxStalls {
+			return fmt.Errorf("module %s: download made no progress in %d attempts, last error: %w (check the control plane's reachability; the partial download is kept and resumed next time)", name, stalls, err)
+		}
+		d := f.cfg.Delay(stalls)
+		f.cfg.Logf("module %s: download interrupted at %d of %d bytes (%v); resuming in %s", name, offset, total, err, d.Round(time.Millisecond))
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("module %s: %w", name, ctx.Err())
+		case <-f.cfg.After(d):
+		}
+		resumed++
+	}
+	if err := w.close(); err != nil {
+		return fmt.Errorf("module %s: write %s: %w", name, partial, err)
+	}
+	got := "sha256:" + hex.EncodeToString(h.Sum(nil))
+	if got != m.GetDigest() {
+		file.Close()
+		file = nil
+		os.Remove(partial)
+		return &DigestMismatchError{Module: name, Want: m.GetDigest(), Got: got}
+	}
+	if err := file.Sync(); err != nil {
+		return fmt.Errorf("module %s: sync: %w", name, err)
+	}
+	if err := file.Close(); err != nil {
+		return fmt.Errorf("module %s: close: %w", name, err)
+	}
+	file = nil
+	if err := os.Rename(partial, final); err != nil {
+		return fmt.Errorf("module %s: %w", name, err)
+	}
+	syncDir(f.cfg.Dir)
+	return nil
+}
+
+// permanentError ends a download without retrying; discard says the
+// partial bytes are useless.
+type permanentError struct {
+	err     error
+	discard bool
+}
+
+func (e *permanentError) Error() string { return e.err.Error() }
+
+// stream runs one FetchModule call from offset, feeding w. It returns the
+// bytes received and the size the server announced; a nil error means the
+// module is complete.
+func (f *Fetcher) stream(ctx context.Context, m *tetherv1.Module, offset int64, w *sink, total int64, resumed int) (got, size int64, err error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	name := Name(m)
+	st, err := f.cfg.Client().FetchModule(ctx, &tetherv1.FetchModuleRequest{Digest: m.GetDigest(), Offset: offset})
+	if err != nil {
+		return 0, 0, classify(err, offset)
+	}
+	for {
+		c, err := st.Recv()
+		if err == io.EOF {
+			if total > 0 && offset+got < total {
+				return got, size, fmt.Errorf("stream ended at %d of %d bytes", offset+got, total)
+			}
+			return got, size, nil
+		}
+		if err != nil {
+			return got, size, classify(err, offset+got)
+		}
+		if c.GetOffset() != offset+got {
+			return got, size, fmt.Errorf("server sent offset %d, expected %d", c.GetOffset(), offset+got)
+		}
+		if s := c.GetSize(); s > 0 {
+			if m.GetSize() > 0 && s != m.GetSize() {
+				return got, size, &permanentError{err: fmt.Errorf("server says the module is %d bytes, the assignment says %d", s, m.GetSize()), discard: true}
+			}
+			size, total = s, s
+		}
+		data := c.GetData()
+		if total > 0 && offset+got+int64(len(data)) > total {
+			return got, size, &permanentError{err: fmt.Errorf("server sent more than the module's %d bytes", total), discard: true}
+		}
+		if err := w.write(data); err != nil {
+			return got, size, &permanentError{err: err}
+		}
+		got += int64(len(data))
+		f.cfg.Progress(Progress{Module: name, Digest: m.GetDigest(), Done: offset + got, Total: total, Resumed: resumed})
+	}
+}
+
+// classify splits stream errors into retryable and permanent ones.
+func classify(err error, offset int64) error {
+	switch status.Code(err) {
+	case codes.NotFound, codes.PermissionDenied, codes.InvalidArgument, codes.Unauthenticated, codes.Unimplemented:
+		return &permanentError{err: err}
+	case codes.OutOfRange:
+		// Our partial file is longer than the server's module: it is not a
+		// prefix of this module, so start again.
+		return &permanentError{err: fmt.Errorf("offset %d refused (%w); the partial download was discarded", offset, err), discard: true}
+	}
+	return err
+}
+
+// rehash feeds an existing partial file into h and leaves the file
+// positioned at its end. A partial file longer than the module is dropped.
+func rehash(file *os.File, h hash.Hash, size int64) (int64, error) {
+	st, err := file.Stat()
+	if err != nil {
+		return 0, err
+	}
+	if size > 0 && st.Size() > size {
+		if err := file.Truncate(0); err != nil {
+			return 0, err
+		}
+		_, err := file.Seek(0, io.SeekStart)
+		return 0, err
+	}
+	if _, err := file.Seek(0, io.SeekStart); err != nil {
+		return 0, err
+	}
+	n, err := io.Copy(h, file)
+	if err != nil {
+		return 0, err
+	}
+	return n, nil
+}
+
+// VerifyFile hashes the file at path and compares it to digest.
+func VerifyFile(path, digest string) error {
+	file, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer file.Close()
+	h := sha256.New()
+	if _, err := io.CopyBuffer(h, file, make([]byte, 1<<20)); err != nil {
+		return err
+	}
+	if got := "sha256:" + hex.EncodeToString(h.Sum(nil)); got != digest {
+		return fmt.Errorf("content hashes to %s, want %s", got, digest)
+	}
+	return nil
+}
+
+func fileSize(path string) int64 {
+	st, err := os.Stat(path)
+	if err != nil {
+		return 0
+	}
+	return st.Size()
+}
+
+// syncDir makes a rename durable on a persistent cache; on tmpfs it is a
+// no-op, and a failure only costs a re-download after a crash.
+func syncDir(dir string) {
+	if d, err := os.Open(dir); err == nil {
+		_ = d.Sync()
+		d.Close()
+	}
+}
+
+// SignedMessage is what an operator's key signs for a module.
+func SignedMessage(name, version, digest string) []byte {
+	return []byte("tether-module-v1\n" + name + "\n" + version + "\n" + digest)
+}
+
+// VerifySignature checks m's signature against any of keys (raw 32-byte
+// Ed25519 public keys).
+func VerifySignature(m *tetherv1.Module, keys [][]byte) error {
+	if len(m.GetSignature()) == 0 {
+		return fmt.Errorf("module %s is unsigned, and this template requires signed modules (sign it and push it again)", Name(m))
+	}
+	if len(keys) == 0 {
+		return fmt.Errorf("module %s: the template requires signed modules but the assignment lists no signing keys", Name(m))
+	}
+	msg := SignedMessage(m.GetName(), m.GetVersion(), m.GetDigest())
+	for _, k := range keys {
+		if len(k) == ed25519.PublicKeySize && ed25519.Verify(ed25519.PublicKey(k), msg, m.GetSignature()) {
+			return nil
+		}
+	}
+	return fmt.Errorf("module %s: signature does not verify against any of the %d signing keys in the assignment (signed by another key, or signed over another name, version or digest)", Name(m), len(keys))
+}
+
+// CheckSignatures applies the assignment's signing policy to every module
+// before any is fetched, so a boot refuses a bad set as a whole.
+func CheckSignatures(a *tetherv1.Assignment) error {
+	if !a.GetRequireSignedModules() {
+		return nil
+	}
+	for _, m := range append(append([]*tetherv1.Module(nil), a.GetRootModules()...), a.GetExtensionModules()...) {
+		if err := VerifySignature(m, a.GetSigningKeys()); err != nil {
+			return err
+		}
+	}
+	return nil
+}

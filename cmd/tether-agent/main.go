@@ -1,0 +1,106 @@
+// Command tether-agent is the node agent. As PID 1 of a netboot initramfs
+// it sets the machine up, enrolls, pulls and verifies its root layers,
+// switches into the composed root and hands over to its init; the agent
+// that init starts (--root-mode=none) reconnects with the saved identity
+// and keeps the node under control. Run by hand with --root-mode=none it
+// enrolls and verifies without touching the machine.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/tetherfleet/tether/agent"
+	"github.com/tetherfleet/tether/agent/boot"
+	"github.com/tetherfleet/tether/agent/rootfs"
+)
+
+// version is set at build time: -ldflags "-X main.version=v1.2.3".
+var version = "dev"
+
+func main() {
+	pid1 := os.Getpid() == 1
+	fs := flag.NewFlagSet("tether-agent", flag.ContinueOnError)
+	cp := fs.String("control-plane", "", "control plane URL, https://HOST:PORT (default: discovered)")
+	token := fs.String("token", "", "one-time bootstrap token (default: discovered)")
+	ca := fs.String("ca-sha256", "", "SHA-256 fingerprint of the control plane's CA certificate, sha256:HEX (default: discovered)")
+	stateDir := fs.String("state-dir", agent.DefaultStateDir, "directory for the key, certificate and module cache")
+	defaultMode := agent.RootModeNone
+	if pid1 {
+		defaultMode = agent.RootModeSwitch
+	}
+	rootMode := fs.String("root-mode", string(defaultMode), "switch: compose the root and switch into it (PID 1); none: verify only")
+	allowPower := fs.Bool("allow-power", false, "let reboot and poweroff tasks act in --root-mode=none")
+	showVersion := fs.Bool("version", false, "print the version and exit")
+	if err := fs.Parse(os.Args[1:]); err != nil {
+		if pid1 {
+			// PID 1 must not exit over a flag: carry on with the defaults.
+			fmt.Fprintf(os.Stderr, "tether-agent: ignoring bad arguments %q: %v\n", os.Args[1:], err)
+		} else {
+			os.Exit(2)
+		}
+	}
+	if *showVersion {
+		fmt.Println(version)
+		return
+	}
+
+	cfg := agent.Config{
+		ControlPlane: *cp,
+		Token:        *token,
+		CASHA256:     *ca,
+		StateDir:     *stateDir,
+		RootMode:     agent.RootMode(*rootMode),
+		PID1:         pid1,
+		AllowPower:   *allowPower,
+		Version:      version,
+		Root:         realRoot{},
+	}
+	if pid1 {
+		cfg.Boot = agent.BootSetupFunc(func(ctx context.Context, logf func(string, ...any)) error {
+			return boot.Setup(ctx, boot.Config{Logf: logf})
+		})
+		agent.Supervise(context.Background(), cfg)
+		return
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, unix.SIGTERM)
+	defer stop()
+	if err := agent.Run(ctx, cfg); err != nil {
+		fmt.Fprintf(os.Stderr, "tether-agent: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+// realRoot composes and switches with agent/rootfs's system calls.
+type realRoot struct{}
+
+func (realRoot) Compose(_ context.Context, layers []agent.Layer, workDir, target string) error {
+	ls := make([]rootfs.Layer, len(layers))
+	for i, l := range layers {
+		ls[i] = rootfs.Layer{Name: l.Name, Path: l.Path}
+	}
+	_, err := rootfs.Compose(rootfs.RealSys(), ls, workDir, target)
+	return err
+}
+
+func (realRoot) Switch(target string) error {
+	exe, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("find the agent binary to carry into the new root: %w", err)
+	}
+	err = rootfs.Switch(rootfs.RealSys(), target, rootfs.SwitchOptions{
+		AgentPath: exe,
+		Logf:      func(f string, a ...any) { fmt.Fprintf(os.Stderr, f+"\n", a...) },
+	})
+	if errors.Is(err, rootfs.ErrNoInit) {
+		return fmt.Errorf("%w (%v)", agent.ErrNoInit, err)
+	}
+	return err
+}
