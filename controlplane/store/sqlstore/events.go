@@ -24,6 +24,16 @@ func scanEvent(s scanner) (*store.Event, error) {
 }
 
 func (q *queries) AppendEvent(ctx context.Context, e *store.Event) error {
+	if es, ok := q.db.dialect.(EventSerializer); ok {
+		if !q.inTx {
+			// The serialising lock lasts until the transaction ends, so an
+			// autocommit append needs a transaction of its own.
+			return q.db.Tx(ctx, func(tq store.Queries) error { return tq.AppendEvent(ctx, e) })
+		}
+		if _, err := q.exec(ctx, es.SerializeEvents()); err != nil {
+			return fmt.Errorf("append event %s: %w", e.Kind, err)
+		}
+	}
 	err := q.row(ctx, `INSERT INTO events (kind, severity, instance_id, pool_id, correlation_id, message, payload, created_at)
 		VALUES (?,?,?,?,?,?,?,?) RETURNING id`,
 		e.Kind, e.Severity, e.InstanceID, e.PoolID, e.CorrelationID, e.Message, jsonObject(e.Payload), ts(e.CreatedAt)).Scan(&e.ID)

@@ -129,7 +129,7 @@ func (q *queries) CountPoolMembers(ctx context.Context, poolID string) (store.Po
 }
 
 func (q *queries) ClaimPoolMember(ctx context.Context, poolID, class string) (*store.Instance, error) {
-	conds := `i.pool_state = 'ready' AND i.status = 'running' AND p.status = 'active'`
+	conds := `i.pool_state = 'ready' AND i.status = 'running' AND i.terminate_requested_at IS NULL AND p.status = 'active'`
 	var args []any
 	if poolID != "" {
 		conds += ` AND i.pool_id = ?`
@@ -151,4 +151,21 @@ func (q *queries) ClaimPoolMember(ctx context.Context, poolID, class string) (*s
 		return nil, notFound(q.db.classify(err), "ready member in pool", poolID)
 	}
 	return in, nil
+}
+
+func (q *queries) DeletePoolMember(ctx context.Context, id string) error {
+	res, err := q.exec(ctx, `DELETE FROM instances WHERE id = ? AND pool_id IS NOT NULL AND status IN ('terminated', 'error')`, id)
+	if err != nil {
+		return fmt.Errorf("delete pool member %s: %w", id, err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return fmt.Errorf("delete pool member %s: %w", id, q.db.classify(err))
+	} else if n == 1 {
+		return nil
+	}
+	in, err := q.GetInstance(ctx, id)
+	if err != nil {
+		return err
+	}
+	return store.Errorf(store.ErrConflict, "instance %s is %s (pool %q): only a dead pool member's row may be deleted", id, in.Status, in.PoolID)
 }

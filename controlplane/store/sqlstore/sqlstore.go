@@ -32,6 +32,16 @@ type Dialect interface {
 	IsUnavailable(err error) bool
 }
 
+// EventSerializer is an optional Dialect extension. Where transactions can
+// commit in another order than the one their event ids were drawn in
+// (PostgreSQL sequences), a reader following ids (events.Watch) could step
+// over an event that commits late. The statement it returns runs before
+// each event INSERT and must serialise event writers until their
+// transaction ends, so that ids become visible in order.
+type EventSerializer interface {
+	SerializeEvents() string
+}
+
 // Execer is satisfied by *sql.DB, *sql.Conn and *sql.Tx.
 type Execer interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
