@@ -4,7 +4,8 @@ SHELL := /bin/bash
 
 # The smallstep authority pulls badger, bbolt and mysql drivers unless told
 # not to; these tags cut its dependency tree to what Tether uses.
-export GOFLAGS := -tags=nobadger,nobbolt,nomysql
+TAGS := nobadger,nobbolt,nomysql
+export GOFLAGS := -tags=$(TAGS)
 export CGO_ENABLED := 0
 
 BIN    := bin
@@ -16,7 +17,8 @@ PROTO  := proto/tether/v1
 
 build: ## Build tetherd, tetherctl and tether-agent into bin/
 	go build -trimpath -o $(BIN)/ ./cmd/tetherd ./cmd/tetherctl
-	go build -trimpath -ldflags='-s -w' -o $(BIN)/tether-agent ./cmd/tether-agent
+	# grpcnotrace drops gRPC's tracing support: 2.7 MB off the agent in the initramfs.
+	go build -trimpath -tags grpcnotrace,$(TAGS) -ldflags='-s -w' -o $(BIN)/tether-agent ./cmd/tether-agent
 
 generate: ## Regenerate the gRPC code (protoc + the go.mod-pinned plugins)
 	protoc -I proto -I /usr/include \
@@ -51,7 +53,7 @@ kernel: ## Debian's cloud kernel into .cache/kernel (never installed into /boot)
 
 initramfs: kernel ## build/initramfs.cpio with tether-agent as /init
 	@mkdir -p $(BUILD)
-	go build -trimpath -buildvcs=false -ldflags='-s -w' -o $(BUILD)/tether-agent ./cmd/tether-agent
+	go build -trimpath -buildvcs=false -tags grpcnotrace,$(TAGS) -ldflags='-s -w' -o $(BUILD)/tether-agent ./cmd/tether-agent
 	initramfs/build.sh $(BUILD)/tether-agent $(KERNEL) $(BUILD)/initramfs.cpio
 
 modules: ## The example root module (erofs) into build/modules

@@ -24,7 +24,10 @@ func (s *Service) AgentReady(ctx context.Context, instanceID string, hooks ...Re
 		now := s.Clock.Now()
 		switch lifecycle.State(in.Status) {
 		case lifecycle.Provisioning, lifecycle.Starting, lifecycle.Rebooting:
-			in.AgentPhase, in.ErrorMessage, in.LastHeartbeatAt = "ready", "", &now
+			// last_heartbeat_at belongs to the heartbeat batch: stamping it
+			// here with a later time made the batch's never-go-backwards
+			// guard drop the ready heartbeat's modules and version.
+			in.AgentPhase, in.ErrorMessage = "ready", ""
 			if err := s.transition(ctx, q, in, lifecycle.MarkRunning, "agent reported ready", now); err != nil {
 				return err
 			}

@@ -82,7 +82,19 @@ func Start(t testing.TB, opts ...Option) *ControlPlane {
 
 func (cp *ControlPlane) serve() {
 	t := cp.t
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	// A restart comes back on the same address: agents were told it.
+	addr := "127.0.0.1:0"
+	if cp.Addr != "" {
+		addr = cp.Addr
+	}
+	var lis net.Listener
+	var err error
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if lis, err = net.Listen("tcp", addr); err == nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +146,7 @@ func (cp *ControlPlane) Stop() {
 	}
 }
 
-// Restart stops and serves the same data dir again, on a new port.
+// Restart stops and serves the same data dir again, on the same address.
 func (cp *ControlPlane) Restart() {
 	cp.Stop()
 	cp.serve()
