@@ -415,7 +415,14 @@ func TestVMWrongCAFingerprint(t *testing.T) {
 	}}); err != nil {
 		t.Fatal(err)
 	}
-	defer p.Terminate(context.Background(), inst.Id)
+	defer func() {
+		if err := p.Terminate(context.Background(), inst.Id); err != nil {
+			t.Errorf("terminate the VM: %v", err)
+		}
+		if pid := qemuPID(inst.Id); pid != "" {
+			t.Errorf("the VM outlived its terminate: pid %s", pid)
+		}
+	}()
 	deadline := time.Now().Add(bootTimeout)
 	for {
 		b, _ := os.ReadFile(p.ConsoleLogPath(inst.Id))

@@ -1,12 +1,114 @@
 #!/usr/bin/env bash
-# make run: the main job for a newcomer. Initialises a data dir under .tether/
-# if there is none, then serves it in the foreground.
+# make run: the main job for a newcomer on a fresh machine.
+#  1. installs what is missing (qemu, erofs-utils, busybox-static; the kernel is fetched, never installed);
+#  2. builds tetherd, tetherctl, the agent, the initramfs and the example root module;
+#  3. inits a data dir under .tether/ (once) and starts tetherd on the embedded store;
+#  4. pushes the example module, creates a template and a node, provisions one QEMU instance;
+#  5. shows the boot phases until the instance is running, prints what to try next,
+#     and keeps tetherd running. Ctrl-C terminates the VMs and stops tetherd.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/local/go/bin"
-data=.tether
-make build >/dev/null
-if [ ! -f "$data/ca/ca.crt" ]; then
-  bin/tetherd init --data-dir "$data"
+
+say() { printf '\033[1m==> %s\033[0m\n' "$*"; }
+die() { printf 'make run: %s\n' "$*" >&2; exit 1; }
+
+command -v go >/dev/null || die "Go is not installed (expected /usr/local/go/bin/go, Go 1.26)"
+
+# 1. System packages.
+missing=()
+command -v qemu-system-x86_64 >/dev/null || missing+=(qemu-system-x86)
+command -v mkfs.erofs >/dev/null || missing+=(erofs-utils)
+[ -x /bin/busybox ] || missing+=(busybox-static)
+command -v cpio >/dev/null || missing+=(cpio)
+command -v depmod >/dev/null || missing+=(kmod)
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" != 0 ]; then
+    die "missing packages: ${missing[*]}; run as root or: sudo apt-get install --no-install-recommends ${missing[*]}"
+  fi
+  say "installing ${missing[*]}"
+  DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
-exec bin/tetherd serve --data-dir "$data"
+
+# 2. Build everything (the kernel comes from Debian's cloud kernel package).
+say "building tetherd, tetherctl, tether-agent, the initramfs and the example module"
+make --no-print-directory build initramfs modules >/dev/null
+
+# 3. Data dir and tetherd.
+data=.tether
+addr=127.0.0.1:7443
+if [ ! -f "$data/ca/ca.crt" ]; then
+  say "initialising $data (CA, server certificate, admin identity)"
+  bin/tetherd init --data-dir "$data" >/dev/null
+fi
+export TETHERCONFIG="$PWD/$data/admin/tetherconfig.yaml"
+ctl() { bin/tetherctl --endpoint "$addr" "$@"; }
+if ctl node list >/dev/null 2>&1; then
+  die "a tetherd already answers on $addr; stop it first"
+fi
+# QMP sockets live in the VM state dir and unix socket paths are short.
+machines="$PWD/$data/machines"
+if [ ${#machines} -gt 60 ]; then
+  machines=$(mktemp -d /tmp/tether-machines.XXXX)
+fi
+say "starting tetherd on $addr (log: $data/tetherd.log)"
+bin/tetherd serve --data-dir "$data" --listen "$addr" --qemu-state-dir "$machines" \
+  --kernel .cache/kernel/vmlinuz --initramfs build/initramfs.cpio >"$data/tetherd.log" 2>&1 &
+tetherd=$!
+
+cleanup() {
+  trap - INT TERM EXIT
+  echo
+  say "stopping: terminating QEMU instances, then tetherd"
+  # Every VM this tetherd started, pool members included (columns: ID NODE STATUS PHASE PROVIDER ...).
+  for id in $(ctl instance list 2>/dev/null | awk 'NR > 1 && $5 == "qemu" && $3 != "terminated" {print $1}'); do
+    ctl instance terminate "$id" >/dev/null 2>&1 && echo "terminated $id" || echo "could not terminate $id (see $data/tetherd.log)"
+  done
+  kill -TERM "$tetherd" 2>/dev/null || true
+  wait "$tetherd" 2>/dev/null || true
+  say "stopped"
+  exit 0
+}
+trap cleanup INT TERM EXIT
+
+for _ in $(seq 1 100); do
+  ctl node list >/dev/null 2>&1 && break
+  kill -0 "$tetherd" 2>/dev/null || { cat "$data/tetherd.log" >&2; die "tetherd exited; its log is above"; }
+  sleep 0.1
+done
+
+# 4. Module, template, node, instance.
+say "pushing the example root module"
+ctl module push example-root:1 build/modules/tether-example-root.erofs >/dev/null
+ctl template get example >/dev/null 2>&1 || ctl template create example --root example-root:1 >/dev/null
+ctl node get demo >/dev/null 2>&1 || ctl node create demo --template example >/dev/null
+say "provisioning one QEMU instance of node demo"
+# The instance's id is the first "id" of the response.
+id=$(ctl instance provision --node demo --provider qemu -o json | grep -o '"id": *"[^"]*"' | head -1 | cut -d'"' -f4)
+
+# 5. Follow the boot: one line per change of status or agent phase.
+# The agent prints one line per phase on the serial console; heartbeats
+# reach the control plane in batches, so the console is the finer view.
+say "booting instance $id (serial console: agent phases; then the control plane's view)"
+(ctl instance console "$id" --follow 2>/dev/null | grep --line-buffered -E "tether-agent: (phase|enrolled|pulled|FAILED)" | sed -u 's/^/  console  /') &
+follower=$!
+stop_follower() { pkill -P "$follower" 2>/dev/null || true; kill "$follower" 2>/dev/null || true; }
+ctl instance wait "$id" | sed -u 's/^/  tetherd /' || { stop_follower; die "the boot did not finish; console: bin/tetherctl instance console $id"; }
+sleep 0.5
+stop_follower
+
+cat <<EOF2
+
+Instance $id is running. Try, in another terminal:
+
+  export TETHERCONFIG=$TETHERCONFIG
+  bin/tetherctl instance list
+  bin/tetherctl task create --instance $id --wait exec -- cat /etc/os-release
+  bin/tetherctl instance console $id
+  bin/tetherctl pool create ci --template example --provider qemu --target 2
+  bin/tetherctl events --watch
+
+tetherd keeps running; Ctrl-C here terminates the VMs and stops it.
+EOF2
+wait "$tetherd"

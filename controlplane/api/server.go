@@ -21,6 +21,7 @@ import (
 	"github.com/tetherfleet/tether/controlplane/enroll"
 	"github.com/tetherfleet/tether/controlplane/instances"
 	"github.com/tetherfleet/tether/controlplane/modules"
+	"github.com/tetherfleet/tether/controlplane/pool"
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/controlplane/tasks"
 	"github.com/tetherfleet/tether/pki/ca"
@@ -57,6 +58,8 @@ type Config struct {
 	SigningKeys [][]byte
 	// ReadyHooks run when an agent first reports ready (pool membership).
 	ReadyHooks []instances.ReadyHook
+	// Pools serves the pool RPCs.
+	Pools *pool.Service
 }
 
 // Server is a configured gRPC server.
@@ -65,10 +68,16 @@ type Server struct {
 	Health  *health.Server
 	Metrics *Metrics
 	cfg     Config
+	// streams ends every long-lived stream (agent Connect, event watches,
+	// console follows) at shutdown: they never finish on their own, and a
+	// graceful stop would otherwise wait them out.
+	streams    context.Context
+	endStreams context.CancelFunc
 }
 
 // New builds the server and registers every service.
 func New(cfg Config) *Server {
+	streams, endStreams := context.WithCancel(context.Background())
 	m := NewMetrics(cfg.Registerer)
 	auth := &Authenticator{CA: cfg.CA, Revoked: cfg.Revoked}
 	obsUnary, obsStream := observe(m, cfg.Log)
@@ -84,12 +93,12 @@ func New(cfg Config) *Server {
 		grpc.Creds(credentials.NewTLS(tlsCfg)),
 		grpc.MaxRecvMsgSize(MaxRecvMsgSize),
 		grpc.ChainUnaryInterceptor(mapUnary, auth.unary, strictUnary, obsUnary),
-		grpc.ChainStreamInterceptor(mapStream, auth.stream, strictStream, obsStream),
+		grpc.ChainStreamInterceptor(mapStream, endOnShutdown(streams), auth.stream, strictStream, obsStream),
 		// Agents keep one stream open for hours; pings find dead peers.
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 2 * time.Minute, Timeout: 20 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 20 * time.Second, PermitWithoutStream: true}),
 	)
-	s := &Server{GRPC: g, Health: health.NewServer(), Metrics: m, cfg: cfg}
+	s := &Server{GRPC: g, Health: health.NewServer(), Metrics: m, cfg: cfg, streams: streams, endStreams: endStreams}
 	v1.RegisterEnrollmentServiceServer(g, &enrollmentServer{Config: cfg, m: m})
 	v1.RegisterAgentServiceServer(g, &agentServer{Config: cfg, m: m})
 	v1.RegisterAdminServiceServer(g, &adminServer{Config: cfg})
@@ -104,10 +113,12 @@ func New(cfg Config) *Server {
 // Serve accepts connections on lis until Stop.
 func (s *Server) Serve(lis net.Listener) error { return s.GRPC.Serve(lis) }
 
-// Stop drains: health goes NOT_SERVING, in-flight calls finish, long
-// streams are cut after grace.
+// Stop drains: health goes NOT_SERVING, long-lived streams end (agents
+// reconnect elsewhere or later), in-flight unary calls finish, and
+// whatever is left after grace is cut.
 func (s *Server) Stop(grace time.Duration) {
 	s.Health.Shutdown()
+	s.endStreams()
 	done := make(chan struct{})
 	go func() { s.GRPC.GracefulStop(); close(done) }()
 	select {
@@ -138,4 +149,16 @@ func (e *enrollmentServer) Enroll(ctx context.Context, req *v1.EnrollRequest) (*
 	e.m.Enrollments.WithLabelValues("issued").Inc()
 	return &v1.EnrollResponse{InstanceId: issued.InstanceID, CertificatePem: string(ca.CertPEM(issued.Cert)),
 		CaPem: string(e.CA.CertificatePEM()), NotAfter: tsp(issued.Cert.NotAfter)}, nil
+}
+
+// endOnShutdown gives every stream a context that also ends when the
+// server shuts down.
+func endOnShutdown(shutdown context.Context) grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, next grpc.StreamHandler) error {
+		ctx, cancel := context.WithCancel(ss.Context())
+		defer cancel()
+		stop := context.AfterFunc(shutdown, cancel)
+		defer stop()
+		return next(srv, &ctxStream{ServerStream: ss, ctx: ctx})
+	}
 }

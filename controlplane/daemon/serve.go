@@ -25,6 +25,7 @@ import (
 	"github.com/tetherfleet/tether/controlplane/loops"
 	"github.com/tetherfleet/tether/controlplane/modules"
 	"github.com/tetherfleet/tether/controlplane/netboot"
+	"github.com/tetherfleet/tether/controlplane/pool"
 	"github.com/tetherfleet/tether/controlplane/provsync"
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/controlplane/store/sqlite"
@@ -90,6 +91,8 @@ type ServeOptions struct {
 	// WorkerLease and WorkerPoll tune the provider-work task leases
 	// (defaults 60 s and 5 s).
 	WorkerLease, WorkerPoll time.Duration
+	// PoolReaperEvery is the pool reaper's tick (default 60 s).
+	PoolReaperEvery time.Duration
 	// EventRetention: low/medium and high/critical windows (defaults 90 and 365 days).
 	EventRetentionLow, EventRetentionHigh time.Duration
 
@@ -171,6 +174,8 @@ func Serve(ctx context.Context, o ServeOptions) error {
 	sensor := &liveness.Sensor{Store: st, Clock: o.Clock, Log: log, Instances: instSvc, SilentAfter: o.SilentAfter,
 		DeadAfter: o.PresumedDeadAfter, MaxHeartbeatsPerSecond: api.MaxHeartbeatsPerSecond}
 	syncer := &provsync.Syncer{Store: st, Clock: o.Clock, Log: log, Instances: instSvc}
+	pools := &pool.Service{Store: st, Clock: o.Clock, Log: log.With("component", "pool"), Instances: instSvc,
+		StaleHeartbeatAfter: o.SilentAfter, MaxHeartbeatsPerSecond: api.MaxHeartbeatsPerSecond}
 	hub := api.NewAgentHub(st, log, o.HeartbeatFlush)
 	srv := api.New(api.Config{
 		Store: st, CA: authority, ServerCert: serverCert, Clock: o.Clock, Log: log, Registerer: reg,
@@ -178,6 +183,7 @@ func Serve(ctx context.Context, o ServeOptions) error {
 		Instances:  instSvc, Tasks: taskSvc,
 		Registry: &modules.Registry{Store: st, Blobs: blobs, Clock: o.Clock, Log: log},
 		Revoked:  revoked, Agents: hub, AgentURL: o.AgentURL, SigningKeys: keys,
+		ReadyHooks: []instances.ReadyHook{pools.ReadyHook}, Pools: pools,
 	})
 	hub.Metrics = srv.Metrics
 
@@ -215,6 +221,10 @@ func Serve(ctx context.Context, o ServeOptions) error {
 		log.Info("netboot serving", "addr", netLis.Addr().String(), "url", o.NetbootURL)
 	}
 	spawn(func(ctx context.Context) { revoked.Follow(ctx, st, o.Clock, 30*time.Second) })
+	// Replenishes asked for between reaper ticks (a refused acquire, a new
+	// or re-activated pool). Every replica runs it: a replenish recounts
+	// under the pool's row lock, so replicas never overshoot.
+	spawn(pools.RunNudges)
 	spawn(func(ctx context.Context) {
 		loops.Run(ctx, st.Elector(), log,
 			loops.Loop{Name: "task-leases", Every: o.LoopEvery, Tick: func(ctx context.Context) error {
@@ -235,6 +245,10 @@ func Serve(ctx context.Context, o ServeOptions) error {
 			}},
 			loops.Loop{Name: "provider-sync", Every: o.ProviderSyncEvery, Tick: func(ctx context.Context) error {
 				_, err := syncer.Tick(ctx)
+				return err
+			}},
+			loops.Loop{Name: "pool-reaper", Every: o.PoolReaperEvery, Tick: func(ctx context.Context) error {
+				_, err := pools.Tick(ctx)
 				return err
 			}},
 			loops.Loop{Name: "event-retention", Every: time.Hour, Tick: func(ctx context.Context) error {
@@ -292,6 +306,13 @@ func (o *ServeOptions) defaults() error {
 	if o.DataDir == "" {
 		return errors.New("serve: --data-dir is required")
 	}
+	// Paths derived from the data dir are handed to other processes (QEMU
+	// runs in its instance's directory), so they must not be relative.
+	abs, err := filepath.Abs(o.DataDir)
+	if err != nil {
+		return fmt.Errorf("serve: --data-dir %q: %w", o.DataDir, err)
+	}
+	o.DataDir = abs
 	if o.Listen == "" {
 		o.Listen = "127.0.0.1:7443"
 	}
@@ -315,6 +336,9 @@ func (o *ServeOptions) defaults() error {
 	}
 	if o.QEMUMode == "" {
 		o.QEMUMode = string(qemu.ModeReal)
+	}
+	if o.PoolReaperEvery <= 0 {
+		o.PoolReaperEvery = pool.DefaultReaperEvery
 	}
 	if o.EventRetentionLow <= 0 {
 		o.EventRetentionLow = 90 * 24 * time.Hour

@@ -319,8 +319,51 @@ func (a *App) instanceCmd() *cobra.Command {
 			return nil
 		}}
 	seed.Flags().StringVar(&out, "file", "", "where to write the ISO (same as -o FILE)")
-	cmd.AddCommand(hold, cordon, uncordon, drain, console, seed)
+	var waitFor time.Duration
+	wait := &cobra.Command{Use: "wait ID", Short: "Print each status and boot phase until the instance is running (or fails)", Args: cobra.ExactArgs(1),
+		RunE: func(_ *cobra.Command, args []string) error {
+			c, err := a.dial()
+			if err != nil {
+				return err
+			}
+			return a.waitRunning(c, args[0], waitFor)
+		}}
+	wait.Flags().DurationVar(&waitFor, "for", 5*time.Minute, "give up after this long")
+	cmd.AddCommand(hold, cordon, uncordon, drain, console, seed, wait)
 	return cmd
+}
+
+// waitRunning polls the instance and prints every change of status, phase
+// or error until it is running with a ready agent.
+func (a *App) waitRunning(c v1.AdminServiceClient, id string, limit time.Duration) error {
+	start := time.Now()
+	last := ""
+	for {
+		ctx, cancel := a.ctx()
+		in, err := c.GetInstance(ctx, &v1.GetInstanceRequest{Id: id})
+		cancel()
+		if err != nil {
+			return err
+		}
+		errText := in.AgentError
+		if errText == "" {
+			errText = in.ErrorMessage
+		}
+		line := fmt.Sprintf("%-12s %-12s %s", status2(in.Status), phase(in.AgentPhase), errText)
+		if line != last {
+			fmt.Fprintf(a.Stdout, "%7.2fs  %s\n", time.Since(start).Seconds(), strings.TrimSpace(line))
+			last = line
+		}
+		switch {
+		case in.Status == v1.InstanceStatus_INSTANCE_STATUS_RUNNING && in.AgentPhase == v1.AgentPhase_AGENT_PHASE_READY:
+			return nil
+		case in.Status == v1.InstanceStatus_INSTANCE_STATUS_ERROR, in.Status == v1.InstanceStatus_INSTANCE_STATUS_TERMINATED:
+			return fmt.Errorf("instance %s is %s: %s (see tetherctl instance console %s)", id, status2(in.Status), errText, id)
+		case time.Since(start) > limit:
+			return fmt.Errorf("instance %s is still %s after %s (see tetherctl instance console %s)", id, strings.TrimSpace(line), limit, id)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }
 
 func (a *App) tokenCmd() *cobra.Command {
