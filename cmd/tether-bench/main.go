@@ -1,7 +1,9 @@
 // Command tether-bench drives load against a running tetherd and prints
 // the results as Markdown table rows for docs/benchmarks.md.
 //
-//	tether-bench enroll --config DIR/admin/tetherconfig.yaml --server-pid PID --clients 1,16,64 --n 2000
+//	tether-bench enroll     --config DIR/admin/tetherconfig.yaml --server-pid PID --clients 1,16,64 --n 2000
+//	tether-bench push       --config ... --agents 1000 --tasks 1000
+//	tether-bench heartbeats --config ... --server-pid PID --metrics http://ADDR/metrics --agents 1000 --interval 1s --duration 30s
 package main
 
 import (
@@ -27,11 +29,12 @@ import (
 )
 
 func main() {
-	if len(os.Args) < 2 || os.Args[1] != "enroll" {
-		fmt.Fprintln(os.Stderr, "usage: tether-bench enroll --config FILE [--server-pid PID] [--clients 1,16,64] [--n 2000] [--handshake]")
+	cmds := map[string]func([]string) error{"enroll": enroll, "push": push, "heartbeats": heartbeats}
+	if len(os.Args) < 2 || cmds[os.Args[1]] == nil {
+		fmt.Fprintln(os.Stderr, "usage: tether-bench enroll|push|heartbeats --config FILE [flags] (see the package comment)")
 		os.Exit(2)
 	}
-	if err := enroll(os.Args[2:]); err != nil {
+	if err := cmds[os.Args[1]](os.Args[2:]); err != nil {
 		fmt.Fprintln(os.Stderr, "tether-bench:", err)
 		os.Exit(1)
 	}
@@ -44,38 +47,36 @@ type config struct {
 	Key      string `yaml:"key"`
 }
 
-func enroll(args []string) error {
-	fs := flag.NewFlagSet("enroll", flag.ExitOnError)
-	cfgPath := fs.String("config", "", "tetherctl config written by tetherd init")
-	pid := fs.Int("server-pid", 0, "tetherd's pid, to report its CPU per enrollment")
-	clients := fs.String("clients", "1,16,64", "concurrency levels")
-	n := fs.Int("n", 2000, "enrollments per level")
-	handshake := fs.Bool("handshake", false, "open a new TLS connection per enrollment")
-	_ = fs.Parse(args)
+// target is a running tetherd reached with the admin config.
+type target struct {
+	admin v1.AdminServiceClient
+	dial  func(*tls.Certificate) (*grpc.ClientConn, error)
+}
 
-	raw, err := os.ReadFile(*cfgPath)
+func connectTarget(cfgPath string) (*target, error) {
+	raw, err := os.ReadFile(cfgPath)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	var cfg config
 	if err := yaml.Unmarshal(raw, &cfg); err != nil {
-		return err
+		return nil, err
 	}
 	rel := func(p string) string {
 		if filepath.IsAbs(p) {
 			return p
 		}
-		return filepath.Join(filepath.Dir(*cfgPath), p)
+		return filepath.Join(filepath.Dir(cfgPath), p)
 	}
 	caPEM, err := os.ReadFile(rel(cfg.CA))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(caPEM)
 	cert, err := tls.LoadX509KeyPair(rel(cfg.Cert), rel(cfg.Key))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	host, _, _ := net.SplitHostPort(cfg.Endpoint)
 	dial := func(c *tls.Certificate) (*grpc.ClientConn, error) {
@@ -87,23 +88,45 @@ func enroll(args []string) error {
 	}
 	adminConn, err := dial(&cert)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	admin := v1.NewAdminServiceClient(adminConn)
-	ctx := context.Background()
+	return &target{admin: v1.NewAdminServiceClient(adminConn), dial: dial}, nil
+}
 
-	// A fresh template and node per run, so runs do not collide.
-	tag := strconv.FormatInt(time.Now().UnixNano(), 36)
-	img := testcp.TinyErofs()
-	if _, err := testcp.PushModule(ctx, admin, "bench-"+tag, "1", img); err != nil {
+// seedNode makes a fresh module, template and node for a run.
+func (t *target) seedNode(ctx context.Context) (string, error) {
+	tag := "bench-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	if _, err := testcp.PushModule(ctx, t.admin, tag, "1", testcp.TinyErofs()); err != nil {
+		return "", err
+	}
+	if _, err := t.admin.CreateTemplate(ctx, &v1.CreateTemplateRequest{Name: tag, RootModules: []*v1.ModuleRef{{Name: tag, Version: "1"}}}); err != nil {
+		return "", err
+	}
+	if _, err := t.admin.CreateNode(ctx, &v1.CreateNodeRequest{Name: tag, Template: tag}); err != nil {
+		return "", err
+	}
+	return tag, nil
+}
+
+func enroll(args []string) error {
+	fs := flag.NewFlagSet("enroll", flag.ExitOnError)
+	cfgPath := fs.String("config", "", "tetherctl config written by tetherd init")
+	pid := fs.Int("server-pid", 0, "tetherd's pid, to report its CPU per enrollment")
+	clients := fs.String("clients", "1,16,64", "concurrency levels")
+	n := fs.Int("n", 2000, "enrollments per level")
+	handshake := fs.Bool("handshake", false, "open a new TLS connection per enrollment")
+	_ = fs.Parse(args)
+
+	tg, err := connectTarget(*cfgPath)
+	if err != nil {
 		return err
 	}
-	if _, err := admin.CreateTemplate(ctx, &v1.CreateTemplateRequest{Name: "bench-" + tag, RootModules: []*v1.ModuleRef{{Name: "bench-" + tag, Version: "1"}}}); err != nil {
+	ctx := context.Background()
+	node, err := tg.seedNode(ctx)
+	if err != nil {
 		return err
 	}
-	if _, err := admin.CreateNode(ctx, &v1.CreateNodeRequest{Name: "bench-" + tag, Template: "bench-" + tag}); err != nil {
-		return err
-	}
+	admin, dial := tg.admin, tg.dial
 	mode := "kept-alive"
 	if *handshake {
 		mode = "handshake per enrollment"
@@ -115,7 +138,7 @@ func enroll(args []string) error {
 		if err != nil {
 			return fmt.Errorf("--clients: %w", err)
 		}
-		es, err := bench.PrepareEnrollments(ctx, admin, "bench-"+tag, *n)
+		es, err := bench.PrepareEnrollments(ctx, admin, node, *n)
 		if err != nil {
 			return err
 		}
