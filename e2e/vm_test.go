@@ -33,7 +33,7 @@ type artifacts struct {
 }
 
 // requireVM skips loudly unless everything a real boot needs is here.
-func requireVM(t *testing.T) artifacts {
+func requireVM(t testing.TB) artifacts {
 	t.Helper()
 	skip := func(format string, args ...any) {
 		msg := "SKIP (real-VM e2e): " + fmt.Sprintf(format, args...)

@@ -1,0 +1,132 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tetherfleet/tether/controlplane/daemon"
+	"github.com/tetherfleet/tether/internal/testcp"
+	v1 "github.com/tetherfleet/tether/proto/tether/v1"
+)
+
+// bootMarks are console lines that end a boot phase, in order. The host
+// stamps each as it appears in the serial log (the agent's own stamps have
+// one-second resolution).
+var bootMarks = []struct{ phase, line string }{
+	{"kernel", "tether-agent dev starting as pid 1"}, // QEMU + firmware + kernel until /init runs
+	{"agent start", "tether-agent: phase enrolling"},  // boot set-up: mounts, kernel modules, network
+	{"enrolled", "tether-agent: enrolled as instance"},
+	{"modules verified", "tether-agent: phase mounting"},
+	{"switched", "TETHER_EXAMPLE_READY"}, // overlay mounted, root switched, busybox init ran
+	{"ready", "tether-agent: phase ready"}, // the successor agent reconnected and reported ready
+}
+
+// BenchmarkBootToRunning boots the example root in QEMU through tetherd,
+// one VM at a time, and reports the median time from the provision call
+// to each phase and to the instance showing running. Run 5 boots with:
+//
+//	TETHER_E2E=1 go test -tags nobadger,nobbolt,nomysql -run '^$' -bench BootToRunning -benchtime 5x ./e2e/
+func BenchmarkBootToRunning(b *testing.B) {
+	a := requireVM(b)
+	stateDir, err := os.MkdirTemp("", "tq")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer os.RemoveAll(stateDir)
+	cp := testcp.Start(b, testcp.With(func(o *daemon.ServeOptions) {
+		o.QEMUMode, o.QEMUStateDir, o.Kernel, o.Initramfs = "real", stateDir, a.kernel, a.initramfs
+	}))
+	ctx := context.Background()
+	data, err := os.ReadFile(a.rootModule)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cp.PushModule(ctx, "example", "1", data)
+	if _, err := cp.Admin.CreateTemplate(ctx, &v1.CreateTemplateRequest{Name: "boot", RootModules: []*v1.ModuleRef{{Name: "example", Version: "1"}}}); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := cp.Admin.CreateNode(ctx, &v1.CreateNodeRequest{Name: "boot", Template: "boot"}); err != nil {
+		b.Fatal(err)
+	}
+	samples := map[string][]time.Duration{}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		start := time.Now()
+		resp, err := cp.Admin.ProvisionInstance(ctx, &v1.ProvisionInstanceRequest{Node: "boot", Provider: "qemu"})
+		if err != nil {
+			b.Fatal(err)
+		}
+		id := resp.Instance.Id
+		marks := watchConsole(filepath.Join(stateDir, id, "console.log"), start)
+		deadline := start.Add(bootTimeout)
+		for {
+			in, err := cp.Admin.GetInstance(ctx, &v1.GetInstanceRequest{Id: id})
+			if err == nil && in.Status == v1.InstanceStatus_INSTANCE_STATUS_RUNNING && in.AgentPhase == v1.AgentPhase_AGENT_PHASE_READY {
+				samples["running"] = append(samples["running"], time.Since(start))
+				break
+			}
+			if time.Now().After(deadline) {
+				b.Fatalf("boot %d: not running after %s", i, bootTimeout)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		for phase, at := range marks() {
+			samples[phase] = append(samples[phase], at)
+		}
+		b.StopTimer()
+		if _, err := cp.Admin.TerminateInstance(ctx, &v1.InstanceActionRequest{Id: id}); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+	}
+	b.StopTimer()
+	for _, m := range bootMarks {
+		b.ReportMetric(median(samples[m.phase]).Seconds(), "s-"+strings.ReplaceAll(m.phase, " ", "-"))
+	}
+	b.ReportMetric(median(samples["running"]).Seconds(), "s-running")
+	fmt.Fprintf(os.Stderr, "boot to running over %d boots: %v\n", len(samples["running"]), samples["running"])
+}
+
+// watchConsole stamps each boot mark as it appears in the log, polling
+// every 5 ms; the returned function stops it and gives the offsets.
+func watchConsole(path string, start time.Time) func() map[string]time.Duration {
+	seen := map[string]time.Duration{}
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			b, _ := os.ReadFile(path)
+			for _, m := range bootMarks {
+				if _, ok := seen[m.phase]; !ok && strings.Contains(string(b), m.line) {
+					seen[m.phase] = time.Since(start)
+				}
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+	}()
+	return func() map[string]time.Duration {
+		close(stop)
+		<-done
+		return seen
+	}
+}
+
+func median(ds []time.Duration) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := append([]time.Duration(nil), ds...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return s[len(s)/2]
+}
