@@ -20,10 +20,10 @@ import (
 // one-second resolution).
 var bootMarks = []struct{ phase, line string }{
 	{"kernel", "tether-agent dev starting as pid 1"}, // QEMU + firmware + kernel until /init runs
-	{"agent start", "tether-agent: phase enrolling"},  // boot set-up: mounts, kernel modules, network
+	{"agent start", "tether-agent: phase enrolling"}, // boot set-up: mounts, kernel modules, network
 	{"enrolled", "tether-agent: enrolled as instance"},
 	{"modules verified", "tether-agent: phase mounting"},
-	{"switched", "TETHER_EXAMPLE_READY"}, // overlay mounted, root switched, busybox init ran
+	{"switched", "TETHER_EXAMPLE_READY"},   // overlay mounted, root switched, busybox init ran
 	{"ready", "tether-agent: phase ready"}, // the successor agent reconnected and reported ready
 }
 
