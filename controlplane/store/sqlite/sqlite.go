@@ -25,10 +25,25 @@ var migrationFS embed.FS
 // Store is the SQLite backend.
 type Store struct {
 	*sqlstore.DB
-	hub    *sqlstore.Hub
-	writer sync.Mutex
-	local  *store.LocalElector
+	hub   *sqlstore.Hub
+	local *store.LocalElector
+
+	// Group commit: writers queue here and one committer runs everything
+	// waiting in a single transaction (see Tx).
+	mu         sync.Mutex
+	queue      []*txRequest
+	committing bool
 }
+
+type txRequest struct {
+	ctx  context.Context
+	fn   func(store.Queries) error
+	done chan sqlstore.BatchResult
+}
+
+// maxBatch bounds one group commit, so a burst does not build one huge
+// transaction that holds the write lock for long.
+const maxBatch = 128
 
 // Open opens (creating if needed) the database at path and applies the
 // migrations.
@@ -65,23 +80,83 @@ func Open(ctx context.Context, path string) (*Store, error) {
 		return nil, fmt.Errorf("sqlite %s: %w", path, err)
 	}
 	s := &Store{hub: sqlstore.NewHub(), local: store.NewLocalElector()}
-	s.DB = sqlstore.New(db, sqlstore.Options{
-		Dialect:  dialect{},
-		Notifier: notifier{s.hub},
-		TxHook:   s.serialise,
-	})
+	s.DB = sqlstore.New(db, sqlstore.Options{Dialect: dialect{}, Notifier: notifier{s.hub}})
 	return s, nil
 }
 
-// serialise queues writers in Go rather than letting them spin in SQLite's
-// busy handler, which sleeps in coarse steps and wrecks tail latency.
-func (s *Store) serialise(ctx context.Context, run func() error) error {
-	s.writer.Lock()
-	defer s.writer.Unlock()
-	if err := ctx.Err(); err != nil {
-		return err
+// Tx implements store.Store with group commit. SQLite has one writer and
+// every commit waits for an fsync (synchronous=FULL), so instead of each
+// writer taking the lock and syncing in turn, writers queue in Go (not in
+// SQLite's busy handler, which sleeps in coarse steps) and one committer
+// runs all that are waiting in one transaction, each inside its own
+// savepoint: a failing one is rolled back alone, the rest share one
+// fsync. A lone writer commits at once; batches form only under load.
+func (s *Store) Tx(ctx context.Context, fn func(store.Queries) error) error {
+	req := &txRequest{ctx: ctx, fn: fn, done: make(chan sqlstore.BatchResult, 1)}
+	s.mu.Lock()
+	s.queue = append(s.queue, req)
+	if !s.committing {
+		s.committing = true
+		go s.commitLoop()
 	}
-	return run()
+	s.mu.Unlock()
+	// Always wait for the outcome, even if ctx ends: once the function has
+	// run, returning early could report a failure for work that committed.
+	r := <-req.done
+	if r.Err == nil {
+		for _, f := range r.AfterCommit {
+			f()
+		}
+	}
+	return r.Err
+}
+
+func (s *Store) commitLoop() {
+	for {
+		s.mu.Lock()
+		n := min(len(s.queue), maxBatch)
+		if n == 0 {
+			s.committing = false
+			s.mu.Unlock()
+			return
+		}
+		batch := s.queue[:n:n]
+		s.queue = s.queue[n:]
+		s.mu.Unlock()
+		s.commit(batch)
+	}
+}
+
+func (s *Store) commit(batch []*txRequest) {
+	fns := make([]func(store.Queries) error, len(batch))
+	for i, req := range batch {
+		req := req
+		fns[i] = func(q store.Queries) (err error) {
+			// A caller that gave up before its turn gets its context's error
+			// and nothing of its work is done.
+			if err := req.ctx.Err(); err != nil {
+				return err
+			}
+			// A panic is that caller's failure, not the committer's: the
+			// others in the batch must still get their answers.
+			defer func() {
+				if p := recover(); p != nil {
+					err = fmt.Errorf("transaction panicked: %v", p)
+				}
+			}()
+			return req.fn(q)
+		}
+	}
+	// The batch outlives any one caller's context: its commit carries the
+	// others' work too.
+	results, err := s.RunBatch(context.Background(), fns)
+	for i, req := range batch {
+		if err != nil {
+			req.done <- sqlstore.BatchResult{Err: err}
+			continue
+		}
+		req.done <- results[i]
+	}
 }
 
 // Elector implements store.Store: one process owns the file, so every

@@ -57,10 +57,6 @@ type Notifier interface {
 	Subscribe(channel string) (<-chan string, func())
 }
 
-// TxHook wraps a whole transaction; SQLite uses it to serialise writers in
-// process instead of spinning in the busy handler.
-type TxHook func(ctx context.Context, run func() error) error
-
 // DB implements store.Store except Elector, Backend and Close, which the
 // backend adds.
 type DB struct {
@@ -68,7 +64,6 @@ type DB struct {
 	db       *sql.DB
 	dialect  Dialect
 	notifier Notifier
-	txHook   TxHook
 	// stmts caches rebound query text.
 	rebound sync.Map
 }
@@ -77,12 +72,11 @@ type DB struct {
 type Options struct {
 	Dialect  Dialect
 	Notifier Notifier
-	TxHook   TxHook
 }
 
 // New wraps an open database.
 func New(db *sql.DB, o Options) *DB {
-	d := &DB{db: db, dialect: o.Dialect, notifier: o.Notifier, txHook: o.TxHook}
+	d := &DB{db: db, dialect: o.Dialect, notifier: o.Notifier}
 	d.queries = &queries{ex: db, db: d}
 	return d
 }
@@ -97,34 +91,19 @@ func (d *DB) Subscribe(channel string) (<-chan string, func()) {
 
 // Tx implements store.Store.
 func (d *DB) Tx(ctx context.Context, fn func(q store.Queries) error) error {
-	var after []func()
-	run := func() error {
-		after = after[:0]
-		tx, err := d.db.BeginTx(ctx, nil)
-		if err != nil {
-			return d.classify(fmt.Errorf("begin transaction: %w", err))
-		}
-		q := &queries{ex: tx, db: d, inTx: true}
-		if err := fn(q); err != nil {
-			_ = tx.Rollback()
-			return err
-		}
-		if err := tx.Commit(); err != nil {
-			return d.classify(fmt.Errorf("commit: %w", err))
-		}
-		after = q.afterCommit
-		return nil
-	}
-	var err error
-	if d.txHook != nil {
-		err = d.txHook(ctx, run)
-	} else {
-		err = run()
-	}
+	tx, err := d.db.BeginTx(ctx, nil)
 	if err != nil {
+		return d.classify(fmt.Errorf("begin transaction: %w", err))
+	}
+	q := &queries{ex: tx, db: d, inTx: true}
+	if err := fn(q); err != nil {
+		_ = tx.Rollback()
 		return err
 	}
-	for _, f := range after {
+	if err := tx.Commit(); err != nil {
+		return d.classify(fmt.Errorf("commit: %w", err))
+	}
+	for _, f := range q.afterCommit {
 		f()
 	}
 	return nil
