@@ -93,6 +93,17 @@ type E struct {
 // Write appends e through q (so it commits or rolls back with the caller's
 // transaction) and returns the stored event.
 func (e E) Write(ctx context.Context, q store.Queries, now time.Time) (*store.Event, error) {
+	ev, err := e.event(now)
+	if err != nil {
+		return nil, err
+	}
+	if err := q.AppendEvent(ctx, ev); err != nil {
+		return nil, err
+	}
+	return ev, nil
+}
+
+func (e E) event(now time.Time) (*store.Event, error) {
 	payload := []byte("{}")
 	if len(e.Payload) > 0 {
 		b, err := json.Marshal(e.Payload)
@@ -105,12 +116,25 @@ func (e E) Write(ctx context.Context, q store.Queries, now time.Time) (*store.Ev
 	if sev == 0 {
 		sev = Low
 	}
-	ev := &store.Event{Kind: e.Kind, Severity: sev, InstanceID: e.InstanceID, PoolID: e.PoolID,
-		CorrelationID: e.CorrelationID, Message: e.Message, Payload: payload, CreatedAt: now}
-	if err := q.AppendEvent(ctx, ev); err != nil {
+	return &store.Event{Kind: e.Kind, Severity: sev, InstanceID: e.InstanceID, PoolID: e.PoolID,
+		CorrelationID: e.CorrelationID, Message: e.Message, Payload: payload, CreatedAt: now}, nil
+}
+
+// WriteAll appends es through q in order with one notification (see
+// store.Queries.AppendEvents) and returns the stored events.
+func WriteAll(ctx context.Context, q store.Queries, now time.Time, es ...E) ([]*store.Event, error) {
+	out := make([]*store.Event, 0, len(es))
+	for _, e := range es {
+		ev, err := e.event(now)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, ev)
+	}
+	if err := q.AppendEvents(ctx, out); err != nil {
 		return nil, err
 	}
-	return ev, nil
+	return out, nil
 }
 
 // Watch sends every event matching f with an id above after, oldest

@@ -89,30 +89,80 @@ type Provisioned struct {
 // Provision creates an instance of a node. A retry with the same
 // operation id returns the first call's instance and creates nothing.
 func (s *Service) Provision(ctx context.Context, p ProvisionParams) (*Provisioned, error) {
-	if p.Node == "" {
-		return nil, fail.Invalid("node", "required")
-	}
-	if p.Provider == "" {
-		return nil, fail.Invalid("provider", "required (one of %v)", s.ProviderNames())
-	}
-	prov, ok := s.Machines[p.Provider]
-	if !ok {
-		return nil, fail.Invalid("provider", "%q is not configured here (configured: %v)", p.Provider, s.ProviderNames())
-	}
-	for _, f := range []struct{ name, v string }{{"region", p.Region}, {"instance_type", p.InstanceType}} {
-		if len(f.v) > 128 {
-			return nil, fail.Invalid(f.name, "at most 128 characters")
-		}
-	}
-	if len(p.OperationID) > 128 {
-		return nil, fail.Invalid("operation_id", "at most 128 characters")
+	if err := s.checkProvision(p); err != nil {
+		return nil, err
 	}
 	if p.OperationID != "" {
 		if got, err := s.existing(ctx, p.OperationID); got != nil || err != nil {
 			return got, err
 		}
 	}
-	node, err := s.Store.GetNode(ctx, p.Node)
+	var out *Provisioned
+	err := s.Store.Tx(ctx, func(q store.Queries) error {
+		var err error
+		out, err = s.ProvisionTx(ctx, q, p)
+		return err
+	})
+	if errors.Is(err, store.ErrAlreadyExists) && p.OperationID != "" {
+		// Lost a race with a concurrent retry carrying the same id.
+		return s.existing(ctx, p.OperationID)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// checkProvision refuses a request before anything is read.
+func (s *Service) checkProvision(p ProvisionParams) error {
+	if p.Node == "" {
+		return fail.Invalid("node", "required")
+	}
+	if p.Provider == "" {
+		return fail.Invalid("provider", "required (one of %v)", s.ProviderNames())
+	}
+	if _, ok := s.Machines[p.Provider]; !ok {
+		return fail.Invalid("provider", "%q is not configured here (configured: %v)", p.Provider, s.ProviderNames())
+	}
+	for _, f := range []struct{ name, v string }{{"region", p.Region}, {"instance_type", p.InstanceType}} {
+		if len(f.v) > 128 {
+			return fail.Invalid(f.name, "at most 128 characters")
+		}
+	}
+	if len(p.OperationID) > 128 {
+		return fail.Invalid("operation_id", "at most 128 characters")
+	}
+	if p.PoolID != "" && p.Provider == ProviderExternal {
+		// Nothing boots an external machine but an operator holding its
+		// token, and a pool member's token reaches no operator.
+		return fail.Invalid("provider", "a pool member cannot use the %s provider", ProviderExternal)
+	}
+	return nil
+}
+
+// ProvisionTx is Provision inside the caller's transaction: the pool
+// service creates a member's node and its instance together, so a crash
+// cannot leave a node with no member. A member (p.PoolID set) is created
+// warming, its warm-up clock started, in the same insert.
+func (s *Service) ProvisionTx(ctx context.Context, q store.Queries, p ProvisionParams) (*Provisioned, error) {
+	if err := s.checkProvision(p); err != nil {
+		return nil, err
+	}
+	if p.OperationID != "" {
+		in, err := q.GetInstanceByOperationID(ctx, p.OperationID)
+		if err == nil {
+			node, err := q.GetNodeByID(ctx, in.NodeID)
+			if err != nil {
+				return nil, err
+			}
+			return &Provisioned{Instance: in, Node: node, Existed: true}, nil
+		}
+		if !errors.Is(err, store.ErrNotFound) {
+			return nil, err
+		}
+	}
+	prov := s.Machines[p.Provider]
+	node, err := q.GetNode(ctx, p.Node)
 	if err != nil {
 		return nil, err
 	}
@@ -122,7 +172,7 @@ func (s *Service) Provision(ctx context.Context, p ProvisionParams) (*Provisione
 	if p.Provider != ProviderExternal {
 		// Refuse now what the worker could only fail later: a machine
 		// that has no kernel to boot.
-		tpl, err := s.Store.GetTemplateByID(ctx, node.TemplateID)
+		tpl, err := q.GetTemplateByID(ctx, node.TemplateID)
 		if err != nil {
 			return nil, err
 		}
@@ -135,47 +185,47 @@ func (s *Service) Provision(ctx context.Context, p ProvisionParams) (*Provisione
 		NodeID: node.ID, Status: string(lifecycle.Pending), Provider: p.Provider, Region: p.Region,
 		InstanceType: p.InstanceType, OperationID: p.OperationID, CreatedAt: now, UpdatedAt: now,
 	}
-	out := &Provisioned{Instance: in, Node: node}
-	err = s.Store.Tx(ctx, func(q store.Queries) error {
-		if err := q.CreateInstance(ctx, in); err != nil {
-			return err
-		}
-		if _, err := (events.E{Kind: events.InstanceProvisioned, InstanceID: in.ID,
-			Message: fmt.Sprintf("instance of node %s created on provider %s", node.Name, p.Provider),
-			Payload: map[string]any{"node": node.Name, "provider": p.Provider, "operation_id": p.OperationID}}).Write(ctx, q, now); err != nil {
-			return err
-		}
-		if p.Provider != ProviderExternal {
-			// A worker creates the machine; the call returns at once.
-			t := &store.Task{InstanceID: in.ID, Kind: TaskProvision, CreatedAt: now, UpdatedAt: now}
-			if err := worker.Enqueue(ctx, q, t); err != nil {
-				return err
-			}
-			out.TaskID = t.ID
-			_, err := events.E{Kind: events.TaskCreated, InstanceID: in.ID, CorrelationID: t.ID,
-				Message: fmt.Sprintf("provision task %s created", t.ID)}.Write(ctx, q, now)
-			return err
-		}
-		// Nothing creates an external machine: the operator boots it with
-		// the token, so the instance enters its boot window at once. The
-		// provider only names the machine (it acts on nothing).
-		m, err := prov.Provision(ctx, providers.Spec{InstanceID: in.ID, Region: in.Region, InstanceType: in.InstanceType})
-		if err != nil {
-			return err
-		}
-		in.CloudInstanceID = m.ID
-		if err := s.transition(ctx, q, in, lifecycle.MarkProvisioning, "external machine awaiting boot", now); err != nil {
-			return err
-		}
-		tok, err := s.issueToken(ctx, q, in.ID, now)
-		out.Token = tok
-		return err
-	})
-	if errors.Is(err, store.ErrAlreadyExists) && p.OperationID != "" {
-		// Lost a race with a concurrent retry carrying the same id.
-		return s.existing(ctx, p.OperationID)
+	if p.PoolID != "" {
+		in.PoolID, in.PoolState, in.PoolWarmingStartedAt = p.PoolID, store.PoolStateWarming, &now
 	}
+	out := &Provisioned{Instance: in, Node: node}
+	if err := q.CreateInstance(ctx, in); err != nil {
+		return nil, err
+	}
+	payload := map[string]any{"node": node.Name, "provider": p.Provider, "operation_id": p.OperationID}
+	if p.PoolID != "" {
+		payload["pool_id"] = p.PoolID
+	}
+	if _, err := (events.E{Kind: events.InstanceProvisioned, InstanceID: in.ID, PoolID: p.PoolID,
+		Message: fmt.Sprintf("instance of node %s created on provider %s", node.Name, p.Provider),
+		Payload: payload}).Write(ctx, q, now); err != nil {
+		return nil, err
+	}
+	if p.Provider != ProviderExternal {
+		// A worker creates the machine; the call returns at once.
+		t := &store.Task{InstanceID: in.ID, Kind: TaskProvision, CreatedAt: now, UpdatedAt: now}
+		if err := worker.Enqueue(ctx, q, t); err != nil {
+			return nil, err
+		}
+		out.TaskID = t.ID
+		if _, err := (events.E{Kind: events.TaskCreated, InstanceID: in.ID, CorrelationID: t.ID,
+			Message: fmt.Sprintf("provision task %s created", t.ID)}).Write(ctx, q, now); err != nil {
+			return nil, err
+		}
+		return out, nil
+	}
+	// Nothing creates an external machine: the operator boots it with
+	// the token, so the instance enters its boot window at once. The
+	// provider only names the machine (it acts on nothing).
+	m, err := prov.Provision(ctx, providers.Spec{InstanceID: in.ID, Region: in.Region, InstanceType: in.InstanceType})
 	if err != nil {
+		return nil, err
+	}
+	in.CloudInstanceID = m.ID
+	if err := s.transition(ctx, q, in, lifecycle.MarkProvisioning, "external machine awaiting boot", now); err != nil {
+		return nil, err
+	}
+	if out.Token, err = s.issueToken(ctx, q, in.ID, now); err != nil {
 		return nil, err
 	}
 	return out, nil

@@ -9,6 +9,7 @@ import (
 	"github.com/tetherfleet/tether/controlplane/events"
 	"github.com/tetherfleet/tether/controlplane/fail"
 	"github.com/tetherfleet/tether/controlplane/lifecycle"
+	"github.com/tetherfleet/tether/controlplane/pool/claims"
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/providers"
 )
@@ -200,26 +201,26 @@ func cancelTasks(ctx context.Context, q store.Queries, id string, now time.Time)
 	return 0, nil
 }
 
-// closeClaim closes a claimed pool member's claim (disposition
-// terminated, SPEC 4), so no phantom claim stays counted.
+// closeClaim closes the open claim of a member being marked terminated
+// (SPEC 4), in that transaction, so no phantom claimed member stays
+// counted. A member terminated while claimed closes with disposition
+// terminated; one whose release had begun (draining, claim id still set)
+// closes as the release meant it to: recycled.
 func closeClaim(ctx context.Context, q store.Queries, in *store.Instance, now time.Time) error {
-	if in.PoolState != store.PoolStateClaimed {
+	if !claims.Open(in) {
 		return nil
 	}
-	held := 0.0
-	if in.PoolAcquiredAt != nil {
-		held = now.Sub(*in.PoolAcquiredAt).Seconds()
+	disposition := claims.Recycled
+	if in.PoolState == store.PoolStateClaimed {
+		disposition = claims.Terminated
 	}
-	claim := in.ClaimID
-	in.PoolState, in.UpdatedAt = store.PoolStateDraining, now
-	if err := q.UpdateInstance(ctx, in); err != nil {
+	if _, err := claims.Close(ctx, q, in, disposition, "", now); err != nil {
 		return err
 	}
-	_, err := events.E{Kind: events.PoolReleased, InstanceID: in.ID, PoolID: in.PoolID, CorrelationID: claim,
-		Message: fmt.Sprintf("claim %s closed: the member was terminated", claim),
-		Payload: map[string]any{"disposition": "terminated", "claim_id": claim, "acquired_by": in.AcquiredBy,
-			"acquired_for": in.AcquiredFor, "held_seconds": held}}.Write(ctx, q, now)
-	return err
+	// A terminated member has left its pool: draining is the state that
+	// says so without counting it anywhere.
+	in.PoolState, in.UpdatedAt = store.PoolStateDraining, now
+	return q.UpdateInstance(ctx, in)
 }
 
 // nonTerminal are the states a terminate intent can wait in.

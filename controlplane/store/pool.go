@@ -52,6 +52,11 @@ type PoolCounts struct {
 	Warming, Ready, Claimed, Draining, Errored int
 }
 
+// PoolClaim is what ClaimPoolMembers writes on one claimed member.
+type PoolClaim struct {
+	ClaimID, AcquiredBy, AcquiredFor string
+}
+
 // PoolQueries are the pool methods of Queries.
 type PoolQueries interface {
 	CreatePool(ctx context.Context, p *Pool) error
@@ -70,6 +75,19 @@ type PoolQueries interface {
 	// claimers never get the same member. With poolID empty it picks any
 	// active pool with a ready member, narrowed by class when given. It
 	// returns ErrNotFound when there is none. The caller updates the member
-	// and writes the claim event in the same transaction.
+	// and writes the claim event in the same transaction. A member whose
+	// terminate is under way (terminate_requested_at set) is never handed out.
 	ClaimPoolMember(ctx context.Context, poolID, class string) (*Instance, error)
+	// ClaimPoolMembers claims up to len(claims) ready members at once, as
+	// ClaimPoolMember selects them: the i-th oldest gets claims[i], state
+	// claimed and acquired at, and the stale flags reset, in one statement
+	// (a batch of claims pays one round trip, not one each). It returns the
+	// claimed members in claims order (fewer when fewer are ready), or
+	// ErrNotFound when none is. The caller writes the claim events in the
+	// same transaction.
+	ClaimPoolMembers(ctx context.Context, poolID, class string, claims []PoolClaim, at time.Time) ([]*Instance, error)
+	// DeletePoolMember deletes a dead member's row (status terminated or
+	// error): the pruning of SPEC 4. It refuses (ErrConflict) a member that
+	// is alive or not a pool member, so it cannot take a live machine's row.
+	DeletePoolMember(ctx context.Context, id string) error
 }

@@ -169,6 +169,10 @@ type Queries interface {
 
 	// AppendEvent assigns e.ID and notifies ChannelEvents on commit.
 	AppendEvent(ctx context.Context, e *Event) error
+	// AppendEvents appends es in order, as AppendEvent would one by one,
+	// with a single notification: a transaction recording many events
+	// (a batch of pool claims) pays the per-append overhead once.
+	AppendEvents(ctx context.Context, es []*Event) error
 	// ListEvents is newest first; Page.After is an event id.
 	ListEvents(ctx context.Context, f EventFilter, p Page) ([]*Event, error)
 	// ListEventsSince is oldest first: events with id > afterID.

@@ -201,13 +201,28 @@ func (s *Service) LeaseNext(ctx context.Context, instanceID string) (*store.Task
 		var err error
 		t, err = q.ClaimTask(ctx, store.TaskClaim{Target: store.TaskTargetAgent, InstanceID: instanceID,
 			Owner: Owner(instanceID), Now: now, LeaseUntil: now.Add(s.lease())})
-		return err
+		if err != nil {
+			return err
+		}
+		// Creation already refuses warming members; this keeps a task that
+		// reached one by any other path from being leased (the lease rolls
+		// back). It costs a read only when there is a task to hand out.
+		in, err := q.GetInstance(ctx, instanceID)
+		if err != nil {
+			return err
+		}
+		if in.PoolState == store.PoolStateWarming {
+			return errWarming
+		}
+		return nil
 	})
-	if errors.Is(err, store.ErrNotFound) {
+	if errors.Is(err, store.ErrNotFound) || errors.Is(err, errWarming) {
 		return nil, nil
 	}
 	return t, err
 }
+
+var errWarming = errors.New("warming pool members lease no tasks")
 
 // CancelsFor lists the tasks leased to an instance whose cancellation was
 // requested, so its stream can tell the agent.

@@ -130,10 +130,13 @@ func (a *App) poolCmd() *cobra.Command {
 					ureq.UpdateMask = append(ureq.UpdateMask, field)
 				}
 			}
-			for _, flag := range []string{"warming-timeout", "ready-ttl", "claimed-ttl", "retention-days", "reuse-without-reset", "terminate-attempts"} {
-				if fl.Changed(flag) {
-					ureq.UpdateMask = append(ureq.UpdateMask, "metadata")
-					break
+			// One mask entry per metadata field, so that changing one leaves
+			// the others as they are ("metadata" alone replaces them all).
+			for _, f := range []struct{ flag, field string }{{"warming-timeout", "warming_timeout_seconds"}, {"ready-ttl", "ready_ttl_seconds"},
+				{"claimed-ttl", "claimed_ttl_seconds"}, {"retention-days", "record_retention_days"},
+				{"reuse-without-reset", "reuse_without_reset"}, {"terminate-attempts", "errored_terminate_max_attempts"}} {
+				if fl.Changed(f.flag) {
+					ureq.UpdateMask = append(ureq.UpdateMask, "metadata."+f.field)
 				}
 			}
 			if ureq.LifecycleClass, err = parseClass(uclass); err != nil {
@@ -320,6 +323,10 @@ func (a *App) poolCmd() *cobra.Command {
 			row(w, "disposition:", r.Disposition)
 			row(w, "claim:", r.ClaimId)
 			row(w, "held:", fmt.Sprintf("%ds", r.HeldSeconds))
+			if r.Disposition == "errored" && r.Instance != nil {
+				// The member is parked errored; its machine may still run.
+				row(w, "error:", r.Instance.ErrorMessage)
+			}
 		})
 	}}
 	cmd.AddCommand(create, update, list, get, pause, activate, drain, del, replenish, recycle, acquire, release)

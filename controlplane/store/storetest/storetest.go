@@ -39,6 +39,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"Events", testEvents},
 		{"Pools", testPools},
 		{"PoolClaimRace", testPoolClaimRace},
+		{"PoolBatchClaim", testPoolBatchClaim},
 		{"TxRollback", testTxRollback},
 		{"Notifications", testNotifications},
 		{"Elector", testElector},
@@ -749,6 +750,57 @@ func testPools(t *testing.T, s store.Store) {
 	must(t, err)
 
 	wantErr(t, s.DeletePool(c, p.ID), store.ErrConflict)
+
+	// Pruning takes only a dead member's row.
+	must(t, s.DeletePoolMember(c, gone.ID))
+	_, err = s.GetInstance(c, gone.ID)
+	wantErr(t, err, store.ErrNotFound)
+	wantErr(t, s.DeletePoolMember(c, m.ID), store.ErrConflict)
+	wantErr(t, s.DeletePoolMember(c, "no-such-instance"), store.ErrNotFound)
+}
+
+// testPoolBatchClaim: ClaimPoolMembers takes the oldest ready members in
+// order and writes each its own claim; AppendEvents keeps ids in order.
+func testPoolBatchClaim(t *testing.T, s store.Store) {
+	c := ctx(t)
+	p := seedPool(t, s, "batch")
+	n := seedNode(t, s, "member")
+	ready := addMembers(t, s, p, n.ID, store.PoolStateReady, 3)
+	at := t0.Add(time.Hour)
+	cs := []store.PoolClaim{{ClaimID: "c1", AcquiredBy: "a"}, {ClaimID: "c2", AcquiredBy: "b", AcquiredFor: "x"}}
+	var got []*store.Instance
+	must(t, s.Tx(c, func(q store.Queries) error {
+		var err error
+		got, err = q.ClaimPoolMembers(c, p.ID, "", cs, at)
+		if err != nil {
+			return err
+		}
+		return q.AppendEvents(c, []*store.Event{{Kind: "k1", Severity: 1, CorrelationID: "c1", CreatedAt: at},
+			{Kind: "k2", Severity: 1, CorrelationID: "c2", CreatedAt: at}})
+	}))
+	if len(got) != 2 || got[0].ID != ready[0].ID || got[1].ID != ready[1].ID {
+		t.Fatalf("ClaimPoolMembers took %d members, not the two oldest in order", len(got))
+	}
+	for i, want := range cs {
+		back, err := s.GetInstance(c, got[i].ID)
+		must(t, err)
+		if back.PoolState != store.PoolStateClaimed || back.ClaimID != want.ClaimID || back.AcquiredBy != want.AcquiredBy ||
+			back.AcquiredFor != want.AcquiredFor || back.PoolAcquiredAt == nil || !back.PoolAcquiredAt.Equal(at) {
+			t.Fatalf("claimed member %d read back: %+v", i, back)
+		}
+	}
+	evs, err := s.ListEvents(c, store.EventFilter{}, store.Page{})
+	must(t, err)
+	if len(evs) != 2 || evs[0].Kind != "k2" || evs[1].Kind != "k1" || evs[0].ID <= evs[1].ID || evs[0].CorrelationID != "c2" {
+		t.Fatalf("AppendEvents order: %v", kindsOf(evs))
+	}
+	more, err := s.ClaimPoolMembers(c, p.ID, "", []store.PoolClaim{{ClaimID: "c3"}, {ClaimID: "c4"}}, at)
+	must(t, err)
+	if len(more) != 1 || more[0].ID != ready[2].ID || more[0].ClaimID != "c3" {
+		t.Fatalf("second batch: %d members", len(more))
+	}
+	_, err = s.ClaimPoolMembers(c, p.ID, "", []store.PoolClaim{{ClaimID: "c5"}}, at)
+	wantErr(t, err, store.ErrNotFound)
 }
 
 // testPoolClaimRace: 32 claimers, 20 ready members: exactly 20 distinct claims.

@@ -1,0 +1,327 @@
+package pool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/tetherfleet/tether/controlplane/events"
+	"github.com/tetherfleet/tether/controlplane/fail"
+	"github.com/tetherfleet/tether/controlplane/lifecycle"
+	"github.com/tetherfleet/tether/controlplane/pool/claims"
+	"github.com/tetherfleet/tether/controlplane/store"
+)
+
+// AcquireParams selects the pool to claim from: PoolID, else PoolName,
+// else any active pool with a ready member, narrowed by LifecycleClass.
+// AcquiredBy and AcquiredFor are free text recorded on the claim.
+type AcquireParams struct {
+	PoolID, PoolName, LifecycleClass string
+	AcquiredBy, AcquiredFor          string
+}
+
+// Claim is an acquired member.
+type Claim struct {
+	ID       string
+	Pool     *store.Pool
+	Instance *store.Instance
+	NodeName string
+}
+
+const maxAttribution = 256
+
+// errNoReady ends a claim transaction that found no ready member.
+var errNoReady = errors.New("no ready member")
+
+// Acquire claims the oldest ready member of an active pool, atomically:
+// the member row is taken with SKIP LOCKED on PostgreSQL (one writer at a
+// time on SQLite), and the pool.claimed event that records who claimed it
+// and for what is written in the same transaction, so a claim the ledger
+// cannot record is rolled back rather than handed out unattributed. With
+// no ready member it answers ResourceExhausted (NoReadyMembers) and nudges
+// a replenish.
+func (s *Service) Acquire(ctx context.Context, p AcquireParams) (*Claim, error) {
+	for _, f := range []struct {
+		name, v string
+		max     int
+	}{{"pool_id", p.PoolID, 64}, {"pool_name", p.PoolName, 63}, {"acquired_by", p.AcquiredBy, maxAttribution}, {"acquired_for", p.AcquiredFor, maxAttribution}} {
+		if len(f.v) > f.max {
+			return nil, fail.Invalid(f.name, "at most %d characters", f.max)
+		}
+	}
+	if err := checkClass("lifecycle_class", p.LifecycleClass); err != nil {
+		return nil, err
+	}
+	var named *store.Pool
+	var err error
+	switch {
+	case p.PoolID != "":
+		if named, err = s.Store.GetPoolByID(ctx, p.PoolID); errors.Is(err, store.ErrNotFound) {
+			return nil, fail.NotFound("pool id %q does not exist", p.PoolID)
+		}
+	case p.PoolName != "":
+		named, err = s.Store.GetPool(ctx, p.PoolName)
+	}
+	if err != nil {
+		return nil, err
+	}
+	poolID := ""
+	if named != nil {
+		if named.Status != store.PoolActive {
+			return nil, fail.Precondition("pool %q is %s; acquire is allowed only from an active pool", named.Name, named.Status)
+		}
+		if p.LifecycleClass != "" && p.LifecycleClass != named.LifecycleClass {
+			return nil, fail.Invalid("lifecycle_class", "pool %q is %s, not %s", named.Name, named.LifecycleClass, p.LifecycleClass)
+		}
+		poolID = named.ID
+	}
+
+	c, err := s.claims().claim(ctx, &claimReq{poolID: poolID, class: p.LifecycleClass, named: named, acquiredBy: p.AcquiredBy, acquiredFor: p.AcquiredFor})
+	if errors.Is(err, errNoReady) {
+		s.Nudge(poolID)
+		return nil, s.noReady(ctx, named, p.LifecycleClass)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if n, err := s.Store.GetNodeByID(ctx, c.Instance.NodeID); err == nil {
+		c.NodeName = n.Name
+	}
+	return c, nil
+}
+
+// claimTx claims a member for each request (all of one pool selection)
+// inside q's transaction: the member rows in one statement (SKIP LOCKED on
+// PostgreSQL), their new state, and for each a pool.claimed event that
+// records who claimed it and for what. It returns a claim per request,
+// nil where no ready member was left; errNoReady when there was none.
+func (s *Service) claimTx(ctx context.Context, q store.Queries, reqs []*claimReq, now time.Time) ([]*Claim, error) {
+	r0 := reqs[0]
+	cs := make([]store.PoolClaim, len(reqs))
+	for i, r := range reqs {
+		cs[i] = store.PoolClaim{ClaimID: uuid.Must(uuid.NewV7()).String(), AcquiredBy: r.acquiredBy, AcquiredFor: r.acquiredFor}
+	}
+	ms, err := q.ClaimPoolMembers(ctx, r0.poolID, r0.class, cs, now)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, errNoReady
+	}
+	if err != nil {
+		return nil, err
+	}
+	pools := map[string]*store.Pool{}
+	out := make([]*Claim, len(reqs))
+	evs := make([]events.E, 0, len(ms))
+	for i, m := range ms {
+		r := reqs[i]
+		owner := r.named
+		if owner == nil {
+			if owner = pools[m.PoolID]; owner == nil {
+				if owner, err = q.GetPoolByID(ctx, m.PoolID); err != nil {
+					return nil, err
+				}
+				pools[m.PoolID] = owner
+			}
+		}
+		evs = append(evs, events.E{Kind: events.PoolClaimed, InstanceID: m.ID, PoolID: m.PoolID, CorrelationID: m.ClaimID,
+			Message: fmt.Sprintf("claim %s: member %s of pool %s claimed by %q for %q", m.ClaimID, m.ID, owner.Name, r.acquiredBy, r.acquiredFor),
+			Payload: claims.Attribution(m, owner.Name)})
+		out[i] = &Claim{ID: m.ClaimID, Pool: owner, Instance: m}
+	}
+	if _, err := events.WriteAll(ctx, q, now, evs...); err != nil {
+		return nil, fmt.Errorf("record %d claim(s): %w", len(evs), err)
+	}
+	return out, nil
+}
+
+// noReady is the ResourceExhausted answer, with the counts that explain it.
+func (s *Service) noReady(ctx context.Context, named *store.Pool, class string) error {
+	if named == nil {
+		where := "no active pool"
+		if class != "" {
+			where += " of class " + class
+		}
+		return fail.Exhausted("NoReadyMembers: %s has a ready member; a replenish was requested", where)
+	}
+	c, err := s.Store.CountPoolMembers(ctx, named.ID)
+	if err != nil {
+		return fail.Exhausted("NoReadyMembers: pool %q has no ready member; a replenish was requested", named.Name)
+	}
+	return fail.Exhausted("NoReadyMembers: pool %q has no ready member (warming %d, claimed %d, target %d); a replenish was requested",
+		named.Name, c.Warming, c.Claimed, named.TargetSize)
+}
+
+// Released is the outcome of a release.
+type Released struct {
+	// Disposition is recycled, reused, cordoned or errored.
+	Disposition string
+	ClaimID     string
+	Held        time.Duration
+	Instance    *store.Instance
+	NodeName    string
+	// Err is the terminate failure behind an errored disposition: the
+	// member is errored and its machine may still run.
+	Err error
+}
+
+// Release returns a claimed member to its pool. By default it is recycled:
+// fenced to draining, then terminated; the claim closes with the outcome,
+// recycled in the transaction that marks the member terminated, or errored
+// (the member parked errored, on the retry ladder) in the one that records
+// the failure. A reuse_without_reset pool takes the member back as ready
+// with a fresh TTL anchor (reused), or fences it if it carries a cordon
+// marker (cordoned). Every disposition writes pool.released with the
+// claim's attribution and held_seconds.
+func (s *Service) Release(ctx context.Context, instanceID, by string) (*Released, error) {
+	if instanceID == "" {
+		return nil, fail.Invalid("instance_id", "required")
+	}
+	now := s.Clock.Now()
+	out := &Released{}
+	recycle := false
+	err := s.Store.Tx(ctx, func(q store.Queries) error {
+		in, err := q.LockInstance(ctx, instanceID)
+		if err != nil {
+			return err
+		}
+		switch {
+		case in.PoolID == "":
+			return fail.Precondition("instance %s is not a pool member; release returns a claimed pool member", in.ID)
+		case lifecycle.State(in.Status).Terminal():
+			return fail.Precondition("instance %s is terminated; its claim closed when it ended", in.ID)
+		case in.PoolState != store.PoolStateClaimed:
+			return fail.Precondition("member %s is %s; release is allowed only for a claimed member", in.ID, in.PoolState)
+		}
+		pl, err := q.GetPoolByID(ctx, in.PoolID)
+		if err != nil {
+			return err
+		}
+		pol := PolicyOf(pl)
+		out.ClaimID, out.Held, out.Instance = in.ClaimID, claims.Held(in, now), in
+		switch {
+		case pol.ReuseWithoutReset && in.Cordon != nil:
+			out.Disposition = claims.Cordoned
+			if _, err := claims.Close(ctx, q, in, claims.Cordoned, "", now); err != nil {
+				return err
+			}
+			in.PoolState = store.PoolStateDraining
+		case pol.ReuseWithoutReset && in.Status == string(lifecycle.Running):
+			out.Disposition = claims.Reused
+			if _, err := claims.Close(ctx, q, in, claims.Reused, "", now); err != nil {
+				return err
+			}
+			in.PoolState, in.PoolReadyAt = store.PoolStateReady, &now
+		default:
+			// The claim stays open until the terminate's outcome closes it;
+			// if we die first, the reaper finds a draining member with an
+			// open claim and finishes the job.
+			recycle = true
+			in.PoolState = store.PoolStateDraining
+		}
+		in.UpdatedAt = now
+		return q.UpdateInstance(ctx, in)
+	})
+	if err != nil {
+		return nil, err
+	}
+	if recycle {
+		// The caller leaving must not leave the release half done.
+		_, terr := s.Instances.Terminate(context.WithoutCancel(ctx), instanceID)
+		out.Disposition = claims.Recycled
+		if terr != nil {
+			if _, err := s.parkErrored(context.WithoutCancel(ctx), instanceID, "release", terr, true); err != nil {
+				return nil, errors.Join(terr, fmt.Errorf("record the failed terminate of %s: %w", instanceID, err))
+			}
+		}
+		if out.Instance, err = s.Store.GetInstance(ctx, instanceID); err != nil {
+			return nil, err
+		}
+		// Judge by the row, not by the call: a terminate that failed here
+		// may have been finished by a concurrent one.
+		if terr != nil && !lifecycle.State(out.Instance.Status).Terminal() {
+			out.Disposition, out.Err = claims.Errored, terr
+		}
+	}
+	s.Log.Info("pool member released", "instance", instanceID, "claim", out.ClaimID, "by", by, "disposition", out.Disposition,
+		"held", out.Held.Truncate(time.Second), "err", out.Err)
+	if n, err := s.Store.GetNodeByID(ctx, out.Instance.NodeID); err == nil {
+		out.NodeName = n.Name
+	}
+	return out, nil
+}
+
+// parkErrored records a failed terminate of a member on its way out:
+// pool state errored, the first rung of the retry ladder scheduled, an open
+// claim closed as errored and, with emit, pool.terminate_failed (high), in
+// one transaction. It reports false when there was nothing to park: the
+// member ended after all, or a terminate of it is still under way (its
+// intent recorded), which the terminate reconciler finishes.
+func (s *Service) parkErrored(ctx context.Context, id, during string, terr error, emit bool) (bool, error) {
+	now := s.Clock.Now()
+	parked := false
+	err := s.Store.Tx(ctx, func(q store.Queries) error {
+		in, err := q.LockInstance(ctx, id)
+		if err != nil {
+			return err
+		}
+		if lifecycle.State(in.Status).Terminal() || in.TerminateRequestedAt != nil || in.PoolState == store.PoolStateClaimed {
+			return nil
+		}
+		parked = true
+		msg := "terminate failed: " + terr.Error()
+		if claims.Open(in) {
+			if _, err := claims.Close(ctx, q, in, claims.Errored, msg, now); err != nil {
+				return err
+			}
+		}
+		if in.PoolState != store.PoolStateErrored {
+			next := now.Add(s.backoff(1))
+			in.PoolState, in.PoolTerminateAttempts, in.PoolNextTerminateAt = store.PoolStateErrored, 0, &next
+		}
+		if in.ErrorMessage == "" {
+			// A refusal (an ops hold) leaves no message of its own.
+			in.ErrorMessage = msg
+		}
+		in.UpdatedAt = now
+		if err := q.UpdateInstance(ctx, in); err != nil {
+			return err
+		}
+		if !emit {
+			return nil
+		}
+		_, err = events.E{Kind: events.PoolTerminateFailed, Severity: events.High, InstanceID: id, PoolID: in.PoolID,
+			Message: fmt.Sprintf("%s: terminate of member %s failed; parked errored, its machine may still run: %v", during, id, terr),
+			Payload: map[string]any{"failed_instance_ids": []string{id}, "during": during, "error": terr.Error()}}.Write(ctx, q, now)
+		return err
+	})
+	return parked, err
+}
+
+// ReadyHook moves a warming member to ready when its agent first reports
+// phase=ready, in the transaction that records it (instances.ReadyHook).
+// A member that carries a cordon marker goes to draining instead: it is
+// not to be handed out.
+func (s *Service) ReadyHook(ctx context.Context, q store.Queries, in *store.Instance) error {
+	if in.PoolID == "" || in.PoolState != store.PoolStateWarming || in.Status != string(lifecycle.Running) {
+		return nil
+	}
+	now := s.Clock.Now()
+	state := store.PoolStateReady
+	if in.Cordon != nil {
+		state = store.PoolStateDraining
+	}
+	in.PoolState, in.PoolReadyAt, in.UpdatedAt = state, &now, now
+	if err := q.UpdateInstance(ctx, in); err != nil {
+		return fmt.Errorf("member %s ready: %w", in.ID, err)
+	}
+	warm := time.Duration(0)
+	if in.PoolWarmingStartedAt != nil {
+		warm = now.Sub(*in.PoolWarmingStartedAt)
+	}
+	_, err := events.E{Kind: events.PoolMemberReady, InstanceID: in.ID, PoolID: in.PoolID,
+		Message: fmt.Sprintf("member %s is %s after warming %s", in.ID, state, warm.Truncate(time.Second)),
+		Payload: map[string]any{"pool_state": state, "warm_seconds": int64(warm / time.Second)}}.Write(ctx, q, now)
+	return err
+}
