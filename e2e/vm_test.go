@@ -66,6 +66,7 @@ func requireVM(t testing.TB) artifacts {
 // vmEnv is a control plane with the real qemu provider and a template of
 // the example root module.
 type vmEnv struct {
+	stateDir string
 	cp       *testcp.ControlPlane
 	node     string
 	template string
@@ -100,7 +101,7 @@ func newVMEnv(t *testing.T, extra ...testcp.Option) *vmEnv {
 	if _, err := cp.Admin.CreateNode(ctx, &v1.CreateNodeRequest{Name: name, Template: name}); err != nil {
 		t.Fatal(err)
 	}
-	env := &vmEnv{cp: cp, node: name, template: name, a: a}
+	env := &vmEnv{cp: cp, node: name, template: name, a: a, stateDir: stateDir}
 	t.Cleanup(func() { env.terminateAll(t) })
 	return env
 }
@@ -111,12 +112,16 @@ func (e *vmEnv) terminateAll(t *testing.T) {
 	defer cancel()
 	list, err := e.cp.Admin.ListInstances(ctx, &v1.ListInstancesRequest{PageSize: 1000})
 	if err != nil {
+		t.Errorf("cleanup: list instances to terminate their VMs: %v", err)
 		return
 	}
 	for _, in := range list.Instances {
 		if in.Status != v1.InstanceStatus_INSTANCE_STATUS_TERMINATED && in.Provider == "qemu" {
 			if _, err := e.cp.Admin.TerminateInstance(ctx, &v1.InstanceActionRequest{Id: in.Id}); err != nil {
-				t.Logf("cleanup: terminate %s: %v", in.Id, err)
+				t.Errorf("cleanup: terminate %s: %v", in.Id, err)
+			}
+			if pid := qemuPID(in.Id); pid != "" {
+				t.Errorf("cleanup: the VM of %s outlived its terminate (pid %s)", in.Id, pid)
 			}
 		}
 	}
@@ -441,5 +446,63 @@ func TestVMWrongCAFingerprint(t *testing.T) {
 	// Nothing was enrolled, and the token is still unspent.
 	if certs := env.certs(t, ctx, inst.Id); len(certs) != 0 {
 		t.Fatalf("a node with a wrong pin got %d certificates", len(certs))
+	}
+}
+
+// TestVMPool: a pool of 2 real VMs warms up and becomes ready; a member is
+// acquired, released (recycled: its VM is destroyed) and replenished.
+func TestVMPool(t *testing.T) {
+	env := newVMEnv(t, testcp.With(func(o *daemon.ServeOptions) { o.PoolReaperEvery = 2 * time.Second }))
+	ctx := vmCtx(t)
+	if _, err := env.cp.Admin.CreatePool(ctx, &v1.CreatePoolRequest{Name: "vm-pool", Template: env.template, Provider: "qemu", TargetSize: 2}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		dctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_, _ = env.cp.Admin.DrainPool(dctx, &v1.PoolActionRequest{Name: "vm-pool"})
+	})
+	waitReady := func(want int32) *v1.Pool {
+		t.Helper()
+		deadline := time.Now().Add(2 * bootTimeout)
+		for {
+			p, err := env.cp.Admin.GetPool(ctx, &v1.GetPoolRequest{Name: "vm-pool"})
+			if err == nil && p.Counts.GetReady() == want {
+				return p
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("pool never had %d ready members: %v %v", want, p.GetCounts(), err)
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+	}
+	p := waitReady(2)
+	if p.Counts.Warming != 0 || p.Counts.Deficit != 0 {
+		t.Fatalf("counts after warm-up: %+v", p.Counts)
+	}
+	claim, err := env.cp.Admin.AcquirePoolMember(ctx, &v1.AcquirePoolMemberRequest{PoolName: "vm-pool", AcquiredBy: "e2e", AcquiredFor: "TestVMPool"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	member := claim.Instance.Id
+	if out := env.exec(t, ctx, member, "cat", "/etc/os-release"); !strings.Contains(out, "tether-example") {
+		t.Fatalf("the claimed member does not run the template's root:\n%s", out)
+	}
+	rel, err := env.cp.Admin.ReleasePoolMember(ctx, &v1.ReleasePoolMemberRequest{InstanceId: member})
+	if err != nil || rel.Disposition != "recycled" {
+		t.Fatalf("release: %v %v", rel, err)
+	}
+	if pid := qemuPID(member); pid != "" {
+		t.Fatalf("a recycled member's VM is still running: pid %s", pid)
+	}
+	evs, err := env.cp.Admin.ListEvents(ctx, &v1.ListEventsRequest{Kind: "pool.released", CorrelationId: claim.ClaimId})
+	if err != nil || len(evs.Events) != 1 || evs.Events[0].Payload.GetFields()["acquired_by"].GetStringValue() != "e2e" {
+		t.Fatalf("pool.released with attribution: %v %v", evs, err)
+	}
+	p = waitReady(2)
+	for _, m := range p.Members {
+		if m.InstanceId == member {
+			t.Fatalf("the recycled member is counted again: %+v", p.Members)
+		}
 	}
 }

@@ -37,8 +37,9 @@ type ControlPlane struct {
 	// AdminCert is the admin client identity from init.
 	AdminCert tls.Certificate
 
-	t      testing.TB
-	cancel context.CancelFunc
+	t         testing.TB
+	adminConn *grpc.ClientConn
+	cancel    context.CancelFunc
 	done   chan error
 	opts   daemon.ServeOptions
 }
@@ -126,7 +127,14 @@ func (cp *ControlPlane) serve() {
 		filepath.Join(cp.DataDir, daemon.AdminDir, daemon.AdminKeyFile)); err != nil {
 		t.Fatal(err)
 	}
-	cp.Admin = v1.NewAdminServiceClient(cp.Dial(&cp.AdminCert))
+	// The admin connection lives exactly as long as this serve: its close
+	// is not left to t.Cleanup, which would run it before cleanups
+	// registered earlier (a test's own tear-down still needs it).
+	conn, err := grpc.NewClient(cp.Addr, grpc.WithTransportCredentials(credentials.NewTLS(cp.TLS(&cp.AdminCert))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp.adminConn, cp.Admin = conn, v1.NewAdminServiceClient(conn)
 }
 
 // Stop shuts the control plane down (idempotent).
@@ -136,6 +144,10 @@ func (cp *ControlPlane) Stop() {
 	}
 	cp.cancel()
 	cp.cancel = nil
+	if cp.adminConn != nil {
+		cp.adminConn.Close()
+		cp.adminConn = nil
+	}
 	select {
 	case err := <-cp.done:
 		if err != nil {
