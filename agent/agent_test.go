@@ -268,7 +268,7 @@ func (r *run) wait(t *testing.T) error {
 	}
 }
 
-var consoleLine = regexp.MustCompile(`^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ tether-agent: \S`)
+var consoleLine = regexp.MustCompile(`^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z tether-agent: \S`)
 
 func TestRunRootModeNone(t *testing.T) {
 	cp := newControlPlane(t)

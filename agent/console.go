@@ -22,5 +22,7 @@ func (c *console) Printf(format string, args ...any) {
 	msg := strings.TrimRight(fmt.Sprintf(format, args...), "\n")
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	fmt.Fprintf(c.w, "%s tether-agent: %s\n", c.now().UTC().Format(time.RFC3339), msg)
+	// Milliseconds: a whole boot takes a few seconds, and a phase that
+	// costs half of one must show.
+	fmt.Fprintf(c.w, "%s tether-agent: %s\n", c.now().UTC().Format("2006-01-02T15:04:05.000Z07:00"), msg)
 }

@@ -110,6 +110,10 @@ func buildArgv(s launchSpec) []string {
 		"-no-reboot",
 		"-netdev", "user,id=n0",
 		"-device", "virtio-net-pci,netdev=n0",
+		// Host entropy for the guest: without it the kernel's CRNG takes
+		// ~1.5 s to initialise under TCG, and the agent's first
+		// getrandom (its Ed25519 key) blocks until then.
+		"-device", "virtio-rng-pci",
 		"-kernel", s.Kernel,
 		"-initrd", s.Initramfs,
 		"-append", kernelCommandLine(s.KernelArgs),

@@ -124,6 +124,7 @@ func TestBuildArgvGolden(t *testing.T) {
 		"-no-reboot",
 		"-netdev", "user,id=n0",
 		"-device", "virtio-net-pci,netdev=n0",
+		"-device", "virtio-rng-pci",
 		"-kernel", "/boot/vmlinuz",
 		"-initrd", "/boot/initramfs.cpio",
 		"-append", "console=ttyS0 panic=-1 ip=10.0.2.15::10.0.2.2:255.255.255.0::eth0:off tether.debug=1",
