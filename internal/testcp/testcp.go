@@ -40,8 +40,8 @@ type ControlPlane struct {
 	t         testing.TB
 	adminConn *grpc.ClientConn
 	cancel    context.CancelFunc
-	done   chan error
-	opts   daemon.ServeOptions
+	done      chan error
+	opts      daemon.ServeOptions
 }
 
 // Option adjusts the serve options.
