@@ -252,13 +252,8 @@ func Serve(ctx context.Context, o ServeOptions) error {
 				_, err := pools.Tick(ctx)
 				return err
 			}},
-			loops.Loop{Name: "event-retention", Every: time.Hour, Tick: func(ctx context.Context) error {
-				now := o.Clock.Now()
-				n, err := st.PruneEvents(ctx, now.Add(-o.EventRetentionLow), now.Add(-o.EventRetentionHigh))
-				if n > 0 {
-					log.Info("pruned fleet events past retention", "count", n)
-				}
-				return err
+			loops.Loop{Name: "retention", Every: time.Hour, Tick: func(ctx context.Context) error {
+				return prune(ctx, st, log, o)
 			}},
 		)
 	})
@@ -411,4 +406,29 @@ func ParseSigningKey(b []byte) (ed25519.PublicKey, error) {
 		return nil, err
 	}
 	return pub, nil
+}
+
+// Record retention (SPEC 0.6: nothing accumulates forever). Events keep
+// their own, configurable windows; the rest is history nothing reads.
+const (
+	taskRetention  = 30 * 24 * time.Hour // finished tasks: results stay readable for a month
+	tokenRetention = 7 * 24 * time.Hour  // after expiry; a spent token is refused anyway once expired
+	certRetention  = 30 * 24 * time.Hour // after expiry; revocation checks only need unexpired ones
+)
+
+// prune is one retention tick.
+func prune(ctx context.Context, st store.Store, log *slog.Logger, o ServeOptions) error {
+	now := o.Clock.Now()
+	n, err := st.PruneEvents(ctx, now.Add(-o.EventRetentionLow), now.Add(-o.EventRetentionHigh))
+	if err != nil {
+		return err
+	}
+	p, err := st.PruneRecords(ctx, now.Add(-taskRetention), now.Add(-tokenRetention), now.Add(-certRetention))
+	if err != nil {
+		return err
+	}
+	if n+p.Tasks+p.Tokens+p.Certificates > 0 {
+		log.Info("pruned records past retention", "events", n, "tasks", p.Tasks, "tokens", p.Tokens, "certificates", p.Certificates)
+	}
+	return nil
 }

@@ -183,7 +183,19 @@ type Queries interface {
 	// high/critical ones older than highBefore.
 	PruneEvents(ctx context.Context, lowBefore, highBefore time.Time) (int64, error)
 
+	// PruneRecords deletes what no longer matters past the cut-offs:
+	// finished tasks last updated before tasksBefore, tokens that expired
+	// before tokensBefore (a spent token is refused anyway once expired),
+	// and certificates that expired before certsBefore (revocation checks
+	// only need unexpired ones).
+	PruneRecords(ctx context.Context, tasksBefore, tokensBefore, certsBefore time.Time) (Pruned, error)
+
 	PoolQueries
+}
+
+// Pruned counts what PruneRecords deleted.
+type Pruned struct {
+	Tasks, Tokens, Certificates int64
 }
 
 // ErrTokenUsed and ErrTokenExpired are wrapped in ErrConflict by ConsumeToken.

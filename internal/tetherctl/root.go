@@ -178,6 +178,9 @@ func (a *App) explain(err error) string {
 	switch st.Code() {
 	case codes.Unavailable:
 		msg := st.Message()
+		if strings.Contains(msg, "database is unavailable") {
+			return fmt.Sprintf("tetherd at %s is up but its database is not: %s\n  tetherd reconnects by itself; retry in a moment", where, msg)
+		}
 		if strings.Contains(msg, "certificate") || strings.Contains(msg, "tls:") {
 			return fmt.Sprintf("TLS with %s failed: %s\n  the server certificate must be signed by the CA in %s and name %q", where, msg, a.cfgSrc, where)
 		}

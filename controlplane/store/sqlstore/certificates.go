@@ -50,7 +50,7 @@ func (q *queries) ListCertificates(ctx context.Context, f store.CertificateFilte
 	if err != nil {
 		return nil, fmt.Errorf("list certificates: %w", err)
 	}
-	out, err := collect(rows, scanCert)
+	out, err := collect(q, rows, scanCert)
 	if err != nil {
 		return nil, fmt.Errorf("list certificates: %w", err)
 	}
@@ -71,7 +71,7 @@ func (q *queries) RevokeInstanceCertificates(ctx context.Context, instanceID, re
 	if err != nil {
 		return nil, fmt.Errorf("revoke certificates of %s: %w", instanceID, err)
 	}
-	serials, err := collect(rows, func(s scanner) (string, error) { var v string; return v, s.Scan(&v) })
+	serials, err := collect(q, rows, func(s scanner) (string, error) { var v string; return v, s.Scan(&v) })
 	if err != nil {
 		return nil, fmt.Errorf("revoke certificates of %s: %w", instanceID, err)
 	}
@@ -90,7 +90,7 @@ func (q *queries) ListRevokedSerials(ctx context.Context, now time.Time) ([]stri
 	if err != nil {
 		return nil, fmt.Errorf("list revoked certificates: %w", err)
 	}
-	out, err := collect(rows, func(s scanner) (string, error) { var v string; return v, s.Scan(&v) })
+	out, err := collect(q, rows, func(s scanner) (string, error) { var v string; return v, s.Scan(&v) })
 	if err != nil {
 		return nil, fmt.Errorf("list revoked certificates: %w", err)
 	}

@@ -73,7 +73,7 @@ func (q *queries) AppendEvents(ctx context.Context, es []*store.Event) error {
 	if err != nil {
 		return fmt.Errorf("append %d events: %w", len(es), err)
 	}
-	ids, err := collect(res, func(s scanner) (int64, error) { var id int64; return id, s.Scan(&id) })
+	ids, err := collect(q, res, func(s scanner) (int64, error) { var id int64; return id, s.Scan(&id) })
 	if err != nil {
 		return fmt.Errorf("append %d events: %w", len(es), q.db.classify(err))
 	}
@@ -128,7 +128,7 @@ func (q *queries) ListEvents(ctx context.Context, f store.EventFilter, p store.P
 	if err != nil {
 		return nil, fmt.Errorf("list events: %w", err)
 	}
-	out, err := collect(rows, scanEvent)
+	out, err := collect(q, rows, scanEvent)
 	if err != nil {
 		return nil, fmt.Errorf("list events: %w", err)
 	}
@@ -145,7 +145,7 @@ func (q *queries) ListEventsSince(ctx context.Context, f store.EventFilter, afte
 	if err != nil {
 		return nil, fmt.Errorf("list events since %d: %w", afterID, err)
 	}
-	out, err := collect(rows, scanEvent)
+	out, err := collect(q, rows, scanEvent)
 	if err != nil {
 		return nil, fmt.Errorf("list events since %d: %w", afterID, err)
 	}

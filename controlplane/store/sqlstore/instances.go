@@ -149,7 +149,7 @@ func (q *queries) ListInstances(ctx context.Context, f store.InstanceFilter, p s
 	if err != nil {
 		return nil, fmt.Errorf("list instances: %w", err)
 	}
-	out, err := collect(rows, scanInstance)
+	out, err := collect(q, rows, scanInstance)
 	if err != nil {
 		return nil, fmt.Errorf("list instances: %w", err)
 	}

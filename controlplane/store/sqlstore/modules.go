@@ -56,7 +56,7 @@ func (q *queries) ListModules(ctx context.Context, name string, p store.Page) ([
 	if err != nil {
 		return nil, fmt.Errorf("list modules: %w", err)
 	}
-	out, err := collect(rows, scanModule)
+	out, err := collect(q, rows, scanModule)
 	if err != nil {
 		return nil, fmt.Errorf("list modules: %w", err)
 	}
@@ -72,7 +72,7 @@ func (q *queries) DeleteModule(ctx context.Context, name, version string) error 
 	if err != nil {
 		return fmt.Errorf("delete module %s:%s: %w", name, version, err)
 	}
-	users, err := collect(rows, func(s scanner) (string, error) { var n string; return n, s.Scan(&n) })
+	users, err := collect(q, rows, func(s scanner) (string, error) { var n string; return n, s.Scan(&n) })
 	if err != nil {
 		return fmt.Errorf("delete module %s:%s: %w", name, version, err)
 	}

@@ -61,7 +61,7 @@ func (q *queries) ListNodes(ctx context.Context, f store.NodeFilter, p store.Pag
 	if err != nil {
 		return nil, fmt.Errorf("list nodes: %w", err)
 	}
-	out, err := collect(rows, scanNode)
+	out, err := collect(q, rows, scanNode)
 	if err != nil {
 		return nil, fmt.Errorf("list nodes: %w", err)
 	}
@@ -83,7 +83,7 @@ func (q *queries) DeleteNode(ctx context.Context, name string) error {
 	if err != nil {
 		return fmt.Errorf("delete node %q: %w", name, err)
 	}
-	live, err := collect(rows, func(s scanner) (string, error) { var id string; return id, s.Scan(&id) })
+	live, err := collect(q, rows, func(s scanner) (string, error) { var id string; return id, s.Scan(&id) })
 	if err != nil {
 		return fmt.Errorf("delete node %q: %w", name, err)
 	}

@@ -74,7 +74,7 @@ func (q *queries) ListPools(ctx context.Context, p store.Page) ([]*store.Pool, e
 	if err != nil {
 		return nil, fmt.Errorf("list pools: %w", err)
 	}
-	out, err := collect(rows, scanPool)
+	out, err := collect(q, rows, scanPool)
 	if err != nil {
 		return nil, fmt.Errorf("list pools: %w", err)
 	}
@@ -166,7 +166,7 @@ func (q *queries) readyMembers(ctx context.Context, poolID, class string, n int)
 	if err != nil {
 		return nil, fmt.Errorf("claim pool members: %w", err)
 	}
-	out, err := collect(rows, scanInstance)
+	out, err := collect(q, rows, scanInstance)
 	if err != nil {
 		return nil, fmt.Errorf("claim pool members: %w", q.db.classify(err))
 	}

@@ -87,7 +87,7 @@ func (q *queries) ListTasks(ctx context.Context, f store.TaskFilter, p store.Pag
 	if err != nil {
 		return nil, fmt.Errorf("list tasks: %w", err)
 	}
-	out, err := collect(rows, scanTask)
+	out, err := collect(q, rows, scanTask)
 	if err != nil {
 		return nil, fmt.Errorf("list tasks: %w", err)
 	}
@@ -129,7 +129,7 @@ func (q *queries) ExpireTaskLeases(ctx context.Context, now time.Time) ([]*store
 	if err != nil {
 		return nil, fmt.Errorf("expire task leases: %w", err)
 	}
-	expired, err := collect(rows, scanTask)
+	expired, err := collect(q, rows, scanTask)
 	if err != nil {
 		return nil, fmt.Errorf("expire task leases: %w", err)
 	}

@@ -109,7 +109,7 @@ func (q *queries) ListTemplates(ctx context.Context, p store.Page) ([]*store.Tem
 	if err != nil {
 		return nil, fmt.Errorf("list templates: %w", err)
 	}
-	out, err := collect(rows, scanTemplate)
+	out, err := collect(q, rows, scanTemplate)
 	if err != nil {
 		return nil, fmt.Errorf("list templates: %w", err)
 	}
@@ -139,7 +139,7 @@ func (q *queries) DeleteTemplate(ctx context.Context, name string) error {
 		if err != nil {
 			return fmt.Errorf("delete template %q: %w", name, err)
 		}
-		names, err := collect(rows, func(s scanner) (string, error) { var n string; return n, s.Scan(&n) })
+		names, err := collect(q, rows, func(s scanner) (string, error) { var n string; return n, s.Scan(&n) })
 		if err != nil {
 			return fmt.Errorf("delete template %q: %w", name, err)
 		}
@@ -157,18 +157,19 @@ func (q *queries) DeleteTemplate(ctx context.Context, name string) error {
 	return mustAffect(res, err, "template", name)
 }
 
-// collect scans every row.
-func collect[T any](rows *sql.Rows, scan func(scanner) (T, error)) ([]T, error) {
+// collect scans every row. Errors are classified like the query's own: a
+// connection lost in the middle of a read is Unavailable, not a bug.
+func collect[T any](q *queries, rows *sql.Rows, scan func(scanner) (T, error)) ([]T, error) {
 	defer rows.Close()
 	var out []T
 	for rows.Next() {
 		v, err := scan(rows)
 		if err != nil {
-			return nil, err
+			return nil, q.db.classify(err)
 		}
 		out = append(out, v)
 	}
-	return out, rows.Err()
+	return out, q.db.classify(rows.Err())
 }
 
 // mustAffect turns "no row changed" into ErrNotFound.

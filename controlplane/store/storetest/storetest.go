@@ -43,6 +43,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"TxRollback", testTxRollback},
 		{"Notifications", testNotifications},
 		{"Elector", testElector},
+		{"PruneRecords", testPruneRecords},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -925,4 +926,43 @@ func testElector(t *testing.T, s store.Store) {
 	_, release2, err := s.Elector().Campaign(c, "loop")
 	must(t, err)
 	release2()
+}
+
+func testPruneRecords(t *testing.T, s store.Store) {
+	c := ctx(t)
+	old, recent := t0.Add(-60*24*time.Hour), t0
+	done := newTask("i1", store.TaskTargetAgent, old)
+	done.Status, done.UpdatedAt = store.TaskSucceeded, old
+	must(t, s.CreateTask(c, done))
+	running := newTask("i1", store.TaskTargetAgent, old)
+	running.Status, running.UpdatedAt = store.TaskRunning, old
+	must(t, s.CreateTask(c, running))
+	fresh := newTask("i1", store.TaskTargetAgent, recent)
+	fresh.Status = store.TaskFailed
+	must(t, s.CreateTask(c, fresh))
+	must(t, s.CreateToken(c, &store.Token{Hash: "old", InstanceID: "i1", ExpiresAt: old, CreatedAt: old}))
+	must(t, s.CreateToken(c, &store.Token{Hash: "live", InstanceID: "i1", ExpiresAt: recent.Add(time.Hour), CreatedAt: recent}))
+	must(t, s.CreateCertificate(c, &store.Certificate{Serial: "old", InstanceID: "i1", Kind: store.CertKindNode, NotBefore: old, NotAfter: old.Add(24 * time.Hour), CreatedAt: old}))
+	must(t, s.CreateCertificate(c, &store.Certificate{Serial: "live", InstanceID: "i1", Kind: store.CertKindNode, NotBefore: recent, NotAfter: recent.Add(24 * time.Hour), CreatedAt: recent}))
+
+	cut := t0.Add(-30 * 24 * time.Hour)
+	p, err := s.PruneRecords(c, cut, cut, cut)
+	must(t, err)
+	if p != (store.Pruned{Tasks: 1, Tokens: 1, Certificates: 1}) {
+		t.Fatalf("pruned %+v, want one of each", p)
+	}
+	if _, err := s.GetTask(c, done.ID); !errors.Is(err, store.ErrNotFound) {
+		t.Fatal("an old finished task survived")
+	}
+	for _, id := range []string{running.ID, fresh.ID} {
+		if _, err := s.GetTask(c, id); err != nil {
+			t.Fatalf("task %s must stay (unfinished or recent): %v", id, err)
+		}
+	}
+	if _, err := s.GetToken(c, "live"); err != nil {
+		t.Fatalf("a live token was pruned: %v", err)
+	}
+	if _, err := s.GetCertificate(c, "live"); err != nil {
+		t.Fatalf("a live certificate was pruned: %v", err)
+	}
 }
