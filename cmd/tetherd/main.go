@@ -85,6 +85,7 @@ func serveCmd() *cobra.Command {
 	f.StringVar(&o.NetbootListen, "netboot-listen", "", "serve kernels, initramfs and per-instance iPXE scripts over HTTP on this address (off by default)")
 	f.StringVar(&o.NetbootURL, "netboot-url", "", "netboot server URL as machines reach it (default http://10.0.2.2:PORT)")
 	f.DurationVar(&o.SilentAfter, "silent-after", 0, "raise instance.silent after this long without a heartbeat (default 3m; stretches with fleet size)")
+	f.DurationVar(&o.BootTimeout, "boot-timeout", 0, "error an instance whose boot makes no progress for this long (default 15m)")
 	f.DurationVar(&o.PresumedDeadAfter, "presumed-dead-after", 0, "error a silent instance whose machine is not running after this long (default 10m; stretches with fleet size)")
 	f.DurationVar(&o.ProviderSyncEvery, "provider-sync-every", 0, "compare instances with the providers' machines this often (default 1m)")
 	f.StringSliceVar(&o.SelfInstanceIDs, "self-instance", nil, "instance ids that host this control plane (drain refuses them)")

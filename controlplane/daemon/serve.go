@@ -82,6 +82,8 @@ type ServeOptions struct {
 	// SilentAfter and PresumedDeadAfter are the liveness thresholds for a
 	// small fleet (defaults 3 and 10 minutes); both stretch with its size.
 	SilentAfter, PresumedDeadAfter time.Duration
+	// BootTimeout errors a boot that makes no progress (default 15 min).
+	BootTimeout time.Duration
 	// ProviderSyncEvery is how often rows are compared with the providers'
 	// machines (default 1 minute).
 	ProviderSyncEvery time.Duration
@@ -173,7 +175,7 @@ func Serve(ctx context.Context, o ServeOptions) error {
 	wk := &worker.Worker{Store: st, Clock: o.Clock, Log: log.With("component", "worker"), Owner: worker.NewOwner("tetherd-worker"),
 		Lease: o.WorkerLease, Poll: o.WorkerPoll, Handlers: instSvc.Handlers()}
 	sensor := &liveness.Sensor{Store: st, Clock: o.Clock, Log: log, Instances: instSvc, SilentAfter: o.SilentAfter,
-		DeadAfter: o.PresumedDeadAfter, MaxHeartbeatsPerSecond: api.MaxHeartbeatsPerSecond}
+		DeadAfter: o.PresumedDeadAfter, MaxHeartbeatsPerSecond: api.MaxHeartbeatsPerSecond, BootTimeout: o.BootTimeout}
 	syncer := &provsync.Syncer{Store: st, Clock: o.Clock, Log: log, Instances: instSvc}
 	pools := &pool.Service{Store: st, Clock: o.Clock, Log: log.With("component", "pool"), Instances: instSvc,
 		StaleHeartbeatAfter: o.SilentAfter, MaxHeartbeatsPerSecond: api.MaxHeartbeatsPerSecond}

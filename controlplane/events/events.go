@@ -36,6 +36,7 @@ const (
 	InstanceAgentError      = "instance.agent_error"
 	InstanceSilent          = "instance.silent"
 	InstancePresumedDead    = "instance.presumed_dead"
+	InstanceBootTimeout     = "instance.boot_timeout"
 	InstanceTerminated      = "instance.terminated"
 	InstanceTerminateFailed = "instance.terminate_failed"
 	InstanceGuestPresent    = "instance.terminated_guest_present"

@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/tetherfleet/tether/controlplane/events"
@@ -21,6 +22,9 @@ import (
 const (
 	DefaultSilentAfter = 3 * time.Minute
 	DefaultDeadAfter   = 10 * time.Minute
+	// DefaultBootTimeout bounds a boot that makes no progress: a boot takes
+	// seconds, so a quarter of an hour is a broken one.
+	DefaultBootTimeout = 15 * time.Minute
 	// DefaultGrace absorbs the heartbeat flush interval and the jitter of
 	// the loop itself.
 	DefaultGrace = 15 * time.Second
@@ -47,6 +51,10 @@ type Sensor struct {
 	// MaxHeartbeatsPerSecond is the agents' heartbeat budget
 	// (zero: DefaultMaxHeartbeatsPerSecond).
 	MaxHeartbeatsPerSecond float64
+	// BootTimeout errors an instance that stays provisioning, starting or
+	// rebooting this long without a change (zero: DefaultBootTimeout), so
+	// none is left dangling in a boot that will never finish.
+	BootTimeout time.Duration
 }
 
 // TTL is how long an agent may stay quiet in a fleet of n running
@@ -74,6 +82,8 @@ type Result struct {
 	// Unknown instances whose provider could not be asked; left for the
 	// next tick.
 	Unknown int
+	// BootTimedOut instances errored because their boot never finished.
+	BootTimedOut int
 }
 
 func (s *Sensor) thresholds(n int) (silent, dead time.Duration) {
@@ -93,9 +103,12 @@ func (s *Sensor) thresholds(n int) (silent, dead time.Duration) {
 	return TTL(silentAfter, n, rate, grace), TTL(deadAfter, n, rate, grace)
 }
 
-// Tick checks every running instance once.
+// Tick checks every running instance's heartbeat and every boot's age once.
 func (s *Sensor) Tick(ctx context.Context) (Result, error) {
 	var res Result
+	if err := s.bootTimeouts(ctx, &res); err != nil {
+		return res, err
+	}
 	n, err := s.Store.CountInstances(ctx, store.InstanceFilter{Statuses: []string{string(lifecycle.Running)}})
 	if err != nil {
 		return res, fmt.Errorf("liveness: count running instances: %w", err)
@@ -209,6 +222,66 @@ func (s *Sensor) presumeDead(ctx context.Context, id string, heard, now time.Tim
 		res.Dead++
 		_, err = events.E{Kind: events.InstancePresumedDead, Severity: events.High, InstanceID: id, Message: reason,
 			Payload: map[string]any{"last_heartbeat_at": heard.UTC().Format(time.RFC3339), "observed": string(observed)}}.Write(ctx, q, now)
+		return err
+	})
+}
+
+var booting = []string{string(lifecycle.Provisioning), string(lifecycle.Starting), string(lifecycle.Rebooting)}
+
+// bootTimeouts errors instances whose boot has made no progress (no row
+// change: a transition, an agent error) for BootTimeout. Warming pool
+// members are the pool reaper's: it replaces them on a shorter timeout.
+func (s *Sensor) bootTimeouts(ctx context.Context, res *Result) error {
+	limit := s.BootTimeout
+	if limit <= 0 {
+		limit = DefaultBootTimeout
+	}
+	now := s.Clock.Now()
+	page := store.Page{Limit: store.MaxPageSize}
+	for {
+		ins, err := s.Store.ListInstances(ctx, store.InstanceFilter{Statuses: booting}, page)
+		if err != nil {
+			return fmt.Errorf("liveness: list booting instances: %w", err)
+		}
+		for _, in := range ins {
+			if in.TerminateRequestedAt != nil || in.PoolState == store.PoolStateWarming || now.Sub(in.UpdatedAt) < limit {
+				continue
+			}
+			if err := s.timeOut(ctx, in.ID, limit, now, res); err != nil {
+				return err
+			}
+		}
+		if len(ins) < page.Limit {
+			return nil
+		}
+		page.After = ins[len(ins)-1].ID
+	}
+}
+
+func (s *Sensor) timeOut(ctx context.Context, id string, limit time.Duration, now time.Time, res *Result) error {
+	return s.Store.Tx(ctx, func(q store.Queries) error {
+		in, err := q.LockInstance(ctx, id)
+		if err != nil {
+			return err
+		}
+		if !slices.Contains(booting, in.Status) || in.TerminateRequestedAt != nil || now.Sub(in.UpdatedAt) < limit {
+			return nil // it moved on meanwhile
+		}
+		phase := in.AgentPhase
+		if phase == "" {
+			phase = "none (the agent never reported)"
+		}
+		reason := fmt.Sprintf("boot did not finish: %s for %s with no progress; last agent phase %s", in.Status, limit, phase)
+		if in.AgentError != "" {
+			reason += "; agent error: " + in.AgentError
+		}
+		in.ErrorMessage = reason
+		if err := s.Instances.TransitionTx(ctx, q, in, lifecycle.MarkErrored, reason, now); err != nil {
+			return err
+		}
+		res.BootTimedOut++
+		_, err = events.E{Kind: events.InstanceBootTimeout, Severity: events.High, InstanceID: id, Message: reason,
+			Payload: map[string]any{"status": in.Status, "agent_phase": in.AgentPhase, "agent_error": in.AgentError}}.Write(ctx, q, now)
 		return err
 	})
 }

@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -213,5 +214,63 @@ func TestInstancesBeingTerminatedAreLeftAlone(t *testing.T) {
 	f.clk.Advance(time.Hour)
 	if res := f.tick(t); res != (liveness.Result{}) {
 		t.Fatalf("touched an instance being terminated: %+v", res)
+	}
+}
+
+// TestBootTimeout: a boot that makes no progress for the timeout goes to
+// error with the agent's last word; live boots, warming pool members (the
+// reaper's) and boots being terminated are left alone.
+func TestBootTimeout(t *testing.T) {
+	tests := []struct {
+		name      string
+		status    lifecycle.State
+		poolState string
+		age       time.Duration
+		terminate bool
+		want      bool
+	}{
+		{"stuck provisioning", lifecycle.Provisioning, "", 16 * time.Minute, false, true},
+		{"stuck rebooting", lifecycle.Rebooting, "", 20 * time.Minute, false, true},
+		{"stuck starting", lifecycle.Starting, "", 16 * time.Minute, false, true},
+		{"booting for a while", lifecycle.Provisioning, "", 10 * time.Minute, false, false},
+		{"warming pool member", lifecycle.Provisioning, store.PoolStateWarming, time.Hour, false, false},
+		{"being terminated", lifecycle.Provisioning, "", time.Hour, true, false},
+		{"running is liveness's other half", lifecycle.Running, "", time.Hour, false, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := setup(t)
+			then := f.clk.Now()
+			in := &store.Instance{NodeID: f.nodeID, Status: string(tc.status), Provider: fake.Name, PoolState: tc.poolState,
+				AgentPhase: "pulling", AgentError: "module base:1 digest mismatch", LastHeartbeatAt: &then, CreatedAt: then, UpdatedAt: then}
+			if tc.terminate {
+				in.TerminateRequestedAt = &then
+			}
+			if err := f.st.CreateInstance(f.ctx, in); err != nil {
+				t.Fatal(err)
+			}
+			f.clk.Advance(tc.age)
+			// A stuck agent may well keep heartbeating, reporting why.
+			if err := f.st.RecordHeartbeats(f.ctx, []store.Heartbeat{{InstanceID: in.ID, At: f.clk.Now(), Phase: "pulling",
+				AgentError: "module base:1 digest mismatch"}}); err != nil {
+				t.Fatal(err)
+			}
+			res := f.tick(t)
+			got, err := f.st.GetInstance(f.ctx, in.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if errored := got.Status == string(lifecycle.Error); errored != tc.want || (res.BootTimedOut == 1) != tc.want {
+				t.Fatalf("status %s, timed out %d; want errored=%v", got.Status, res.BootTimedOut, tc.want)
+			}
+			if tc.want {
+				if !strings.Contains(got.ErrorMessage, "pulling") || !strings.Contains(got.ErrorMessage, "digest mismatch") {
+					t.Fatalf("the reason must carry the agent's last phase and error: %q", got.ErrorMessage)
+				}
+				if f.count(t, in.ID, "instance.boot_timeout") != 1 {
+					t.Fatal("no instance.boot_timeout event")
+				}
+			}
+		})
 	}
 }
