@@ -86,6 +86,9 @@ type Config struct {
 	// StateDir/rootfs, under /run so they move into the new root with it).
 	RootTarget  string
 	RootWorkDir string
+	// Extensions attaches extension modules at StateDir/ext/<name> on the
+	// node's own root (nil: they are fetched and verified, not attached).
+	Extensions ExtensionMounter
 	// Power acts on reboot and poweroff tasks. Default: the real one when
 	// the agent runs the node (switch mode, after this boot's switch, or
 	// with AllowPower), a dry run otherwise.
@@ -161,6 +164,8 @@ type agent struct {
 	status  *session.Status
 	backoff session.Backoff
 	procs   *tasks.Registry
+	// st is this boot's saved state (agent.json in the state dir).
+	st savedState
 }
 
 // Run takes the node to ready and then serves the control plane until ctx
@@ -223,11 +228,13 @@ func (a *agent) run(ctx context.Context) error {
 		a.cfg.BootID = kernelBootID()
 	}
 	cfg = a.cfg
-	st, err := loadState(cfg.StateDir)
+	loaded, err := loadState(cfg.StateDir)
 	if err != nil {
 		a.con.Printf("ignoring unreadable %s: %v (delete it if this repeats)", filepath.Join(cfg.StateDir, stateFile), err)
-		st = savedState{}
+		loaded = savedState{}
 	}
+	a.st = loaded
+	st := &a.st
 	successor := st.Switched && st.BootID == cfg.BootID
 
 	explicit := identity.Fields{URL: cfg.ControlPlane, Token: cfg.Token, CA: cfg.CASHA256}
@@ -274,9 +281,9 @@ func (a *agent) run(ctx context.Context) error {
 	}
 	st.BootID, st.URL, st.CA = cfg.BootID, disc.URL, disc.CA
 	if !successor {
-		st.Switched, st.Modules = false, nil
+		st.Switched, st.Modules, st.Extensions = false, nil, nil
 	}
-	if err := saveState(cfg.StateDir, st); err != nil {
+	if err := saveState(cfg.StateDir, *st); err != nil {
 		return fmt.Errorf("save agent state in %s: %w", cfg.StateDir, err)
 	}
 
@@ -359,10 +366,19 @@ func (a *agent) run(ctx context.Context) error {
 	}()
 
 	if successor {
-		a.status.SetModules(st.Modules)
+		a.reportModules()
 		a.con.Printf("running on the root this boot's first agent composed (%d root layers verified before the switch)", len(st.Modules))
-	} else if err := a.bringUp(ctx, conns, current(), startSession, &st); err != nil {
+	} else if err := a.bringUp(ctx, conns, current(), startSession, st); err != nil {
 		return a.fail(ctx, current(), err)
+	}
+	if a.attaching() {
+		asg, err := a.assignment(ctx, conns)
+		if err != nil {
+			return a.fail(ctx, current(), err)
+		}
+		if _, err := a.syncExtensions(ctx, conns, asg); err != nil {
+			return a.fail(ctx, current(), err)
+		}
 	}
 	a.con.Printf("ready: instance %s, agent %s, boot %s", id.InstanceID, cfg.Version, cfg.BootID)
 	a.setPhase(tetherv1.AgentPhase_AGENT_PHASE_READY)

@@ -24,6 +24,9 @@ type savedState struct {
 	Switched bool `json:"switched"`
 	// Modules are the digests of the root layers in use.
 	Modules []string `json:"modules,omitempty"`
+	// Extensions are the attached extension modules: name -> digest,
+	// mounted at StateDir/ext/<name>.
+	Extensions map[string]string `json:"extensions,omitempty"`
 	// URL and CA let the successor reconnect without rediscovering them.
 	URL string `json:"url,omitempty"`
 	CA  string `json:"ca,omitempty"`

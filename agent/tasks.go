@@ -69,7 +69,17 @@ func (a *agent) moduleSync(ctx context.Context, conns *connHolder) (string, erro
 		}
 		fmt.Fprintf(&b, "verified %s %s %s\n", kind, modules.Name(m), m.GetDigest())
 	}
-	running := a.status.Modules()
+	if a.attaching() {
+		changes, err := a.syncExtensions(ctx, conns, asg)
+		b.WriteString(changes)
+		if err != nil {
+			return b.String(), err
+		}
+	}
+	running := a.st.Modules
+	if !a.st.Switched {
+		running = a.status.Modules()
+	}
 	if len(running) > len(assignedRoot) {
 		running = running[:len(assignedRoot)]
 	}

@@ -506,3 +506,47 @@ func TestVMPool(t *testing.T) {
 		}
 	}
 }
+
+// TestVMExtensionModule: an extension module is attached read-only at
+// /run/tether/ext/<name> on the running node, and detached by module_sync
+// once the template no longer assigns it.
+func TestVMExtensionModule(t *testing.T) {
+	env := newVMEnv(t)
+	ctx := vmCtx(t)
+	hello, err := os.ReadFile(filepath.Join(filepath.Dir(env.a.rootModule), "tether-example-hello.erofs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	env.cp.PushModule(ctx, "hello", "1", hello)
+	if _, err := env.cp.Admin.UpdateTemplate(ctx, &v1.UpdateTemplateRequest{Name: env.template, UpdateMask: []string{"extension_modules"},
+		ExtensionModules: []*v1.ModuleRef{{Name: "hello", Version: "1"}}}); err != nil {
+		t.Fatal(err)
+	}
+	id := env.provision(t, ctx)
+	env.waitRunning(t, ctx, id, func(in *v1.Instance) bool { return len(in.RunningModuleDigests) == 2 })
+	want, err := os.ReadFile(filepath.Join("..", "examples", "hello", "usr", "share", "tether-example", "hello"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := env.exec(t, ctx, id, "cat", "/run/tether/ext/hello/usr/share/tether-example/hello"); got != string(want) {
+		t.Fatalf("extension file: %q, want %q", got, want)
+	}
+	if mounts := env.exec(t, ctx, id, "cat", "/proc/mounts"); !strings.Contains(mounts, "/run/tether/ext/hello erofs ro") {
+		t.Fatalf("the extension is not a read-only erofs mount:\n%s", mounts)
+	}
+
+	if _, err := env.cp.Admin.UpdateTemplate(ctx, &v1.UpdateTemplateRequest{Name: env.template, UpdateMask: []string{"extension_modules"}}); err != nil {
+		t.Fatal(err)
+	}
+	task, err := env.cp.Admin.CreateTask(ctx, &v1.CreateTaskRequest{InstanceId: id, Kind: v1.TaskKind_TASK_KIND_MODULE_SYNC})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := waitTask(t, ctx, env.cp, task.Id)
+	if got.Status != v1.TaskStatus_TASK_STATUS_SUCCEEDED || !strings.Contains(string(got.GetResult().GetOutput()), "detached extension hello") {
+		t.Fatalf("module_sync: %v %s %q", got.Status, got.ErrorMessage, got.GetResult().GetOutput())
+	}
+	if mounts := env.exec(t, ctx, id, "cat", "/proc/mounts"); strings.Contains(mounts, "/run/tether/ext/hello") {
+		t.Fatalf("the extension is still mounted after module_sync:\n%s", mounts)
+	}
+}

@@ -61,6 +61,7 @@ func main() {
 		AllowPower:   *allowPower,
 		Version:      version,
 		Root:         realRoot{},
+		Extensions:   realExtensions{},
 	}
 	if pid1 {
 		cfg.Boot = agent.BootSetupFunc(func(ctx context.Context, logf func(string, ...any)) error {
@@ -103,4 +104,20 @@ func (realRoot) Switch(target string) error {
 		return fmt.Errorf("%w (%v)", agent.ErrNoInit, err)
 	}
 	return err
+}
+
+// realExtensions attaches extension modules with a loop device and a
+// read-only erofs mount, and detaches them lazily (MNT_DETACH), so a
+// process still inside the directory does not block an update.
+type realExtensions struct{}
+
+func (realExtensions) Attach(image, dir string) error {
+	return rootfs.MountErofs(rootfs.RealSys(), image, dir)
+}
+
+func (realExtensions) Detach(dir string) error {
+	if err := rootfs.RealSys().Unmount(dir, unix.MNT_DETACH); err != nil {
+		return fmt.Errorf("unmount %s: %w", dir, err)
+	}
+	return nil
 }
