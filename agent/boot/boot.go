@@ -129,17 +129,28 @@ type pseudoMount struct {
 	source, target, fstype string
 	flags                  uintptr
 	data                   string
+	// fallback is the data to retry with when the kernel refuses data
+	// (an option it was built without).
+	fallback string
 }
 
 // pseudoMounts is the order Setup mounts them in; /dev/pts needs /dev.
 var pseudoMounts = []pseudoMount{
-	{"devtmpfs", "/dev", "devtmpfs", unix.MS_NOSUID, "mode=0755"},
-	{"devpts", "/dev/pts", "devpts", unix.MS_NOSUID | unix.MS_NOEXEC, "gid=5,mode=0620,ptmxmode=0666"},
-	{"proc", "/proc", "proc", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, ""},
-	{"sysfs", "/sys", "sysfs", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, ""},
-	{"tmpfs", "/run", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV, "mode=0755"},
-	{"tmpfs", "/tmp", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV, "mode=1777"},
+	{"devtmpfs", "/dev", "devtmpfs", unix.MS_NOSUID, "mode=0755", ""},
+	{"devpts", "/dev/pts", "devpts", unix.MS_NOSUID | unix.MS_NOEXEC, "gid=5,mode=0620,ptmxmode=0666", ""},
+	{"proc", "/proc", "proc", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, "", ""},
+	{"sysfs", "/sys", "sysfs", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, "", ""},
+	// /run holds the module cache: verified erofs images the root is
+	// mounted from. Huge pages make writing a module ~4x cheaper (a
+	// 64 MiB module is 32 pages, not 16,384), so fetch + verify runs at
+	// wire speed. Kernels without transparent huge pages get a plain tmpfs.
+	{"tmpfs", "/run", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV, RunMountData, "mode=0755"},
+	{"tmpfs", "/tmp", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV, "mode=1777", ""},
 }
+
+// RunMountData is how /run is mounted on a node; the fetch benchmark
+// mounts its cache the same way.
+const RunMountData = "mode=0755,huge=within_size"
 
 // MountPseudoFilesystems does the mounting part of Setup. The kernel does
 // not mount devtmpfs for an initramfs (CONFIG_DEVTMPFS_MOUNT only applies to
@@ -156,7 +167,11 @@ func MountPseudoFilesystems() error {
 		if mounted {
 			continue
 		}
-		if err := unix.Mount(m.source, m.target, m.fstype, m.flags, m.data); err != nil {
+		err = unix.Mount(m.source, m.target, m.fstype, m.flags, m.data)
+		if errors.Is(err, unix.EINVAL) && m.fallback != "" {
+			err = unix.Mount(m.source, m.target, m.fstype, m.flags, m.fallback)
+		}
+		if err != nil {
 			return fmt.Errorf("boot: mount %s on %s: %w", m.fstype, m.target, err)
 		}
 	}

@@ -187,7 +187,12 @@ func (m *Manager) Dial(clientCert bool) (*grpc.ClientConn, error) {
 	if clientCert {
 		cfg = m.TLSConfig()
 	}
-	opts := append([]grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(cfg))}, m.cfg.DialOptions...)
+	opts := append([]grpc.DialOption{
+		grpc.WithTransportCredentials(credentials.NewTLS(cfg)),
+		// tls.Conn buffers what it reads already; gRPC's 32 KiB read buffer
+		// in front of it would only copy every module byte once more.
+		grpc.WithReadBufferSize(0),
+	}, m.cfg.DialOptions...)
 	// passthrough: the target is HOST:PORT handed to the dialer as is; an
 	// initramfs has no resolv.conf for grpc's DNS resolver to read.
 	conn, err := grpc.NewClient("passthrough:///"+m.target, opts...)

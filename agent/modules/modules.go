@@ -22,6 +22,7 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -271,12 +272,15 @@ func (f *Fetcher) stream(ctx context.Context, m *tetherv1.Module, offset int64, 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	name := Name(m)
-	st, err := f.cfg.Client().FetchModule(ctx, &tetherv1.FetchModuleRequest{Digest: m.GetDigest(), Offset: offset})
+	// chunkCodec leaves each chunk's data in gRPC's receive buffers; the
+	// sink hashes and writes it from there, then releases them.
+	st, err := f.cfg.Client().FetchModule(ctx, &tetherv1.FetchModuleRequest{Digest: m.GetDigest(), Offset: offset}, grpc.ForceCodecV2(chunkCodec{}))
 	if err != nil {
 		return 0, 0, classify(err, offset)
 	}
 	for {
-		c, err := st.Recv()
+		var c wireChunk
+		err := st.RecvMsg(&c)
 		if err == io.EOF {
 			if total > 0 && offset+got < total {
 				return got, size, fmt.Errorf("stream ended at %d of %d bytes", offset+got, total)
@@ -286,25 +290,37 @@ func (f *Fetcher) stream(ctx context.Context, m *tetherv1.Module, offset int64, 
 		if err != nil {
 			return got, size, classify(err, offset+got)
 		}
-		if c.GetOffset() != offset+got {
-			return got, size, fmt.Errorf("server sent offset %d, expected %d", c.GetOffset(), offset+got)
+		n := int64(c.data.Len())
+		if err := checkChunk(m, &c, offset+got, total); err != nil {
+			c.free()
+			return got, size, err
 		}
-		if s := c.GetSize(); s > 0 {
-			if m.GetSize() > 0 && s != m.GetSize() {
-				return got, size, &permanentError{err: fmt.Errorf("server says the module is %d bytes, the assignment says %d", s, m.GetSize()), discard: true}
-			}
-			size, total = s, s
+		if c.size > 0 {
+			size, total = c.size, c.size
 		}
-		data := c.GetData()
-		if total > 0 && offset+got+int64(len(data)) > total {
-			return got, size, &permanentError{err: fmt.Errorf("server sent more than the module's %d bytes", total), discard: true}
-		}
-		if err := w.write(data); err != nil {
+		if err := w.write(c.offset, c.data); err != nil {
 			return got, size, &permanentError{err: err}
 		}
-		got += int64(len(data))
+		got += n
 		f.cfg.Progress(Progress{Module: name, Digest: m.GetDigest(), Done: offset + got, Total: total, Resumed: resumed})
 	}
+}
+
+// checkChunk checks a chunk against the bytes expected next.
+func checkChunk(m *tetherv1.Module, c *wireChunk, want, total int64) error {
+	if c.offset != want {
+		return fmt.Errorf("server sent offset %d, expected %d", c.offset, want)
+	}
+	if c.size > 0 {
+		if m.GetSize() > 0 && c.size != m.GetSize() {
+			return &permanentError{err: fmt.Errorf("server says the module is %d bytes, the assignment says %d", c.size, m.GetSize()), discard: true}
+		}
+		total = c.size
+	}
+	if total > 0 && want+int64(c.data.Len()) > total {
+		return &permanentError{err: fmt.Errorf("server sent more than the module's %d bytes", total), discard: true}
+	}
+	return nil
 }
 
 // classify splits stream errors into retryable and permanent ones.

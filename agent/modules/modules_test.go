@@ -338,3 +338,60 @@ func TestCheckSignatures(t *testing.T) {
 		t.Fatalf("err = %v, want the unsigned extension refused", err)
 	}
 }
+
+// Chunks that are not a multiple of the HTTP/2 frame size, and a cut in the
+// middle of one: every chunk is written at its offset from several receive
+// buffers.
+func TestFetchOddChunkSizes(t *testing.T) {
+	for _, chunk := range []int{1, 16<<10 + 1, 300_001, 1<<20 + 7} {
+		t.Run(fmt.Sprint(chunk), func(t *testing.T) {
+			e := newEnv(t, t.TempDir())
+			size := 3<<20 + 5
+			if chunk == 1 {
+				size = 5000
+			}
+			blob := randomBytes(t, size)
+			m := e.addModule("base", blob)
+			e.srv.Lock()
+			e.srv.ChunkSize = chunk
+			e.srv.CutAfter = int64(size/2 + 3)
+			e.srv.CutTimes = 1
+			e.srv.Unlock()
+			path, err := e.fetcher(t, &recorder{}).Fetch(context.Background(), m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, _ := os.ReadFile(path); !bytes.Equal(got, blob) {
+				t.Fatal("cached file differs from the module")
+			}
+			if got := e.offsets(); len(got) != 2 || got[1] != int64(size/2+3) {
+				t.Fatalf("offsets = %v", got)
+			}
+		})
+	}
+}
+
+// A partial file longer than the module (left by another module's
+// download under a colliding name, or garbage) cannot be a prefix of it:
+// it is dropped and the module downloaded from the start.
+func TestFetchDropsPartialLongerThanModule(t *testing.T) {
+	e := newEnv(t, t.TempDir())
+	blob := randomBytes(t, 1<<20)
+	m := e.addModule("base", blob)
+	f := e.fetcher(t, &recorder{})
+	final, _ := f.Path(m.Digest)
+	os.MkdirAll(e.dir, 0o700)
+	if err := os.WriteFile(final+".partial", randomBytes(t, len(blob)+4096), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	path, err := f.Fetch(context.Background(), m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(path); !bytes.Equal(got, blob) {
+		t.Fatal("cached file differs from the module")
+	}
+	if got := e.offsets(); len(got) != 1 || got[0] != 0 {
+		t.Fatalf("offsets = %v, want [0]", got)
+	}
+}

@@ -9,12 +9,14 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
 
 	"github.com/tetherfleet/tether/controlplane/fail"
 	"github.com/tetherfleet/tether/controlplane/modules"
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/controlplane/tasks"
+	"github.com/tetherfleet/tether/internal/modulewire"
 	"github.com/tetherfleet/tether/pki/ca"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
@@ -137,20 +139,25 @@ func (a *agentServer) FetchModule(req *v1.FetchModuleRequest, stream v1.AgentSer
 	if req.Offset > size {
 		return fail.Invalid("offset", "%d is past the end of the module (%d bytes)", req.Offset, size)
 	}
-	buf := make([]byte, fetchChunk)
 	off := req.Offset
 	first := true
 	for {
-		n, err := f.ReadAt(buf, off)
+		// The transport returns buf to the pool once the chunk is on the
+		// wire (see fetchcodec.go): it is sent without a copy.
+		buf := modulewire.Buffers.Get(fetchChunk)
+		n, err := f.ReadAt(*buf, off)
 		if n > 0 || first {
-			chunk := &v1.ModuleChunk{Offset: off, Data: buf[:n]}
+			*buf = (*buf)[:n]
+			chunk := &modulewire.Chunk{Offset: off, Data: mem.NewBuffer(buf, modulewire.Buffers)}
 			if first {
 				chunk.Size, first = size, false
 			}
-			if err := stream.Send(chunk); err != nil {
+			if err := stream.SendMsg(chunk); err != nil {
 				return err
 			}
 			off += int64(n)
+		} else {
+			modulewire.Buffers.Put(buf)
 		}
 		if errors.Is(err, io.EOF) || off >= size {
 			return nil

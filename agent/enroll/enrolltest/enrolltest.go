@@ -26,11 +26,15 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/encoding"
+	grpcproto "google.golang.org/grpc/encoding/proto"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/tetherfleet/tether/internal/modulewire"
 	"github.com/tetherfleet/tether/pki"
 	tetherv1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
@@ -248,7 +252,11 @@ func Start(t testing.TB, ca *CA, opts ...Option) *Server {
 	}
 	s.Addr = lis.Addr().String()
 	s.URL = "https://" + s.Addr
-	s.grpc = grpc.NewServer(append([]grpc.ServerOption{grpc.Creds(credentials.NewTLS(tlsCfg))}, s.grpcOpts...)...)
+	s.grpc = grpc.NewServer(append([]grpc.ServerOption{
+		grpc.Creds(credentials.NewTLS(tlsCfg)),
+		// FetchModule sends without copying, as tetherd's does.
+		grpc.ForceServerCodecV2(modulewire.NewCodec(encoding.GetCodecV2(grpcproto.Name))),
+	}, s.grpcOpts...)...)
 	tetherv1.RegisterEnrollmentServiceServer(s.grpc, s)
 	tetherv1.RegisterAgentServiceServer(s.grpc, s)
 	go s.grpc.Serve(lis)
@@ -389,6 +397,11 @@ func (s *Server) FetchModule(req *tetherv1.FetchModuleRequest, stream tetherv1.A
 	if off < 0 || off > int64(len(blob)) {
 		return status.Errorf(codes.OutOfRange, "offset %d outside 0..%d", off, len(blob))
 	}
+	// Blobs are never modified in place (a test swaps in another slice), so
+	// chunks can alias them.
+	send := func(off, end, size int64) error {
+		return stream.SendMsg(&modulewire.Chunk{Offset: off, Data: mem.SliceBuffer(blob[off:end]), Size: size})
+	}
 	var sent int64
 	first := true
 	for off < int64(len(blob)) || first {
@@ -396,18 +409,17 @@ func (s *Server) FetchModule(req *tetherv1.FetchModuleRequest, stream tetherv1.A
 		if cut >= 0 && sent+(end-off) > cut {
 			end = off + (cut - sent)
 			if end > off {
-				if err := stream.Send(&tetherv1.ModuleChunk{Offset: off, Data: blob[off:end], Size: int64(len(blob))}); err != nil {
+				if err := send(off, end, int64(len(blob))); err != nil {
 					return err
 				}
 			}
 			return status.Error(codes.Unavailable, "stream cut by the test")
 		}
-		msg := &tetherv1.ModuleChunk{Offset: off, Data: blob[off:end]}
+		var size int64
 		if first {
-			msg.Size = int64(len(blob))
-			first = false
+			size, first = int64(len(blob)), false
 		}
-		if err := stream.Send(msg); err != nil {
+		if err := send(off, end, size); err != nil {
 			return err
 		}
 		sent += end - off
