@@ -22,19 +22,14 @@ func (a *adminServer) pools() (*pool.Service, error) {
 
 // LifecycleClassName is the stored form of a lifecycle class ("" for
 // unspecified).
-func LifecycleClassName(c v1.LifecycleClass) string {
-	if c == v1.LifecycleClass_LIFECYCLE_CLASS_UNSPECIFIED {
-		return ""
-	}
-	return enumName("LIFECYCLE_CLASS_", c.String())
-}
+func LifecycleClassName(c v1.LifecycleClass) string { return storedName("LIFECYCLE_CLASS_", c) }
 
 func lifecycleClass(name string) v1.LifecycleClass {
-	return v1.LifecycleClass(enumValue("LIFECYCLE_CLASS_", name, v1.LifecycleClass_value))
+	return fromStored[v1.LifecycleClass]("LIFECYCLE_CLASS_", name, v1.LifecycleClass_value)
 }
 
 func poolStatus(name string) v1.PoolStatus {
-	return v1.PoolStatus(enumValue("POOL_STATUS_", name, v1.PoolStatus_value))
+	return fromStored[v1.PoolStatus]("POOL_STATUS_", name, v1.PoolStatus_value)
 }
 
 func metadataIn(m *v1.PoolMetadata) store.PoolMetadata {

@@ -29,86 +29,67 @@ func ntsp(t *time.Time) *timestamppb.Timestamp {
 	return tsp(*t)
 }
 
-// enumName maps "pending" <-> INSTANCE_STATUS_PENDING for every enum whose
-// values are PREFIX_NAME.
-func enumName(prefix, full string) string {
-	return strings.ToLower(strings.TrimPrefix(full, prefix))
+// protoEnum is a generated enum whose values are PREFIX_NAME and whose zero
+// value is PREFIX_UNSPECIFIED.
+type protoEnum interface {
+	~int32
+	String() string
 }
 
-func enumValue(prefix, name string, values map[string]int32) int32 {
-	return values[prefix+strings.ToUpper(name)]
+// storedName is how an enum value is stored: INSTANCE_STATUS_PENDING is
+// "pending", UNSPECIFIED is "".
+func storedName[E protoEnum](prefix string, e E) string {
+	if e == 0 {
+		return ""
+	}
+	return strings.ToLower(strings.TrimPrefix(e.String(), prefix))
+}
+
+// fromStored is the enum value of a stored name (UNSPECIFIED if unknown).
+func fromStored[E protoEnum](prefix, name string, values map[string]int32) E {
+	return E(values[prefix+strings.ToUpper(name)])
 }
 
 // InstanceStatusName is the stored form of a proto status.
-func InstanceStatusName(s v1.InstanceStatus) string {
-	if s == v1.InstanceStatus_INSTANCE_STATUS_UNSPECIFIED {
-		return ""
-	}
-	return enumName("INSTANCE_STATUS_", s.String())
-}
-
-func instanceStatus(name string) v1.InstanceStatus {
-	return v1.InstanceStatus(enumValue("INSTANCE_STATUS_", name, v1.InstanceStatus_value))
-}
+func InstanceStatusName(s v1.InstanceStatus) string { return storedName("INSTANCE_STATUS_", s) }
 
 // PhaseName is the stored form of an agent phase.
-func PhaseName(p v1.AgentPhase) string {
-	if p == v1.AgentPhase_AGENT_PHASE_UNSPECIFIED {
-		return ""
-	}
-	return enumName("AGENT_PHASE_", p.String())
+func PhaseName(p v1.AgentPhase) string { return storedName("AGENT_PHASE_", p) }
+
+// PoolStateName is the stored form of a pool state.
+func PoolStateName(s v1.PoolState) string { return storedName("POOL_STATE_", s) }
+
+// TaskKindName is the stored form of a task kind.
+func TaskKindName(k v1.TaskKind) string { return storedName("TASK_KIND_", k) }
+
+// TaskStatusName is the stored form of a task status.
+func TaskStatusName(s v1.TaskStatus) string { return storedName("TASK_STATUS_", s) }
+
+// TaskTargetName is the stored form of a task target.
+func TaskTargetName(t v1.TaskTarget) string { return storedName("TASK_TARGET_", t) }
+
+func instanceStatus(name string) v1.InstanceStatus {
+	return fromStored[v1.InstanceStatus]("INSTANCE_STATUS_", name, v1.InstanceStatus_value)
 }
 
 func agentPhase(name string) v1.AgentPhase {
-	return v1.AgentPhase(enumValue("AGENT_PHASE_", name, v1.AgentPhase_value))
+	return fromStored[v1.AgentPhase]("AGENT_PHASE_", name, v1.AgentPhase_value)
 }
 
 func poolState(name string) v1.PoolState {
-	return v1.PoolState(enumValue("POOL_STATE_", name, v1.PoolState_value))
-}
-
-// PoolStateName is the stored form of a pool state.
-func PoolStateName(s v1.PoolState) string {
-	if s == v1.PoolState_POOL_STATE_UNSPECIFIED {
-		return ""
-	}
-	return enumName("POOL_STATE_", s.String())
-}
-
-// TaskKindName is the stored form of a task kind.
-func TaskKindName(k v1.TaskKind) string {
-	if k == v1.TaskKind_TASK_KIND_UNSPECIFIED {
-		return ""
-	}
-	return enumName("TASK_KIND_", k.String())
+	return fromStored[v1.PoolState]("POOL_STATE_", name, v1.PoolState_value)
 }
 
 func taskKind(name string) v1.TaskKind {
-	return v1.TaskKind(enumValue("TASK_KIND_", name, v1.TaskKind_value))
-}
-
-// TaskStatusName is the stored form of a task status.
-func TaskStatusName(s v1.TaskStatus) string {
-	if s == v1.TaskStatus_TASK_STATUS_UNSPECIFIED {
-		return ""
-	}
-	return enumName("TASK_STATUS_", s.String())
+	return fromStored[v1.TaskKind]("TASK_KIND_", name, v1.TaskKind_value)
 }
 
 func taskStatus(name string) v1.TaskStatus {
-	return v1.TaskStatus(enumValue("TASK_STATUS_", name, v1.TaskStatus_value))
-}
-
-// TaskTargetName is the stored form of a task target.
-func TaskTargetName(t v1.TaskTarget) string {
-	if t == v1.TaskTarget_TASK_TARGET_UNSPECIFIED {
-		return ""
-	}
-	return enumName("TASK_TARGET_", t.String())
+	return fromStored[v1.TaskStatus]("TASK_STATUS_", name, v1.TaskStatus_value)
 }
 
 func taskTarget(name string) v1.TaskTarget {
-	return v1.TaskTarget(enumValue("TASK_TARGET_", name, v1.TaskTarget_value))
+	return fromStored[v1.TaskTarget]("TASK_TARGET_", name, v1.TaskTarget_value)
 }
 
 func jsonStruct(raw json.RawMessage) *structpb.Struct {
