@@ -1,28 +1,20 @@
 package instances_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
-	"log/slog"
-	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
-	"time"
 
 	"google.golang.org/grpc/codes"
 
 	"github.com/tetherfleet/tether/controlplane/fail"
 	"github.com/tetherfleet/tether/controlplane/instances"
+	"github.com/tetherfleet/tether/controlplane/instances/instancestest"
 	"github.com/tetherfleet/tether/controlplane/lifecycle"
-	"github.com/tetherfleet/tether/controlplane/modules"
 	"github.com/tetherfleet/tether/controlplane/store"
-	"github.com/tetherfleet/tether/controlplane/store/sqlite"
 	"github.com/tetherfleet/tether/controlplane/worker"
 	"github.com/tetherfleet/tether/internal/clock"
-	"github.com/tetherfleet/tether/providers"
-	"github.com/tetherfleet/tether/providers/external"
 	"github.com/tetherfleet/tether/providers/fake"
 )
 
@@ -37,70 +29,15 @@ type env struct {
 	svc  *instances.Service
 	wk   *worker.Worker
 	node *store.Node
-	logs *syncBuffer
+	logs *instancestest.LogBuffer
 }
 
-// syncBuffer collects log output from concurrent goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-var t0 = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+var t0 = instancestest.T0
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	t.Cleanup(cancel)
-	dir := t.TempDir()
-	st, err := sqlite.Open(ctx, filepath.Join(dir, "tether.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	blobs, err := modules.OpenBlobs(filepath.Join(dir, "blobs"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	kernel, _, err := blobs.Ingest(strings.NewReader("a kernel"), false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	initrd, _, err := blobs.Ingest(strings.NewReader("an initramfs"), false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	clk := clock.NewFake(t0)
-	logs := &syncBuffer{}
-	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	fp := fake.New(fake.WithClock(clk))
-	svc := &instances.Service{Store: st, Clock: clk, Log: log,
-		Machines:  map[string]providers.Provider{fake.Name: fp, external.Name: external.New()},
-		Artifacts: &instances.Artifacts{Blobs: blobs, Kernel: kernel, Initramfs: initrd, BaseURL: "http://10.0.2.2:8080"},
-		AgentURL:  "https://10.0.2.2:7443", CAFingerprint: "sha256:" + strings.Repeat("ab", 32),
-		Owner: "api-test", RetryBackoff: time.Millisecond, OpTimeout: 10 * time.Second}
-	wk := &worker.Worker{Store: st, Clock: clk, Log: log, Owner: "worker-test", Handlers: svc.Handlers()}
-	tpl := &store.Template{Name: "tpl", KernelArgs: "quiet", CreatedAt: t0, UpdatedAt: t0}
-	if err := st.CreateTemplate(ctx, tpl); err != nil {
-		t.Fatal(err)
-	}
-	node := &store.Node{Name: "n1", TemplateID: tpl.ID, Enabled: true, Config: []byte("{}"), CreatedAt: t0, UpdatedAt: t0}
-	if err := st.CreateNode(ctx, node); err != nil {
-		t.Fatal(err)
-	}
-	return &env{t: t, ctx: ctx, st: st, clk: clk, fake: fp, svc: svc, wk: wk, node: node, logs: logs}
+	f := instancestest.New(t, instancestest.SQLite(t), instancestest.Options{Owner: "api-test", KernelArgs: "quiet", Node: "n1"})
+	return &env{t: t, ctx: f.Ctx, st: f.Store, clk: f.Clock, fake: f.Fake, svc: f.Instances, wk: f.Worker, node: f.Node, logs: f.Logs}
 }
 
 // provision provisions on the fake provider and runs the worker once.

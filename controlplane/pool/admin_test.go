@@ -7,6 +7,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/tetherfleet/tether/controlplane/fail"
+	"github.com/tetherfleet/tether/controlplane/instances/instancestest"
 	"github.com/tetherfleet/tether/controlplane/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/pool"
 	"github.com/tetherfleet/tether/controlplane/store"
@@ -16,7 +17,7 @@ import (
 func intp(i int) *int { return &i }
 
 func TestCreateValidation(t *testing.T) {
-	e := newEnv(t, openSQLite)
+	e := newEnv(t, instancestest.SQLite)
 	ok := func(mod func(*pool.CreateParams)) pool.CreateParams {
 		p := pool.CreateParams{Name: "ci", Template: "tpl", Provider: fake.Name, TargetSize: 3}
 		if mod != nil {
@@ -81,7 +82,7 @@ func errMsg(err error) string {
 }
 
 func TestCreateDefaults(t *testing.T) {
-	e := newEnv(t, openSQLite)
+	e := newEnv(t, instancestest.SQLite)
 	p := e.create("ci", 4, store.PoolMetadata{})
 	if p.MaxSize != 14 || p.MinSize != 0 || p.LifecycleClass != store.ClassEphemeral || p.Status != store.PoolActive {
 		t.Fatalf("defaults: max %d min %d class %s status %s", p.MaxSize, p.MinSize, p.LifecycleClass, p.Status)
@@ -99,7 +100,7 @@ func TestCreateDefaults(t *testing.T) {
 }
 
 func TestUpdate(t *testing.T) {
-	e := newEnv(t, openSQLite)
+	e := newEnv(t, instancestest.SQLite)
 	e.create("ci", 4, store.PoolMetadata{ReadyTTLSeconds: 100, ClaimedTTLSeconds: 50})
 	tests := []struct {
 		name  string
@@ -154,7 +155,7 @@ func TestUpdate(t *testing.T) {
 // Asking for the state a pool is in succeeds and changes nothing; a move
 // that is not allowed names the current and the allowed states.
 func TestStatusTransitions(t *testing.T) {
-	e := newEnv(t, openSQLite)
+	e := newEnv(t, instancestest.SQLite)
 	p := e.create("ci", 1, store.PoolMetadata{})
 	steps := []struct {
 		name string
@@ -218,7 +219,7 @@ func TestDeleteOnlyWithoutLiveMembers(t *testing.T) {
 }
 
 func TestListAndGet(t *testing.T) {
-	e := newEnv(t, openSQLite)
+	e := newEnv(t, instancestest.SQLite)
 	p := e.create("ci", 3, store.PoolMetadata{})
 	e.create("gpu", 0, store.PoolMetadata{})
 	e.warm(p)
@@ -247,7 +248,7 @@ func TestListAndGet(t *testing.T) {
 
 // The roster is capped; the counts beside it are not.
 func TestRosterCapped(t *testing.T) {
-	e := newEnv(t, openSQLite)
+	e := newEnv(t, instancestest.SQLite)
 	p := e.create("big", 0, store.PoolMetadata{})
 	seedReady(t, e.ctx, e.st, p, 60)
 	v, err := e.svc.Get(e.ctx, "big")

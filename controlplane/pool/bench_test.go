@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/tetherfleet/tether/controlplane/fail"
+	"github.com/tetherfleet/tether/controlplane/instances/instancestest"
 	"github.com/tetherfleet/tether/controlplane/pool"
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/internal/bench"
@@ -33,7 +34,7 @@ func BenchmarkAcquire(b *testing.B) {
 		// The peer: one transaction per claim, all claimers at once.
 		{"tx-per-claim", func(s *pool.Service, c int) { s.ClaimBatch, s.ClaimLanes = 1, c }},
 	}
-	for _, be := range []backend{{"sqlite", openSQLite}, {"postgres", openPostgres(&pgDurable)}} {
+	for _, be := range []backend{{"sqlite", instancestest.SQLite}, {"postgres", openPostgres(&pgDurable)}} {
 		for _, c := range []int{1, 8, 32} {
 			for _, mode := range modes {
 				b.Run(fmt.Sprintf("%s/claimers=%d/%s", be.name, c, mode.name), func(b *testing.B) {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/tetherfleet/tether/controlplane/events"
 	"github.com/tetherfleet/tether/controlplane/fail"
+	"github.com/tetherfleet/tether/controlplane/instances/instancestest"
 	"github.com/tetherfleet/tether/controlplane/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/pool"
 	"github.com/tetherfleet/tether/controlplane/pool/claims"
@@ -158,7 +159,7 @@ func TestClaimRollsBackWhenItsEventFails(t *testing.T) {
 }
 
 func TestAcquireSelection(t *testing.T) {
-	e := newEnv(t, openSQLite)
+	e := newEnv(t, instancestest.SQLite)
 	eph := e.create("eph", 0, store.PoolMetadata{})
 	spot, err := e.svc.Create(e.ctx, pool.CreateParams{Name: "spot", Template: "tpl", Provider: fake.Name, LifecycleClass: store.ClassSpot})
 	must(t, err)
@@ -215,7 +216,7 @@ func TestAcquireSelection(t *testing.T) {
 }
 
 func TestAcquireValidation(t *testing.T) {
-	e := newEnv(t, openSQLite)
+	e := newEnv(t, instancestest.SQLite)
 	e.create("eph", 0, store.PoolMetadata{})
 	long := strings.Repeat("x", 257)
 	tests := []struct {
@@ -248,7 +249,7 @@ func TestAcquireValidation(t *testing.T) {
 // No ready member: ResourceExhausted, and a replenish of that pool is
 // nudged rather than left to the next tick.
 func TestNoReadyMemberNudgesAReplenish(t *testing.T) {
-	e := newEnv(t, openSQLite)
+	e := newEnv(t, instancestest.SQLite)
 	p := e.create("ci", 2, store.PoolMetadata{})
 	ctx, cancel := context.WithCancel(e.ctx)
 	done := make(chan struct{})
@@ -286,7 +287,7 @@ func TestRelease(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			e := newEnv(t, openSQLite)
+			e := newEnv(t, instancestest.SQLite)
 			p := e.create("ci", 1, store.PoolMetadata{ReuseWithoutReset: tc.reuse})
 			e.warm(p)
 			c, err := e.svc.Acquire(e.ctx, pool.AcquireParams{PoolName: "ci", AcquiredBy: "alice", AcquiredFor: "tests"})
@@ -343,7 +344,7 @@ func TestRelease(t *testing.T) {
 }
 
 func TestReleaseRefusals(t *testing.T) {
-	e := newEnv(t, openSQLite)
+	e := newEnv(t, instancestest.SQLite)
 	p := e.create("ci", 1, store.PoolMetadata{})
 	ready := e.warm(p)[0]
 	res, err := e.inst.Provision(e.ctx, instancesParams(e, "loner"))
@@ -480,7 +481,7 @@ func TestConcurrentReplenish(t *testing.T) {
 
 // max_size bounds every live member holding a machine, claimed included.
 func TestReplenishRespectsMaxSize(t *testing.T) {
-	e := newEnv(t, openSQLite)
+	e := newEnv(t, instancestest.SQLite)
 	v, err := e.svc.Create(e.ctx, pool.CreateParams{Name: "ci", Template: "tpl", Provider: fake.Name, TargetSize: 3, MaxSize: intp(4)})
 	must(t, err)
 	p := v.Pool

@@ -1,15 +1,10 @@
 package pool_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"os"
-	"path/filepath"
-	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -18,17 +13,14 @@ import (
 
 	"github.com/tetherfleet/tether/controlplane/fail"
 	"github.com/tetherfleet/tether/controlplane/instances"
+	"github.com/tetherfleet/tether/controlplane/instances/instancestest"
 	"github.com/tetherfleet/tether/controlplane/lifecycle"
-	"github.com/tetherfleet/tether/controlplane/modules"
 	"github.com/tetherfleet/tether/controlplane/pool"
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/controlplane/store/postgres"
-	"github.com/tetherfleet/tether/controlplane/store/sqlite"
 	"github.com/tetherfleet/tether/controlplane/worker"
 	"github.com/tetherfleet/tether/internal/clock"
 	"github.com/tetherfleet/tether/internal/pgtest"
-	"github.com/tetherfleet/tether/providers"
-	"github.com/tetherfleet/tether/providers/external"
 	"github.com/tetherfleet/tether/providers/fake"
 )
 
@@ -47,22 +39,12 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-var t0 = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+var t0 = instancestest.T0
 
 // backend opens a fresh store of one kind for a test.
 type backend struct {
 	name string
 	open func(t testing.TB) store.Store
-}
-
-func openSQLite(t testing.TB) store.Store {
-	t.Helper()
-	s, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "tether.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	return s
 }
 
 func openPostgres(sh *pgtest.Shared) func(t testing.TB) store.Store {
@@ -79,31 +61,13 @@ func openPostgres(sh *pgtest.Shared) func(t testing.TB) store.Store {
 	}
 }
 
-var backends = []backend{{"sqlite", openSQLite}, {"postgres", openPostgres(&pg)}}
+var backends = []backend{{"sqlite", instancestest.SQLite}, {"postgres", openPostgres(&pg)}}
 
 // eachBackend runs f once per store backend.
 func eachBackend(t *testing.T, f func(t *testing.T, open func(testing.TB) store.Store)) {
 	for _, b := range backends {
 		t.Run(b.name, func(t *testing.T) { f(t, b.open) })
 	}
-}
-
-// syncBuffer collects log output from concurrent goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // env is a control plane without its API: a store, the fake provider, a
@@ -118,42 +82,14 @@ type env struct {
 	svc  *pool.Service
 	wk   *worker.Worker
 	tpl  *store.Template
-	logs *syncBuffer
+	logs *instancestest.LogBuffer
 }
 
 func newEnv(t testing.TB, open func(testing.TB) store.Store) *env {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
-	t.Cleanup(cancel)
-	st := open(t)
-	blobs, err := modules.OpenBlobs(filepath.Join(t.TempDir(), "blobs"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	kernel, _, err := blobs.Ingest(strings.NewReader("a kernel"), false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	initrd, _, err := blobs.Ingest(strings.NewReader("an initramfs"), false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	clk := clock.NewFake(t0)
-	logs := &syncBuffer{}
-	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	fp := fake.New(fake.WithClock(clk))
-	inst := &instances.Service{Store: st, Clock: clk, Log: log,
-		Machines:  map[string]providers.Provider{fake.Name: fp, external.Name: external.New()},
-		Artifacts: &instances.Artifacts{Blobs: blobs, Kernel: kernel, Initramfs: initrd, BaseURL: "http://10.0.2.2:8080"},
-		AgentURL:  "https://10.0.2.2:7443", CAFingerprint: "sha256:" + strings.Repeat("ab", 32),
-		Owner: "pool-test", RetryBackoff: time.Millisecond, OpTimeout: 10 * time.Second, ProvisionAttempts: 1}
-	wk := &worker.Worker{Store: st, Clock: clk, Log: log, Owner: "worker-test", Handlers: inst.Handlers()}
-	svc := &pool.Service{Store: st, Clock: clk, Log: log, Instances: inst}
-	tpl := &store.Template{Name: "tpl", CreatedAt: t0, UpdatedAt: t0}
-	if err := st.CreateTemplate(ctx, tpl); err != nil {
-		t.Fatal(err)
-	}
-	return &env{t: t, ctx: ctx, st: st, clk: clk, fake: fp, inst: inst, svc: svc, wk: wk, tpl: tpl, logs: logs}
+	f := instancestest.New(t, open(t), instancestest.Options{Owner: "pool-test", ProvisionAttempts: 1, Timeout: 120 * time.Second})
+	svc := &pool.Service{Store: f.Store, Clock: f.Clock, Log: f.Log, Instances: f.Instances}
+	return &env{t: t, ctx: f.Ctx, st: f.Store, clk: f.Clock, fake: f.Fake, inst: f.Instances, svc: svc, wk: f.Worker, tpl: f.Template, logs: f.Logs}
 }
 
 // create makes a pool on the fake provider.

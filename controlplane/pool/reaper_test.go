@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/tetherfleet/tether/controlplane/events"
+	"github.com/tetherfleet/tether/controlplane/instances/instancestest"
 	"github.com/tetherfleet/tether/controlplane/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/pool"
 	"github.com/tetherfleet/tether/controlplane/pool/claims"
@@ -384,7 +385,7 @@ func TestDrainIsTruthful(t *testing.T) {
 // A draining pool keeps nothing warm: members still warming when it was
 // drained, and any that became ready since, are recycled by the next tick.
 func TestDrainingPoolRecyclesWarmingMembers(t *testing.T) {
-	e := newEnv(t, openSQLite)
+	e := newEnv(t, instancestest.SQLite)
 	p := e.create("ci", 3, store.PoolMetadata{})
 	e.tick()
 	e.work()
@@ -403,7 +404,7 @@ func TestDrainingPoolRecyclesWarmingMembers(t *testing.T) {
 // Nothing accumulates: a month of churn leaves at most the retention
 // window's worth of dead records (and nodes).
 func TestDeadRecordsDoNotAccumulate(t *testing.T) {
-	e := newEnv(t, openSQLite)
+	e := newEnv(t, instancestest.SQLite)
 	p := e.create("ci", 2, store.PoolMetadata{RecordRetentionDays: intp(3)})
 	for day := 0; day < 30; day++ {
 		e.tick()

@@ -2,20 +2,15 @@ package provsync_test
 
 import (
 	"context"
-	"io"
-	"log/slog"
-	"path/filepath"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/tetherfleet/tether/controlplane/events"
-	"github.com/tetherfleet/tether/controlplane/instances"
+	"github.com/tetherfleet/tether/controlplane/instances/instancestest"
 	"github.com/tetherfleet/tether/controlplane/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/provsync"
 	"github.com/tetherfleet/tether/controlplane/store"
-	"github.com/tetherfleet/tether/controlplane/store/sqlite"
-	"github.com/tetherfleet/tether/internal/clock"
 	"github.com/tetherfleet/tether/providers"
 	"github.com/tetherfleet/tether/providers/external"
 	"github.com/tetherfleet/tether/providers/fake"
@@ -29,32 +24,13 @@ type fixture struct {
 	nodeID string
 }
 
-var t0 = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+var t0 = instancestest.T0
 
 func setup(t *testing.T) *fixture {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel)
-	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "t.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	clk := clock.NewFake(t0)
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	fp := fake.New(fake.WithClock(clk))
-	svc := &instances.Service{Store: st, Clock: clk, Log: log,
-		Machines: map[string]providers.Provider{fake.Name: fp, external.Name: external.New()}}
-	tpl := &store.Template{Name: "tpl", CreatedAt: t0, UpdatedAt: t0}
-	if err := st.CreateTemplate(ctx, tpl); err != nil {
-		t.Fatal(err)
-	}
-	node := &store.Node{Name: "n", TemplateID: tpl.ID, Enabled: true, Config: []byte("{}"), CreatedAt: t0, UpdatedAt: t0}
-	if err := st.CreateNode(ctx, node); err != nil {
-		t.Fatal(err)
-	}
-	return &fixture{ctx: ctx, st: st, fake: fp, nodeID: node.ID,
-		syncer: &provsync.Syncer{Store: st, Clock: clk, Log: log, Instances: svc}}
+	e := instancestest.New(t, instancestest.SQLite(t), instancestest.Options{Node: "n", Timeout: 30 * time.Second})
+	return &fixture{ctx: e.Ctx, st: e.Store, fake: e.Fake, nodeID: e.Node.ID,
+		syncer: &provsync.Syncer{Store: e.Store, Clock: e.Clock, Log: e.Log, Instances: e.Instances}}
 }
 
 // instance adds an instance in status with a machine on provider.
