@@ -258,6 +258,12 @@ func (s *Service) judge(ctx context.Context, p providers.Provider, o op, machine
 // transaction, and returns what the caller is told.
 func (s *Service) settle(ctx context.Context, t *store.Task, p providers.Provider, o op, machine string, m providers.Machine, herr error) (*store.Instance, error) {
 	if errors.Is(herr, worker.ErrLeaseLost) {
+		// Terminate ends every open task of its instance, this one
+		// included: that is a race lost to terminate, not a lease handed
+		// to another worker, and nobody will finish this operation.
+		if in, err := s.Store.GetInstance(ctx, t.InstanceID); err == nil && (lifecycle.State(in.Status).Terminal() || in.TerminateRequestedAt != nil) {
+			return in, fail.Precondition("instance %s was terminated while its %s ran", in.ID, o.kind)
+		}
 		return nil, fail.Unavailable("the %s of instance %s lost its task lease (task %s); another worker finishes it: read the instance again shortly",
 			o.kind, t.InstanceID, t.ID)
 	}
