@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/tetherfleet/tether/controlplane/store"
+	"github.com/tetherfleet/tether/controlplane/tasks"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
 
@@ -165,12 +166,6 @@ func certProto(c *store.Certificate) *v1.Certificate {
 		NotBefore: tsp(c.NotBefore), NotAfter: tsp(c.NotAfter), RevokedAt: ntsp(c.RevokedAt), RevokeReason: c.RevokeReason}
 }
 
-// ExecPayload is the stored payload of an exec task.
-type ExecPayload struct {
-	Argv           []string `json:"argv"`
-	TimeoutSeconds int32    `json:"timeout_seconds,omitempty"`
-}
-
 // TaskProto converts a task.
 func TaskProto(t *store.Task) *v1.Task {
 	p := &v1.Task{
@@ -179,7 +174,7 @@ func TaskProto(t *store.Task) *v1.Task {
 		ErrorMessage: t.ErrorMessage, Progress: t.Progress, CreatedAt: tsp(t.CreatedAt), UpdatedAt: tsp(t.UpdatedAt),
 	}
 	if t.Kind == "exec" {
-		var e ExecPayload
+		var e tasks.Exec
 		if json.Unmarshal(t.Payload, &e) == nil {
 			p.Exec = &v1.ExecPayload{Argv: e.Argv, TimeoutSeconds: e.TimeoutSeconds}
 		}
