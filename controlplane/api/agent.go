@@ -235,7 +235,12 @@ func (a *agentServer) settings() *v1.Settings {
 
 // push leases the instance's pending tasks to it and relays cancellations.
 func (a *agentServer) push(ctx context.Context, id string, stream v1.AgentService_ConnectServer, sentCancel map[string]bool) error {
-	for {
+	pending, cancels, err := a.Tasks.Open(ctx, id)
+	if err != nil {
+		a.Log.Warn("read open tasks", "instance", id, "err", err)
+		return nil
+	}
+	for pending {
 		t, err := a.Tasks.LeaseNext(ctx, id)
 		if err != nil {
 			a.Log.Warn("lease task", "instance", id, "err", err)
@@ -252,11 +257,6 @@ func (a *agentServer) push(ctx context.Context, id string, stream v1.AgentServic
 			return err
 		}
 		a.m.TasksPushed.Inc()
-	}
-	cancels, err := a.Tasks.CancelsFor(ctx, id)
-	if err != nil {
-		a.Log.Warn("list cancellations", "instance", id, "err", err)
-		return nil
 	}
 	for _, t := range cancels {
 		if sentCancel[t.ID] {

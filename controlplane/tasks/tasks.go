@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/tetherfleet/tether/controlplane/events"
@@ -82,7 +83,7 @@ func (s *Service) CreateAgentTask(ctx context.Context, instanceID, kind string, 
 	if instanceID == "" {
 		return nil, fail.Invalid("instance_id", "required")
 	}
-	if !contains(AgentKinds, kind) {
+	if !slices.Contains(AgentKinds, kind) {
 		return nil, fail.Invalid("kind", "%q is not an agent task kind (one of %v)", kind, AgentKinds)
 	}
 	payload := []byte("{}")
@@ -224,21 +225,25 @@ func (s *Service) LeaseNext(ctx context.Context, instanceID string) (*store.Task
 
 var errWarming = errors.New("warming pool members lease no tasks")
 
-// CancelsFor lists the tasks leased to an instance whose cancellation was
-// requested, so its stream can tell the agent.
-func (s *Service) CancelsFor(ctx context.Context, instanceID string) ([]*store.Task, error) {
+// Open reads an instance's unfinished agent tasks once and says whether
+// any is waiting to be leased, and which leased ones were asked to
+// cancel. A stream checks this on every wake and poll; only when a task
+// is pending does it pay for a claim transaction.
+func (s *Service) Open(ctx context.Context, instanceID string) (pending bool, cancels []*store.Task, err error) {
 	ts, err := s.Store.ListTasks(ctx, store.TaskFilter{InstanceID: instanceID, Target: store.TaskTargetAgent,
-		Statuses: []string{store.TaskLeased, store.TaskRunning}}, store.Page{Limit: store.MaxPageSize})
+		Statuses: []string{store.TaskPending, store.TaskLeased, store.TaskRunning}}, store.Page{Limit: store.MaxPageSize})
 	if err != nil {
-		return nil, err
+		return false, nil, err
 	}
-	var out []*store.Task
 	for _, t := range ts {
-		if t.CancelRequested {
-			out = append(out, t)
+		switch {
+		case t.Status == store.TaskPending:
+			pending = true
+		case t.CancelRequested:
+			cancels = append(cancels, t)
 		}
 	}
-	return out, nil
+	return pending, cancels, nil
 }
 
 // Update is an executor's report.
@@ -342,13 +347,4 @@ func truncate(s string, n int) string {
 		return s
 	}
 	return s[:n]
-}
-
-func contains(list []string, v string) bool {
-	for _, x := range list {
-		if x == v {
-			return true
-		}
-	}
-	return false
 }
