@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/connectivity"
 
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
@@ -105,8 +106,11 @@ func EnrollLoad(ctx context.Context, dial func() (*grpc.ClientConn, error), es [
 			}
 			defer conn.Close()
 			conns[i] = conn
-			// Warm the connection (TLS handshake) outside the timed phase.
-			conn.Connect()
+			// Finish the TLS handshake before the clock starts: kept-alive
+			// means every timed call finds its connection ready.
+			if err := ready(ctx, conn); err != nil {
+				return Result{}, err
+			}
 		}
 	}
 	var wg sync.WaitGroup
@@ -166,4 +170,15 @@ func Percentile(ds []time.Duration, p float64) time.Duration {
 	s := append([]time.Duration(nil), ds...)
 	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
 	return s[min(len(s)-1, int(float64(len(s))*p))]
+}
+
+// ready connects conn and waits until it can carry calls.
+func ready(ctx context.Context, conn *grpc.ClientConn) error {
+	conn.Connect()
+	for st := conn.GetState(); st != connectivity.Ready; st = conn.GetState() {
+		if st == connectivity.Shutdown || !conn.WaitForStateChange(ctx, st) {
+			return fmt.Errorf("connection to %s never became ready (last state %s)", conn.Target(), st)
+		}
+	}
+	return nil
 }
