@@ -9,6 +9,7 @@ import (
 	"github.com/tetherfleet/tether/controlplane/events"
 	"github.com/tetherfleet/tether/controlplane/fail"
 	"github.com/tetherfleet/tether/controlplane/instances"
+	"github.com/tetherfleet/tether/controlplane/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/controlplane/tasks"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
@@ -68,7 +69,7 @@ func (a *adminServer) ListInstances(ctx context.Context, req *v1.ListInstancesRe
 		f.PoolID = pl.ID
 	}
 	if req.Status != v1.InstanceStatus_INSTANCE_STATUS_UNSPECIFIED {
-		f.Statuses = []string{InstanceStatusName(req.Status)}
+		f.Statuses = []lifecycle.State{InstanceStatusName(req.Status)}
 	}
 	ins, err := a.Store.ListInstances(ctx, f, p)
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/tetherfleet/tether/controlplane/fail"
+	"github.com/tetherfleet/tether/controlplane/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/modules"
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/controlplane/tasks"
@@ -58,7 +59,7 @@ func (a *agentServer) assignment(ctx context.Context, instanceID string) (*v1.As
 	if err != nil {
 		return nil, nil, err
 	}
-	if in.Status == "terminated" {
+	if in.Status == lifecycle.Terminated {
 		return nil, nil, fail.Precondition("instance %s is terminated", instanceID)
 	}
 	node, err := a.Store.GetNodeByID(ctx, in.NodeID)
@@ -181,7 +182,7 @@ func (a *agentServer) Connect(stream v1.AgentService_ConnectServer) error {
 	if err != nil {
 		return err
 	}
-	if in.Status == "terminated" {
+	if in.Status == lifecycle.Terminated {
 		return fail.Precondition("instance %s is terminated; its agent may not connect", id)
 	}
 	conn := a.Agents.register(id)

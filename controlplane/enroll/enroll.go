@@ -13,6 +13,7 @@ import (
 
 	"github.com/tetherfleet/tether/controlplane/events"
 	"github.com/tetherfleet/tether/controlplane/fail"
+	"github.com/tetherfleet/tether/controlplane/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/pki"
 	"github.com/tetherfleet/tether/pki/ca"
@@ -85,7 +86,7 @@ func (s *Service) Enroll(ctx context.Context, token, csrPEM string) (*Issued, er
 		return nil, errRefused
 	}
 	inst, err := s.Store.GetInstance(ctx, tok.InstanceID)
-	if errors.Is(err, store.ErrNotFound) || (err == nil && inst.Status == "terminated") {
+	if errors.Is(err, store.ErrNotFound) || (err == nil && inst.Status == lifecycle.Terminated) {
 		s.refused(ctx, tok.InstanceID, now, "instance is terminated or gone")
 		return nil, errRefused
 	}
@@ -143,7 +144,7 @@ func (s *Service) Renew(ctx context.Context, instanceID string, current crypto.P
 	if err != nil {
 		return nil, err
 	}
-	if inst.Status == "terminated" {
+	if inst.Status == lifecycle.Terminated {
 		return nil, fail.Precondition("instance %s is terminated; it cannot renew its certificate", instanceID)
 	}
 	now := s.Clock.Now()

@@ -22,7 +22,7 @@ func (s *Service) AgentReady(ctx context.Context, instanceID string, hooks ...Re
 			return err
 		}
 		now := s.Clock.Now()
-		switch lifecycle.State(in.Status) {
+		switch in.Status {
 		case lifecycle.Provisioning, lifecycle.Starting, lifecycle.Rebooting:
 			// last_heartbeat_at belongs to the heartbeat batch: stamping it
 			// here with a later time made the batch's never-go-backwards

@@ -182,11 +182,11 @@ func (s *Service) ProvisionTx(ctx context.Context, q store.Queries, p ProvisionP
 	}
 	now := s.Clock.Now()
 	in := &store.Instance{
-		NodeID: node.ID, Status: string(lifecycle.Pending), Provider: p.Provider, Region: p.Region,
+		NodeID: node.ID, Status: lifecycle.Pending, Provider: p.Provider, Region: p.Region,
 		InstanceType: p.InstanceType, OperationID: p.OperationID, CreatedAt: now, UpdatedAt: now,
 	}
 	if p.PoolID != "" {
-		in.PoolID, in.PoolState, in.PoolWarmingStartedAt = p.PoolID, store.PoolStateWarming, &now
+		in.PoolID, in.PoolState, in.PoolWarmingStartedAt = p.PoolID, lifecycle.PoolWarming, &now
 	}
 	out := &Provisioned{Instance: in, Node: node}
 	if err := q.CreateInstance(ctx, in); err != nil {
@@ -270,7 +270,7 @@ func (s *Service) IssueToken(ctx context.Context, instanceID string, ttl time.Du
 		if err != nil {
 			return err
 		}
-		if lifecycle.State(in.Status).Terminal() {
+		if in.Status.Terminal() {
 			return fail.Precondition("instance %s is terminated; it cannot enroll again", instanceID)
 		}
 		token, err = s.issueTokenTTL(ctx, q, instanceID, now, ttl)
@@ -306,12 +306,12 @@ func (s *Service) issueTokenTTL(ctx context.Context, q store.Queries, instanceID
 // transition applies ev to in (already read in q's transaction), writes
 // the row and an event. A refused pair is a *lifecycle.TransitionError.
 func (s *Service) transition(ctx context.Context, q store.Queries, in *store.Instance, ev lifecycle.Event, reason string, now time.Time) error {
-	from := lifecycle.State(in.Status)
+	from := in.Status
 	to, err := lifecycle.Next(from, ev)
 	if err != nil {
 		return err
 	}
-	in.Status, in.UpdatedAt = string(to), now
+	in.Status, in.UpdatedAt = to, now
 	if err := q.UpdateInstance(ctx, in); err != nil {
 		return err
 	}

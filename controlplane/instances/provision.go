@@ -67,10 +67,10 @@ func (s *Service) RunProvision(ctx context.Context, t *store.Task) error {
 		if in, err = q.LockInstance(ctx, t.InstanceID); err != nil {
 			return err
 		}
-		if lifecycle.State(in.Status).Terminal() || in.TerminateRequestedAt != nil {
+		if in.Status.Terminal() || in.TerminateRequestedAt != nil {
 			return errTerminated
 		}
-		switch lifecycle.State(in.Status) {
+		switch in.Status {
 		case lifecycle.Pending:
 			if err := s.transition(ctx, q, in, lifecycle.MarkProvisioning, "worker picked up provision task "+t.ID, now); err != nil {
 				return err
@@ -206,7 +206,7 @@ func (s *Service) recordMachine(ctx context.Context, t *store.Task, p providers.
 		if err != nil {
 			return err
 		}
-		if lifecycle.State(in.Status).Terminal() {
+		if in.Status.Terminal() {
 			orphan = true
 			_, err := worker.Finish(ctx, q, t, errTerminated, now)
 			return err
@@ -249,7 +249,7 @@ func (s *Service) recordMachine(ctx context.Context, t *store.Task, p providers.
 // its provision ran, if the call made one.
 func (s *Service) reapIfTerminated(ctx context.Context, t *store.Task, p providers.Provider) {
 	in, err := s.Store.GetInstance(ctx, t.InstanceID)
-	if err != nil || !lifecycle.State(in.Status).Terminal() {
+	if err != nil || !in.Status.Terminal() {
 		return
 	}
 	m, ok := s.findMachine(ctx, p, in.ID)
@@ -271,7 +271,7 @@ func (s *Service) failProvision(ctx context.Context, t *store.Task, cause error)
 		if err != nil {
 			return err
 		}
-		switch lifecycle.State(in.Status) {
+		switch in.Status {
 		case lifecycle.Pending, lifecycle.Provisioning:
 			in.ErrorMessage = msg
 			if err := s.transition(ctx, q, in, lifecycle.MarkErrored, msg, now); err != nil {
@@ -297,7 +297,7 @@ func (s *Service) failProvision(ctx context.Context, t *store.Task, cause error)
 // cancelled it), so that none dangles (SPEC 2). It returns how many it
 // errored.
 func (s *Service) SweepProvisions(ctx context.Context) (int, error) {
-	ins, err := s.Store.ListInstances(ctx, store.InstanceFilter{Statuses: []string{string(lifecycle.Pending), string(lifecycle.Provisioning)}},
+	ins, err := s.Store.ListInstances(ctx, store.InstanceFilter{Statuses: []lifecycle.State{lifecycle.Pending, lifecycle.Provisioning}},
 		store.Page{Limit: store.MaxPageSize})
 	if err != nil {
 		return 0, err
@@ -326,7 +326,7 @@ func (s *Service) sweepOne(ctx context.Context, id string) (bool, error) {
 		if err != nil {
 			return err
 		}
-		st := lifecycle.State(in.Status)
+		st := in.Status
 		if (st != lifecycle.Pending && st != lifecycle.Provisioning) || in.CloudInstanceID != "" {
 			return nil
 		}

@@ -106,7 +106,7 @@ func (s *Server) script(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return err
 		}
-		st := lifecycle.State(in.Status)
+		st := in.Status
 		inWindow := false
 		for _, b := range bootWindow {
 			inWindow = inWindow || st == b

@@ -163,7 +163,7 @@ func TestScriptIsServedOncePerBoot(t *testing.T) {
 	}
 	cur, _ := f.st.GetInstance(f.ctx, in.ID)
 	if err := f.st.Tx(f.ctx, func(q store.Queries) error {
-		cur.Status = string(lifecycle.Running)
+		cur.Status = lifecycle.Running
 		return f.svc.TransitionTx(f.ctx, q, cur, lifecycle.Reboot, "test", t0)
 	}); err != nil {
 		t.Fatal(err)

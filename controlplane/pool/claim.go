@@ -189,9 +189,9 @@ func (s *Service) Release(ctx context.Context, instanceID, by string) (*Released
 		switch {
 		case in.PoolID == "":
 			return fail.Precondition("instance %s is not a pool member; release returns a claimed pool member", in.ID)
-		case lifecycle.State(in.Status).Terminal():
+		case in.Status.Terminal():
 			return fail.Precondition("instance %s is terminated; its claim closed when it ended", in.ID)
-		case in.PoolState != store.PoolStateClaimed:
+		case in.PoolState != lifecycle.PoolClaimed:
 			return fail.Precondition("member %s is %s; release is allowed only for a claimed member", in.ID, in.PoolState)
 		}
 		pl, err := q.GetPoolByID(ctx, in.PoolID)
@@ -206,19 +206,19 @@ func (s *Service) Release(ctx context.Context, instanceID, by string) (*Released
 			if _, err := claims.Close(ctx, q, in, claims.Cordoned, "", now); err != nil {
 				return err
 			}
-			in.PoolState = store.PoolStateDraining
-		case pol.ReuseWithoutReset && in.Status == string(lifecycle.Running):
+			in.PoolState = lifecycle.PoolDraining
+		case pol.ReuseWithoutReset && in.Status == lifecycle.Running:
 			out.Disposition = claims.Reused
 			if _, err := claims.Close(ctx, q, in, claims.Reused, "", now); err != nil {
 				return err
 			}
-			in.PoolState, in.PoolReadyAt = store.PoolStateReady, &now
+			in.PoolState, in.PoolReadyAt = lifecycle.PoolReady, &now
 		default:
 			// The claim stays open until the terminate's outcome closes it;
 			// if we die first, the reaper finds a draining member with an
 			// open claim and finishes the job.
 			recycle = true
-			in.PoolState = store.PoolStateDraining
+			in.PoolState = lifecycle.PoolDraining
 		}
 		in.UpdatedAt = now
 		return q.UpdateInstance(ctx, in)
@@ -240,7 +240,7 @@ func (s *Service) Release(ctx context.Context, instanceID, by string) (*Released
 		}
 		// Judge by the row, not by the call: a terminate that failed here
 		// may have been finished by a concurrent one.
-		if terr != nil && !lifecycle.State(out.Instance.Status).Terminal() {
+		if terr != nil && !out.Instance.Status.Terminal() {
 			out.Disposition, out.Err = claims.Errored, terr
 		}
 	}
@@ -266,7 +266,7 @@ func (s *Service) parkErrored(ctx context.Context, id, during string, terr error
 		if err != nil {
 			return err
 		}
-		if lifecycle.State(in.Status).Terminal() || in.TerminateRequestedAt != nil || in.PoolState == store.PoolStateClaimed {
+		if in.Status.Terminal() || in.TerminateRequestedAt != nil || in.PoolState == lifecycle.PoolClaimed {
 			return nil
 		}
 		parked = true
@@ -276,9 +276,9 @@ func (s *Service) parkErrored(ctx context.Context, id, during string, terr error
 				return err
 			}
 		}
-		if in.PoolState != store.PoolStateErrored {
+		if in.PoolState != lifecycle.PoolErrored {
 			next := now.Add(s.backoff(1))
-			in.PoolState, in.PoolTerminateAttempts, in.PoolNextTerminateAt = store.PoolStateErrored, 0, &next
+			in.PoolState, in.PoolTerminateAttempts, in.PoolNextTerminateAt = lifecycle.PoolErrored, 0, &next
 		}
 		if in.ErrorMessage == "" {
 			// A refusal (an ops hold) leaves no message of its own.
@@ -304,13 +304,13 @@ func (s *Service) parkErrored(ctx context.Context, id, during string, terr error
 // A member that carries a cordon marker goes to draining instead: it is
 // not to be handed out.
 func (s *Service) ReadyHook(ctx context.Context, q store.Queries, in *store.Instance) error {
-	if in.PoolID == "" || in.PoolState != store.PoolStateWarming || in.Status != string(lifecycle.Running) {
+	if in.PoolID == "" || in.PoolState != lifecycle.PoolWarming || in.Status != lifecycle.Running {
 		return nil
 	}
 	now := s.Clock.Now()
-	state := store.PoolStateReady
+	state := lifecycle.PoolReady
 	if in.Cordon != nil {
-		state = store.PoolStateDraining
+		state = lifecycle.PoolDraining
 	}
 	in.PoolState, in.PoolReadyAt, in.UpdatedAt = state, &now, now
 	if err := q.UpdateInstance(ctx, in); err != nil {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/tetherfleet/tether/controlplane/fail"
 	"github.com/tetherfleet/tether/controlplane/instances"
+	"github.com/tetherfleet/tether/controlplane/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/liveness"
 	"github.com/tetherfleet/tether/controlplane/store"
 )
@@ -224,12 +225,12 @@ func (s *Service) view(ctx context.Context, q store.Queries, p *store.Pool, rost
 	}
 	// One query per pool state keeps the roster in (state, warming start)
 	// order without a store method of its own; the cap bounds the work.
-	for _, state := range []string{store.PoolStateWarming, store.PoolStateReady, store.PoolStateClaimed, store.PoolStateDraining, store.PoolStateErrored} {
+	for _, state := range []lifecycle.PoolState{lifecycle.PoolWarming, lifecycle.PoolReady, lifecycle.PoolClaimed, lifecycle.PoolDraining, lifecycle.PoolErrored} {
 		left := RosterCap - len(v.Members)
 		if left <= 0 {
 			break
 		}
-		ins, err := q.ListInstances(ctx, store.InstanceFilter{PoolID: p.ID, PoolStates: []string{state}, Statuses: liveStatuses, OldestFirst: true},
+		ins, err := q.ListInstances(ctx, store.InstanceFilter{PoolID: p.ID, PoolStates: []lifecycle.PoolState{state}, Statuses: liveStatuses, OldestFirst: true},
 			store.Page{Limit: left})
 		if err != nil {
 			return nil, fmt.Errorf("pool %s roster: %w", p.Name, err)
@@ -246,7 +247,8 @@ func (s *Service) view(ctx context.Context, q store.Queries, p *store.Pool, rost
 }
 
 // liveStatuses are the instance states a counted member may be in.
-var liveStatuses = []string{"pending", "provisioning", "starting", "running", "stopping", "stopped", "rebooting", "error"}
+var liveStatuses = []lifecycle.State{lifecycle.Pending, lifecycle.Provisioning, lifecycle.Starting, lifecycle.Running, lifecycle.Stopping,
+	lifecycle.Stopped, lifecycle.Rebooting, lifecycle.Error}
 
 // Nudge asks for a replenish of a pool ("" for every active pool) soon,
 // without waiting for the reaper's tick. It never blocks: a nudge that
@@ -344,7 +346,7 @@ func (s *Service) eachPool(ctx context.Context, fn func(*store.Pool) error) erro
 // eachMember calls fn for every member of a pool in the given instance
 // states (all when none), a page at a time. fn sees a snapshot; whatever
 // it changes it re-reads under the row lock first.
-func (s *Service) eachMember(ctx context.Context, poolID string, statuses []string, fn func(*store.Instance) error) error {
+func (s *Service) eachMember(ctx context.Context, poolID string, statuses []lifecycle.State, fn func(*store.Instance) error) error {
 	page := store.Page{Limit: store.MaxPageSize}
 	for {
 		ins, err := s.Store.ListInstances(ctx, store.InstanceFilter{PoolID: poolID, Statuses: statuses}, page)

@@ -119,7 +119,7 @@ func (s *Syncer) syncProvider(ctx context.Context, p providers.Provider, res *Re
 		if err != nil {
 			return err
 		}
-		if lifecycle.State(in.Status).Terminal() {
+		if in.Status.Terminal() {
 			if err := s.guestPresent(ctx, p, in, m, res); err != nil {
 				return err
 			}
@@ -132,7 +132,7 @@ func (s *Syncer) listRunning(ctx context.Context, provider string) ([]*store.Ins
 	var out []*store.Instance
 	page := store.Page{Limit: store.MaxPageSize}
 	for {
-		ins, err := s.Store.ListInstances(ctx, store.InstanceFilter{Provider: provider, Statuses: []string{string(lifecycle.Running)}}, page)
+		ins, err := s.Store.ListInstances(ctx, store.InstanceFilter{Provider: provider, Statuses: []lifecycle.State{lifecycle.Running}}, page)
 		if err != nil {
 			return nil, err
 		}
@@ -166,7 +166,7 @@ func (s *Syncer) machineGone(ctx context.Context, p providers.Provider, in *stor
 		if err != nil {
 			return err
 		}
-		if lifecycle.State(cur.Status) != lifecycle.Running || cur.TerminateRequestedAt != nil {
+		if cur.Status != lifecycle.Running || cur.TerminateRequestedAt != nil {
 			return nil
 		}
 		reason := fmt.Sprintf("machine gone: provider %s no longer has machine %s", p.Name(), cur.CloudInstanceID)

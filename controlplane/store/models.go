@@ -3,6 +3,8 @@ package store
 import (
 	"encoding/json"
 	"time"
+
+	"github.com/tetherfleet/tether/controlplane/lifecycle"
 )
 
 // Template is what a node boots.
@@ -52,29 +54,19 @@ type NodeFilter struct {
 	TemplateID string
 }
 
-// Instance statuses are the lifecycle package's states, stored as text.
-// Pool states of members.
-const (
-	PoolStateWarming  = "warming"
-	PoolStateReady    = "ready"
-	PoolStateClaimed  = "claimed"
-	PoolStateDraining = "draining"
-	PoolStateErrored  = "errored"
-)
-
 // Cordon is the marker cordon writes (SPEC 2).
 type Cordon struct {
 	By              string
 	Reason          string
 	At              time.Time
-	PoolStateBefore string
+	PoolStateBefore lifecycle.PoolState
 }
 
 // Instance is one machine incarnation of a node.
 type Instance struct {
 	ID              string
 	NodeID          string
-	Status          string
+	Status          lifecycle.State
 	Provider        string
 	Region          string
 	InstanceType    string
@@ -82,7 +74,7 @@ type Instance struct {
 	OperationID     string
 
 	PoolID               string
-	PoolState            string
+	PoolState            lifecycle.PoolState
 	PoolWarmingStartedAt *time.Time
 	// PoolReadyAt anchors the ready TTL; reuse resets it.
 	PoolReadyAt    *time.Time
@@ -125,8 +117,8 @@ type InstanceFilter struct {
 	NodeID     string
 	PoolID     string
 	Provider   string
-	Statuses   []string
-	PoolStates []string
+	Statuses   []lifecycle.State
+	PoolStates []lifecycle.PoolState
 	// HeartbeatBefore matches instances whose last heartbeat (or, with
 	// none yet, creation) is older than the time.
 	HeartbeatBefore *time.Time

@@ -14,6 +14,7 @@ import (
 
 	"github.com/tetherfleet/tether/controlplane/events"
 	"github.com/tetherfleet/tether/controlplane/fail"
+	"github.com/tetherfleet/tether/controlplane/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/store"
 )
 
@@ -114,10 +115,10 @@ func (s *Service) CreateAgentTask(ctx context.Context, instanceID, kind string, 
 		if err != nil {
 			return err
 		}
-		if in.Status == "terminated" {
+		if in.Status == lifecycle.Terminated {
 			return fail.Precondition("instance %s is terminated; it runs no tasks", instanceID)
 		}
-		if in.PoolState == store.PoolStateWarming {
+		if in.PoolState == lifecycle.PoolWarming {
 			return fail.Precondition("instance %s is a warming pool member; it leases no tasks until it is ready", instanceID)
 		}
 		if err := q.CreateTask(ctx, t); err != nil {
@@ -212,7 +213,7 @@ func (s *Service) LeaseNext(ctx context.Context, instanceID string) (*store.Task
 		if err != nil {
 			return err
 		}
-		if in.PoolState == store.PoolStateWarming {
+		if in.PoolState == lifecycle.PoolWarming {
 			return errWarming
 		}
 		return nil

@@ -3,10 +3,13 @@ package sqlstore
 import (
 	"database/sql"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/tetherfleet/tether/controlplane/lifecycle"
 )
 
 // Times are stored as BIGINT microseconds since the epoch: the same type on
@@ -37,6 +40,55 @@ func nstr(s string) any {
 		return nil
 	}
 	return s
+}
+
+// Instance and pool member states are stored by their names. These four
+// functions are the only place a state crosses the database boundary; a name
+// the lifecycle does not know is refused on the way in and on the way out,
+// so a bad row fails loudly instead of flowing upward as a state nobody
+// handles.
+
+func storedState(s lifecycle.State) (string, error) {
+	if !s.Valid() {
+		return "", fmt.Errorf("store instance state: %w %q", lifecycle.ErrUnknownState, s)
+	}
+	return string(s), nil
+}
+
+func parseStoredState(name string) (lifecycle.State, error) {
+	s, err := lifecycle.ParseState(name)
+	if err != nil {
+		return "", fmt.Errorf("read instance state: %w", err)
+	}
+	return s, nil
+}
+
+func storedPoolState(s lifecycle.PoolState) (string, error) {
+	if _, err := lifecycle.ParsePoolState(string(s)); err != nil {
+		return "", fmt.Errorf("store pool member state: %w", err)
+	}
+	return string(s), nil
+}
+
+func parseStoredPoolState(name string) (lifecycle.PoolState, error) {
+	s, err := lifecycle.ParsePoolState(name)
+	if err != nil {
+		return lifecycle.NoPool, fmt.Errorf("read pool member state: %w", err)
+	}
+	return s, nil
+}
+
+// storedStates converts a filter's states to query arguments.
+func storedStates[S ~string](states []S, stored func(S) (string, error)) ([]any, error) {
+	out := make([]any, len(states))
+	for i, s := range states {
+		name, err := stored(s)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = name
+	}
+	return out, nil
 }
 
 func jsonList(ss []string) string {

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tetherfleet/tether/controlplane/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/store"
 )
 
@@ -100,7 +101,7 @@ func ref(name, version string) store.ModuleRef {
 	return store.ModuleRef{Name: name, Version: version}
 }
 
-func newInstance(nodeID, status string) *store.Instance {
+func newInstance(nodeID string, status lifecycle.State) *store.Instance {
 	return &store.Instance{NodeID: nodeID, Status: status, Provider: "fake", CreatedAt: t0, UpdatedAt: t0}
 }
 
@@ -239,10 +240,10 @@ func testNodes(t *testing.T, s store.Store) {
 	}
 
 	// A node with a live instance cannot be deleted; once it is terminated it can.
-	in := newInstance(n.ID, "running")
+	in := newInstance(n.ID, lifecycle.Running)
 	must(t, s.CreateInstance(c, in))
 	wantErr(t, s.DeleteNode(c, "edge-1"), store.ErrConflict)
-	in.Status = "terminated"
+	in.Status = lifecycle.Terminated
 	must(t, s.UpdateInstance(c, in))
 	must(t, s.DeleteNode(c, "edge-1"))
 	_, err = s.GetInstance(c, in.ID)
@@ -254,8 +255,8 @@ func testInstances(t *testing.T, s store.Store) {
 	n := seedNode(t, s, "n")
 	hb := t0.Add(time.Minute)
 	in := &store.Instance{
-		NodeID: n.ID, Status: "pending", Provider: "qemu", Region: "local", InstanceType: "small", OperationID: "op-1",
-		Hold: true, HoldReason: "ops", Cordon: &store.Cordon{By: "alice", Reason: "disk", At: t0, PoolStateBefore: "ready"},
+		NodeID: n.ID, Status: lifecycle.Pending, Provider: "qemu", Region: "local", InstanceType: "small", OperationID: "op-1",
+		Hold: true, HoldReason: "ops", Cordon: &store.Cordon{By: "alice", Reason: "disk", At: t0, PoolStateBefore: lifecycle.PoolReady},
 		LastHeartbeatAt: &hb, AgentPhase: "pulling", RunningModules: []string{"sha256:aa", "sha256:bb"}, Addresses: []string{"10.0.2.15"},
 		CreatedAt: t0, UpdatedAt: t0,
 	}
@@ -267,11 +268,11 @@ func testInstances(t *testing.T, s store.Store) {
 		t.Fatalf("instance read back wrong: %+v", got)
 	}
 	// operation_id is unique; instances without one do not collide.
-	dup := newInstance(n.ID, "pending")
+	dup := newInstance(n.ID, lifecycle.Pending)
 	dup.OperationID = "op-1"
 	wantErr(t, s.CreateInstance(c, dup), store.ErrAlreadyExists)
-	must(t, s.CreateInstance(c, newInstance(n.ID, "pending")))
-	must(t, s.CreateInstance(c, newInstance(n.ID, "running")))
+	must(t, s.CreateInstance(c, newInstance(n.ID, lifecycle.Pending)))
+	must(t, s.CreateInstance(c, newInstance(n.ID, lifecycle.Running)))
 	byOp, err := s.GetInstanceByOperationID(c, "op-1")
 	must(t, err)
 	if byOp.ID != in.ID {
@@ -283,7 +284,7 @@ func testInstances(t *testing.T, s store.Store) {
 		if err != nil {
 			return err
 		}
-		locked.Status = "provisioning"
+		locked.Status = lifecycle.Provisioning
 		locked.Cordon = nil
 		locked.TerminateRequestedAt = &hb
 		locked.UpdatedAt = hb
@@ -291,11 +292,11 @@ func testInstances(t *testing.T, s store.Store) {
 	}))
 	got, err = s.GetInstance(c, in.ID)
 	must(t, err)
-	if got.Status != "provisioning" || got.Cordon != nil || got.TerminateRequestedAt == nil || !got.CreatedAt.Equal(t0) {
+	if got.Status != lifecycle.Provisioning || got.Cordon != nil || got.TerminateRequestedAt == nil || !got.CreatedAt.Equal(t0) {
 		t.Fatalf("update not applied: %+v", got)
 	}
 
-	pending, err := s.ListInstances(c, store.InstanceFilter{Statuses: []string{"pending"}}, store.Page{})
+	pending, err := s.ListInstances(c, store.InstanceFilter{Statuses: []lifecycle.State{lifecycle.Pending}}, store.Page{})
 	must(t, err)
 	if len(pending) != 1 {
 		t.Fatalf("ListInstances(pending) = %d, want 1", len(pending))
@@ -312,13 +313,24 @@ func testInstances(t *testing.T, s store.Store) {
 	}
 	_, err = s.GetInstance(c, "missing")
 	wantErr(t, err, store.ErrNotFound)
-	wantErr(t, s.UpdateInstance(c, &store.Instance{ID: "missing", NodeID: n.ID}), store.ErrNotFound)
+	wantErr(t, s.UpdateInstance(c, &store.Instance{ID: "missing", NodeID: n.ID, Status: lifecycle.Running}), store.ErrNotFound)
+	// A state outside the lifecycle is refused before it reaches a row.
+	bad := *in
+	bad.Status = "exploded"
+	wantErr(t, s.UpdateInstance(c, &bad), lifecycle.ErrUnknownState)
+	bad.Status, bad.PoolState = lifecycle.Running, "floating"
+	wantErr(t, s.UpdateInstance(c, &bad), lifecycle.ErrUnknownPoolState)
+	bad.ID, bad.PoolState = "", lifecycle.NoPool
+	bad.Status = "exploded"
+	wantErr(t, s.CreateInstance(c, &bad), lifecycle.ErrUnknownState)
+	_, err = s.ListInstances(c, store.InstanceFilter{Statuses: []lifecycle.State{"exploded"}}, store.Page{})
+	wantErr(t, err, lifecycle.ErrUnknownState)
 }
 
 func testHeartbeats(t *testing.T, s store.Store) {
 	c := ctx(t)
 	n := seedNode(t, s, "n")
-	a, b := newInstance(n.ID, "running"), newInstance(n.ID, "running")
+	a, b := newInstance(n.ID, lifecycle.Running), newInstance(n.ID, lifecycle.Running)
 	silent := t0
 	a.SilentSince = &silent
 	must(t, s.CreateInstance(c, a))
@@ -686,10 +698,10 @@ func seedPool(t *testing.T, s store.Store, name string) *store.Pool {
 	return p
 }
 
-func addMembers(t *testing.T, s store.Store, p *store.Pool, nodeID string, state string, n int) []*store.Instance {
+func addMembers(t *testing.T, s store.Store, p *store.Pool, nodeID string, state lifecycle.PoolState, n int) []*store.Instance {
 	var out []*store.Instance
 	for i := 0; i < n; i++ {
-		in := newInstance(nodeID, "running")
+		in := newInstance(nodeID, lifecycle.Running)
 		in.PoolID, in.PoolState = p.ID, state
 		w := t0.Add(time.Duration(i) * time.Second)
 		in.PoolWarmingStartedAt = &w
@@ -724,11 +736,11 @@ func testPools(t *testing.T, s store.Store) {
 	}
 
 	n := seedNode(t, s, "member")
-	addMembers(t, s, p, n.ID, store.PoolStateReady, 2)
-	addMembers(t, s, p, n.ID, store.PoolStateWarming, 1)
-	addMembers(t, s, p, n.ID, store.PoolStateErrored, 1)
-	gone := addMembers(t, s, p, n.ID, store.PoolStateReady, 1)[0]
-	gone.Status = "terminated"
+	addMembers(t, s, p, n.ID, lifecycle.PoolReady, 2)
+	addMembers(t, s, p, n.ID, lifecycle.PoolWarming, 1)
+	addMembers(t, s, p, n.ID, lifecycle.PoolErrored, 1)
+	gone := addMembers(t, s, p, n.ID, lifecycle.PoolReady, 1)[0]
+	gone.Status = lifecycle.Terminated
 	must(t, s.UpdateInstance(c, gone))
 	counts, err := s.CountPoolMembers(c, p.ID)
 	must(t, err)
@@ -766,7 +778,7 @@ func testPoolBatchClaim(t *testing.T, s store.Store) {
 	c := ctx(t)
 	p := seedPool(t, s, "batch")
 	n := seedNode(t, s, "member")
-	ready := addMembers(t, s, p, n.ID, store.PoolStateReady, 3)
+	ready := addMembers(t, s, p, n.ID, lifecycle.PoolReady, 3)
 	at := t0.Add(time.Hour)
 	cs := []store.PoolClaim{{ClaimID: "c1", AcquiredBy: "a"}, {ClaimID: "c2", AcquiredBy: "b", AcquiredFor: "x"}}
 	var got []*store.Instance
@@ -785,7 +797,7 @@ func testPoolBatchClaim(t *testing.T, s store.Store) {
 	for i, want := range cs {
 		back, err := s.GetInstance(c, got[i].ID)
 		must(t, err)
-		if back.PoolState != store.PoolStateClaimed || back.ClaimID != want.ClaimID || back.AcquiredBy != want.AcquiredBy ||
+		if back.PoolState != lifecycle.PoolClaimed || back.ClaimID != want.ClaimID || back.AcquiredBy != want.AcquiredBy ||
 			back.AcquiredFor != want.AcquiredFor || back.PoolAcquiredAt == nil || !back.PoolAcquiredAt.Equal(at) {
 			t.Fatalf("claimed member %d read back: %+v", i, back)
 		}
@@ -809,7 +821,7 @@ func testPoolClaimRace(t *testing.T, s store.Store) {
 	c := ctx(t)
 	p := seedPool(t, s, "race")
 	n := seedNode(t, s, "member")
-	addMembers(t, s, p, n.ID, store.PoolStateReady, 20)
+	addMembers(t, s, p, n.ID, lifecycle.PoolReady, 20)
 	var mu sync.Mutex
 	claimed := map[string]bool{}
 	exhausted := 0
@@ -824,7 +836,7 @@ func testPoolClaimRace(t *testing.T, s store.Store) {
 				if err != nil {
 					return err
 				}
-				m.PoolState = store.PoolStateClaimed
+				m.PoolState = lifecycle.PoolClaimed
 				id = m.ID
 				return q.UpdateInstance(c, m)
 			})
