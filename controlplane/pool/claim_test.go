@@ -445,7 +445,7 @@ func TestWarmingToReady(t *testing.T) {
 		if got := e.get(other.ID).PoolState; got != lifecycle.PoolDraining {
 			t.Fatalf("cordoned member is %s", got)
 		}
-		if payload(t, e.events(events.PoolMemberReady, store.EventFilter{InstanceID: other.ID})[0])["pool_state"] != lifecycle.PoolDraining {
+		if payload(t, e.events(events.PoolMemberReady, store.EventFilter{InstanceID: other.ID})[0])["pool_state"] != string(lifecycle.PoolDraining) {
 			t.Fatal("member_ready must say where the member went")
 		}
 	})
