@@ -26,6 +26,7 @@ import (
 	"github.com/tetherfleet/tether/controlplane/pool"
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/controlplane/tasks"
+	"github.com/tetherfleet/tether/internal/clock"
 	"github.com/tetherfleet/tether/internal/modulewire"
 	"github.com/tetherfleet/tether/pki/ca"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
@@ -36,15 +37,12 @@ import (
 // ResourceExhausted before it is parsed.
 const MaxRecvMsgSize = 4 << 20
 
-// Clock is the time source.
-type Clock interface{ Now() time.Time }
-
 // Config wires the server.
 type Config struct {
 	Store      store.Store
 	CA         *ca.CA
 	ServerCert tls.Certificate
-	Clock      Clock
+	Clock      clock.Clock
 	Log        *slog.Logger
 	Registerer prometheus.Registerer
 

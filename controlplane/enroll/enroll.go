@@ -15,6 +15,7 @@ import (
 	"github.com/tetherfleet/tether/controlplane/fail"
 	"github.com/tetherfleet/tether/controlplane/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/store"
+	"github.com/tetherfleet/tether/internal/clock"
 	"github.com/tetherfleet/tether/pki"
 	"github.com/tetherfleet/tether/pki/ca"
 )
@@ -22,14 +23,11 @@ import (
 // MaxCSRBytes bounds what Enroll will parse.
 const MaxCSRBytes = 8 << 10
 
-// Clock is the time source.
-type Clock interface{ Now() time.Time }
-
 // Service issues node certificates.
 type Service struct {
 	Store    store.Store
 	CA       *ca.CA
-	Clock    Clock
+	Clock    clock.Clock
 	Log      *slog.Logger
 	Lifetime time.Duration // zero: ca.DefaultNodeLifetime
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/tetherfleet/tether/controlplane/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/controlplane/worker"
+	"github.com/tetherfleet/tether/internal/clock"
 	"github.com/tetherfleet/tether/pki"
 	"github.com/tetherfleet/tether/providers"
 )
@@ -25,13 +26,10 @@ const DefaultTokenTTL = 24 * time.Hour
 // ProviderExternal is the provider for machines something else starts.
 const ProviderExternal = "external"
 
-// Clock is the time source.
-type Clock interface{ Now() time.Time }
-
 // Service is the instance service.
 type Service struct {
 	Store store.Store
-	Clock Clock
+	Clock clock.Clock
 	Log   *slog.Logger
 	// Machines are the configured providers by name: what provisioning
 	// accepts and what the power operations drive.

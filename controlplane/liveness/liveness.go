@@ -15,6 +15,7 @@ import (
 	"github.com/tetherfleet/tether/controlplane/instances"
 	"github.com/tetherfleet/tether/controlplane/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/store"
+	"github.com/tetherfleet/tether/internal/clock"
 	"github.com/tetherfleet/tether/providers"
 )
 
@@ -33,13 +34,10 @@ const (
 	DefaultMaxHeartbeatsPerSecond = 2000.0
 )
 
-// Clock is the time source.
-type Clock interface{ Now() time.Time }
-
 // Sensor checks heartbeats.
 type Sensor struct {
 	Store     store.Store
-	Clock     Clock
+	Clock     clock.Clock
 	Log       *slog.Logger
 	Instances *instances.Service
 

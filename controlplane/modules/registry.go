@@ -7,24 +7,21 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"time"
 
 	"github.com/tetherfleet/tether/controlplane/events"
 	"github.com/tetherfleet/tether/controlplane/fail"
 	"github.com/tetherfleet/tether/controlplane/store"
+	"github.com/tetherfleet/tether/internal/clock"
 )
 
 // MaxModuleSize bounds a pushed module.
 const MaxModuleSize = 8 << 30
 
-// Clock is the time source.
-type Clock interface{ Now() time.Time }
-
 // Registry records modules and their blobs.
 type Registry struct {
 	Store store.Store
 	Blobs *Blobs
-	Clock Clock
+	Clock clock.Clock
 	Log   *slog.Logger
 }
 

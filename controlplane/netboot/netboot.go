@@ -30,15 +30,13 @@ import (
 	"github.com/tetherfleet/tether/controlplane/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/modules"
 	"github.com/tetherfleet/tether/controlplane/store"
+	"github.com/tetherfleet/tether/internal/clock"
 )
-
-// Clock is the time source.
-type Clock interface{ Now() time.Time }
 
 // Server serves netboot files over HTTP.
 type Server struct {
 	Store     store.Store
-	Clock     Clock
+	Clock     clock.Clock
 	Log       *slog.Logger
 	Instances *instances.Service
 }

@@ -22,15 +22,13 @@ import (
 	"github.com/tetherfleet/tether/controlplane/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/liveness"
 	"github.com/tetherfleet/tether/controlplane/store"
+	"github.com/tetherfleet/tether/internal/clock"
 )
-
-// Clock is the time source.
-type Clock interface{ Now() time.Time }
 
 // Service is the pool service. Fields left zero take the defaults below.
 type Service struct {
 	Store     store.Store
-	Clock     Clock
+	Clock     clock.Clock
 	Log       *slog.Logger
 	Instances *instances.Service
 

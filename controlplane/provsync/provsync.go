@@ -16,16 +16,14 @@ import (
 	"github.com/tetherfleet/tether/controlplane/instances"
 	"github.com/tetherfleet/tether/controlplane/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/store"
+	"github.com/tetherfleet/tether/internal/clock"
 	"github.com/tetherfleet/tether/providers"
 )
-
-// Clock is the time source.
-type Clock interface{ Now() time.Time }
 
 // Syncer runs the comparison.
 type Syncer struct {
 	Store     store.Store
-	Clock     Clock
+	Clock     clock.Clock
 	Log       *slog.Logger
 	Instances *instances.Service
 	// CallTimeout bounds each provider call (default 1 min).

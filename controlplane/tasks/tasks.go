@@ -16,6 +16,7 @@ import (
 	"github.com/tetherfleet/tether/controlplane/fail"
 	"github.com/tetherfleet/tether/controlplane/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/store"
+	"github.com/tetherfleet/tether/internal/clock"
 )
 
 // Defaults and bounds.
@@ -42,13 +43,10 @@ const (
 // AgentKinds are the kinds an agent executes.
 var AgentKinds = []string{KindExec, KindReboot, KindPoweroff, KindModuleSync, KindRenewCertificate}
 
-// Clock is the time source.
-type Clock interface{ Now() time.Time }
-
 // Service manages tasks.
 type Service struct {
 	Store          store.Store
-	Clock          Clock
+	Clock          clock.Clock
 	Log            *slog.Logger
 	Lease          time.Duration // zero: DefaultLease
 	MaxOutputBytes int           // zero: DefaultMaxOutputBytes

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/tetherfleet/tether/internal/clock"
 )
 
 // Name is the provider's registered name.
@@ -38,13 +40,6 @@ const (
 	AccelKVM  = "kvm"
 	AccelTCG  = "tcg"
 )
-
-// Clock is the provider's time source (recorder timestamps, log headers).
-type Clock interface{ Now() time.Time }
-
-type realClock struct{}
-
-func (realClock) Now() time.Time { return time.Now() }
 
 // Config configures the provider. Zero values take the defaults below.
 type Config struct {
@@ -81,7 +76,7 @@ type Config struct {
 	// without bound.
 	RecorderLimit int
 	Logger        *slog.Logger
-	Clock         Clock
+	Clock         clock.Clock
 }
 
 const (
@@ -142,7 +137,7 @@ func (c Config) withDefaults() (Config, error) {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	if c.Clock == nil {
-		c.Clock = realClock{}
+		c.Clock = clock.Real{}
 	}
 	return c, nil
 }
