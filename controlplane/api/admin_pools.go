@@ -10,7 +10,7 @@ import (
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
 
-// The pool RPCs (SPEC 4). The logic lives in controlplane/pool; these
+// The pool RPCs (docs/design.md §4). The logic lives in controlplane/pool; these
 // handlers translate the request, name the caller and convert the answer.
 
 func (a *adminServer) pools() (*pool.Service, error) {

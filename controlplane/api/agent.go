@@ -339,7 +339,7 @@ func validHeartbeat(hb *v1.Heartbeat) error {
 }
 
 // HeartbeatInterval stretches the 30 s heartbeat with fleet size so that
-// the control plane sees at most MaxHeartbeatsPerSecond (SPEC 2, Nomad's
+// the control plane sees at most MaxHeartbeatsPerSecond (docs/design.md §2.8, Nomad's
 // rule).
 func HeartbeatInterval(connected int) time.Duration {
 	d := BaseHeartbeatInterval

@@ -39,7 +39,7 @@ func WithCaller(ctx context.Context, c Caller) context.Context {
 	return context.WithValue(ctx, callerKey{}, c)
 }
 
-// Roles, weakest first. The role is in the admin certificate (SPEC 3.6).
+// Roles, weakest first. The role is in the admin certificate (docs/design.md §3.6).
 var roleRank = map[string]int{"viewer": 1, "operator": 2, "admin": 3}
 
 // requiredRole is the least role an admin RPC needs. Reads are for

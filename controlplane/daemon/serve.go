@@ -410,7 +410,7 @@ func ParseSigningKey(b []byte) (ed25519.PublicKey, error) {
 	return pub, nil
 }
 
-// Record retention (SPEC 0.6: nothing accumulates forever). Events keep
+// Record retention (docs/design.md §0.6: nothing accumulates forever). Events keep
 // their own, configurable windows; the rest is history nothing reads.
 const (
 	taskRetention  = 30 * 24 * time.Hour // finished tasks: results stay readable for a month

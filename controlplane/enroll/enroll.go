@@ -1,5 +1,5 @@
 // Package enroll turns one-time bootstrap tokens and CSRs into node
-// certificates (SPEC 3), and renews them over mTLS.
+// certificates (docs/design.md §3), and renews them over mTLS.
 package enroll
 
 import (

@@ -1,4 +1,4 @@
-// Package fail builds the gRPC errors of ARCHITECTURE.md's code table and
+// Package fail builds the gRPC errors of the code table in docs/design.md §0.8 and
 // maps everything else onto it. Domain packages return these (SPIRE's API
 // services do the same); the server's last interceptor passes every error
 // through From, so codes.Unknown never reaches a client.

@@ -13,7 +13,7 @@ import (
 	"github.com/tetherfleet/tether/controlplane/store"
 )
 
-// Cordon results (SPEC 2).
+// Cordon results (docs/design.md §2.9).
 const (
 	CordonFenced        = "fenced"
 	CordonClaimed       = "claimed"
@@ -103,7 +103,7 @@ func (s *Service) Unhold(ctx context.Context, id, by string) (*store.Instance, e
 	})
 }
 
-// Cordon marks an instance unschedulable and leaves it running (SPEC 2).
+// Cordon marks an instance unschedulable and leaves it running (docs/design.md §2.9).
 // A ready pool member is fenced to draining under the row lock, so a
 // member claimed a moment earlier is recorded as claimed, not clobbered.
 func (s *Service) Cordon(ctx context.Context, id, reason, by string) (*store.Instance, string, error) {
@@ -190,7 +190,7 @@ func (s *Service) Uncordon(ctx context.Context, id, by string) (*store.Instance,
 	return in, result, nil
 }
 
-// Drain is cordon + stop (SPEC 2). A cordon refusal aborts before the
+// Drain is cordon + stop (docs/design.md §2.9). A cordon refusal aborts before the
 // stop; an instance an earlier cordon marked keeps that marker and is
 // stopped. It is refused for an instance that hosts this control plane.
 func (s *Service) Drain(ctx context.Context, id, reason, by string) (*store.Instance, string, error) {

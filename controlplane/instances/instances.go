@@ -1,4 +1,4 @@
-// Package instances drives instances through the lifecycle (SPEC 2):
+// Package instances drives instances through the lifecycle (docs/design.md §2):
 // provisioning, enrollment material, and the transitions operators and
 // agents cause. Every change runs in one transaction with its event.
 package instances
@@ -19,7 +19,7 @@ import (
 	"github.com/tetherfleet/tether/providers"
 )
 
-// DefaultTokenTTL is how long a bootstrap token lives (SPEC 3.1).
+// DefaultTokenTTL is how long a bootstrap token lives (docs/design.md §3.1).
 const DefaultTokenTTL = 24 * time.Hour
 
 // ProviderExternal is the provider for machines something else starts.

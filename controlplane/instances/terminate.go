@@ -15,7 +15,7 @@ import (
 )
 
 // Terminate destroys an instance's machine and ends its identity. It is
-// two-phase (SPEC 2): the intent (terminate_requested_at) commits first,
+// two-phase (docs/design.md §2.4): the intent (terminate_requested_at) commits first,
 // then the provider destroys the machine, then a second transaction marks
 // the instance terminated, revokes its certificates and expires its unused
 // tokens. If the control plane dies between the phases, ResumeTerminates
@@ -202,7 +202,7 @@ func cancelTasks(ctx context.Context, q store.Queries, id string, now time.Time)
 }
 
 // closeClaim closes the open claim of a member being marked terminated
-// (SPEC 4), in that transaction, so no phantom claimed member stays
+// (docs/design.md §4.5), in that transaction, so no phantom claimed member stays
 // counted. A member terminated while claimed closes with disposition
 // terminated; one whose release had begun (draining, claim id still set)
 // closes as the release meant it to: recycled.

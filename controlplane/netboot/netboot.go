@@ -1,6 +1,6 @@
 // Package netboot serves what a machine netbooting over iPXE fetches: the
 // kernel and initramfs, content addressed, and a per-instance iPXE script
-// whose kernel command line carries the enrollment data (SPEC 3.2:
+// whose kernel command line carries the enrollment data (docs/design.md §3.2:
 // tether.url, tether.token, tether.ca).
 //
 // The script holds a one-time token, so it is served once per boot: the

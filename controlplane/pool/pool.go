@@ -1,4 +1,4 @@
-// Package pool runs warm instance pools (SPEC 4): pools and their
+// Package pool runs warm instance pools (docs/design.md §4): pools and their
 // members' pool states, the atomic claim and its release, the drain, and
 // the reaper tick that recycles stale members, retries and abandons failed
 // terminates, prunes dead records and replenishes active pools.
@@ -65,7 +65,7 @@ type Service struct {
 	batch     *batcher
 }
 
-// Defaults of SPEC 4 and of the Service's tuning fields.
+// Defaults of docs/design.md §4.1 and of the Service's tuning fields.
 const (
 	DefaultWarmingTimeout       = 600 * time.Second
 	DefaultReadyTTL             = 3600 * time.Second

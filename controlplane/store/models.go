@@ -62,7 +62,7 @@ const (
 	PoolStateErrored  = "errored"
 )
 
-// Cordon is the marker cordon writes (SPEC 2).
+// Cordon is the marker cordon writes (docs/design.md §2.9).
 type Cordon struct {
 	By              string
 	Reason          string

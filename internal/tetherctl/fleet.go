@@ -292,7 +292,7 @@ func (a *App) instanceCmd() *cobra.Command {
 
 	var out string
 	seed := &cobra.Command{Use: "seed-iso ID -o FILE", Short: "Write a seed ISO (TETHERSEED) with fresh enrollment data", Args: cobra.ExactArgs(1),
-		// Here -o names the ISO file (SPEC 9), so the global check of -o
+		// Here -o names the ISO file (docs/design.md §9.3), so the global check of -o
 		// as an output format does not apply.
 		PersistentPreRunE: func(*cobra.Command, []string) error { return nil },
 		RunE: func(_ *cobra.Command, args []string) error {

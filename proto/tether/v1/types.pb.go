@@ -23,7 +23,7 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
-// InstanceStatus is the nine-state instance lifecycle (SPEC 2).
+// InstanceStatus is the nine-state instance lifecycle (docs/design.md §2).
 type InstanceStatus int32
 
 const (
@@ -1068,7 +1068,7 @@ type Instance struct {
 	InstanceType    string                 `protobuf:"bytes,7,opt,name=instance_type,json=instanceType,proto3" json:"instance_type,omitempty"`
 	CloudInstanceId string                 `protobuf:"bytes,8,opt,name=cloud_instance_id,json=cloudInstanceId,proto3" json:"cloud_instance_id,omitempty"`
 	OperationId     string                 `protobuf:"bytes,9,opt,name=operation_id,json=operationId,proto3" json:"operation_id,omitempty"`
-	// Pool membership (SPEC 4); empty pool_id means not pooled.
+	// Pool membership (docs/design.md §4); empty pool_id means not pooled.
 	PoolId               string                 `protobuf:"bytes,10,opt,name=pool_id,json=poolId,proto3" json:"pool_id,omitempty"`
 	PoolState            PoolState              `protobuf:"varint,11,opt,name=pool_state,json=poolState,proto3,enum=tether.v1.PoolState" json:"pool_state,omitempty"`
 	PoolWarmingStartedAt *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=pool_warming_started_at,json=poolWarmingStartedAt,proto3" json:"pool_warming_started_at,omitempty"`

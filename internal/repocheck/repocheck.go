@@ -1,0 +1,119 @@
+// Package repocheck keeps the repository standing alone: a user who clones
+// it has nothing beside it, so no file may send a reader to a path outside
+// the clone (a sibling folder, a developer's machine, a document that is
+// not in the tree) and no Markdown link may point at a file that is not
+// here. The contract such references used to name lives in docs/design.md
+// and the layout in docs/architecture.md.
+//
+// The checker works on one file's name and bytes so it can be tested on
+// planted examples; the repository-wide run is a test in this package that
+// walks `git ls-files`.
+package repocheck
+
+import (
+	"bytes"
+	"fmt"
+	"path"
+	"regexp"
+	"strings"
+)
+
+// Finding is one reference to something outside the repository.
+type Finding struct {
+	File string
+	Line int
+	// Match is the offending text, Why says what it points at and what to
+	// write instead.
+	Match, Why string
+}
+
+func (f Finding) String() string {
+	return fmt.Sprintf("%s:%d: %q: %s", f.File, f.Line, f.Match, f.Why)
+}
+
+type rule struct {
+	re  *regexp.Regexp
+	why string
+}
+
+// rules are the shapes an outside reference takes. They are matched line by
+// line, case-sensitively: the upper-case word names a section of a
+// specification a clone does not have, while providers.Spec is an ordinary
+// identifier. A bracketed letter ([P], [o]) keeps each pattern from
+// matching its own source text, so this file passes its own check.
+var rules = []rule{
+	{regexp.MustCompile(`\.\./+shared\b`), "a folder beside the clone, which a user does not have; cite docs/design.md or docs/architecture.md"},
+	{regexp.MustCompile(`\bshared/+(S[P]EC|ARCHITECTURE|notes|reference|peers)\b`), "a document outside the repository; cite docs/design.md or docs/architecture.md"},
+	{regexp.MustCompile(`\b(S[P]EC|ARCHITECTUR[E])\.md\b`), "a document outside the repository; cite docs/design.md or docs/architecture.md"},
+	{regexp.MustCompile(`\bS[P]EC\b`), "a section of a specification outside the repository; cite docs/design.md §N"},
+	{regexp.MustCompile(`(^|[^\w.\-/])/w[o]rk/`), "a path on a development machine"},
+	{regexp.MustCompile(`(^|[^\w.\-/])/tmp/i[s]s\b`), "an issue tracker's scratch folder on a development machine"},
+	{regexp.MustCompile(`(^|[^\w.\-/])/(h[o]me|U[s]ers)/[A-Za-z]`), "a user's home directory on a development machine"},
+	{regexp.MustCompile(`\.l[i]brary/`), "a tool folder outside the repository"},
+}
+
+// Scan returns the outside references in one file. name is the file's path
+// relative to the repository root (slash-separated); binary files (any NUL
+// byte) are skipped. exists reports whether a relative path is in the
+// repository; it is used for Markdown links and may be nil to skip them.
+func Scan(name string, content []byte, exists func(string) bool) []Finding {
+	if bytes.IndexByte(content, 0) >= 0 {
+		return nil
+	}
+	var out []Finding
+	markdown := strings.HasSuffix(name, ".md")
+	for i, line := range strings.Split(string(content), "\n") {
+		for _, r := range rules {
+			if m := r.re.FindString(line); m != "" {
+				out = append(out, Finding{File: name, Line: i + 1, Match: strings.TrimLeft(m, " \t\"'`(=:"), Why: r.why})
+			}
+		}
+		if markdown && exists != nil {
+			out = append(out, links(name, i+1, line, exists)...)
+		}
+	}
+	return out
+}
+
+// mdLink is an inline Markdown link or image: [text](target "title").
+var mdLink = regexp.MustCompile(`\]\(\s*<?([^)\s>]+)>?(?:\s+"[^"]*")?\s*\)`)
+
+// links checks a Markdown line's relative links: each must resolve to a
+// file or folder inside the repository.
+func links(name string, lineNo int, line string, exists func(string) bool) []Finding {
+	var out []Finding
+	for _, m := range mdLink.FindAllStringSubmatch(line, -1) {
+		target := m[1]
+		if isExternal(target) {
+			continue
+		}
+		if j := strings.IndexAny(target, "#?"); j >= 0 {
+			target = target[:j]
+		}
+		if target == "" {
+			continue // an anchor in the same file
+		}
+		var p string
+		if strings.HasPrefix(target, "/") {
+			p = path.Clean(strings.TrimPrefix(target, "/"))
+		} else {
+			p = path.Join(path.Dir(name), target)
+		}
+		switch {
+		case p == ".." || strings.HasPrefix(p, "../"):
+			out = append(out, Finding{File: name, Line: lineNo, Match: m[1], Why: "a link that leaves the repository"})
+		case !exists(p):
+			out = append(out, Finding{File: name, Line: lineNo, Match: m[1], Why: fmt.Sprintf("a link to %s, which is not in the repository", p)})
+		}
+	}
+	return out
+}
+
+func isExternal(target string) bool {
+	for _, scheme := range []string{"http://", "https://", "mailto:", "ftp://"} {
+		if strings.HasPrefix(target, scheme) {
+			return true
+		}
+	}
+	return false
+}

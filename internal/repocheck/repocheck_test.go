@@ -1,0 +1,125 @@
+package repocheck
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// j joins its parts. Planted examples are written in pieces so that this
+// file does not itself contain what the repository-wide check refuses.
+func j(parts ...string) string { return strings.Join(parts, "") }
+
+func TestScanFindsOutsideReferences(t *testing.T) {
+	files := map[string]bool{"docs/design.md": true, "docs/adr": true, "README.md": true}
+	exists := func(p string) bool { return files[p] }
+	tests := []struct {
+		name, file, text string
+		want             int // findings
+	}{
+		{"sibling folder", "README.md", j("The contract is `..", "/shared/S", "PEC.md`."), 4},
+		{"sibling folder alone", "docs/benchmarks.md", j("(see ..", "/shared/no", "tes/performance-goals.md)"), 2},
+		{"doubled slash", "a.go", j("// see ..", "//shared/x"), 1},
+		{"spec document", "docs/adr/0002.md", j("ARCHITECTU", "RE.md asks for one query layer"), 1},
+		{"spec section in a comment", "controlplane/pool/pool.go", j("// Package pool runs warm instance pools (SP", "EC 4)."), 1},
+		{"spec section word", "x.go", j("// rule is one row of SP", "EC section 2's table."), 1},
+		{"development machine path", "scripts/x.sh", j("cp x /wo", "rk/shared/no", "tes"), 2},
+		{"issue scratch", "x.go", j("// as /tmp/i", "ss/10.md says"), 1},
+		{"home directory", "x.md", j("built in /ho", "me/alice/src"), 1},
+		{"tool folder", "x.md", j("see .lib", "rary/env"), 1},
+		{"markdown link leaving the repository", "docs/benchmarks.md", j("[goals](../..", "/shared/no", "tes/goals.md)"), 3},
+		{"markdown link to a missing file", "README.md", "[design](docs/desing.md)", 1},
+
+		{"own design doc", "controlplane/pool/pool.go", "// Package pool runs warm instance pools (docs/design.md §4).", 0},
+		{"markdown link inside", "docs/adr/0004.md", "see [the design](../design.md#4-pools) and [ADRs](../adr)", 0},
+		{"markdown link from the root", "README.md", "[design](docs/design.md) [ADRs](docs/adr/)", 0},
+		{"external link", "README.md", "[go](https://go.dev/doc/) [mail](mailto:a@b)", 0},
+		{"anchor only", "docs/design.md", "see [§2](#2-instance-lifecycle)", 0},
+		{"identifier", "providers/p.go", "spec providers.Spec // SPECIAL_CASE and FOO_SPEC are identifiers", 0},
+		{"throwaway data dir", "docs/benchmarks.md", "bin/tetherd init --data-dir /tmp/tb", 0},
+		{"url path", "x.md", "https://example.com/work/x and a/work/b", 0},
+		{"shared as a word", "x.go", "// a shared filesystem for blobs", 0},
+		{"binary file", "x.bin", j("\x00..", "/shared/S", "PEC.md"), 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := Scan(tc.file, []byte(tc.text), exists)
+			if len(got) != tc.want {
+				t.Fatalf("Scan(%q, %q) found %d, want %d: %v", tc.file, tc.text, len(got), tc.want, got)
+			}
+			for _, f := range got {
+				if f.File != tc.file || f.Line != 1 || f.Match == "" || f.Why == "" {
+					t.Errorf("finding %+v: want file %s, line 1, a match and a reason", f, tc.file)
+				}
+			}
+		})
+	}
+}
+
+func TestScanReportsTheLine(t *testing.T) {
+	text := j("line one\nline two\n// third names SP", "EC 3.2\n")
+	got := Scan("a.go", []byte(text), nil)
+	if len(got) != 1 || got[0].Line != 3 {
+		t.Fatalf("got %v, want one finding on line 3", got)
+	}
+	if s := got[0].String(); !strings.HasPrefix(s, "a.go:3: ") || !strings.Contains(s, "docs/design.md") {
+		t.Errorf("String() = %q, want a.go:3: and a hint naming docs/design.md", s)
+	}
+}
+
+// TestRepositoryStandsAlone runs the check on every file git tracks, as a
+// fresh clone has them.
+func TestRepositoryStandsAlone(t *testing.T) {
+	if _, err := exec.LookPath("git"); err != nil {
+		t.Skip("SKIP: git is not installed; the repository-wide outside-reference check needs `git ls-files`")
+	}
+	top, err := exec.Command("git", "rev-parse", "--show-toplevel").Output()
+	if err != nil {
+		t.Skipf("SKIP: not inside a git checkout (%v); the repository-wide outside-reference check needs `git ls-files`", err)
+	}
+	root := strings.TrimSpace(string(top))
+	cmd := exec.Command("git", "ls-files", "-z", "--cached", "--others", "--exclude-standard")
+	cmd.Dir = root
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("git ls-files: %v", err)
+	}
+	var names []string
+	tracked := map[string]bool{}
+	for _, n := range bytes.Split(out, []byte{0}) {
+		if len(n) == 0 {
+			continue
+		}
+		name := string(n)
+		if _, err := os.Stat(filepath.Join(root, name)); err != nil {
+			continue // deleted in the work tree, not yet committed
+		}
+		names = append(names, name)
+		tracked[name] = true
+		for d := path.Dir(name); d != "."; d = path.Dir(d) {
+			tracked[d] = true
+		}
+	}
+	if len(names) == 0 {
+		t.Fatal("git ls-files listed no files")
+	}
+	exists := func(p string) bool { return tracked[p] }
+	var found []Finding
+	for _, name := range names {
+		b, err := os.ReadFile(filepath.Join(root, name))
+		if err != nil {
+			t.Fatalf("read %s: %v", name, err)
+		}
+		found = append(found, Scan(name, b, exists)...)
+	}
+	for _, f := range found {
+		t.Error(f)
+	}
+	if len(found) > 0 {
+		t.Logf("%d references to paths outside the repository; a clone has only what git tracks", len(found))
+	}
+}
