@@ -28,10 +28,11 @@ generate: ## Regenerate the gRPC code (protoc + the go.mod-pinned plugins)
 	  --go-grpc_out=. --go-grpc_opt=module=github.com/tetherfleet/tether \
 	  $(PROTO)/*.proto
 
-lint: ## gofmt + go vet
+lint: ## gofmt + go vet + nothing in the repository names a path outside it
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$')); \
 	  if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 	go vet ./...
+	go test -count=1 ./internal/repocheck/
 
 test: lint unit e2e ## Everything: lint, unit and integration tests (both stores), real-VM e2e
 
