@@ -5,9 +5,13 @@
 // here. The contract such references used to name lives in docs/design.md
 // and the layout in docs/architecture.md.
 //
-// The checker works on one file's name and bytes so it can be tested on
+// Code comments cite the contract as "docs/design.md §N.M"; Citations
+// checks that each cited section exists, and LinkAnchors that each
+// Markdown link's #fragment names a heading.
+//
+// The checks work on one file's name and bytes so they can be tested on
 // planted examples; the repository-wide run is a test in this package that
-// walks `git ls-files`.
+// walks `git ls-files` (`make lint` runs it).
 package repocheck
 
 import (
@@ -16,6 +20,7 @@ import (
 	"path"
 	"regexp"
 	"strings"
+	"unicode"
 )
 
 // Finding is one reference to something outside the repository.
@@ -116,4 +121,131 @@ func isExternal(target string) bool {
 		}
 	}
 	return false
+}
+
+// designHeading is a numbered heading of docs/design.md ("## 2. Instance
+// lifecycle", "### 2.2 Transitions") or a numbered principle ("**0.1 Say
+// what happened.**").
+var designHeading = regexp.MustCompile(`^(?:#{2,4} +|\*\*)(\d+(?:\.\d+)*)\.? `)
+
+// Sections returns the section numbers docs/design.md defines.
+func Sections(design []byte) map[string]bool {
+	out := map[string]bool{}
+	for _, line := range strings.Split(string(design), "\n") {
+		if m := designHeading.FindStringSubmatch(line); m != nil {
+			out[m[1]] = true
+		}
+	}
+	return out
+}
+
+// citation is a section sign and its number: §2, §2.6.
+var citation = regexp.MustCompile(`§(\d+(?:\.\d+)*)`)
+
+// DesignDoc is where the contract lives.
+const DesignDoc = "docs/design.md"
+
+// Citations checks that every section a file cites from docs/design.md
+// exists there: on a line that names docs/design.md (or design.md, from
+// beside it), and anywhere in the design document itself, each §N.M must
+// be one of sections. A renumbered section would otherwise leave code
+// comments pointing at the wrong promise.
+func Citations(name string, content []byte, sections map[string]bool) []Finding {
+	if bytes.IndexByte(content, 0) >= 0 {
+		return nil
+	}
+	var out []Finding
+	self := name == DesignDoc
+	for i, line := range strings.Split(string(content), "\n") {
+		if !self && !strings.Contains(line, "design.md") {
+			continue
+		}
+		for _, m := range citation.FindAllStringSubmatch(line, -1) {
+			if !sections[m[1]] {
+				out = append(out, Finding{File: name, Line: i + 1, Match: m[0],
+					Why: fmt.Sprintf("%s has no section %s", DesignDoc, m[1])})
+			}
+		}
+	}
+	return out
+}
+
+// mdHeading is an ATX heading.
+var mdHeading = regexp.MustCompile(`^#{1,6}\s+(.*?)\s*#*\s*$`)
+
+// Anchors returns the fragment ids a Markdown renderer such as GitHub's
+// gives the headings of a document: lower case, punctuation dropped,
+// spaces as hyphens, and -1, -2 ... on repeats. Fenced code is skipped.
+func Anchors(content []byte) map[string]bool {
+	out := map[string]bool{}
+	seen := map[string]int{}
+	fenced := false
+	for _, line := range strings.Split(string(content), "\n") {
+		if strings.HasPrefix(strings.TrimSpace(line), "```") {
+			fenced = !fenced
+			continue
+		}
+		m := mdHeading.FindStringSubmatch(line)
+		if fenced || m == nil {
+			continue
+		}
+		slug := Slug(m[1])
+		if n := seen[slug]; n > 0 {
+			out[fmt.Sprintf("%s-%d", slug, n)] = true
+		} else {
+			out[slug] = true
+		}
+		seen[slug]++
+	}
+	return out
+}
+
+// Slug is a heading's fragment id.
+func Slug(heading string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(heading) {
+		switch {
+		case r == ' ':
+			b.WriteByte('-')
+		case r == '-' || r == '_' || r >= 'a' && r <= 'z' || r >= '0' && r <= '9':
+			b.WriteRune(r)
+		case r > 127 && unicode.IsLetter(r):
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}
+
+// LinkAnchors checks the fragments of a Markdown file's links to Markdown
+// files in the repository (its own headings included): each must name a
+// heading there. anchorsOf returns a document's anchors, and false when
+// the document is not in the repository (Scan reports those links).
+func LinkAnchors(name string, content []byte, anchorsOf func(p string) (map[string]bool, bool)) []Finding {
+	if !strings.HasSuffix(name, ".md") {
+		return nil
+	}
+	var out []Finding
+	for i, line := range strings.Split(string(content), "\n") {
+		for _, m := range mdLink.FindAllStringSubmatch(line, -1) {
+			target := m[1]
+			j := strings.IndexByte(target, '#')
+			if isExternal(target) || j < 0 {
+				continue
+			}
+			file, frag := target[:j], target[j+1:]
+			p := name
+			if file != "" {
+				p = path.Join(path.Dir(name), file)
+			}
+			if !strings.HasSuffix(p, ".md") {
+				continue
+			}
+			anchors, ok := anchorsOf(p)
+			if ok && !anchors[frag] {
+				out = append(out, Finding{File: name, Line: i + 1, Match: m[1],
+					Why: fmt.Sprintf("%s has no heading with the anchor #%s", p, frag)})
+			}
+		}
+	}
+	return out
 }

@@ -71,8 +71,78 @@ func TestScanReportsTheLine(t *testing.T) {
 	}
 }
 
-// TestRepositoryStandsAlone runs the check on every file git tracks, as a
-// fresh clone has them.
+func TestCitationsNameExistingSections(t *testing.T) {
+	design := []byte("# Tether: design\n\n## 0. Principles\n\n**0.1 Say what happened.** text\n\n" +
+		"## 2. Instance lifecycle\n\n### 2.2 Transitions\n\nsee §2.2 and §0.1\n")
+	sections := Sections(design)
+	for _, want := range []string{"0", "0.1", "2", "2.2"} {
+		if !sections[want] {
+			t.Errorf("Sections: missing %s in %v", want, sections)
+		}
+	}
+	tests := []struct {
+		name, file, text string
+		want             int
+	}{
+		{"existing sections", "a.go", "// (docs/design.md §2.2 and §0.1)", 0},
+		{"whole section", "a.go", "// drives instances (docs/design.md §2):", 0},
+		{"missing subsection", "a.go", "// the hold (docs/design.md §2.5)", 1},
+		{"one good, one missing", "a.go", j("// (docs/design.md §2.2 and §", "9.9)"), 1},
+		{"link from a doc", "docs/adr/0004.md", "[design §3.5](../design.md#35-x)", 1},
+		{"line without the document", "a.go", "// §7 of some other text", 0},
+		{"inside the design", DesignDoc, "as §2.2 says, unlike §4", 1},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := Citations(tc.file, []byte(tc.text), sections); len(got) != tc.want {
+				t.Errorf("Citations(%q) = %v, want %d findings", tc.text, got, tc.want)
+			}
+		})
+	}
+}
+
+func TestLinkAnchors(t *testing.T) {
+	docs := map[string][]byte{
+		"docs/design.md": []byte("# Tether: design\n## 0. Principles\n### 2.6 Power operations go by what the provider observes\n" +
+			"### 3.5 Renewal, and every boot needs an identity\n```\n# not a heading\n```\n## Notes\n## Notes\n"),
+		"docs/architecture.md": []byte("## Store\n## `internal/` packages\n"),
+	}
+	anchorsOf := func(p string) (map[string]bool, bool) {
+		b, ok := docs[p]
+		if !ok {
+			return nil, false
+		}
+		return Anchors(b), true
+	}
+	tests := []struct {
+		name, file, text string
+		want             int
+	}{
+		{"numbered heading", "docs/adr/0004.md", "[x](../design.md#26-power-operations-go-by-what-the-provider-observes)", 0},
+		{"punctuation dropped", "docs/architecture.md", "[x](design.md#35-renewal-and-every-boot-needs-an-identity)", 0},
+		{"code spans", "README.md", "[x](docs/architecture.md#internal-packages)", 0},
+		{"repeated heading", "docs/architecture.md", "[x](design.md#notes-1)", 0},
+		{"same file", "docs/architecture.md", "[x](#store)", 0},
+		{"missing heading", "docs/adr/0004.md", "[x](../design.md#25-ops-hold)", 1},
+		{"heading inside a code fence", "docs/architecture.md", "[x](design.md#not-a-heading)", 1},
+		{"same file, missing", "docs/architecture.md", "[x](#stores)", 1},
+		{"file not in the repository", "README.md", "[x](docs/other.md#x)", 0},
+		{"not markdown", "README.md", "[x](Makefile#L3)", 0},
+		{"not a markdown file", "a.go", "// [x](docs/design.md#nope)", 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := LinkAnchors(tc.file, []byte(tc.text), anchorsOf); len(got) != tc.want {
+				t.Errorf("LinkAnchors(%q) = %v, want %d findings", tc.text, got, tc.want)
+			}
+		})
+	}
+}
+
+// TestRepositoryStandsAlone runs the checks on every file git tracks (and
+// every untracked file git does not ignore, which is about to be): no path
+// outside the repository, no broken Markdown link or anchor, and no
+// citation of a docs/design.md section that does not exist.
 func TestRepositoryStandsAlone(t *testing.T) {
 	if _, err := exec.LookPath("git"); err != nil {
 		t.Skip("SKIP: git is not installed; the repository-wide outside-reference check needs `git ls-files`")
@@ -108,18 +178,41 @@ func TestRepositoryStandsAlone(t *testing.T) {
 		t.Fatal("git ls-files listed no files")
 	}
 	exists := func(p string) bool { return tracked[p] }
-	var found []Finding
+	contents := map[string][]byte{}
 	for _, name := range names {
 		b, err := os.ReadFile(filepath.Join(root, name))
 		if err != nil {
 			t.Fatalf("read %s: %v", name, err)
 		}
+		contents[name] = b
+	}
+	design, ok := contents[DesignDoc]
+	if !ok {
+		t.Fatalf("%s is missing: code comments cite its sections", DesignDoc)
+	}
+	sections := Sections(design)
+	anchors := map[string]map[string]bool{}
+	anchorsOf := func(p string) (map[string]bool, bool) {
+		b, ok := contents[p]
+		if !ok {
+			return nil, false
+		}
+		if anchors[p] == nil {
+			anchors[p] = Anchors(b)
+		}
+		return anchors[p], true
+	}
+	var found []Finding
+	for _, name := range names {
+		b := contents[name]
 		found = append(found, Scan(name, b, exists)...)
+		found = append(found, Citations(name, b, sections)...)
+		found = append(found, LinkAnchors(name, b, anchorsOf)...)
 	}
 	for _, f := range found {
 		t.Error(f)
 	}
 	if len(found) > 0 {
-		t.Logf("%d references to paths outside the repository; a clone has only what git tracks", len(found))
+		t.Logf("%d findings: a clone has only what git tracks, and docs/design.md is what code cites", len(found))
 	}
 }
