@@ -33,6 +33,9 @@ type Finding struct {
 }
 
 func (f Finding) String() string {
+	if f.Line == 0 { // a finding about the whole file, such as an import
+		return fmt.Sprintf("%s: %q: %s", f.File, f.Match, f.Why)
+	}
 	return fmt.Sprintf("%s:%d: %q: %s", f.File, f.Line, f.Match, f.Why)
 }
 

@@ -2,6 +2,8 @@ package repocheck
 
 import (
 	"bytes"
+	"errors"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path"
@@ -139,17 +141,17 @@ func TestLinkAnchors(t *testing.T) {
 	}
 }
 
-// TestRepositoryStandsAlone runs the checks on every file git tracks (and
-// every untracked file git does not ignore, which is about to be): no path
-// outside the repository, no broken Markdown link or anchor, and no
-// citation of a docs/design.md section that does not exist.
-func TestRepositoryStandsAlone(t *testing.T) {
+// repoFiles lists and reads what git tracks (and the untracked files it
+// does not ignore), as paths relative to the repository root. tracked
+// holds those paths and every folder above them.
+func repoFiles(t *testing.T) (names []string, tracked map[string]bool, contents map[string][]byte) {
+	t.Helper()
 	if _, err := exec.LookPath("git"); err != nil {
-		t.Skip("SKIP: git is not installed; the repository-wide outside-reference check needs `git ls-files`")
+		t.Skip("SKIP: git is not installed; the repository-wide checks need `git ls-files`")
 	}
 	top, err := exec.Command("git", "rev-parse", "--show-toplevel").Output()
 	if err != nil {
-		t.Skipf("SKIP: not inside a git checkout (%v); the repository-wide outside-reference check needs `git ls-files`", err)
+		t.Skipf("SKIP: not inside a git checkout (%v); the repository-wide checks need `git ls-files`", err)
 	}
 	root := strings.TrimSpace(string(top))
 	cmd := exec.Command("git", "ls-files", "-z", "--cached", "--others", "--exclude-standard")
@@ -158,17 +160,21 @@ func TestRepositoryStandsAlone(t *testing.T) {
 	if err != nil {
 		t.Fatalf("git ls-files: %v", err)
 	}
-	var names []string
-	tracked := map[string]bool{}
+	tracked, contents = map[string]bool{}, map[string][]byte{}
 	for _, n := range bytes.Split(out, []byte{0}) {
 		if len(n) == 0 {
 			continue
 		}
 		name := string(n)
-		if _, err := os.Stat(filepath.Join(root, name)); err != nil {
+		b, err := os.ReadFile(filepath.Join(root, name))
+		if errors.Is(err, fs.ErrNotExist) {
 			continue // deleted in the work tree, not yet committed
 		}
+		if err != nil {
+			t.Fatalf("read %s: %v", name, err)
+		}
 		names = append(names, name)
+		contents[name] = b
 		tracked[name] = true
 		for d := path.Dir(name); d != "."; d = path.Dir(d) {
 			tracked[d] = true
@@ -177,15 +183,16 @@ func TestRepositoryStandsAlone(t *testing.T) {
 	if len(names) == 0 {
 		t.Fatal("git ls-files listed no files")
 	}
+	return names, tracked, contents
+}
+
+// TestRepositoryStandsAlone runs the checks on every file git tracks (and
+// every untracked file git does not ignore, which is about to be): no path
+// outside the repository, no broken Markdown link or anchor, and no
+// citation of a docs/design.md section that does not exist.
+func TestRepositoryStandsAlone(t *testing.T) {
+	names, tracked, contents := repoFiles(t)
 	exists := func(p string) bool { return tracked[p] }
-	contents := map[string][]byte{}
-	for _, name := range names {
-		b, err := os.ReadFile(filepath.Join(root, name))
-		if err != nil {
-			t.Fatalf("read %s: %v", name, err)
-		}
-		contents[name] = b
-	}
 	design, ok := contents[DesignDoc]
 	if !ok {
 		t.Fatalf("%s is missing: code comments cite its sections", DesignDoc)
