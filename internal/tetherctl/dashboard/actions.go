@@ -117,12 +117,24 @@ func (s *Server) instanceAction(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := s.call(r)
 	defer cancel()
 	act := map[string]func(context.Context) (proto.Message, error){
-		"stop":      func(ctx context.Context) (proto.Message, error) { return c.StopInstance(ctx, &v1.InstanceActionRequest{Id: id}) },
-		"start":     func(ctx context.Context) (proto.Message, error) { return c.StartInstance(ctx, &v1.InstanceActionRequest{Id: id}) },
-		"reboot":    func(ctx context.Context) (proto.Message, error) { return c.RebootInstance(ctx, &v1.InstanceActionRequest{Id: id}) },
-		"terminate": func(ctx context.Context) (proto.Message, error) { return c.TerminateInstance(ctx, &v1.InstanceActionRequest{Id: id}) },
-		"unhold":    func(ctx context.Context) (proto.Message, error) { return c.UnholdInstance(ctx, &v1.InstanceActionRequest{Id: id}) },
-		"uncordon":  func(ctx context.Context) (proto.Message, error) { return c.UncordonInstance(ctx, &v1.InstanceActionRequest{Id: id}) },
+		"stop": func(ctx context.Context) (proto.Message, error) {
+			return c.StopInstance(ctx, &v1.InstanceActionRequest{Id: id})
+		},
+		"start": func(ctx context.Context) (proto.Message, error) {
+			return c.StartInstance(ctx, &v1.InstanceActionRequest{Id: id})
+		},
+		"reboot": func(ctx context.Context) (proto.Message, error) {
+			return c.RebootInstance(ctx, &v1.InstanceActionRequest{Id: id})
+		},
+		"terminate": func(ctx context.Context) (proto.Message, error) {
+			return c.TerminateInstance(ctx, &v1.InstanceActionRequest{Id: id})
+		},
+		"unhold": func(ctx context.Context) (proto.Message, error) {
+			return c.UnholdInstance(ctx, &v1.InstanceActionRequest{Id: id})
+		},
+		"uncordon": func(ctx context.Context) (proto.Message, error) {
+			return c.UncordonInstance(ctx, &v1.InstanceActionRequest{Id: id})
+		},
 		"hold": func(ctx context.Context) (proto.Message, error) {
 			return c.HoldInstance(ctx, &v1.HoldInstanceRequest{Id: id, Reason: reason})
 		},

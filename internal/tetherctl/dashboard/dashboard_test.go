@@ -61,7 +61,8 @@ func newHarness(t testing.TB, role string, opts ...testcp.Option) *harness {
 		t.Fatal(err)
 	}
 	ts := httptest.NewServer(srv)
-	t.Cleanup(ts.Close)
+	// Live pages hold event streams open: cut them, or Close waits forever.
+	t.Cleanup(func() { ts.CloseClientConnections(); ts.Close() })
 	return &harness{cp: cp, srv: srv, ts: ts}
 }
 
@@ -269,8 +270,8 @@ func TestTimelineSVG(t *testing.T) {
 		{Kind: "instance.running", CreatedAt: timestamppb.New(t0.Add(6 * time.Second))},
 		{Kind: "instance.machine_created", CreatedAt: timestamppb.New(t0.Add(500 * time.Millisecond))},
 	}
-	certs := []*v1.Certificate{{Kind: v1.CertificateKind_CERTIFICATE_KIND_NODE, NotBefore: timestamppb.New(t0.Add(4 * time.Second))}}
-	marks := bootMarks(in, evs, certs, t0.Add(time.Minute))
+	evs = append(evs, &v1.FleetEvent{Kind: "enroll.succeeded", CreatedAt: timestamppb.New(t0.Add(4 * time.Second))})
+	marks := bootMarks(in, evs, t0.Add(time.Minute))
 	var got []string
 	for _, m := range marks {
 		got = append(got, m.Name)
@@ -289,7 +290,7 @@ func TestTimelineSVG(t *testing.T) {
 	}
 	// A boot still under way ends at now in its current phase.
 	booting := &v1.Instance{CreatedAt: timestamppb.New(t0), AgentPhase: v1.AgentPhase_AGENT_PHASE_PULLING}
-	marks = bootMarks(booting, nil, certs, t0.Add(5*time.Second))
+	marks = bootMarks(booting, evs[2:], t0.Add(5*time.Second))
 	if marks[len(marks)-1].Name != "pulling (now)" {
 		t.Fatalf("booting marks %v", marks)
 	}

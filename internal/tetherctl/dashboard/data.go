@@ -37,7 +37,7 @@ func poolStateName(s v1.PoolState) string  { return lower(s.String(), "POOL_STAT
 func poolStatusName(s v1.PoolStatus) string {
 	return lower(s.String(), "POOL_STATUS_")
 }
-func phaseName(p v1.AgentPhase) string    { return lower(p.String(), "AGENT_PHASE_") }
+func phaseName(p v1.AgentPhase) string      { return lower(p.String(), "AGENT_PHASE_") }
 func taskStatusName(s v1.TaskStatus) string { return lower(s.String(), "TASK_STATUS_") }
 func taskKindName(k v1.TaskKind) string     { return lower(k.String(), "TASK_KIND_") }
 func severityName(s v1.Severity) string     { return lower(s.String(), "SEVERITY_") }
@@ -221,14 +221,7 @@ func (s *Server) instancePageRows(ctx context.Context, f instanceFilter) ([]*v1.
 	if err != nil {
 		return nil, "", err
 	}
-	pool := f.Pool
-	if pool != "" {
-		// The list filters by pool id; accept a name too.
-		if p, err := s.cfg.Client.GetPool(ctx, &v1.GetPoolRequest{Name: pool}); err == nil {
-			pool = p.Id
-		}
-	}
-	req := &v1.ListInstancesRequest{Status: st, Node: f.Node, Pool: pool, PageSize: int32(f.Size), PageToken: f.Page}
+	req := &v1.ListInstancesRequest{Status: st, Node: f.Node, Pool: f.Pool, PageSize: int32(f.Size), PageToken: f.Page}
 	var rows []*v1.Instance
 	for {
 		resp, err := s.cfg.Client.ListInstances(ctx, req)

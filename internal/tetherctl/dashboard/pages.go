@@ -37,23 +37,24 @@ type page struct {
 
 func (s *Server) parseTemplates() error {
 	funcs := template.FuncMap{
-		"state":       stateName,
-		"poolState":   poolStateName,
-		"poolStatus":  poolStatusName,
-		"phase":       phaseName,
-		"taskStatus":  taskStatusName,
-		"taskKind":    taskKindName,
-		"severity":    severityName,
-		"when":        when,
-		"ago":         func(t *timestamppb.Timestamp) string { return ago(t, s.cfg.Clock.Now()) },
-		"short":       short,
-		"str":         func(b []byte) string { return string(b) },
-		"join":        strings.Join,
-		"ms":          func(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d.Microseconds())/1000) },
-		"query":       url.QueryEscape,
-		"payload":     payloadString,
-		"instStates":  func() []string { return names(instanceStates, stateName) },
-		"list":        func(xs ...string) []string { return xs },
+		"state":      stateName,
+		"poolState":  poolStateName,
+		"poolStatus": poolStatusName,
+		"phase":      phaseName,
+		"taskStatus": taskStatusName,
+		"taskKind":   taskKindName,
+		"certKind":   func(k v1.CertificateKind) string { return lower(k.String(), "CERTIFICATE_KIND_") },
+		"severity":   severityName,
+		"when":       when,
+		"ago":        func(t *timestamppb.Timestamp) string { return ago(t, s.cfg.Clock.Now()) },
+		"short":      short,
+		"str":        func(b []byte) string { return string(b) },
+		"join":       strings.Join,
+		"ms":         func(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d.Microseconds())/1000) },
+		"query":      url.QueryEscape,
+		"payload":    payloadString,
+		"instStates": func() []string { return names(instanceStates, stateName) },
+		"list":       func(xs ...string) []string { return xs },
 		"rows": func(p string, evs []*v1.FleetEvent) any {
 			return struct {
 				P      string
@@ -270,7 +271,7 @@ func (s *Server) instanceData(r *http.Request) (*instanceData, error) {
 		return nil, fmt.Errorf("tasks of %s: %w", id, err)
 	}
 	d.Tasks = tasks.Tasks
-	d.Timeline = timelineSVG(bootMarks(in, d.Events, d.Certs, s.cfg.Clock.Now()))
+	d.Timeline = timelineSVG(bootMarks(in, d.Events, s.cfg.Clock.Now()))
 	return d, nil
 }
 
@@ -328,7 +329,7 @@ func (s *Server) poolView(w http.ResponseWriter, r *http.Request, frag bool) {
 		s.fail(w, r, "pool "+name, err)
 		return
 	}
-	members, err := s.allInstances(ctx, &v1.ListInstancesRequest{Pool: pool.Id})
+	members, err := s.allInstances(ctx, &v1.ListInstancesRequest{Pool: pool.Name})
 	if err != nil {
 		s.fail(w, r, "members of pool "+name, err)
 		return

@@ -17,10 +17,9 @@ type phaseMark struct {
 }
 
 // bootMarks orders what the control plane knows of a boot: the provision
-// request, the provider's machine, the enrollment (the first node
-// certificate) and running. A boot still under way ends at now, in the
+// request, the provider's machine, the enrollment and running. A boot still under way ends at now, in the
 // agent's current phase.
-func bootMarks(in *v1.Instance, evs []*v1.FleetEvent, certs []*v1.Certificate, now time.Time) []phaseMark {
+func bootMarks(in *v1.Instance, evs []*v1.FleetEvent, now time.Time) []phaseMark {
 	marks := []phaseMark{{"requested", in.CreatedAt.AsTime()}}
 	first := func(kind string) (time.Time, bool) {
 		var t time.Time
@@ -34,14 +33,10 @@ func bootMarks(in *v1.Instance, evs []*v1.FleetEvent, certs []*v1.Certificate, n
 	if t, ok := first("instance.machine_created"); ok {
 		marks = append(marks, phaseMark{"machine created", t})
 	}
-	var enrolled time.Time
-	for _, c := range certs {
-		if c.Kind == v1.CertificateKind_CERTIFICATE_KIND_NODE && (enrolled.IsZero() || c.NotBefore.AsTime().Before(enrolled)) {
-			enrolled = c.NotBefore.AsTime()
-		}
-	}
-	if !enrolled.IsZero() {
-		marks = append(marks, phaseMark{"enrolled", enrolled})
+	// The enrollment event, not the certificate's not_before: certificates
+	// are back-dated for clock skew.
+	if t, ok := first("enroll.succeeded"); ok {
+		marks = append(marks, phaseMark{"enrolled", t})
 	}
 	if t, ok := first("instance.running"); ok {
 		marks = append(marks, phaseMark{"running", t})
@@ -94,7 +89,7 @@ func roundDur(d time.Duration) string {
 
 // countPoint is a pool's counts at one moment.
 type countPoint struct {
-	At                       time.Time
+	At                      time.Time
 	Warming, Ready, Claimed int
 }
 
