@@ -13,7 +13,7 @@ BUILD  := build
 KERNEL := .cache/kernel
 PROTO  := proto/tether/v1
 
-.PHONY: build generate lint test unit e2e bench fuzz run initramfs modules kernel clean
+.PHONY: build generate lint test unit e2e bench fuzz run initramfs modules kernel clean screenshots
 
 build: ## Build tetherd, tetherctl and tether-agent into bin/
 	go build -trimpath -o $(BIN)/ ./cmd/tetherd ./cmd/tetherctl
@@ -62,6 +62,9 @@ modules: ## The example root module (erofs) into build/modules
 
 run: ## Init a data dir under .tether/, serve, push the example, boot one QEMU node
 	scripts/run.sh
+
+screenshots: ## Regenerate the dashboard screenshots in docs/screenshots (needs chromium)
+	TETHER_SCREENSHOTS=$(CURDIR)/docs/screenshots go test -count=1 -run TestBrowserFleetAndPools -v ./internal/tetherctl/dashboard/
 
 clean:
 	rm -rf $(BIN) $(BUILD)

@@ -41,6 +41,7 @@ type App struct {
 
 	conn   *grpc.ClientConn
 	client v1.AdminServiceClient
+	leaf   *x509.Certificate // the client certificate, once dialled
 	target string
 	cfgSrc string
 }
@@ -82,7 +83,7 @@ func (a *App) root() *cobra.Command {
 	pf.StringVarP(&a.Output, "output", "o", "table", "table or json")
 	pf.DurationVar(&a.Timeout, "timeout", 30*time.Second, "deadline for each call (streams excepted)")
 	cmd.AddCommand(a.templateCmd(), a.moduleCmd(), a.nodeCmd(), a.instanceCmd(), a.tokenCmd(), a.taskCmd(),
-		a.poolCmd(), a.certCmd(), a.eventsCmd())
+		a.poolCmd(), a.certCmd(), a.eventsCmd(), a.dashboardCmd())
 	return cmd
 }
 
@@ -141,6 +142,9 @@ func (a *App) dial() (v1.AdminServiceClient, error) {
 	cert, err := tls.LoadX509KeyPair(rel(cfg.Cert), rel(cfg.Key))
 	if err != nil {
 		return nil, fmt.Errorf("client config %s: client certificate %s / key %s: %w", a.cfgSrc, rel(cfg.Cert), rel(cfg.Key), err)
+	}
+	if a.leaf, err = x509.ParseCertificate(cert.Certificate[0]); err != nil {
+		return nil, fmt.Errorf("client config %s: client certificate %s: %w", a.cfgSrc, rel(cfg.Cert), err)
 	}
 	a.target = cfg.Endpoint
 	if a.Endpoint != "" {
