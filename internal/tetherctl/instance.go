@@ -98,12 +98,11 @@ func (a *App) instanceCmd() *cobra.Command {
 	var listStatus string
 	var pg paging
 	listCmd := &cobra.Command{Use: "list", Short: "List instances", Args: cobra.NoArgs, RunE: func(*cobra.Command, []string) error {
-		if listStatus != "" {
-			v, ok := v1.InstanceStatus_value["INSTANCE_STATUS_"+strings.ToUpper(listStatus)]
-			if !ok {
-				return fmt.Errorf("--status %q: not an instance status", listStatus)
-			}
-			listReq.Status = v1.InstanceStatus(v)
+		var err error
+		listReq.Status, err = parseEnum[v1.InstanceStatus]("status", listStatus, "INSTANCE_STATUS_", v1.InstanceStatus_value,
+			"an instance status (provisioning, booting, running, stopped, error, terminated, ...)")
+		if err != nil {
+			return err
 		}
 		return list(a, v1.AdminServiceClient.ListInstances, &listReq, pg,
 			func(w *tabwriter.Writer, r *v1.ListInstancesResponse) { instanceTable(w, r.Instances) })

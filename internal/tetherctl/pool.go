@@ -6,6 +6,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
@@ -56,14 +57,17 @@ func withPool[T interface{ GetPool() *v1.Pool }](more func(*tabwriter.Writer, T)
 }
 
 func parseClass(s string) (v1.LifecycleClass, error) {
-	if s == "" {
-		return v1.LifecycleClass_LIFECYCLE_CLASS_UNSPECIFIED, nil
-	}
-	v, ok := v1.LifecycleClass_value["LIFECYCLE_CLASS_"+strings.ToUpper(s)]
-	if !ok {
-		return 0, fmt.Errorf("--class %q: want ephemeral or spot", s)
-	}
-	return v1.LifecycleClass(v), nil
+	return parseEnum[v1.LifecycleClass]("class", s, "LIFECYCLE_CLASS_", v1.LifecycleClass_value, "ephemeral or spot")
+}
+
+// poolMetaFlags are the timeouts and retention of pool create and update.
+func poolMetaFlags(f *pflag.FlagSet, meta *v1.PoolMetadata, retention *int32) {
+	f.Int32Var(&meta.WarmingTimeoutSeconds, "warming-timeout", 0, "seconds a member may warm before it is replaced (default 600)")
+	f.Int32Var(&meta.ReadyTtlSeconds, "ready-ttl", 0, "seconds a ready member lives before it is recycled (default 3600)")
+	f.Int32Var(&meta.ClaimedTtlSeconds, "claimed-ttl", 0, "seconds after which a claimed member is flagged stale (default 86400)")
+	f.Int32Var(retention, "retention-days", 0, "days dead member records are kept (default 7, 0 disables pruning)")
+	f.BoolVar(&meta.ReuseWithoutReset, "reuse-without-reset", false, "released members go back to ready instead of being recycled")
+	f.Int32Var(&meta.ErroredTerminateMaxAttempts, "terminate-attempts", 0, "terminate retries for errored members (default 5)")
 }
 
 func (a *App) poolCmd() *cobra.Command {
@@ -98,12 +102,7 @@ func (a *App) poolCmd() *cobra.Command {
 	f.Int32Var(&createReq.MinSize, "min", 0, "lower bound")
 	f.Int32Var(&createMax, "max", 0, "upper bound on all live members (default target + 10)")
 	f.StringVar(&createClass, "class", "", "ephemeral (default) or spot")
-	f.Int32Var(&createMeta.WarmingTimeoutSeconds, "warming-timeout", 0, "seconds a member may warm before it is replaced (default 600)")
-	f.Int32Var(&createMeta.ReadyTtlSeconds, "ready-ttl", 0, "seconds a ready member lives before it is recycled (default 3600)")
-	f.Int32Var(&createMeta.ClaimedTtlSeconds, "claimed-ttl", 0, "seconds after which a claimed member is flagged stale (default 86400)")
-	f.Int32Var(&createRetention, "retention-days", 0, "days dead member records are kept (default 7, 0 disables pruning)")
-	f.BoolVar(&createMeta.ReuseWithoutReset, "reuse-without-reset", false, "released members go back to ready instead of being recycled")
-	f.Int32Var(&createMeta.ErroredTerminateMaxAttempts, "terminate-attempts", 0, "terminate retries for errored members (default 5)")
+	poolMetaFlags(f, createMeta, &createRetention)
 	for _, r := range []string{"template", "provider", "target"} {
 		_ = create.MarkFlagRequired(r)
 	}
@@ -145,12 +144,7 @@ func (a *App) poolCmd() *cobra.Command {
 	uf.Int32Var(&updateReq.MinSize, "min", 0, "min size")
 	uf.Int32Var(&updateReq.MaxSize, "max", 0, "max size")
 	uf.StringVar(&updateClass, "class", "", "ephemeral or spot")
-	uf.Int32Var(&updateMeta.WarmingTimeoutSeconds, "warming-timeout", 0, "seconds")
-	uf.Int32Var(&updateMeta.ReadyTtlSeconds, "ready-ttl", 0, "seconds")
-	uf.Int32Var(&updateMeta.ClaimedTtlSeconds, "claimed-ttl", 0, "seconds")
-	uf.Int32Var(&updateRetention, "retention-days", 0, "days (0 disables pruning)")
-	uf.BoolVar(&updateMeta.ReuseWithoutReset, "reuse-without-reset", false, "reuse released members")
-	uf.Int32Var(&updateMeta.ErroredTerminateMaxAttempts, "terminate-attempts", 0, "terminate retries for errored members")
+	poolMetaFlags(uf, updateMeta, &updateRetention)
 
 	var pg paging
 	listCmd := &cobra.Command{Use: "list", Short: "List pools with live counts", Args: cobra.NoArgs, RunE: func(*cobra.Command, []string) error {

@@ -123,6 +123,19 @@ func enumText(full, prefix string) string {
 	return s
 }
 
+// parseEnum reads a flag's lower-case enum name ("running" for
+// INSTANCE_STATUS_RUNNING); "" is the zero value.
+func parseEnum[T ~int32](flag, value, prefix string, values map[string]int32, want string) (T, error) {
+	if value == "" {
+		return 0, nil
+	}
+	v, ok := values[prefix+strings.ToUpper(value)]
+	if !ok || v == 0 {
+		return 0, fmt.Errorf("--%s %q: want %s", flag, value, want)
+	}
+	return T(v), nil
+}
+
 // splitRef parses NAME:VERSION.
 func splitRef(s string) (string, string, error) {
 	name, version, ok := strings.Cut(s, ":")

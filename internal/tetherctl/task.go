@@ -110,12 +110,9 @@ func (a *App) taskCmd() *cobra.Command {
 	var target string
 	var pg paging
 	listCmd := &cobra.Command{Use: "list [--instance ID] [--target agent|worker]", Short: "List tasks", Args: cobra.NoArgs, RunE: func(*cobra.Command, []string) error {
-		if target != "" {
-			v, ok := v1.TaskTarget_value["TASK_TARGET_"+strings.ToUpper(target)]
-			if !ok {
-				return fmt.Errorf("--target %q: want agent or worker", target)
-			}
-			listReq.Target = v1.TaskTarget(v)
+		var err error
+		if listReq.Target, err = parseEnum[v1.TaskTarget]("target", target, "TASK_TARGET_", v1.TaskTarget_value, "agent or worker"); err != nil {
+			return err
 		}
 		return list(a, v1.AdminServiceClient.ListTasks, &listReq, pg, func(w *tabwriter.Writer, r *v1.ListTasksResponse) { taskTable(w, r.Tasks) })
 	}}

@@ -6,6 +6,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
@@ -58,6 +59,16 @@ func templateDetail(w *tabwriter.Writer, t *v1.Template) {
 	row(w, "signed modules:", t.RequireSignedModules)
 }
 
+// templateFlags are the fields template create and update share.
+func templateFlags(f *pflag.FlagSet, root, ext *[]string, kernelArgs *string, requireSigned *bool, kernel, initramfs *string) {
+	f.StringSliceVar(root, "root", nil, "root layers, bottom first (NAME:VERSION, comma-separated or repeated)")
+	f.StringSliceVar(ext, "ext", nil, "extension modules (NAME:VERSION)")
+	f.StringVar(kernelArgs, "kernel-args", "", "extra kernel command line arguments")
+	f.BoolVar(requireSigned, "require-signed", false, "agents refuse unsigned modules")
+	f.StringVar(kernel, "kernel", "", "kernel artifact digest (default: the control plane's)")
+	f.StringVar(initramfs, "initramfs", "", "initramfs artifact digest (default: the control plane's)")
+}
+
 // deleted renders the empty answer of a delete.
 func deleted[T any](what, name string) func(*tabwriter.Writer, T) {
 	return func(w *tabwriter.Writer, _ T) { row(w, "deleted "+what, name) }
@@ -81,12 +92,7 @@ func (a *App) templateCmd() *cobra.Command {
 			return call(a, v1.AdminServiceClient.CreateTemplate, &createReq, one(templateTable))
 		},
 	}
-	create.Flags().StringSliceVar(&root, "root", nil, "root layers, bottom first (NAME:VERSION, comma-separated or repeated)")
-	create.Flags().StringSliceVar(&ext, "ext", nil, "extension modules (NAME:VERSION)")
-	create.Flags().StringVar(&createReq.KernelArgs, "kernel-args", "", "extra kernel command line arguments")
-	create.Flags().BoolVar(&createReq.RequireSignedModules, "require-signed", false, "agents refuse unsigned modules")
-	create.Flags().StringVar(&createReq.KernelDigest, "kernel", "", "kernel artifact digest (default: the control plane's)")
-	create.Flags().StringVar(&createReq.InitramfsDigest, "initramfs", "", "initramfs artifact digest (default: the control plane's)")
+	templateFlags(create.Flags(), &root, &ext, &createReq.KernelArgs, &createReq.RequireSignedModules, &createReq.KernelDigest, &createReq.InitramfsDigest)
 	_ = create.MarkFlagRequired("root")
 
 	var updateRoot, updateExt []string
@@ -117,12 +123,7 @@ func (a *App) templateCmd() *cobra.Command {
 			return call(a, v1.AdminServiceClient.UpdateTemplate, &updateReq, one(templateTable))
 		},
 	}
-	update.Flags().StringSliceVar(&updateRoot, "root", nil, "root layers, bottom first")
-	update.Flags().StringSliceVar(&updateExt, "ext", nil, "extension modules")
-	update.Flags().StringVar(&updateReq.KernelArgs, "kernel-args", "", "extra kernel command line arguments")
-	update.Flags().BoolVar(&updateReq.RequireSignedModules, "require-signed", false, "agents refuse unsigned modules")
-	update.Flags().StringVar(&updateReq.KernelDigest, "kernel", "", "kernel artifact digest")
-	update.Flags().StringVar(&updateReq.InitramfsDigest, "initramfs", "", "initramfs artifact digest")
+	templateFlags(update.Flags(), &updateRoot, &updateExt, &updateReq.KernelArgs, &updateReq.RequireSignedModules, &updateReq.KernelDigest, &updateReq.InitramfsDigest)
 
 	var pg paging
 	listCmd := &cobra.Command{Use: "list", Short: "List templates", Args: cobra.NoArgs, RunE: func(*cobra.Command, []string) error {
