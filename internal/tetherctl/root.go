@@ -48,6 +48,12 @@ type App struct {
 func Main(args []string, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	go func() {
+		// After the first interrupt a second one kills at once, should
+		// anything fail to end promptly.
+		<-ctx.Done()
+		stop()
+	}()
 	return Run(ctx, args, stdout, stderr)
 }
 
