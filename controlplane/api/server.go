@@ -84,6 +84,7 @@ func New(cfg Config) *Server {
 	m := NewMetrics(cfg.Registerer)
 	auth := &Authenticator{CA: cfg.CA, Revoked: cfg.Revoked}
 	obsUnary, obsStream := observe(m, cfg.Log)
+	mapUnary, mapStream := mapErrors(cfg.Log)
 	tlsCfg := &tls.Config{
 		Certificates: []tls.Certificate{cfg.ServerCert},
 		// Only request: enrollment must work without a certificate, and the
