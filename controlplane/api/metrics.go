@@ -24,6 +24,9 @@ type Metrics struct {
 	HeartbeatWrites prometheus.Histogram
 	TasksPushed     prometheus.Counter
 	Enrollments     *prometheus.CounterVec
+	// RateLimited counts unauthenticated requests refused for their
+	// source's rate, by route (enroll, netboot).
+	RateLimited *prometheus.CounterVec
 }
 
 // NewMetrics registers the instruments with reg.
@@ -39,9 +42,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Buckets: prometheus.ExponentialBuckets(1, 4, 10)}),
 		TasksPushed: prometheus.NewCounter(prometheus.CounterOpts{Name: "tether_tasks_pushed_total", Help: "Agent tasks pushed over Connect streams."}),
 		Enrollments: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tether_enrollments_total", Help: "Enrollments by result."}, []string{"result"}),
+		RateLimited: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tether_rate_limited_total",
+			Help: "Unauthenticated requests refused because their source passed its rate limit, by route."}, []string{"route"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.RPCs, m.RPCLatency, m.ConnectedAgents, m.Heartbeats, m.HeartbeatWrites, m.TasksPushed, m.Enrollments)
+		reg.MustRegister(m.RPCs, m.RPCLatency, m.ConnectedAgents, m.Heartbeats, m.HeartbeatWrites, m.TasksPushed, m.Enrollments, m.RateLimited)
 	}
 	return m
 }

@@ -43,12 +43,22 @@ func (l *lockedBuffer) String() string {
 	return l.b.String()
 }
 
+// pxe is the external provider as if its machines netbooted: nothing
+// netboots by instance id today, and the script route serves only
+// instances whose provider does.
+type pxe struct{ providers.Provider }
+
+func (pxe) Name() string   { return "pxe" }
+func (pxe) Netboots() bool { return true }
+
 type fixture struct {
 	ctx    context.Context
 	st     store.Store
 	svc    *instances.Service
 	srv    *httptest.Server
 	logs   *lockedBuffer
+	clk    *clock.Fake
+	nb     *netboot.Server
 	module string // a module's digest: a blob that is not a boot artifact
 }
 
@@ -79,7 +89,7 @@ func setup(t *testing.T) *fixture {
 	logs := &lockedBuffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	svc := &instances.Service{Store: st, Clock: clk, Log: log,
-		Machines:  map[string]providers.Provider{external.Name: external.New()},
+		Machines:  map[string]providers.Provider{external.Name: external.New(), "pxe": pxe{external.New()}},
 		Artifacts: &instances.Artifacts{Blobs: blobs, Kernel: ingest("kernel bytes"), Initramfs: ingest("initramfs bytes"), BaseURL: "http://10.0.2.2:8080"},
 		AgentURL:  "https://10.0.2.2:7443", CAFingerprint: "sha256:" + strings.Repeat("cd", 32)}
 	tpl := &store.Template{Name: "tpl", KernelArgs: "console=ttyS0\nchain http://evil", CreatedAt: t0, UpdatedAt: t0}
@@ -93,7 +103,7 @@ func setup(t *testing.T) *fixture {
 	nb := &netboot.Server{Store: st, Clock: clk, Log: log, Instances: svc}
 	srv := httptest.NewServer(nb.Handler())
 	t.Cleanup(srv.Close)
-	return &fixture{ctx: ctx, st: st, svc: svc, srv: srv, logs: logs, module: ingest("an erofs module, say")}
+	return &fixture{ctx: ctx, st: st, svc: svc, srv: srv, logs: logs, clk: clk, nb: nb, module: ingest("an erofs module, say")}
 }
 
 func (f *fixture) get(t *testing.T, path string) (int, string) {
@@ -109,11 +119,30 @@ func (f *fixture) get(t *testing.T, path string) (int, string) {
 
 func (f *fixture) provision(t *testing.T) *store.Instance {
 	t.Helper()
-	res, err := f.svc.Provision(f.ctx, instances.ProvisionParams{Node: "n", Provider: external.Name})
+	return f.provisionWith(t, "pxe")
+}
+
+func (f *fixture) provisionWith(t *testing.T, provider string) *store.Instance {
+	t.Helper()
+	res, err := f.svc.Provision(f.ctx, instances.ProvisionParams{Node: "n", Provider: provider})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return res.Instance
+	if provider == external.Name {
+		return res.Instance
+	}
+	// No worker runs here: do what the provision operation would, and
+	// move the instance into its boot window.
+	var in *store.Instance
+	if err := f.st.Tx(f.ctx, func(q store.Queries) error {
+		if in, err = q.LockInstance(f.ctx, res.Instance.ID); err != nil {
+			return err
+		}
+		return f.svc.TransitionTx(f.ctx, q, in, lifecycle.MarkProvisioning, "test: machine created", t0)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return in
 }
 
 func TestScriptIsServedOncePerBoot(t *testing.T) {
