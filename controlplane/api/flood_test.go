@@ -19,8 +19,8 @@ import (
 	"github.com/tetherfleet/tether/controlplane/store/sqlite"
 	"github.com/tetherfleet/tether/internal/clock"
 	"github.com/tetherfleet/tether/internal/testcp"
-	"github.com/tetherfleet/tether/providers/external"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
+	"github.com/tetherfleet/tether/providers/external"
 )
 
 // Anyone can replay a spent bootstrap token or ask for a script that was
