@@ -84,6 +84,8 @@ func serveCmd() *cobra.Command {
 	f.StringVar(&o.Initramfs, "initramfs", "", "default netboot initramfs; stored content addressed in the data dir at start-up")
 	f.StringVar(&o.NetbootListen, "netboot-listen", "", "serve kernels, initramfs and per-instance iPXE scripts over HTTP on this address (off by default)")
 	f.StringVar(&o.NetbootURL, "netboot-url", "", "netboot server URL as machines reach it (default http://10.0.2.2:PORT)")
+	f.Float64Var(&o.UnauthenticatedRate, "unauthenticated-rate", 20, "enrollments and netboot script requests allowed per second per source address, on average (negative: no limit)")
+	f.IntVar(&o.UnauthenticatedBurst, "unauthenticated-burst", 200, "enrollments and netboot script requests allowed at once per source address")
 	f.DurationVar(&o.SilentAfter, "silent-after", 0, "raise instance.silent after this long without a heartbeat (default 3m; stretches with fleet size)")
 	f.DurationVar(&o.BootTimeout, "boot-timeout", 0, "error an instance whose boot makes no progress for this long (default 15m)")
 	f.DurationVar(&o.PresumedDeadAfter, "presumed-dead-after", 0, "error a silent instance whose machine is not running after this long (default 10m; stretches with fleet size)")

@@ -129,15 +129,19 @@ func (a *adminServer) ListTemplates(ctx context.Context, req *v1.ListTemplatesRe
 		return nil, err
 	}
 	out := &v1.ListTemplatesResponse{}
+	var b budget
 	for _, t := range ts {
 		pt, err := a.templateOut(ctx, t)
 		if err != nil {
 			return nil, err
 		}
+		if !b.fits(pt) {
+			break
+		}
 		out.Templates = append(out.Templates, pt)
 	}
-	if len(ts) == p.Limit {
-		out.NextPageToken = ts[len(ts)-1].Name
+	if b.more(len(out.Templates), len(ts), p.Limit) {
+		out.NextPageToken = ts[len(out.Templates)-1].Name
 	}
 	return out, nil
 }
@@ -259,11 +263,16 @@ func (a *adminServer) ListModules(ctx context.Context, req *v1.ListModulesReques
 		return nil, err
 	}
 	out := &v1.ListModulesResponse{}
+	var b budget
 	for _, m := range ms {
-		out.Modules = append(out.Modules, moduleProto(m))
+		pm := moduleProto(m)
+		if !b.fits(pm) {
+			break
+		}
+		out.Modules = append(out.Modules, pm)
 	}
-	if len(ms) == p.Limit {
-		out.NextPageToken = sqlstore.ModuleCursor(ms[len(ms)-1])
+	if b.more(len(out.Modules), len(ms), p.Limit) {
+		out.NextPageToken = sqlstore.ModuleCursor(ms[len(out.Modules)-1])
 	}
 	return out, nil
 }
@@ -362,15 +371,19 @@ func (a *adminServer) ListNodes(ctx context.Context, req *v1.ListNodesRequest) (
 		return nil, err
 	}
 	out := &v1.ListNodesResponse{}
+	var b budget
 	for _, n := range ns {
 		pn, err := a.nodeOut(ctx, n)
 		if err != nil {
 			return nil, err
 		}
+		if !b.fits(pn) {
+			break
+		}
 		out.Nodes = append(out.Nodes, pn)
 	}
-	if len(ns) == p.Limit {
-		out.NextPageToken = ns[len(ns)-1].Name
+	if b.more(len(out.Nodes), len(ns), p.Limit) {
+		out.NextPageToken = ns[len(out.Nodes)-1].Name
 	}
 	return out, nil
 }

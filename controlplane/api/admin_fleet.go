@@ -76,6 +76,7 @@ func (a *adminServer) ListInstances(ctx context.Context, req *v1.ListInstancesRe
 	}
 	out := &v1.ListInstancesResponse{}
 	names := map[string]string{}
+	var b budget
 	for _, in := range ins {
 		name, ok := names[in.NodeID]
 		if !ok {
@@ -84,10 +85,14 @@ func (a *adminServer) ListInstances(ctx context.Context, req *v1.ListInstancesRe
 			}
 			names[in.NodeID] = name
 		}
-		out.Instances = append(out.Instances, InstanceProto(in, name))
+		pi := InstanceProto(in, name)
+		if !b.fits(pi) {
+			break
+		}
+		out.Instances = append(out.Instances, pi)
 	}
-	if len(ins) == p.Limit {
-		out.NextPageToken = ins[len(ins)-1].ID
+	if b.more(len(out.Instances), len(ins), p.Limit) {
+		out.NextPageToken = ins[len(out.Instances)-1].ID
 	}
 	return out, nil
 }
@@ -117,11 +122,16 @@ func (a *adminServer) ListCertificates(ctx context.Context, req *v1.ListCertific
 		return nil, err
 	}
 	out := &v1.ListCertificatesResponse{}
+	var b budget
 	for _, c := range cs {
-		out.Certificates = append(out.Certificates, certProto(c))
+		pc := certProto(c)
+		if !b.fits(pc) {
+			break
+		}
+		out.Certificates = append(out.Certificates, pc)
 	}
-	if len(cs) == p.Limit {
-		out.NextPageToken = cs[len(cs)-1].Serial
+	if b.more(len(out.Certificates), len(cs), p.Limit) {
+		out.NextPageToken = cs[len(out.Certificates)-1].Serial
 	}
 	return out, nil
 }
@@ -199,11 +209,16 @@ func (a *adminServer) ListTasks(ctx context.Context, req *v1.ListTasksRequest) (
 		return nil, err
 	}
 	out := &v1.ListTasksResponse{}
+	var b budget
 	for _, t := range ts {
-		out.Tasks = append(out.Tasks, TaskProto(t))
+		pt := TaskProto(t)
+		if !b.fits(pt) {
+			break
+		}
+		out.Tasks = append(out.Tasks, pt)
 	}
-	if len(ts) == p.Limit {
-		out.NextPageToken = ts[len(ts)-1].ID
+	if b.more(len(out.Tasks), len(ts), p.Limit) {
+		out.NextPageToken = ts[len(out.Tasks)-1].ID
 	}
 	return out, nil
 }
@@ -247,11 +262,16 @@ func (a *adminServer) ListEvents(ctx context.Context, req *v1.ListEventsRequest)
 		return nil, err
 	}
 	out := &v1.ListEventsResponse{}
+	var b budget
 	for _, e := range evs {
-		out.Events = append(out.Events, eventProto(e))
+		pe := eventProto(e)
+		if !b.fits(pe) {
+			break
+		}
+		out.Events = append(out.Events, pe)
 	}
-	if len(evs) == p.Limit {
-		out.NextPageToken = strconv.FormatInt(evs[len(evs)-1].ID, 10)
+	if b.more(len(out.Events), len(evs), p.Limit) {
+		out.NextPageToken = strconv.FormatInt(evs[len(out.Events)-1].ID, 10)
 	}
 	return out, nil
 }

@@ -302,6 +302,9 @@ func (a *agentServer) receive(ctx context.Context, id string, stream v1.AgentSer
 			lastPhase = phase
 		case *v1.AgentMessage_TaskUpdate:
 			u := m.TaskUpdate
+			if err := validTaskUpdate(u); err != nil {
+				return err
+			}
 			up := tasks.Update{TaskID: u.TaskId, Status: TaskStatusName(u.Status), ErrorMessage: u.ErrorMessage, Progress: u.Progress}
 			if r := u.Result; r != nil {
 				code := int(r.ExitCode)
@@ -320,22 +323,6 @@ func (a *agentServer) receive(ctx context.Context, id string, stream v1.AgentSer
 			return fail.Invalid("msg", "empty agent message")
 		}
 	}
-}
-
-func validHeartbeat(hb *v1.Heartbeat) error {
-	switch {
-	case len(hb.AgentVersion) > 128:
-		return fail.Invalid("heartbeat.agent_version", "longer than 128 characters")
-	case len(hb.Error) > 4096:
-		return fail.Invalid("heartbeat.error", "longer than 4096 characters")
-	case len(hb.RunningModuleDigests) > 256:
-		return fail.Invalid("heartbeat.running_module_digests", "more than 256 entries")
-	case len(hb.Addresses) > 64:
-		return fail.Invalid("heartbeat.addresses", "more than 64 entries")
-	case len(hb.BootId) > 64:
-		return fail.Invalid("heartbeat.boot_id", "longer than 64 characters")
-	}
-	return nil
 }
 
 // HeartbeatInterval stretches the 30 s heartbeat with fleet size so that

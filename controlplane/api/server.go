@@ -18,14 +18,17 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/reflection"
 
 	"github.com/tetherfleet/tether/controlplane/enroll"
+	"github.com/tetherfleet/tether/controlplane/fail"
 	"github.com/tetherfleet/tether/controlplane/instances"
 	"github.com/tetherfleet/tether/controlplane/modules"
 	"github.com/tetherfleet/tether/controlplane/pool"
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/controlplane/tasks"
+	"github.com/tetherfleet/tether/controlplane/throttle"
 	"github.com/tetherfleet/tether/internal/modulewire"
 	"github.com/tetherfleet/tether/pki/ca"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
@@ -63,6 +66,10 @@ type Config struct {
 	ReadyHooks []instances.ReadyHook
 	// Pools serves the pool RPCs.
 	Pools *pool.Service
+	// EnrollLimiter rate-limits Enroll per source address (nil: no
+	// limit). Enroll needs no credential, and each refusal costs a
+	// database read.
+	EnrollLimiter *throttle.Limiter
 }
 
 // Server is a configured gRPC server.
@@ -84,6 +91,7 @@ func New(cfg Config) *Server {
 	m := NewMetrics(cfg.Registerer)
 	auth := &Authenticator{CA: cfg.CA, Revoked: cfg.Revoked}
 	obsUnary, obsStream := observe(m, cfg.Log)
+	mapUnary, mapStream := mapErrors(cfg.Log)
 	tlsCfg := &tls.Config{
 		Certificates: []tls.Certificate{cfg.ServerCert},
 		// Only request: enrollment must work without a certificate, and the
@@ -156,6 +164,13 @@ type enrollmentServer struct {
 
 // Enroll implements EnrollmentService.
 func (e *enrollmentServer) Enroll(ctx context.Context, req *v1.EnrollRequest) (*v1.EnrollResponse, error) {
+	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+		if src := throttle.SourceKey(p.Addr.String()); !e.EnrollLimiter.Allow(src) {
+			e.m.RateLimited.WithLabelValues("enroll").Inc()
+			e.m.Enrollments.WithLabelValues("rate_limited").Inc()
+			return nil, fail.Exhausted("too many enrollment attempts from %s; retry in a few seconds", src)
+		}
+	}
 	issued, err := e.Enrollment.Enroll(ctx, req.Token, req.CsrPem)
 	if err != nil {
 		e.m.Enrollments.WithLabelValues("refused").Inc()

@@ -31,6 +31,7 @@ import (
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/controlplane/store/sqlite"
 	"github.com/tetherfleet/tether/controlplane/tasks"
+	"github.com/tetherfleet/tether/controlplane/throttle"
 	"github.com/tetherfleet/tether/controlplane/worker"
 	"github.com/tetherfleet/tether/internal/clock"
 	"github.com/tetherfleet/tether/pki/ca"
@@ -98,6 +99,14 @@ type ServeOptions struct {
 	PoolReaperEvery time.Duration
 	// EventRetention: low/medium and high/critical windows (defaults 90 and 365 days).
 	EventRetentionLow, EventRetentionHigh time.Duration
+
+	// UnauthenticatedRate and UnauthenticatedBurst limit the requests
+	// that need no credential (Enroll, netboot scripts) per source address:
+	// Burst at once, Rate per second on average (defaults 20 and 200: a
+	// few hundred machines behind one NAT can boot together). A negative
+	// rate turns the limit off (load tests from one host).
+	UnauthenticatedRate  float64
+	UnauthenticatedBurst int
 
 	Clock clock.Clock
 	Log   *slog.Logger
@@ -180,10 +189,11 @@ func Serve(ctx context.Context, o ServeOptions) error {
 	pools := &pool.Service{Store: st, Clock: o.Clock, Log: log.With("component", "pool"), Instances: instSvc,
 		StaleHeartbeatAfter: o.SilentAfter, MaxHeartbeatsPerSecond: api.MaxHeartbeatsPerSecond}
 	hub := api.NewAgentHub(st, log, o.HeartbeatFlush)
+	enrollSvc := &enroll.Service{Store: st, CA: authority, Clock: o.Clock, Log: log}
 	srv := api.New(api.Config{
 		Store: st, CA: authority, ServerCert: serverCert, Clock: o.Clock, Log: log, Registerer: reg,
-		Enrollment: &enroll.Service{Store: st, CA: authority, Clock: o.Clock, Log: log},
-		Instances:  instSvc, Tasks: taskSvc,
+		Enrollment: enrollSvc, EnrollLimiter: o.unauthenticatedLimiter(),
+		Instances: instSvc, Tasks: taskSvc,
 		Registry: &modules.Registry{Store: st, Blobs: blobs, Clock: o.Clock, Log: log},
 		Revoked:  revoked, Agents: hub, AgentURL: o.AgentURL, SigningKeys: keys,
 		ReadyHooks: []instances.ReadyHook{pools.ReadyHook}, Pools: pools,
@@ -215,15 +225,18 @@ func Serve(ctx context.Context, o ServeOptions) error {
 		}
 	})
 	if netLis != nil {
-		nb := &netboot.Server{Store: st, Clock: o.Clock, Log: log.With("component", "netboot"), Instances: instSvc}
+		nb := &netboot.Server{Store: st, Clock: o.Clock, Log: log.With("component", "netboot"), Instances: instSvc,
+			Limiter: o.unauthenticatedLimiter(), RateLimited: srv.Metrics.RateLimited.WithLabelValues("netboot")}
 		spawn(func(ctx context.Context) {
 			if err := nb.Serve(ctx, netLis); err != nil {
 				log.Error("netboot server stopped", "err", err)
 			}
 		})
+		spawn(func(ctx context.Context) { flushRefusals(ctx, o.LoopEvery, nb.FlushRefusals) })
 		log.Info("netboot serving", "addr", netLis.Addr().String(), "url", o.NetbootURL)
 	}
 	spawn(func(ctx context.Context) { revoked.Follow(ctx, st, o.Clock, 30*time.Second) })
+	spawn(func(ctx context.Context) { flushRefusals(ctx, o.LoopEvery, enrollSvc.FlushRefusals) })
 	// Replenishes asked for between reaper ticks (a refused acquire, a new
 	// or re-activated pool). Every replica runs it: a replenish recounts
 	// under the pool's row lock, so replicas never overshoot.
@@ -307,6 +320,34 @@ func Serve(ctx context.Context, o ServeOptions) error {
 	return nil
 }
 
+// unauthenticatedLimiter is a fresh per-source limiter for one
+// unauthenticated route; nil when the limit is off.
+func (o *ServeOptions) unauthenticatedLimiter() *throttle.Limiter {
+	if o.UnauthenticatedRate < 0 {
+		return nil
+	}
+	return throttle.NewLimiter(o.Clock, o.UnauthenticatedRate, o.UnauthenticatedBurst, 0)
+}
+
+// flushRefusals writes the coalesced refusal counts of windows that
+// ended, every `every`, and all of them once more at shutdown. Each
+// replica holds its own counts, so this runs on every replica.
+func flushRefusals(ctx context.Context, every time.Duration, flush func(context.Context, bool)) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			flush(fctx, true)
+			cancel()
+			return
+		case <-t.C:
+			flush(ctx, false)
+		}
+	}
+}
+
 func (o *ServeOptions) defaults() error {
 	if o.DataDir == "" {
 		return errors.New("serve: --data-dir is required")
@@ -344,6 +385,12 @@ func (o *ServeOptions) defaults() error {
 	}
 	if o.PoolReaperEvery <= 0 {
 		o.PoolReaperEvery = pool.DefaultReaperEvery
+	}
+	if o.UnauthenticatedRate == 0 {
+		o.UnauthenticatedRate = 20
+	}
+	if o.UnauthenticatedBurst <= 0 {
+		o.UnauthenticatedBurst = 200
 	}
 	if o.EventRetentionLow <= 0 {
 		o.EventRetentionLow = 90 * 24 * time.Hour
