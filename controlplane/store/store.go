@@ -114,6 +114,9 @@ type Queries interface {
 	CreateNode(ctx context.Context, n *Node) error
 	GetNode(ctx context.Context, name string) (*Node, error)
 	GetNodeByID(ctx context.Context, id string) (*Node, error)
+	// NodeNames maps node ids to names in one query, for lists that show
+	// a name beside each row; an id with no node is absent from the map.
+	NodeNames(ctx context.Context, ids []string) (map[string]string, error)
 	ListNodes(ctx context.Context, f NodeFilter, p Page) ([]*Node, error)
 	UpdateNode(ctx context.Context, n *Node) error
 	// DeleteNode refuses (ErrConflict) while a non-terminated instance of it exists.

@@ -50,6 +50,36 @@ func (q *queries) GetNodeByID(ctx context.Context, id string) (*store.Node, erro
 	return n, nil
 }
 
+func (q *queries) NodeNames(ctx context.Context, ids []string) (map[string]string, error) {
+	out := make(map[string]string, len(ids))
+	// Chunks keep each statement well under SQLite's bound-variable limit.
+	for start := 0; start < len(ids); start += 500 {
+		chunk := ids[start:min(len(ids), start+500)]
+		args := make([]any, len(chunk))
+		for i, id := range chunk {
+			args[i] = id
+		}
+		rows, err := q.query(ctx, `SELECT id, name FROM nodes WHERE id IN (?`+strings.Repeat(`,?`, len(chunk)-1)+`)`, args...)
+		if err != nil {
+			return nil, fmt.Errorf("node names: %w", err)
+		}
+		for rows.Next() {
+			var id, name string
+			if err := rows.Scan(&id, &name); err != nil {
+				rows.Close()
+				return nil, fmt.Errorf("node names: %w", q.db.classify(err))
+			}
+			out[id] = name
+		}
+		err = rows.Err()
+		rows.Close()
+		if err != nil {
+			return nil, fmt.Errorf("node names: %w", q.db.classify(err))
+		}
+	}
+	return out, nil
+}
+
 func (q *queries) ListNodes(ctx context.Context, f store.NodeFilter, p store.Page) ([]*store.Node, error) {
 	p = p.Normalize()
 	where, args := `name > ?`, []any{p.After}

@@ -237,6 +237,25 @@ func testNodes(t *testing.T, s store.Store) {
 	if len(list) != 1 {
 		t.Fatalf("ListNodes = %d", len(list))
 	}
+	// NodeNames answers many ids at once (more than one chunk) and leaves
+	// unknown ones out.
+	ids := []string{n.ID, "no-such-node"}
+	for i := 0; i < 600; i++ {
+		extra := &store.Node{Name: fmt.Sprintf("bulk-%03d", i), TemplateID: tpl.ID, Config: []byte(`{}`), CreatedAt: t0, UpdatedAt: t0}
+		must(t, s.CreateNode(c, extra))
+		ids = append(ids, extra.ID)
+	}
+	names, err := s.NodeNames(c, ids)
+	must(t, err)
+	if len(names) != 601 || names[n.ID] != "edge-1" || names[ids[len(ids)-1]] != "bulk-599" {
+		t.Fatalf("NodeNames: %d names, edge-1=%q, last=%q", len(names), names[n.ID], names[ids[len(ids)-1]])
+	}
+	if _, ok := names["no-such-node"]; ok {
+		t.Fatal("NodeNames invented a name for an unknown id")
+	}
+	if empty, err := s.NodeNames(c, nil); err != nil || len(empty) != 0 {
+		t.Fatalf("NodeNames(nil) = %v, %v", empty, err)
+	}
 
 	// A node with a live instance cannot be deleted; once it is terminated it can.
 	in := newInstance(n.ID, "running")
