@@ -179,6 +179,7 @@ func Serve(ctx context.Context, o ServeOptions) error {
 	syncer := &provsync.Syncer{Store: st, Clock: o.Clock, Log: log, Instances: instSvc}
 	pools := &pool.Service{Store: st, Clock: o.Clock, Log: log.With("component", "pool"), Instances: instSvc,
 		StaleHeartbeatAfter: o.SilentAfter, MaxHeartbeatsPerSecond: api.MaxHeartbeatsPerSecond}
+	instSvc.MemberLeft = pools.Nudge
 	hub := api.NewAgentHub(st, log, o.HeartbeatFlush)
 	srv := api.New(api.Config{
 		Store: st, CA: authority, ServerCert: serverCert, Clock: o.Clock, Log: log, Registerer: reg,
@@ -224,9 +225,10 @@ func Serve(ctx context.Context, o ServeOptions) error {
 		log.Info("netboot serving", "addr", netLis.Addr().String(), "url", o.NetbootURL)
 	}
 	spawn(func(ctx context.Context) { revoked.Follow(ctx, st, o.Clock, 30*time.Second) })
-	// Replenishes asked for between reaper ticks (a refused acquire, a new
-	// or re-activated pool). Every replica runs it: a replenish recounts
-	// under the pool's row lock, so replicas never overshoot.
+	// Replenishes asked for between reaper ticks: a claim, a release, a
+	// member terminated or fenced, a refused acquire, a new or re-activated
+	// pool. Every replica runs it: a replenish recounts under the pool's
+	// row lock, so replicas never overshoot (docs/adr/0004).
 	spawn(pools.RunNudges)
 	spawn(func(ctx context.Context) {
 		loops.Run(ctx, st.Elector(), log,
