@@ -224,7 +224,8 @@ func Serve(ctx context.Context, o ServeOptions) error {
 		})
 		log.Info("netboot serving", "addr", netLis.Addr().String(), "url", o.NetbootURL)
 	}
-	spawn(func(ctx context.Context) { revoked.Follow(ctx, st, o.Clock, 30*time.Second) })
+	reloadFailures := api.NewReloadFailures(reg)
+	spawn(func(ctx context.Context) { revoked.Follow(ctx, st, o.Clock, 30*time.Second, log, reloadFailures) })
 	// Replenishes asked for between reaper ticks: a claim, a release, a
 	// member terminated or fenced, a refused acquire, a new or re-activated
 	// pool. Every replica runs it: a replenish recounts under the pool's
