@@ -20,6 +20,8 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 
+	"github.com/tetherfleet/tether/controlplane/catalog"
+	"github.com/tetherfleet/tether/controlplane/certificates"
 	"github.com/tetherfleet/tether/controlplane/enroll"
 	"github.com/tetherfleet/tether/controlplane/instances"
 	"github.com/tetherfleet/tether/controlplane/modules"
@@ -63,6 +65,10 @@ type Config struct {
 	ReadyHooks []instances.ReadyHook
 	// Pools serves the pool RPCs.
 	Pools *pool.Service
+	// Catalog writes templates and nodes; Certificates writes revocations
+	// (nil: built on Store and Clock).
+	Catalog      *catalog.Service
+	Certificates *certificates.Service
 }
 
 // Server is a configured gRPC server.
@@ -80,6 +86,12 @@ type Server struct {
 
 // New builds the server and registers every service.
 func New(cfg Config) *Server {
+	if cfg.Catalog == nil {
+		cfg.Catalog = &catalog.Service{Store: cfg.Store, Clock: cfg.Clock}
+	}
+	if cfg.Certificates == nil {
+		cfg.Certificates = &certificates.Service{Store: cfg.Store, Clock: cfg.Clock}
+	}
 	streams, endStreams := context.WithCancel(context.Background())
 	m := NewMetrics(cfg.Registerer)
 	auth := &Authenticator{CA: cfg.CA, Revoked: cfg.Revoked}
