@@ -28,9 +28,12 @@ generate: ## Regenerate the gRPC code (protoc + the go.mod-pinned plugins)
 	  --go-grpc_out=. --go-grpc_opt=module=github.com/tetherfleet/tether \
 	  $(PROTO)/*.proto
 
-lint: ## gofmt + go vet + nothing in the repository names a path outside it
+lint: ## gofmt + go vet + a tidy go.mod + nothing in the repository names a path outside it
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$')); \
 	  if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
+	@# tidy ignores build tags on purpose (it keeps every tag's requirements), so
+	@# it checks the same go.mod whatever GOFLAGS says.
+	@go mod tidy -diff || { echo "go.mod/go.sum are not tidy: run 'go mod tidy'"; exit 1; }
 	go vet ./...
 	go test -count=1 ./internal/repocheck/
 

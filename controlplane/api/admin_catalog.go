@@ -6,10 +6,10 @@ import (
 	"errors"
 	"slices"
 
+	"github.com/tetherfleet/tether/controlplane/catalog"
 	"github.com/tetherfleet/tether/controlplane/fail"
 	"github.com/tetherfleet/tether/controlplane/modules"
 	"github.com/tetherfleet/tether/controlplane/store"
-	"github.com/tetherfleet/tether/controlplane/store/sqlstore"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
 
@@ -86,10 +86,9 @@ func (a *adminServer) CreateTemplate(ctx context.Context, req *v1.CreateTemplate
 	if err := validateArtifactDigest("initramfs_digest", req.InitramfsDigest); err != nil {
 		return nil, err
 	}
-	now := a.Clock.Now()
 	t := &store.Template{Name: req.Name, KernelDigest: req.KernelDigest, InitramfsDigest: req.InitramfsDigest,
-		KernelArgs: req.KernelArgs, RequireSignedModules: req.RequireSignedModules, CreatedAt: now, UpdatedAt: now}
-	err := a.Store.Tx(ctx, func(q store.Queries) error {
+		KernelArgs: req.KernelArgs, RequireSignedModules: req.RequireSignedModules}
+	err := a.Catalog.CreateTemplate(ctx, t, func(q store.Queries, t *store.Template) error {
 		var err error
 		if t.RootModules, err = a.resolveModules(ctx, q, "root_modules", req.RootModules); err != nil {
 			return err
@@ -97,11 +96,8 @@ func (a *adminServer) CreateTemplate(ctx context.Context, req *v1.CreateTemplate
 		if t.ExtensionModules, err = a.resolveModules(ctx, q, "extension_modules", req.ExtensionModules); err != nil {
 			return err
 		}
-		return q.CreateTemplate(ctx, t)
+		return nil
 	})
-	if errors.Is(err, store.ErrAlreadyExists) {
-		return nil, fail.Exists("template %q already exists", req.Name)
-	}
 	if err != nil {
 		return nil, err
 	}
@@ -154,11 +150,8 @@ func (a *adminServer) UpdateTemplate(ctx context.Context, req *v1.UpdateTemplate
 	if err != nil {
 		return nil, err
 	}
-	var t *store.Template
-	err = a.Store.Tx(ctx, func(q store.Queries) error {
-		if t, err = q.GetTemplate(ctx, req.Name); err != nil {
-			return err
-		}
+	t, err := a.Catalog.UpdateTemplate(ctx, req.Name, func(q store.Queries, t *store.Template) error {
+		var err error
 		if mask["root_modules"] {
 			if len(req.RootModules) == 0 {
 				return fail.Invalid("root_modules", "at least one root layer is required")
@@ -193,8 +186,7 @@ func (a *adminServer) UpdateTemplate(ctx context.Context, req *v1.UpdateTemplate
 		if mask["require_signed_modules"] {
 			t.RequireSignedModules = req.RequireSignedModules
 		}
-		t.UpdatedAt = a.Clock.Now()
-		return q.UpdateTemplate(ctx, t)
+		return nil
 	})
 	if err != nil {
 		return nil, err
@@ -206,7 +198,7 @@ func (a *adminServer) DeleteTemplate(ctx context.Context, req *v1.DeleteTemplate
 	if req.Name == "" {
 		return nil, fail.Invalid("name", "required")
 	}
-	if err := a.Store.Tx(ctx, func(q store.Queries) error { return q.DeleteTemplate(ctx, req.Name) }); err != nil {
+	if err := a.Catalog.DeleteTemplate(ctx, req.Name); err != nil {
 		return nil, err
 	}
 	return &v1.DeleteTemplateResponse{}, nil
@@ -272,7 +264,7 @@ func (a *adminServer) ListModules(ctx context.Context, req *v1.ListModulesReques
 		out.Modules = append(out.Modules, pm)
 	}
 	if b.more(len(out.Modules), len(ms), p.Limit) {
-		out.NextPageToken = sqlstore.ModuleCursor(ms[len(out.Modules)-1])
+		out.NextPageToken = store.ModuleCursor(ms[len(out.Modules)-1])
 	}
 	return out, nil
 }
@@ -311,24 +303,15 @@ func (a *adminServer) CreateNode(ctx context.Context, req *v1.CreateNodeRequest)
 	if len(req.PublicAddress) > 253 {
 		return nil, fail.Invalid("public_address", "longer than 253 characters")
 	}
-	tpl, err := a.Store.GetTemplate(ctx, req.Template)
-	if errors.Is(err, store.ErrNotFound) {
-		return nil, fail.Invalid("template", "template %q does not exist", req.Template)
-	}
-	if err != nil {
-		return nil, err
-	}
-	now := a.Clock.Now()
-	n := &store.Node{Name: req.Name, TemplateID: tpl.ID, Enabled: req.Enabled == nil || *req.Enabled,
-		PublicAddress: req.PublicAddress, CreatedAt: now, UpdatedAt: now}
+	n := &store.Node{Name: req.Name, Enabled: req.Enabled == nil || *req.Enabled, PublicAddress: req.PublicAddress}
 	if req.Config != nil {
+		var err error
 		if n.Config, err = nodeConfig("config", req.Config); err != nil {
 			return nil, err
 		}
 	}
-	if err := a.Store.CreateNode(ctx, n); errors.Is(err, store.ErrAlreadyExists) {
-		return nil, fail.Exists("node %q already exists", req.Name)
-	} else if err != nil {
+	tpl, err := a.Catalog.CreateNode(ctx, n, req.Template)
+	if err != nil {
 		return nil, err
 	}
 	return nodeProto(n, tpl.Name), nil
@@ -396,16 +379,10 @@ func (a *adminServer) UpdateNode(ctx context.Context, req *v1.UpdateNodeRequest)
 	if err != nil {
 		return nil, err
 	}
-	var n *store.Node
-	err = a.Store.Tx(ctx, func(q store.Queries) error {
-		if n, err = q.GetNode(ctx, req.Name); err != nil {
-			return err
-		}
+	n, err := a.Catalog.UpdateNode(ctx, req.Name, func(q store.Queries, n *store.Node) error {
+		var err error
 		if mask["template"] {
-			tpl, err := q.GetTemplate(ctx, req.Template)
-			if errors.Is(err, store.ErrNotFound) {
-				return fail.Invalid("template", "template %q does not exist", req.Template)
-			}
+			tpl, err := catalog.TemplateFor(ctx, q, req.Template)
 			if err != nil {
 				return err
 			}
@@ -425,8 +402,7 @@ func (a *adminServer) UpdateNode(ctx context.Context, req *v1.UpdateNodeRequest)
 		if mask["public_address"] {
 			n.PublicAddress = req.PublicAddress
 		}
-		n.UpdatedAt = a.Clock.Now()
-		return q.UpdateNode(ctx, n)
+		return nil
 	})
 	if err != nil {
 		return nil, err
@@ -438,7 +414,7 @@ func (a *adminServer) DeleteNode(ctx context.Context, req *v1.DeleteNodeRequest)
 	if req.Name == "" {
 		return nil, fail.Invalid("name", "required")
 	}
-	if err := a.Store.Tx(ctx, func(q store.Queries) error { return q.DeleteNode(ctx, req.Name) }); err != nil {
+	if err := a.Catalog.DeleteNode(ctx, req.Name); err != nil {
 		return nil, err
 	}
 	return &v1.DeleteNodeResponse{}, nil

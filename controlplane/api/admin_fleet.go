@@ -145,25 +145,8 @@ func (a *adminServer) RevokeCertificate(ctx context.Context, req *v1.RevokeCerti
 	if len(req.Reason) > 1024 {
 		return nil, fail.Invalid("reason", "longer than 1024 characters")
 	}
-	reason := req.Reason
-	if reason == "" {
-		reason = "revoked by operator"
-	}
 	caller, _ := CallerFrom(ctx)
-	var c *store.Certificate
-	now := a.Clock.Now()
-	err := a.Store.Tx(ctx, func(q store.Queries) error {
-		var err error
-		if c, err = q.RevokeCertificate(ctx, req.Serial, reason, now); err != nil {
-			return err
-		}
-		if _, err := (events.E{Kind: events.CertRevoked, Severity: events.Medium, InstanceID: c.InstanceID,
-			Message: "certificate " + c.Serial + " revoked: " + c.RevokeReason,
-			Payload: map[string]any{"serial": c.Serial, "by": caller.Identity.Name}}).Write(ctx, q, now); err != nil {
-			return err
-		}
-		return q.Notify(ctx, store.ChannelRevocations, c.Serial)
-	})
+	c, err := a.Certificates.Revoke(ctx, req.Serial, req.Reason, caller.Identity.Name)
 	if err != nil {
 		return nil, err
 	}

@@ -21,6 +21,8 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/reflection"
 
+	"github.com/tetherfleet/tether/controlplane/catalog"
+	"github.com/tetherfleet/tether/controlplane/certificates"
 	"github.com/tetherfleet/tether/controlplane/enroll"
 	"github.com/tetherfleet/tether/controlplane/fail"
 	"github.com/tetherfleet/tether/controlplane/instances"
@@ -70,6 +72,10 @@ type Config struct {
 	// limit). Enroll needs no credential, and each refusal costs a
 	// database read.
 	EnrollLimiter *throttle.Limiter
+	// Catalog writes templates and nodes; Certificates writes revocations
+	// (nil: built on Store and Clock).
+	Catalog      *catalog.Service
+	Certificates *certificates.Service
 }
 
 // Server is a configured gRPC server.
@@ -87,6 +93,12 @@ type Server struct {
 
 // New builds the server and registers every service.
 func New(cfg Config) *Server {
+	if cfg.Catalog == nil {
+		cfg.Catalog = &catalog.Service{Store: cfg.Store, Clock: cfg.Clock}
+	}
+	if cfg.Certificates == nil {
+		cfg.Certificates = &certificates.Service{Store: cfg.Store, Clock: cfg.Clock}
+	}
 	streams, endStreams := context.WithCancel(context.Background())
 	m := NewMetrics(cfg.Registerer)
 	auth := &Authenticator{CA: cfg.CA, Revoked: cfg.Revoked}

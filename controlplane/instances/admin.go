@@ -116,6 +116,9 @@ func (s *Service) Cordon(ctx context.Context, id, reason, by string) (*store.Ins
 		result, err = s.cordon(ctx, q, in, reason, by, now)
 		return err
 	})
+	if err == nil && result == CordonFenced {
+		s.memberLeft(in)
+	}
 	return in, result, err
 }
 
@@ -201,7 +204,7 @@ func (s *Service) Drain(ctx context.Context, id, reason, by string) (*store.Inst
 		return nil, "", fail.Precondition("instance %s hosts this control plane; draining it would stop the control plane itself", id)
 	}
 	var result string
-	_, err := s.mutate(ctx, id, "drained", func(q store.Queries, in *store.Instance, now time.Time) error {
+	fenced, err := s.mutate(ctx, id, "drained", func(q store.Queries, in *store.Instance, now time.Time) error {
 		if in.Cordon != nil {
 			result = CordonAlreadyCordoned
 			return nil
@@ -212,6 +215,9 @@ func (s *Service) Drain(ctx context.Context, id, reason, by string) (*store.Inst
 	})
 	if err != nil {
 		return nil, "", err
+	}
+	if result == CordonFenced {
+		s.memberLeft(fenced)
 	}
 	in, err := s.Stop(ctx, id)
 	if err != nil {

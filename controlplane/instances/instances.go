@@ -59,6 +59,18 @@ type Service struct {
 	// SelfInstanceIDs are instances that host this control plane: drain
 	// refuses them (stopping them would stop us).
 	SelfInstanceIDs []string
+	// MemberLeft, if set, is told the pool of a member that a committed
+	// change took out of its pool's counts (terminated, or fenced by a
+	// cordon), so the pool can replace it at once (the pool service's
+	// Nudge). It must not block.
+	MemberLeft func(poolID string)
+}
+
+// memberLeft reports a member gone from its pool's counts.
+func (s *Service) memberLeft(in *store.Instance) {
+	if s.MemberLeft != nil && in != nil && in.PoolID != "" {
+		s.MemberLeft(in.PoolID)
+	}
 }
 
 // Defaults for Service's zero values.

@@ -133,12 +133,18 @@ func (s *Service) terminateFailed(ctx context.Context, id, machine string, terr 
 func (s *Service) markTerminated(ctx context.Context, id, machine string, lost bool, terr error) (*store.Instance, error) {
 	now := s.Clock.Now()
 	var out *store.Instance
+	ended := false
+	defer func() {
+		if ended {
+			s.memberLeft(out)
+		}
+	}()
 	err := s.Store.Tx(ctx, func(q store.Queries) error {
 		in, err := q.LockInstance(ctx, id)
 		if err != nil {
 			return err
 		}
-		out = in
+		out, ended = in, false
 		if lifecycle.State(in.Status).Terminal() {
 			return nil
 		}
@@ -176,8 +182,10 @@ func (s *Service) markTerminated(ctx context.Context, id, machine string, lost b
 			Message: fmt.Sprintf("instance terminated: machine %q destroyed, %d certificate(s) revoked, %d token(s) expired, %d task(s) cancelled",
 				machine, len(serials), expired, cancelled),
 			Payload: map[string]any{"machine": machine, "revoked": serials, "tokens_expired": expired, "tasks_cancelled": cancelled}}.Write(ctx, q, now)
+		ended = err == nil
 		return err
 	})
+	ended = ended && err == nil
 	return out, err
 }
 

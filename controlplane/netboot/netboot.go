@@ -97,16 +97,27 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 		// net/http's own error log could quote a request; ours is slog.
 		ErrorLog: log.New(io.Discard, "", 0),
 	}
-	go func() {
-		<-ctx.Done()
+	shutdown := func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		_ = srv.Shutdown(sctx)
+		if err := srv.Shutdown(sctx); err != nil {
+			s.Log.Warn("netboot server shutdown: requests cut", "err", err)
+		}
+	}
+	shut := make(chan struct{})
+	go func() {
+		defer close(shut)
+		<-ctx.Done()
+		shutdown()
 	}()
 	err := srv.Serve(lis)
 	if errors.Is(err, http.ErrServerClosed) {
+		// Serve returns as soon as Shutdown starts; the requests still in
+		// flight use the store, so wait until Shutdown has waited for them.
+		<-shut
 		return nil
 	}
+	shutdown()
 	return err
 }
 
