@@ -30,15 +30,24 @@ type Server struct {
 // Serve answers until ctx ends. It binds the socket to the interface, so
 // nothing is answered, or sent, on any other link.
 func (s *Server) Serve(ctx context.Context) error {
+	conn, err := s.Listen()
+	if err != nil {
+		return err
+	}
+	return s.ServeConn(ctx, conn)
+}
+
+// Listen opens the server's socket, bound to the interface.
+func (s *Server) Listen() (net.PacketConn, error) {
 	addr := s.Addr
 	if addr == nil {
 		addr = &net.UDPAddr{IP: net.IPv4zero, Port: dhcpv4.ServerPort}
 	}
 	conn, err := server4.NewIPv4UDPConn(s.Interface, addr)
 	if err != nil {
-		return fmt.Errorf("dhcp: listen on %s: %w", s.Interface, err)
+		return nil, fmt.Errorf("dhcp: listen on %s: %w", s.Interface, err)
 	}
-	return s.ServeConn(ctx, conn)
+	return conn, nil
 }
 
 // ServeConn answers on conn until ctx ends, then closes it.
