@@ -158,10 +158,10 @@ func ignore(format string, args ...any) error { return &Ignored{fmt.Sprintf(form
 // client is what a request says about its sender.
 type client struct {
 	mac  string
-	pxe  bool   // option 60 PXEClient or HTTPClient
-	http bool   // UEFI HTTP Boot
-	ipxe bool   // user class iPXE: our loader is running
-	arch int    // option 93, -1 when absent
+	pxe  bool // option 60 PXEClient or HTTPClient
+	http bool // UEFI HTTP Boot
+	ipxe bool // user class iPXE: our loader is running
+	arch int  // option 93, -1 when absent
 }
 
 // maxPacket is the largest request considered: a DHCP message over
