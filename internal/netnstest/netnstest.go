@@ -18,11 +18,14 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// NS is a namespace holding a veth pair: Server (with ServerCIDR) and Client.
+// NS is a pair of namespaces joined by a veth pair: Server (with
+// ServerCIDR) in Name, and Client in ClientName, so that traffic between
+// the two ends crosses the link as it would between two machines (in one
+// namespace, packets to a local address would take the loopback).
 type NS struct {
-	Name           string
-	Server, Client string
-	ServerCIDR     string
+	Name, ClientName string
+	Server, Client   string
+	ServerCIDR       string
 }
 
 // New creates the namespace, or skips the test naming what is missing.
@@ -36,23 +39,27 @@ func New(t testing.TB, serverCIDR string) *NS {
 	}
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
-	ns := &NS{Name: "tether-" + hex.EncodeToString(b), Server: "tsrv0", Client: "tcli0", ServerCIDR: serverCIDR}
-	if err := ip("netns", "add", ns.Name); err != nil {
-		t.Fatalf("create network namespace: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := ip("netns", "del", ns.Name); err != nil {
-			t.Errorf("remove network namespace %s: %v", ns.Name, err)
+	id := hex.EncodeToString(b)
+	ns := &NS{Name: "tether-" + id, ClientName: "tether-" + id + "-c", Server: "tsrv0", Client: "tcli0", ServerCIDR: serverCIDR}
+	for _, name := range []string{ns.Name, ns.ClientName} {
+		if err := ip("netns", "add", name); err != nil {
+			t.Fatalf("create network namespace: %v", err)
 		}
-	})
+		t.Cleanup(func() {
+			if err := ip("netns", "del", name); err != nil {
+				t.Errorf("remove network namespace %s: %v", name, err)
+			}
+		})
+	}
 	for _, args := range [][]string{
-		{"link", "add", ns.Server, "type", "veth", "peer", "name", ns.Client},
-		{"addr", "add", serverCIDR, "dev", ns.Server},
-		{"link", "set", "lo", "up"},
-		{"link", "set", ns.Server, "up"},
-		{"link", "set", ns.Client, "up"},
+		{"-n", ns.Name, "link", "add", ns.Server, "type", "veth", "peer", "name", ns.Client, "netns", ns.ClientName},
+		{"-n", ns.Name, "addr", "add", serverCIDR, "dev", ns.Server},
+		{"-n", ns.Name, "link", "set", "lo", "up"},
+		{"-n", ns.Name, "link", "set", ns.Server, "up"},
+		{"-n", ns.ClientName, "link", "set", "lo", "up"},
+		{"-n", ns.ClientName, "link", "set", ns.Client, "up"},
 	} {
-		if err := ip(append([]string{"-n", ns.Name}, args...)...); err != nil {
+		if err := ip(args...); err != nil {
 			t.Fatalf("set up namespace %s: %v", ns.Name, err)
 		}
 	}
@@ -67,9 +74,14 @@ func ip(args ...string) error {
 	return nil
 }
 
-// Do runs f on a thread inside the namespace. Sockets f opens stay in the
-// namespace after Do returns, whichever goroutine uses them.
-func (ns *NS) Do(f func() error) error {
+// Do runs f on a thread inside the server's namespace. Sockets f opens
+// stay in the namespace after Do returns, whichever goroutine uses them.
+func (ns *NS) Do(f func() error) error { return do(ns.Name, f) }
+
+// DoClient is Do in the client's namespace.
+func (ns *NS) DoClient(f func() error) error { return do(ns.ClientName, f) }
+
+func do(name string, f func() error) error {
 	runtime.LockOSThread()
 	orig, err := os.Open("/proc/thread-self/ns/net")
 	if err != nil {
@@ -77,22 +89,31 @@ func (ns *NS) Do(f func() error) error {
 		return fmt.Errorf("open own namespace: %w", err)
 	}
 	defer orig.Close()
-	target, err := os.Open("/var/run/netns/" + ns.Name)
+	target, err := os.Open("/var/run/netns/" + name)
 	if err != nil {
 		runtime.UnlockOSThread()
-		return fmt.Errorf("open namespace %s: %w", ns.Name, err)
+		return fmt.Errorf("open namespace %s: %w", name, err)
 	}
 	defer target.Close()
 	if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
 		runtime.UnlockOSThread()
-		return fmt.Errorf("enter namespace %s: %w", ns.Name, err)
+		return fmt.Errorf("enter namespace %s: %w", name, err)
 	}
 	ferr := f()
 	if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
 		// The thread stays in the namespace: keep it locked so that Go
 		// retires it instead of running other goroutines on it.
-		return fmt.Errorf("leave namespace %s: %w", ns.Name, err)
+		return fmt.Errorf("leave namespace %s: %w", name, err)
 	}
 	runtime.UnlockOSThread()
 	return ferr
+}
+
+// AddClientAddr gives the client end an address too (load generators that
+// send from an ordinary UDP socket need one).
+func (ns *NS) AddClientAddr(t testing.TB, cidr string) {
+	t.Helper()
+	if err := ip("-n", ns.ClientName, "addr", "add", cidr, "dev", ns.Client); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -24,12 +24,16 @@ func serveInNS(t *testing.T, ns *netnstest.NS, h *Handler) *nclient4.Client {
 	var client *nclient4.Client
 	err := ns.Do(func() error {
 		var err error
-		if conn, err = srv.Listen(); err != nil {
-			return err
-		}
-		client, err = nclient4.New(ns.Client, nclient4.WithTimeout(2*time.Second), nclient4.WithRetry(3))
+		conn, err = srv.Listen()
 		return err
 	})
+	if err == nil {
+		err = ns.DoClient(func() error {
+			var err error
+			client, err = nclient4.New(ns.Client, nclient4.WithTimeout(2*time.Second), nclient4.WithRetry(3))
+			return err
+		})
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
