@@ -117,3 +117,21 @@ func (ns *NS) AddClientAddr(t testing.TB, cidr string) {
 		t.Fatal(err)
 	}
 }
+
+// Go runs f in a new goroutine on a thread that enters the server's
+// namespace for good: everything f opens directly is in the namespace.
+// The thread is discarded when f returns.
+func (ns *NS) Go(f func()) {
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread dies with the goroutine
+		target, err := os.Open("/var/run/netns/" + ns.Name)
+		if err != nil {
+			panic(fmt.Sprintf("open namespace %s: %v", ns.Name, err))
+		}
+		defer target.Close()
+		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
+			panic(fmt.Sprintf("enter namespace %s: %v", ns.Name, err))
+		}
+		f()
+	}()
+}

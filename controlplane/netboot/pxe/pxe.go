@@ -169,7 +169,11 @@ func (s *Service) Run(ctx context.Context) error {
 		}
 		s.Log.Info("dhcp answering", "interface", s.Options.Interface, "mode", s.Config.Mode, "server", s.Config.ServerIP.String())
 		if s.Config.Mode == dhcp.Full {
-			go s.advertise(lead)
+			// Opened here, not in the goroutine: sockets belong to the
+			// caller's network namespace (tests run Run inside one).
+			if c, ifi := s.openRA(); c != nil {
+				go s.advertise(lead, c, ifi)
+			}
 		}
 		err = srv.Serve(lead)
 		release()

@@ -14,22 +14,30 @@ import (
 // solicitation is answered at once.
 const raEvery = 10 * time.Second
 
-// advertise sends IPv6 router advertisements on the interface until ctx
-// ends. They carry no prefix, no default route (lifetime 0) and neither
-// the managed nor the other flag: they only tell iPXE that the link has no
-// IPv6 configuration to wait for, so its autoconfiguration ends at once.
-func (s *Service) advertise(ctx context.Context) {
+// openRA opens the router-advertisement socket on the interface, or
+// returns nil (logged) when it cannot: DHCP works without it, iPXE just
+// waits for IPv6 longer.
+func (s *Service) openRA() (*ndp.Conn, *net.Interface) {
 	log := s.Log.With("component", "ra")
 	ifi, err := net.InterfaceByName(s.Options.Interface)
 	if err != nil {
 		log.Warn("router advertisements off", "err", err)
-		return
+		return nil, nil
 	}
 	c, _, err := ndp.Listen(ifi, ndp.LinkLocal)
 	if err != nil {
 		log.Warn("router advertisements off: the interface has no IPv6 link-local address; iPXE may wait 16 s for IPv6", "err", err)
-		return
+		return nil, nil
 	}
+	return c, ifi
+}
+
+// advertise sends IPv6 router advertisements on c until ctx ends. They
+// carry no prefix, no default route (lifetime 0) and neither the managed
+// nor the other flag: they only tell iPXE that the link has no IPv6
+// configuration to wait for, so its autoconfiguration ends at once.
+func (s *Service) advertise(ctx context.Context, c *ndp.Conn, ifi *net.Interface) {
+	log := s.Log.With("component", "ra")
 	stop := context.AfterFunc(ctx, func() { c.Close() })
 	defer stop()
 	ra := &ndp.RouterAdvertisement{CurrentHopLimit: 64,

@@ -90,7 +90,10 @@ func (s *Server) ReceiveTFTP(w tftp.WriteRequest) {
 
 // Serve serves on conn until ctx ends.
 func (s *Server) Serve(ctx context.Context, conn *net.UDPConn) error {
-	srv, err := tftp.NewServer(conn.LocalAddr().String())
+	// One port for every transfer: a per-transfer socket would be opened
+	// later, by another goroutine, unbound to the interface tetherd was
+	// told to serve on.
+	srv, err := tftp.NewServer(conn.LocalAddr().String(), tftp.ServerSinglePort(true))
 	if err != nil {
 		return fmt.Errorf("tftp: %w", err)
 	}
