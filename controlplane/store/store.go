@@ -204,6 +204,7 @@ type Queries interface {
 // second address for a machine, so replicas racing cannot lease one twice.
 type DHCPQueries interface {
 	GetDHCPLeaseByMAC(ctx context.Context, mac string) (*DHCPLease, error)
+	GetDHCPLeaseByIP(ctx context.Context, ip string) (*DHCPLease, error)
 	// ListDHCPLeases lists every lease, expired ones too, by address.
 	ListDHCPLeases(ctx context.Context) ([]*DHCPLease, error)
 	CreateDHCPLease(ctx context.Context, l *DHCPLease) error

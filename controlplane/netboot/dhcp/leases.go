@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"sync"
 	"time"
 
 	"github.com/tetherfleet/tether/controlplane/store"
@@ -16,7 +17,16 @@ import (
 type StoreLeases struct {
 	Store store.Store
 	Pool  Pool
+
+	mu   sync.Mutex
+	next netip.Addr // where the next free address probably is
 }
+
+// probes is how many addresses from the hint are tried one by one before
+// the whole table is read: a fresh range fills in order, so the first
+// probe nearly always hits, and a scan per lease would make leasing
+// quadratic in the range.
+const probes = 8
 
 // maxPoolSize bounds a range: a provisioning network, not a campus.
 const maxPoolSize = 1 << 16
@@ -61,6 +71,9 @@ func (l *StoreLeases) lease(ctx context.Context, q store.Queries, mac string, no
 	case !errors.Is(err, store.ErrNotFound):
 		return netip.Addr{}, err
 	}
+	if a, ok, err := l.probe(ctx, q, mac, now, d); err != nil || ok {
+		return a, err
+	}
 	all, err := q.ListDHCPLeases(ctx)
 	if err != nil {
 		return netip.Addr{}, err
@@ -78,6 +91,7 @@ func (l *StoreLeases) lease(ctx context.Context, q store.Queries, mac string, no
 	for a := l.Pool.First; a.IsValid() && a.Compare(l.Pool.Last) <= 0; a = a.Next() {
 		x, ok := taken[a]
 		if !ok {
+			l.hint(a)
 			return a, q.CreateDHCPLease(ctx, &store.DHCPLease{IP: a.String(), MAC: mac, ExpiresAt: now.Add(d), UpdatedAt: now})
 		}
 		if x.ExpiresAt.Before(now) && (expired == nil || x.ExpiresAt.Before(expired.ExpiresAt)) {
@@ -92,6 +106,36 @@ func (l *StoreLeases) lease(ctx context.Context, q store.Queries, mac string, no
 	}
 	a, _ := netip.ParseAddr(expired.IP)
 	return a, q.CreateDHCPLease(ctx, &store.DHCPLease{IP: expired.IP, MAC: mac, ExpiresAt: now.Add(d), UpdatedAt: now})
+}
+
+// probe tries a few never-leased addresses from the hint onwards.
+func (l *StoreLeases) probe(ctx context.Context, q store.Queries, mac string, now time.Time, d time.Duration) (netip.Addr, bool, error) {
+	l.mu.Lock()
+	a := l.next
+	l.mu.Unlock()
+	if !l.Pool.Contains(a) {
+		a = l.Pool.First
+	}
+	for range probes {
+		_, err := q.GetDHCPLeaseByIP(ctx, a.String())
+		if errors.Is(err, store.ErrNotFound) {
+			l.hint(a)
+			return a, true, q.CreateDHCPLease(ctx, &store.DHCPLease{IP: a.String(), MAC: mac, ExpiresAt: now.Add(d), UpdatedAt: now})
+		}
+		if err != nil {
+			return netip.Addr{}, false, err
+		}
+		if a = a.Next(); !l.Pool.Contains(a) {
+			a = l.Pool.First
+		}
+	}
+	return netip.Addr{}, false, nil
+}
+
+func (l *StoreLeases) hint(leased netip.Addr) {
+	l.mu.Lock()
+	l.next = leased.Next()
+	l.mu.Unlock()
 }
 
 // Current implements Leases.

@@ -27,6 +27,14 @@ func (q *queries) GetDHCPLeaseByMAC(ctx context.Context, mac string) (*store.DHC
 	return l, nil
 }
 
+func (q *queries) GetDHCPLeaseByIP(ctx context.Context, ip string) (*store.DHCPLease, error) {
+	l, err := scanLease(q.row(ctx, `SELECT `+leaseCols+` FROM dhcp_leases WHERE ip = ?`, ip))
+	if err != nil {
+		return nil, notFound(q.db.classify(err), "dhcp lease", ip)
+	}
+	return l, nil
+}
+
 func (q *queries) ListDHCPLeases(ctx context.Context) ([]*store.DHCPLease, error) {
 	rows, err := q.query(ctx, `SELECT `+leaseCols+` FROM dhcp_leases ORDER BY ip`)
 	if err != nil {

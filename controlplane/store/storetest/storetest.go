@@ -323,6 +323,11 @@ func testDHCPLeases(t *testing.T, s store.Store) {
 	if got.IP != l.IP || !got.ExpiresAt.Equal(l.ExpiresAt) {
 		t.Fatalf("lease read back wrong: %+v", got)
 	}
+	if byIP, err := s.GetDHCPLeaseByIP(c, l.IP); err != nil || byIP.MAC != l.MAC {
+		t.Fatalf("GetDHCPLeaseByIP = %+v, %v", byIP, err)
+	}
+	_, err = s.GetDHCPLeaseByIP(c, "10.213.0.99")
+	wantErr(t, err, store.ErrNotFound)
 	// An update must name the lease's own machine.
 	wantErr(t, s.UpdateDHCPLease(c, &store.DHCPLease{IP: l.IP, MAC: "52:54:00:00:00:02", ExpiresAt: t0, UpdatedAt: t0}), store.ErrNotFound)
 	must(t, s.CreateDHCPLease(c, &store.DHCPLease{IP: "10.213.0.11", MAC: "52:54:00:00:00:02", ExpiresAt: t0, UpdatedAt: t0}))
