@@ -297,3 +297,40 @@ func asIgnored(err error, ig **Ignored) bool {
 	*ig = i
 	return ok
 }
+
+// TestReplicasNeverLeaseAnAddressTwice: two lease keepers over one store
+// (two replicas, each with its own hint) leasing at once.
+func TestReplicasNeverLeaseAnAddressTwice(t *testing.T) {
+	h := newHandler(t, Full)
+	st := h.Leases.(*StoreLeases).Store
+	pool := Pool{First: netip.MustParseAddr("10.213.0.100"), Last: netip.MustParseAddr("10.213.0.139"), Mask: net.CIDRMask(24, 32)}
+	replicas := []*StoreLeases{{Store: st, Pool: pool}, {Store: st, Pool: pool}}
+	type got struct {
+		mac  string
+		addr netip.Addr
+		err  error
+	}
+	out := make(chan got, 40)
+	for i := range 40 {
+		go func() {
+			mac := macaddrOf(i)
+			a, err := replicas[i%2].Lease(context.Background(), mac, t0, time.Hour)
+			out <- got{mac, a, err}
+		}()
+	}
+	seen := map[netip.Addr]string{}
+	for range 40 {
+		g := <-out
+		if g.err != nil {
+			t.Fatalf("%s: %v", g.mac, g.err)
+		}
+		if other, dup := seen[g.addr]; dup {
+			t.Fatalf("%v leased to %s and %s", g.addr, other, g.mac)
+		}
+		seen[g.addr] = g.mac
+	}
+}
+
+func macaddrOf(i int) string {
+	return net.HardwareAddr{0x52, 0x54, 0, 0, 2, byte(i)}.String()
+}

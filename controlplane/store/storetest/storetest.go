@@ -31,6 +31,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"Nodes", testNodes},
 		{"NodeMACs", testNodeMACs},
 		{"DHCPLeases", testDHCPLeases},
+		{"DHCPLeaseRace", testDHCPLeaseRace},
 		{"Instances", testInstances},
 		{"Heartbeats", testHeartbeats},
 		{"Tokens", testTokens},
@@ -480,6 +481,43 @@ func testTokens(t *testing.T, s store.Store) {
 }
 
 // testTokenRace: many concurrent consumers of one token, exactly one wins.
+// testDHCPLeaseRace: replicas that both saw an address free and both
+// lease it: exactly one lease is kept, the other writer is told.
+func testDHCPLeaseRace(t *testing.T, s store.Store) {
+	c := ctx(t)
+	var wins, lost int
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for i := 0; i < 16; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := s.Tx(c, func(q store.Queries) error {
+				if _, err := q.GetDHCPLeaseByIP(c, "10.213.0.10"); !errors.Is(err, store.ErrNotFound) {
+					return store.Errorf(store.ErrAlreadyExists, "seen taken: %v", err)
+				}
+				return q.CreateDHCPLease(c, &store.DHCPLease{IP: "10.213.0.10", MAC: fmt.Sprintf("52:54:00:00:01:%02x", i), ExpiresAt: t0, UpdatedAt: t0})
+			})
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				wins++
+			case errors.Is(err, store.ErrAlreadyExists):
+				lost++
+			default:
+				t.Errorf("unexpected error: %v", err)
+			}
+		}()
+	}
+	wg.Wait()
+	all, err := s.ListDHCPLeases(c)
+	must(t, err)
+	if wins != 1 || lost != 15 || len(all) != 1 {
+		t.Fatalf("wins=%d lost=%d leases=%d, want 1, 15 and 1", wins, lost, len(all))
+	}
+}
+
 func testTokenRace(t *testing.T, s store.Store) {
 	c := ctx(t)
 	must(t, s.CreateToken(c, &store.Token{Hash: "race", InstanceID: "i1", ExpiresAt: t0.Add(time.Hour), CreatedAt: t0}))
