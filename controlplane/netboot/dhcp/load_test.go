@@ -2,6 +2,7 @@ package dhcp
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -18,14 +19,19 @@ import (
 
 // BenchmarkPXEClients is the responder's load measurement: each iteration
 // is 1,000 simulated PXE clients (distinct MACs) sending a DISCOVER over a
-// veth pair inside a test-owned namespace, at most 32 waiting at a time,
-// and it reports answers per second and the p50/p99 time to the OFFER.
+// veth pair inside a test-owned namespace, with 1 or 32 waiting at a time
+// (one machine after another, or a rack powered on at once), and it
+// reports answers per second and the p50/p99 time to the OFFER.
 //
 //	go test -tags nobadger,nobbolt,nomysql -run XXX -bench PXEClients -benchtime 3x ./controlplane/netboot/dhcp/
 func BenchmarkPXEClients(b *testing.B) {
-	for _, mode := range []Mode{Proxy, Full} {
-		b.Run(string(mode), func(b *testing.B) {
-			const clients, window = 1000, 32
+	for _, bc := range []struct {
+		mode   Mode
+		window int
+	}{{Proxy, 1}, {Proxy, 32}, {Full, 1}, {Full, 32}} {
+		mode, window := bc.mode, bc.window
+		b.Run(fmt.Sprintf("%s/window=%d", mode, window), func(b *testing.B) {
+			const clients = 1000
 			var lat []time.Duration
 			var elapsed time.Duration
 			for i := 0; i < b.N; i++ {
