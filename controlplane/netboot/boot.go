@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
@@ -94,6 +95,9 @@ func (s *Server) bootingInstance(ctx context.Context, mac string) (string, *boot
 	if err != nil {
 		return "", nil, fmt.Errorf("find booting instance of node %q: %w", node.Name, err)
 	}
+	// An instance being terminated expects no boot: leave it out, so the
+	// machine gets a refusal script rather than a bare HTTP error.
+	ins = slices.DeleteFunc(ins, func(in *store.Instance) bool { return in.TerminateRequestedAt != nil })
 	switch len(ins) {
 	case 0:
 		return "", &bootRefusal{events.RefusedNotBooting, fmt.Sprintf("node %s has no instance that is booting", node.Name)}, nil

@@ -92,6 +92,16 @@ func TestBootRouteRefusals(t *testing.T) {
 	}{
 		{"unknown mac", "mac=52:54:00:99:99:99", nil, events.RefusedUnknownMAC, "52:54:00:99:99:99", "no node has hardware address 52:54:00:99:99:99"},
 		{"no booting instance", "mac=" + mac, func(t *testing.T, f *fixture) { f.bindMAC(t, mac) }, events.RefusedNotBooting, mac, "node n has no instance that is booting"},
+		{"instance being terminated", "mac=" + mac, func(t *testing.T, f *fixture) {
+			f.bindMAC(t, mac)
+			// Terminate asked for, the machine not yet destroyed: still provisioning.
+			in := f.provision(t)
+			at := t0
+			in.TerminateRequestedAt = &at
+			if err := f.st.UpdateInstance(f.ctx, in); err != nil {
+				t.Fatal(err)
+			}
+		}, events.RefusedNotBooting, mac, "node n has no instance that is booting"},
 		{"missing", "", nil, events.RefusedMalformed, "", "exactly one mac"},
 		{"twice", "mac=" + mac + "&mac=" + mac, nil, events.RefusedMalformed, "", "exactly one mac"},
 		{"other parameter", "mac=" + mac + "&id=x", nil, events.RefusedMalformed, "", "other than mac"},
