@@ -22,6 +22,7 @@ command -v mkfs.erofs >/dev/null || missing+=(erofs-utils)
 [ -x /bin/busybox ] || missing+=(busybox-static)
 command -v cpio >/dev/null || missing+=(cpio)
 command -v depmod >/dev/null || missing+=(kmod)
+[ -f /usr/lib/ipxe/undionly.kpxe ] || missing+=(ipxe) # firmware netboot loaders (--ipxe-dir)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
     die "missing packages: ${missing[*]}; run as root or: sudo apt-get install --no-install-recommends ${missing[*]}"

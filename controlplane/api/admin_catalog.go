@@ -10,6 +10,7 @@ import (
 	"github.com/tetherfleet/tether/controlplane/fail"
 	"github.com/tetherfleet/tether/controlplane/modules"
 	"github.com/tetherfleet/tether/controlplane/store"
+	"github.com/tetherfleet/tether/internal/macaddr"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
 
@@ -293,6 +294,30 @@ func nodeConfig(field string, s interface{ AsMap() map[string]any }) (json.RawMe
 	return b, nil
 }
 
+// maxNodeMACs bounds a node's hardware addresses: a machine has a few NICs.
+const maxNodeMACs = 16
+
+// nodeMACs validates and normalises a node's hardware addresses.
+func nodeMACs(in []string) ([]string, error) {
+	if len(in) > maxNodeMACs {
+		return nil, fail.Invalid("macs", "%d addresses is more than %d", len(in), maxNodeMACs)
+	}
+	out := make([]string, 0, len(in))
+	seen := map[string]bool{}
+	for _, s := range in {
+		mac, err := macaddr.Normalize(s)
+		if err != nil {
+			return nil, fail.Invalid("macs", "%v", err)
+		}
+		if seen[mac] {
+			return nil, fail.Invalid("macs", "hardware address %s is given twice", mac)
+		}
+		seen[mac] = true
+		out = append(out, mac)
+	}
+	return out, nil
+}
+
 func (a *adminServer) CreateNode(ctx context.Context, req *v1.CreateNodeRequest) (*v1.Node, error) {
 	if err := modules.ValidateName("name", req.Name); err != nil {
 		return nil, err
@@ -303,7 +328,11 @@ func (a *adminServer) CreateNode(ctx context.Context, req *v1.CreateNodeRequest)
 	if len(req.PublicAddress) > 253 {
 		return nil, fail.Invalid("public_address", "longer than 253 characters")
 	}
-	n := &store.Node{Name: req.Name, Enabled: req.Enabled == nil || *req.Enabled, PublicAddress: req.PublicAddress}
+	macs, err := nodeMACs(req.Macs)
+	if err != nil {
+		return nil, err
+	}
+	n := &store.Node{Name: req.Name, Enabled: req.Enabled == nil || *req.Enabled, PublicAddress: req.PublicAddress, MACs: macs}
 	if req.Config != nil {
 		var err error
 		if n.Config, err = nodeConfig("config", req.Config); err != nil {
@@ -311,6 +340,10 @@ func (a *adminServer) CreateNode(ctx context.Context, req *v1.CreateNodeRequest)
 		}
 	}
 	tpl, err := a.Catalog.CreateNode(ctx, n, req.Template)
+	var inUse *store.MACInUseError
+	if errors.As(err, &inUse) {
+		return nil, fail.Exists("macs: %v", inUse)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -375,9 +408,15 @@ func (a *adminServer) UpdateNode(ctx context.Context, req *v1.UpdateNodeRequest)
 	if req.Name == "" {
 		return nil, fail.Invalid("name", "required")
 	}
-	mask, err := updateMask(req.UpdateMask, "template", "enabled", "config", "public_address")
+	mask, err := updateMask(req.UpdateMask, "template", "enabled", "config", "public_address", "macs")
 	if err != nil {
 		return nil, err
+	}
+	var macs []string
+	if mask["macs"] {
+		if macs, err = nodeMACs(req.Macs); err != nil {
+			return nil, err
+		}
 	}
 	n, err := a.Catalog.UpdateNode(ctx, req.Name, func(q store.Queries, n *store.Node) error {
 		var err error
@@ -402,8 +441,15 @@ func (a *adminServer) UpdateNode(ctx context.Context, req *v1.UpdateNodeRequest)
 		if mask["public_address"] {
 			n.PublicAddress = req.PublicAddress
 		}
+		if mask["macs"] {
+			n.MACs = macs
+		}
 		return nil
 	})
+	var inUse *store.MACInUseError
+	if errors.As(err, &inUse) {
+		return nil, fail.Exists("macs: %v", inUse)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -88,6 +88,11 @@ func (s *Service) CreateNode(ctx context.Context, n *store.Node, template string
 		n.TemplateID = tpl.ID
 		return q.CreateNode(ctx, n)
 	})
+	var inUse *store.MACInUseError
+	if errors.As(err, &inUse) {
+		// The caller names the address and its owner; not "node exists".
+		return nil, err
+	}
 	if errors.Is(err, store.ErrAlreadyExists) {
 		return nil, fail.Exists("node %q already exists", n.Name)
 	}

@@ -26,6 +26,7 @@ import (
 	"github.com/tetherfleet/tether/controlplane/loops"
 	"github.com/tetherfleet/tether/controlplane/modules"
 	"github.com/tetherfleet/tether/controlplane/netboot"
+	"github.com/tetherfleet/tether/controlplane/netboot/pxe"
 	"github.com/tetherfleet/tether/controlplane/pool"
 	"github.com/tetherfleet/tether/controlplane/provsync"
 	"github.com/tetherfleet/tether/controlplane/store"
@@ -75,6 +76,9 @@ type ServeOptions struct {
 	// NetbootURL is the netboot server as machines reach it; default
 	// http://10.0.2.2:<port>, like AgentURL.
 	NetbootURL string
+	// PXE is firmware netboot: DHCP on an interface, TFTP of the iPXE
+	// loaders (off unless PXE.Interface is set; needs the netboot server).
+	PXE pxe.Options
 	// Providers are added to the built-in ones (external, qemu), each
 	// replacing a built-in of the same name. Tests inject the fake here.
 	Providers []providers.Provider
@@ -143,6 +147,7 @@ type daemon struct {
 	srv                     *api.Server
 	metricsSrv              *http.Server
 	netboot                 *netboot.Server
+	pxe                     *pxe.Service
 
 	hub            *api.AgentHub
 	enrollSvc      *enroll.Service
@@ -227,6 +232,10 @@ func build(ctx context.Context, o ServeOptions) (_ *daemon, err error) {
 			return nil, fmt.Errorf("serve: netboot listen on %s: %w", o.NetbootListen, err)
 		}
 	}
+	if err := o.pxeURL(d.netLis); err != nil {
+		return nil, err
+	}
+	d.o.NetbootURL = o.NetbootURL
 	if d.netLis != nil && o.NetbootURL == "" {
 		_, port, _ := net.SplitHostPort(d.netLis.Addr().String())
 		o.NetbootURL = "http://10.0.2.2:" + port
@@ -259,6 +268,12 @@ func build(ctx context.Context, o ServeOptions) (_ *daemon, err error) {
 	if d.netLis != nil {
 		d.netboot = &netboot.Server{Store: st, Clock: o.Clock, Log: log.With("component", "netboot"), Instances: d.instSvc,
 			Limiter: o.unauthenticatedLimiter(), RateLimited: d.srv.Metrics.RateLimited.WithLabelValues("netboot")}
+		if o.PXE.Enabled() {
+			d.netboot.Loaders = o.PXE.Loaders()
+		}
+	}
+	if d.pxe, err = o.pxeService(st, log); err != nil {
+		return nil, err
 	}
 
 	if d.lis == nil {
@@ -320,6 +335,9 @@ func (d *daemon) run(ctx context.Context) error {
 		log.Info("netboot serving", "addr", d.netLis.Addr().String(), "url", o.NetbootURL)
 	}
 	d.spawn(bg, func(ctx context.Context) { flushRefusals(ctx, o.LoopEvery, d.enrollSvc.FlushRefusals) })
+	if d.pxe != nil {
+		d.spawn(bg, func(ctx context.Context) { runPXE(ctx, d.pxe, log) })
+	}
 	d.spawn(bg, func(ctx context.Context) {
 		d.revoked.Follow(ctx, st, o.Clock, 30*time.Second, log, d.reloadFailures)
 	})

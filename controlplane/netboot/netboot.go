@@ -38,6 +38,7 @@ import (
 	"github.com/tetherfleet/tether/controlplane/instances"
 	"github.com/tetherfleet/tether/controlplane/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/modules"
+	"github.com/tetherfleet/tether/controlplane/netboot/tftp"
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/controlplane/throttle"
 	"github.com/tetherfleet/tether/providers"
@@ -59,6 +60,12 @@ type Server struct {
 	// Refusals coalesces repeated refusals of one instance to one source
 	// into one event per window (nil: a window of RefusalWindow).
 	Refusals *throttle.Coalescer
+
+	// Loaders, when its Dir is set, serves the iPXE loaders under
+	// /loaders/ for UEFI HTTP Boot (loaders.go).
+	Loaders tftp.Loaders
+
+	recent recentRefusals // coalesces boot-route refusals (boot.go)
 
 	once sync.Once
 }
@@ -84,6 +91,8 @@ var validID = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
 // Handler returns the HTTP routes.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
+	mux.HandleFunc("GET /ipxe/boot", s.boot)
+	mux.HandleFunc("GET /loaders/{name}", s.loader)
 	mux.HandleFunc("GET /ipxe/{id}", s.script)
 	mux.HandleFunc("GET /artifacts/{digest}", s.artifact)
 	return mux
@@ -138,14 +147,34 @@ func (s *Server) script(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "not an instance id", http.StatusBadRequest)
 		return
 	}
-	if !s.Limiter.Allow(throttle.SourceKey(r.RemoteAddr)) {
-		if s.RateLimited != nil {
-			s.RateLimited.Inc()
-		}
-		w.Header().Set("Retry-After", "5")
-		http.Error(w, "too many script requests from this address; retry in a few seconds", http.StatusTooManyRequests)
+	if !s.allow(w, r) {
 		return
 	}
+	// The machine's address is unknown here: iPXE fills it in from the
+	// interface it booted from.
+	s.serveScript(w, r, id, "BOOTIF=01-${netX/mac:hexhyp}", true)
+}
+
+// allow applies the per-source rate limit of the unauthenticated script
+// routes, answering 429 itself when the source is over it.
+func (s *Server) allow(w http.ResponseWriter, r *http.Request) bool {
+	if s.Limiter.Allow(throttle.SourceKey(r.RemoteAddr)) {
+		return true
+	}
+	if s.RateLimited != nil {
+		s.RateLimited.Inc()
+	}
+	w.Header().Set("Retry-After", "5")
+	http.Error(w, "too many script requests from this address; retry in a few seconds", http.StatusTooManyRequests)
+	return false
+}
+
+// serveScript serves instance id's one-time script; bootIF is the BOOTIF=
+// argument that tells the agent which interface to configure first. byID
+// is the /ipxe/{id} route, which anyone can name an instance on: it serves
+// only instances whose provider boots them over the network. The MAC route
+// is bound to the node's hardware address instead (boot.go).
+func (s *Server) serveScript(w http.ResponseWriter, r *http.Request, id, bootIF string, byID bool) {
 	ctx := r.Context()
 	now := s.Clock.Now()
 	var body string
@@ -157,7 +186,7 @@ func (s *Server) script(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return err
 		}
-		if !providers.Netboots(s.Instances.Machines[in.Provider]) {
+		if byID && !providers.Netboots(s.Instances.Machines[in.Provider]) {
 			return &refusal{http.StatusForbidden, fmt.Sprintf("instance %s is booted by the %s provider, which does not boot machines over the network: "+
 				"its iPXE script is not served", id, in.Provider)}
 		}
@@ -195,7 +224,9 @@ func (s *Server) script(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return err
 		}
-		body = Script(boot.KernelURL, boot.InitramfsURL, boot.KernelArgs, s.Instances.AgentURL, tok, s.Instances.CAFingerprint)
+		// A netbooted machine has no static address: the agent asks DHCP,
+		// on the interface it booted from first.
+		body = Script(boot.KernelURL, boot.InitramfsURL, boot.KernelArgs+" ip=dhcp "+bootIF, s.Instances.AgentURL, tok, s.Instances.CAFingerprint)
 		_, err = events.E{Kind: events.NetbootServed, InstanceID: id,
 			Message: fmt.Sprintf("iPXE script served to %s (instance %s)", r.RemoteAddr, st),
 			Payload: map[string]any{"remote": r.RemoteAddr, "status": string(st)}}.Write(ctx, q, now)
@@ -245,14 +276,17 @@ func servedThisBoot(ctx context.Context, q store.Queries, id string) (bool, erro
 
 // refusedFetch is what the first refusal of a window recorded, for the
 // summary of the rest.
-type refusedFetch struct{ id, remote, reason string }
+type refusedFetch struct {
+	id, remote, reason string
+	status             int
+}
 
 // refused leaves the trail of a refused fetch: a second fetch in one boot
 // may be someone else's attempt at the token. Refusals of one instance to
 // one source are coalesced: one event per window, then one with the count.
 func (s *Server) refused(ctx context.Context, id, remote string, ref *refusal) {
 	now := s.Clock.Now()
-	write, held := s.refusals().Note(id+"/"+throttle.SourceKey(remote), now, refusedFetch{id, remote, ref.msg})
+	write, held := s.refusals().Note(id+"/"+throttle.SourceKey(remote), now, refusedFetch{id, remote, ref.msg, ref.code})
 	if !write {
 		return
 	}
@@ -262,7 +296,7 @@ func (s *Server) refused(ctx context.Context, id, remote string, ref *refusal) {
 		s.summary(ctx, held, now)
 	}
 	s.writeRefusal(ctx, id, now, fmt.Sprintf("iPXE script refused to %s: %s", remote, ref.msg),
-		map[string]any{"remote": remote, "reason": ref.msg, "count": 1})
+		map[string]any{"remote": remote, "reason": ref.msg, "status": ref.code, "count": 1})
 }
 
 // summary writes what a window held back: one event with the count.
@@ -271,13 +305,17 @@ func (s *Server) summary(ctx context.Context, sum throttle.Summary, now time.Tim
 	msg := fmt.Sprintf("iPXE script refused to %s %d more times from %s to %s: %s", f.remote, sum.Count,
 		sum.First.UTC().Format(time.RFC3339), sum.Last.UTC().Format(time.RFC3339), f.reason)
 	s.Log.Warn("netboot script refusals coalesced", "instance", f.id, "remote", f.remote, "count", sum.Count, "reason", f.reason)
-	s.writeRefusal(ctx, f.id, now, msg, map[string]any{"remote": f.remote, "reason": f.reason, "count": sum.Count, "coalesced": true,
+	s.writeRefusal(ctx, f.id, now, msg, map[string]any{"remote": f.remote, "reason": f.reason, "status": f.status, "count": sum.Count, "coalesced": true,
 		"first": sum.First.UTC().Format(time.RFC3339Nano), "last": sum.Last.UTC().Format(time.RFC3339Nano)})
 }
 
 func (s *Server) writeRefusal(ctx context.Context, id string, now time.Time, msg string, payload map[string]any) {
+	sev := events.Medium
+	if payload["status"] == http.StatusGone {
+		sev = events.High // a second fetch in one boot may be someone after the token
+	}
 	err := s.Store.Tx(ctx, func(q store.Queries) error {
-		_, err := events.E{Kind: events.NetbootRefused, Severity: events.Medium, InstanceID: id, Message: msg, Payload: payload}.Write(ctx, q, now)
+		_, err := events.E{Kind: events.NetbootRefused, Severity: sev, InstanceID: id, Message: msg, Payload: payload}.Write(ctx, q, now)
 		return err
 	})
 	if err != nil {

@@ -3,6 +3,8 @@ package tetherctl
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
@@ -12,9 +14,9 @@ import (
 )
 
 func nodeTable(w *tabwriter.Writer, ns []*v1.Node) {
-	row(w, "NAME", "TEMPLATE", "ENABLED", "PUBLIC ADDRESS", "CREATED")
+	row(w, "NAME", "TEMPLATE", "ENABLED", "PUBLIC ADDRESS", "MACS", "CREATED")
 	for _, n := range ns {
-		row(w, n.Name, n.TemplateName, n.Enabled, dash(n.PublicAddress), when(n.CreatedAt))
+		row(w, n.Name, n.TemplateName, n.Enabled, dash(n.PublicAddress), dash(strings.Join(n.Macs, ",")), when(n.CreatedAt))
 	}
 }
 
@@ -47,20 +49,23 @@ func (a *App) nodeCmd() *cobra.Command {
 	create.Flags().StringVar(&createReq.Template, "template", "", "template the node boots (required)")
 	create.Flags().StringVar(&createCfg, "config-json", "", "free-form JSON object")
 	create.Flags().StringVar(&createReq.PublicAddress, "public-address", "", "public address")
+	create.Flags().StringArrayVar(&createReq.Macs, "mac", nil, "hardware address of a NIC the machine netboots from (repeatable)")
 	create.Flags().BoolVar(&disabled, "disabled", false, "create the node disabled")
 	_ = create.MarkFlagRequired("template")
 
 	var updateReq v1.UpdateNodeRequest
 	var updateCfg string
-	update := &cobra.Command{Use: "update NAME [--template T] [--enabled=BOOL] [--config-json J] [--public-address A]", Short: "Change a node", Args: cobra.ExactArgs(1),
+	update := &cobra.Command{Use: "update NAME [--template T] [--enabled=BOOL] [--config-json J] [--public-address A] [--mac MAC...]", Short: "Change a node", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var err error
 			updateReq.Name = args[0]
-			for flag, field := range map[string]string{"template": "template", "enabled": "enabled", "config-json": "config", "public-address": "public_address"} {
+			for flag, field := range map[string]string{"template": "template", "enabled": "enabled", "config-json": "config", "public-address": "public_address", "mac": "macs"} {
 				if cmd.Flags().Changed(flag) {
 					updateReq.UpdateMask = append(updateReq.UpdateMask, field)
 				}
 			}
+			// --mac "" clears the set: an empty address means none.
+			updateReq.Macs = slices.DeleteFunc(updateReq.Macs, func(m string) bool { return m == "" })
 			if updateReq.Config, err = parseConfig(updateCfg); err != nil {
 				return err
 			}
@@ -70,6 +75,7 @@ func (a *App) nodeCmd() *cobra.Command {
 	update.Flags().BoolVar(&updateReq.Enabled, "enabled", true, "enable or disable provisioning")
 	update.Flags().StringVar(&updateCfg, "config-json", "", "free-form JSON object")
 	update.Flags().StringVar(&updateReq.PublicAddress, "public-address", "", "public address")
+	update.Flags().StringArrayVar(&updateReq.Macs, "mac", nil, "the node's hardware addresses, replacing the current set (repeatable; --mac \"\" clears)")
 
 	var tpl string
 	var pg paging
