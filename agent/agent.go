@@ -336,7 +336,7 @@ func (a *agent) run(ctx context.Context) error {
 		sess = s
 		sessMu.Unlock()
 		wg.Add(1)
-		go func() { defer wg.Done(); _ = s.Run(ctx) }()
+		go func() { defer wg.Done(); a.reportEnd(ctx, "the control plane session", s.Run(ctx)) }()
 		return s
 	}
 	current := func() *session.Session {
@@ -347,7 +347,10 @@ func (a *agent) run(ctx context.Context) error {
 	startSession()
 	changed := mgr.Subscribe()
 	wg.Add(3)
-	go func() { defer wg.Done(); _ = mgr.Maintain(ctx, conns.Client, tokens) }()
+	go func() {
+		defer wg.Done()
+		a.reportEnd(ctx, "certificate maintenance (renewal and recovery)", mgr.Maintain(ctx, conns.Client, tokens))
+	}()
 	go func() { defer wg.Done(); pingWatchdog(ctx, cfg.Notifier) }()
 	go func() {
 		defer wg.Done()
@@ -382,9 +385,22 @@ func (a *agent) run(ctx context.Context) error {
 	}
 	a.con.Printf("ready: instance %s, agent %s, boot %s", id.InstanceID, cfg.Version, cfg.BootID)
 	a.setPhase(tetherv1.AgentPhase_AGENT_PHASE_READY)
-	_ = cfg.Notifier.Notify("READY=1")
+	if err := cfg.Notifier.Notify("READY=1"); err != nil {
+		a.con.Printf("telling the service manager we are ready failed: %v", err)
+	}
 	<-ctx.Done()
 	return nil
+}
+
+// reportEnd says on the console why a background part of the agent
+// stopped before the agent did: it no longer does its job (a session that
+// ended no longer reports, maintenance that ended no longer renews).
+func (a *agent) reportEnd(ctx context.Context, what string, err error) {
+	if err == nil || ctx.Err() != nil {
+		return
+	}
+	a.status.SetError(fmt.Errorf("%s stopped: %w", what, err))
+	a.con.Printf("%s stopped: %v; restart the agent (or reboot the node) to get it back", what, err)
 }
 
 // fail reports err in a heartbeat before the agent gives up on this run,
@@ -509,15 +525,20 @@ func (a *agent) bringUp(ctx context.Context, conns *connHolder, sess *session.Se
 		reopen()
 		return nil
 	}
-	st.Switched = false
-	_ = saveState(a.cfg.StateDir, *st)
 	if err == nil {
 		err = errors.New("switch returned without error but did not exec the new init")
+	}
+	err = fmt.Errorf("switch root to %s: %w (the node may be half switched: reboot it once the cause is fixed)", a.cfg.RootTarget, err)
+	st.Switched = false
+	if serr := saveState(a.cfg.StateDir, *st); serr != nil {
+		// The saved state still says switched: an agent started on this
+		// root would take it for the composed one.
+		err = errors.Join(err, fmt.Errorf("record the failed switch in %s: %w", a.cfg.StateDir, serr))
 	}
 	// The stream was closed for the exec; open it again so the failure
 	// reaches the control plane.
 	reopen()
-	return fmt.Errorf("switch root to %s: %w (the node may be half switched: reboot it once the cause is fixed)", a.cfg.RootTarget, err)
+	return err
 }
 
 func (a *agent) assignment(ctx context.Context, conns *connHolder) (*tetherv1.Assignment, error) {

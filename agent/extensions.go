@@ -13,7 +13,7 @@ import (
 )
 
 // ExtensionMounter attaches a verified extension module read-only at a
-// directory and detaches it again (SPEC 5: extension modules are attached
+// directory and detaches it again (docs/design.md §5.7: extension modules are attached
 // and detached live, root layers change on the next boot). The real one is
 // a loop device + erofs mount (agent/rootfs.MountErofs).
 type ExtensionMounter interface {

@@ -238,7 +238,7 @@ func TestVMExec(t *testing.T) {
 }
 
 // TestVMRebootAndStopStart: each new boot enrolls again with a fresh
-// one-time token (RAM-only nodes keep no identity, SPEC 3.5).
+// one-time token (RAM-only nodes keep no identity, docs/design.md §3.5).
 func TestVMRebootAndStopStart(t *testing.T) {
 	env := newVMEnv(t)
 	ctx := vmCtx(t)

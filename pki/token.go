@@ -14,7 +14,7 @@ import (
 // leaked-secret scan and cannot be confused with other strings.
 const TokenPrefix = "tbt_"
 
-// tokenBytes is 256 bits of randomness (SPEC 3).
+// tokenBytes is 256 bits of randomness (docs/design.md §3.1).
 const tokenBytes = 32
 
 // MaxTokenLength bounds what ParseToken will look at.

@@ -92,6 +92,23 @@ type Provider interface {
 	List(ctx context.Context) ([]Machine, error)
 }
 
+// Netbooter is implemented by a provider whose machines may boot over
+// the network (iPXE). The netboot server hands an instance's script,
+// which carries a fresh bootstrap token, only to instances whose provider
+// says it netboots them: anyone who can reach the netboot port can ask for
+// any instance's script, and a provider that boots its machines another
+// way (a seed ISO, an operator) leaves that script for a stranger to use.
+// A provider that does not implement it does not netboot.
+type Netbooter interface {
+	Netboots() bool
+}
+
+// Netboots reports whether p boots its machines over the network.
+func Netboots(p Provider) bool {
+	nb, ok := p.(Netbooter)
+	return ok && nb.Netboots()
+}
+
 // Kind classifies provider errors.
 type Kind string
 

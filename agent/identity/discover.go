@@ -1,6 +1,6 @@
 // Package identity finds the enrollment material a booting node was handed:
 // the control plane's URL, a one-time bootstrap token and the CA
-// fingerprint to pin (SPEC 3.2). It looks, in order, at the kernel command
+// fingerprint to pin (docs/design.md §3.2). It looks, in order, at the kernel command
 // line, QEMU fw_cfg and a seed ISO; values given explicitly as flags win
 // over all of them.
 package identity

@@ -200,7 +200,7 @@ func isCandidate(p string) bool {
 	return m.IsRegular() || (m&fs.ModeDevice != 0 && m&fs.ModeCharDevice == 0)
 }
 
-// DefaultSources are the sources in the order SPEC 3.2 lists them.
+// DefaultSources are the sources in the order docs/design.md §3.2 lists them.
 func DefaultSources() []Source {
 	return []Source{CmdlineSource{}, FwCfgSource{}, SeedISOSource{}}
 }

@@ -15,7 +15,7 @@ import (
 	tetherv1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
 
-// DefaultExecTimeout applies when a task gives none (SPEC 6).
+// DefaultExecTimeout applies when a task gives none (docs/design.md §6.4).
 const DefaultExecTimeout = 300 * time.Second
 
 // Executor implements session.Runner.

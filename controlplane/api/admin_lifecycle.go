@@ -14,7 +14,7 @@ import (
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
 
-// The instance actions (SPEC 2). The logic lives in controlplane/instances;
+// The instance actions (docs/design.md §2). The logic lives in controlplane/instances;
 // these handlers check the request shape, name the caller and convert.
 
 // consoleChunk is the size of one console message; consolePoll is how

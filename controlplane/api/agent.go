@@ -303,6 +303,9 @@ func (a *agentServer) receive(ctx context.Context, id string, stream v1.AgentSer
 			lastPhase = phase
 		case *v1.AgentMessage_TaskUpdate:
 			u := m.TaskUpdate
+			if err := validTaskUpdate(u); err != nil {
+				return err
+			}
 			up := tasks.Update{TaskID: u.TaskId, Status: TaskStatusName(u.Status), ErrorMessage: u.ErrorMessage, Progress: u.Progress}
 			if r := u.Result; r != nil {
 				code := int(r.ExitCode)
@@ -323,24 +326,8 @@ func (a *agentServer) receive(ctx context.Context, id string, stream v1.AgentSer
 	}
 }
 
-func validHeartbeat(hb *v1.Heartbeat) error {
-	switch {
-	case len(hb.AgentVersion) > 128:
-		return fail.Invalid("heartbeat.agent_version", "longer than 128 characters")
-	case len(hb.Error) > 4096:
-		return fail.Invalid("heartbeat.error", "longer than 4096 characters")
-	case len(hb.RunningModuleDigests) > 256:
-		return fail.Invalid("heartbeat.running_module_digests", "more than 256 entries")
-	case len(hb.Addresses) > 64:
-		return fail.Invalid("heartbeat.addresses", "more than 64 entries")
-	case len(hb.BootId) > 64:
-		return fail.Invalid("heartbeat.boot_id", "longer than 64 characters")
-	}
-	return nil
-}
-
 // HeartbeatInterval stretches the 30 s heartbeat with fleet size so that
-// the control plane sees at most MaxHeartbeatsPerSecond (SPEC 2, Nomad's
+// the control plane sees at most MaxHeartbeatsPerSecond (docs/design.md §2.8, Nomad's
 // rule).
 func HeartbeatInterval(connected int) time.Duration {
 	d := BaseHeartbeatInterval

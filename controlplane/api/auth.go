@@ -4,10 +4,12 @@ import (
 	"context"
 	"crypto"
 	"crypto/x509"
+	"log/slog"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
@@ -39,7 +41,7 @@ func WithCaller(ctx context.Context, c Caller) context.Context {
 	return context.WithValue(ctx, callerKey{}, c)
 }
 
-// Roles, weakest first. The role is in the admin certificate (SPEC 3.6).
+// Roles, weakest first. The role is in the admin certificate (docs/design.md §3.6).
 var roleRank = map[string]int{"viewer": 1, "operator": 2, "admin": 3}
 
 // requiredRole is the least role an admin RPC needs. Reads are for
@@ -90,8 +92,8 @@ func (a *Authenticator) authenticate(ctx context.Context) (Caller, error) {
 		return Caller{}, fail.Unauthenticated("client certificate refused: %v", err)
 	}
 	serial := ca.SerialString(cert)
-	if a.Revoked.IsRevoked(serial) {
-		return Caller{}, fail.Unauthenticated("client certificate %s is revoked", serial)
+	if err := a.Revoked.check(serial); err != nil {
+		return Caller{}, err
 	}
 	return Caller{Identity: id, Serial: serial, NotAfter: cert.NotAfter, PublicKey: cert.PublicKey}, nil
 }
@@ -159,11 +161,47 @@ type Revocations struct {
 	mu     sync.RWMutex
 	serial map[string]struct{}
 	subs   map[chan string]struct{}
+
+	// What Follow keeps, under mu: when the set last loaded, and how many
+	// periodic reloads in a row have failed since. Counting reloads rather
+	// than reading a clock keeps the bound the same whatever clock the
+	// control plane runs on.
+	loadedAt time.Time
+	failed   int
 }
+
+// StaleAfterReloads is how many periodic reloads in a row may fail before
+// the set is stale and certificates are refused.
+const StaleAfterReloads = 10
+
+var reloadFailuresOpts = prometheus.CounterOpts{Name: "tether_revocation_reload_failures_total",
+	Help: "Periodic reloads of the certificate revocation list that failed (past StaleAfterReloads in a row, certificates are refused)."}
 
 // NewRevocations returns an empty set.
 func NewRevocations() *Revocations {
 	return &Revocations{serial: map[string]struct{}{}, subs: map[chan string]struct{}{}}
+}
+
+// check refuses a revoked serial, and every serial once the set is
+// stale: a revocation list that stopped reloading may be missing a
+// revocation, and a revoked certificate must not get in (fail closed).
+func (r *Revocations) check(serial string) error {
+	if loaded, stale := r.Stale(); stale {
+		return fail.Unavailable("the certificate revocation list has failed to reload %d times in a row (last loaded %s; see the tetherd log): certificates are refused until it reloads",
+			StaleAfterReloads, loaded.UTC().Format(time.RFC3339))
+	}
+	if r.IsRevoked(serial) {
+		return fail.Unauthenticated("client certificate %s is revoked", serial)
+	}
+	return nil
+}
+
+// Stale reports whether StaleAfterReloads periodic reloads in a row have
+// failed, and when the set last loaded.
+func (r *Revocations) Stale() (time.Time, bool) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.loadedAt, r.failed >= StaleAfterReloads
 }
 
 // IsRevoked reports whether serial is revoked.
@@ -217,7 +255,7 @@ func (r *Revocations) Load(ctx context.Context, s store.Store, now time.Time) er
 	}
 	r.mu.Lock()
 	old := r.serial
-	r.serial = fresh
+	r.serial, r.loadedAt, r.failed = fresh, now, 0
 	r.mu.Unlock()
 	var added []string
 	for x := range fresh {
@@ -238,8 +276,12 @@ func (r *Revocations) Load(ctx context.Context, s store.Store, now time.Time) er
 	return nil
 }
 
-// Follow keeps the set current until ctx ends.
-func (r *Revocations) Follow(ctx context.Context, s store.Store, clock interface{ Now() time.Time }, every time.Duration) {
+// Follow keeps the set current until ctx ends: notifications add
+// serials as they come, and a reload every period catches any that were
+// missed. A failed reload is logged and counted in failures (may be nil);
+// after StaleAfterReloads failures in a row the set is stale and
+// authentication refuses every certificate until a reload succeeds.
+func (r *Revocations) Follow(ctx context.Context, s store.Store, clock interface{ Now() time.Time }, every time.Duration, log *slog.Logger, failures prometheus.Counter) {
 	ch, stop := s.Subscribe(store.ChannelRevocations)
 	defer stop()
 	t := time.NewTicker(every)
@@ -251,7 +293,33 @@ func (r *Revocations) Follow(ctx context.Context, s store.Store, clock interface
 		case serial := <-ch:
 			r.Add(serial)
 		case <-t.C:
-			_ = r.Load(ctx, s, clock.Now())
+			r.reload(ctx, s, clock.Now(), log, failures)
 		}
 	}
+}
+
+// reload is one periodic reload of Follow.
+func (r *Revocations) reload(ctx context.Context, s store.Store, now time.Time, log *slog.Logger, failures prometheus.Counter) {
+	err := r.Load(ctx, s, now)
+	if err == nil || ctx.Err() != nil {
+		return
+	}
+	if failures != nil {
+		failures.Inc()
+	}
+	r.mu.Lock()
+	r.failed++
+	r.mu.Unlock()
+	loaded, stale := r.Stale()
+	log.Error("certificate revocation list reload failed", "err", err, "last_loaded", loaded, "refusing_certificates", stale)
+}
+
+// NewReloadFailures is the counter Follow's failures go to, registered
+// with reg when it is not nil.
+func NewReloadFailures(reg prometheus.Registerer) prometheus.Counter {
+	c := prometheus.NewCounter(reloadFailuresOpts)
+	if reg != nil {
+		reg.MustRegister(c)
+	}
+	return c
 }

@@ -14,7 +14,7 @@ import (
 )
 
 // checkStrict refuses a message carrying fields or enum values this server
-// does not know (SPEC 0.2): silently dropping them would let a call
+// does not know (docs/design.md §0.2): silently dropping them would let a call
 // "succeed" having done nothing it was asked.
 func checkStrict(m proto.Message) error {
 	if m == nil {

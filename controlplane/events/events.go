@@ -1,4 +1,4 @@
-// Package events writes and reads the fleet event log (SPEC 7): append-only,
+// Package events writes and reads the fleet event log (docs/design.md §7): append-only,
 // each event with kind, severity, ids, correlation id and payload.
 package events
 
@@ -20,7 +20,7 @@ const (
 	Critical = store.SeverityCritical
 )
 
-// Event kinds written by the control plane. Pool kinds follow SPEC 4.
+// Event kinds written by the control plane. Pool kinds follow docs/design.md §4.10.
 const (
 	EnrollSucceeded   = "enroll.succeeded"
 	EnrollTokenReused = "enroll.token_reused"

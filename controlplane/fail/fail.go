@@ -1,4 +1,4 @@
-// Package fail builds the gRPC errors of ARCHITECTURE.md's code table and
+// Package fail builds the gRPC errors of the code table in docs/design.md §0.8 and
 // maps everything else onto it. Domain packages return these (SPIRE's API
 // services do the same); the server's last interceptor passes every error
 // through From, so codes.Unknown never reaches a client.
@@ -15,6 +15,7 @@ import (
 
 	"github.com/tetherfleet/tether/controlplane/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/store"
+	"github.com/tetherfleet/tether/internal/apierr"
 	"github.com/tetherfleet/tether/providers"
 )
 
@@ -87,7 +88,8 @@ func From(err error) error {
 	case errors.Is(err, store.ErrConflict):
 		return status.Error(codes.FailedPrecondition, trimSentinel(err, store.ErrConflict))
 	case errors.Is(err, store.ErrUnavailable):
-		return status.Error(codes.Unavailable, "the database is unavailable; retry shortly ("+err.Error()+")")
+		// The reason detail lets clients recognise this without reading the words.
+		return apierr.New(codes.Unavailable, apierr.DatabaseUnavailable, "the database is unavailable; retry shortly ("+err.Error()+")")
 	case errors.As(err, &pe):
 		return status.Error(providerCode(pe.Kind), err.Error())
 	}

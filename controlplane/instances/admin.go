@@ -13,7 +13,7 @@ import (
 	"github.com/tetherfleet/tether/controlplane/store"
 )
 
-// Cordon results (SPEC 2).
+// Cordon results (docs/design.md §2.9).
 const (
 	CordonFenced        = "fenced"
 	CordonClaimed       = "claimed"
@@ -103,7 +103,7 @@ func (s *Service) Unhold(ctx context.Context, id, by string) (*store.Instance, e
 	})
 }
 
-// Cordon marks an instance unschedulable and leaves it running (SPEC 2).
+// Cordon marks an instance unschedulable and leaves it running (docs/design.md §2.9).
 // A ready pool member is fenced to draining under the row lock, so a
 // member claimed a moment earlier is recorded as claimed, not clobbered.
 func (s *Service) Cordon(ctx context.Context, id, reason, by string) (*store.Instance, string, error) {
@@ -116,6 +116,9 @@ func (s *Service) Cordon(ctx context.Context, id, reason, by string) (*store.Ins
 		result, err = s.cordon(ctx, q, in, reason, by, now)
 		return err
 	})
+	if err == nil && result == CordonFenced {
+		s.memberLeft(in)
+	}
 	return in, result, err
 }
 
@@ -190,7 +193,7 @@ func (s *Service) Uncordon(ctx context.Context, id, by string) (*store.Instance,
 	return in, result, nil
 }
 
-// Drain is cordon + stop (SPEC 2). A cordon refusal aborts before the
+// Drain is cordon + stop (docs/design.md §2.9). A cordon refusal aborts before the
 // stop; an instance an earlier cordon marked keeps that marker and is
 // stopped. It is refused for an instance that hosts this control plane.
 func (s *Service) Drain(ctx context.Context, id, reason, by string) (*store.Instance, string, error) {
@@ -201,7 +204,7 @@ func (s *Service) Drain(ctx context.Context, id, reason, by string) (*store.Inst
 		return nil, "", fail.Precondition("instance %s hosts this control plane; draining it would stop the control plane itself", id)
 	}
 	var result string
-	_, err := s.mutate(ctx, id, "drained", func(q store.Queries, in *store.Instance, now time.Time) error {
+	fenced, err := s.mutate(ctx, id, "drained", func(q store.Queries, in *store.Instance, now time.Time) error {
 		if in.Cordon != nil {
 			result = CordonAlreadyCordoned
 			return nil
@@ -212,6 +215,9 @@ func (s *Service) Drain(ctx context.Context, id, reason, by string) (*store.Inst
 	})
 	if err != nil {
 		return nil, "", err
+	}
+	if result == CordonFenced {
+		s.memberLeft(fenced)
 	}
 	in, err := s.Stop(ctx, id)
 	if err != nil {

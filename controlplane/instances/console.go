@@ -44,7 +44,7 @@ func (s *Service) ConsoleLogPath(ctx context.Context, id string) (string, error)
 }
 
 // SeedMaterial issues a fresh one-time token for an instance and returns
-// it with the rest of the enrollment data, for a seed ISO (SPEC 3.2).
+// it with the rest of the enrollment data, for a seed ISO (docs/design.md §3.2).
 func (s *Service) SeedMaterial(ctx context.Context, id string) (seediso.Material, error) {
 	if id == "" {
 		return seediso.Material{}, fail.Invalid("id", "required")

@@ -1,4 +1,4 @@
-// Package instances drives instances through the lifecycle (SPEC 2):
+// Package instances drives instances through the lifecycle (docs/design.md §2):
 // provisioning, enrollment material, and the transitions operators and
 // agents cause. Every change runs in one transaction with its event.
 package instances
@@ -20,7 +20,7 @@ import (
 	"github.com/tetherfleet/tether/providers"
 )
 
-// DefaultTokenTTL is how long a bootstrap token lives (SPEC 3.1).
+// DefaultTokenTTL is how long a bootstrap token lives (docs/design.md §3.1).
 const DefaultTokenTTL = 24 * time.Hour
 
 // ProviderExternal is the provider for machines something else starts.
@@ -57,6 +57,18 @@ type Service struct {
 	// SelfInstanceIDs are instances that host this control plane: drain
 	// refuses them (stopping them would stop us).
 	SelfInstanceIDs []string
+	// MemberLeft, if set, is told the pool of a member that a committed
+	// change took out of its pool's counts (terminated, or fenced by a
+	// cordon), so the pool can replace it at once (the pool service's
+	// Nudge). It must not block.
+	MemberLeft func(poolID string)
+}
+
+// memberLeft reports a member gone from its pool's counts.
+func (s *Service) memberLeft(in *store.Instance) {
+	if s.MemberLeft != nil && in != nil && in.PoolID != "" {
+		s.MemberLeft(in.PoolID)
+	}
 }
 
 // Defaults for Service's zero values.

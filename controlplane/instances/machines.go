@@ -13,7 +13,7 @@ import (
 	"github.com/tetherfleet/tether/providers"
 )
 
-// Worker task kinds (SPEC 6): provider work the control plane runs itself.
+// Worker task kinds (docs/design.md §6.1): provider work the control plane runs itself.
 const (
 	TaskProvision = "provision"
 	TaskStart     = "start"

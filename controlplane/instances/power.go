@@ -21,7 +21,7 @@ import (
 // worker repeats the operation).
 //
 // The row moves only after the provider answered, by the observed state
-// (SPEC 2, principle 1): a stop that failed leaves a running instance
+// (docs/design.md §2.6 and §0.1): a stop that failed leaves a running instance
 // reading running, never stopping, because nothing in the lifecycle leads
 // back from stopping.
 type op struct {

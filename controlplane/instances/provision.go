@@ -27,7 +27,7 @@ func templateOf(ctx context.Context, q store.Queries, in *store.Instance) (*stor
 }
 
 // bootFor returns the boot of a new incarnation of in with a fresh
-// one-time token, issued in q's transaction (SPEC 3.5: every boot needs
+// one-time token, issued in q's transaction (docs/design.md §3.5: every boot needs
 // its own token, because a RAM-only node forgets its key and its token is
 // spent).
 func (s *Service) bootFor(ctx context.Context, q store.Queries, in *store.Instance, now time.Time) (providers.Boot, error) {
@@ -294,7 +294,7 @@ func (s *Service) failProvision(ctx context.Context, t *store.Task, cause error)
 
 // SweepProvisions errors instances left pending or provisioning with no
 // machine and no live provision task (its attempts ran out, or an operator
-// cancelled it), so that none dangles (SPEC 2). It returns how many it
+// cancelled it), so that none dangles (docs/design.md §2.3). It returns how many it
 // errored.
 func (s *Service) SweepProvisions(ctx context.Context) (int, error) {
 	ins, err := s.Store.ListInstances(ctx, store.InstanceFilter{Statuses: []lifecycle.State{lifecycle.Pending, lifecycle.Provisioning}},

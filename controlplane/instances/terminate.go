@@ -15,7 +15,7 @@ import (
 )
 
 // Terminate destroys an instance's machine and ends its identity. It is
-// two-phase (SPEC 2): the intent (terminate_requested_at) commits first,
+// two-phase (docs/design.md §2.4): the intent (terminate_requested_at) commits first,
 // then the provider destroys the machine, then a second transaction marks
 // the instance terminated, revokes its certificates and expires its unused
 // tokens. If the control plane dies between the phases, ResumeTerminates
@@ -133,12 +133,18 @@ func (s *Service) terminateFailed(ctx context.Context, id, machine string, terr 
 func (s *Service) markTerminated(ctx context.Context, id, machine string, lost bool, terr error) (*store.Instance, error) {
 	now := s.Clock.Now()
 	var out *store.Instance
+	ended := false
+	defer func() {
+		if ended {
+			s.memberLeft(out)
+		}
+	}()
 	err := s.Store.Tx(ctx, func(q store.Queries) error {
 		in, err := q.LockInstance(ctx, id)
 		if err != nil {
 			return err
 		}
-		out = in
+		out, ended = in, false
 		if in.Status.Terminal() {
 			return nil
 		}
@@ -176,8 +182,10 @@ func (s *Service) markTerminated(ctx context.Context, id, machine string, lost b
 			Message: fmt.Sprintf("instance terminated: machine %q destroyed, %d certificate(s) revoked, %d token(s) expired, %d task(s) cancelled",
 				machine, len(serials), expired, cancelled),
 			Payload: map[string]any{"machine": machine, "revoked": serials, "tokens_expired": expired, "tasks_cancelled": cancelled}}.Write(ctx, q, now)
+		ended = err == nil
 		return err
 	})
+	ended = ended && err == nil
 	return out, err
 }
 
@@ -202,7 +210,7 @@ func cancelTasks(ctx context.Context, q store.Queries, id string, now time.Time)
 }
 
 // closeClaim closes the open claim of a member being marked terminated
-// (SPEC 4), in that transaction, so no phantom claimed member stays
+// (docs/design.md §4.5), in that transaction, so no phantom claimed member stays
 // counted. A member terminated while claimed closes with disposition
 // terminated; one whose release had begun (draining, claim id still set)
 // closes as the release meant it to: recycled.

@@ -12,7 +12,7 @@ import (
 	"strings"
 )
 
-// State is an instance's lifecycle state (SPEC section 2).
+// State is an instance's lifecycle state (docs/design.md §2.1).
 type State string
 
 // The nine states. There is deliberately no draining, failed, terminating or
@@ -56,7 +56,7 @@ var allStates = []State{Pending, Provisioning, Starting, Running, Stopping, Stop
 
 var allEvents = []Event{MarkProvisioning, MarkRunning, Stop, MarkStopped, Start, Reboot, Terminate, MarkErrored}
 
-// rule is one row of SPEC section 2's table.
+// rule is one row of the table in docs/design.md §2.2.
 type rule struct {
 	from []State
 	to   State
@@ -66,7 +66,7 @@ type rule struct {
 var nonTerminal = []State{Pending, Provisioning, Starting, Running, Stopping, Stopped, Rebooting, Error}
 
 // table is the whole state machine. It is written out rather than computed so
-// a reader can check it against the spec line by line.
+// a reader can check it against docs/design.md §2.2 line by line.
 var table = map[Event]rule{
 	MarkProvisioning: {from: []State{Pending}, to: Provisioning},
 	MarkRunning:      {from: []State{Provisioning, Starting, Rebooting}, to: Running},
@@ -127,7 +127,7 @@ func AllowedFrom(ev Event) []State {
 
 // TransitionError is a refused (state, event) pair. Its message names the
 // current state and the states the event is allowed from, so an operator can
-// see what to do without reading the spec.
+// see what to do without reading the design.
 type TransitionError struct {
 	Current     State
 	Event       Event
@@ -162,7 +162,7 @@ func Next(from State, ev Event) (State, error) {
 
 // Satisfied reports whether an instance in state s already is where ev leads,
 // or is on its way there, so the caller can answer the request as a no-op
-// success (SPEC principle 3) instead of refusing it:
+// success (docs/design.md §0.3) instead of refusing it:
 //   - stop: stopping or stopped;
 //   - start: starting or running;
 //   - terminate: terminated;

@@ -17,7 +17,7 @@ const unknownEvent Event = "explode"
 // columns fixes the order of the expected tables' columns.
 var columns = [8]Event{MarkProvisioning, MarkRunning, Stop, MarkStopped, Start, Reboot, Terminate, MarkErrored}
 
-// wantNext is SPEC section 2 written out by hand, one row per state. It is
+// wantNext is docs/design.md §2.2 written out by hand, one row per state. It is
 // deliberately not derived from the implementation.
 var wantNext = map[State][8]State{
 	//             mark_prov     mark_running stop      mark_stopped start     reboot     terminate   mark_errored

@@ -6,7 +6,7 @@ import (
 	"slices"
 )
 
-// PoolState is a pool member's state (SPEC section 4). It lives beside the
+// PoolState is a pool member's state (docs/design.md §4). It lives beside the
 // instance states because both describe one instance row and both are shared
 // by the store and everything above it.
 type PoolState string

@@ -1,4 +1,4 @@
-// Package liveness is the heartbeat sensor (SPEC 2, Liveness): it raises
+// Package liveness is the heartbeat sensor (docs/design.md §2.8): it raises
 // instance.silent once per silence, and declares an instance dead only
 // after asking its provider, so a machine that runs but whose agent went
 // quiet (a network partition, a wedged agent) is reported, not errored.
@@ -19,7 +19,7 @@ import (
 	"github.com/tetherfleet/tether/providers"
 )
 
-// Defaults (SPEC 2).
+// Defaults (docs/design.md §2.8).
 const (
 	DefaultSilentAfter = 3 * time.Minute
 	DefaultDeadAfter   = 10 * time.Minute

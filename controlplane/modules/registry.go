@@ -32,7 +32,7 @@ type PushHeader struct {
 	Signature             []byte
 }
 
-// SignedMessage is what a module signature signs (SPEC 5).
+// SignedMessage is what a module signature signs (docs/design.md §5.4).
 func SignedMessage(name, version, digest string) []byte {
 	return []byte("tether-module-v1\n" + name + "\n" + version + "\n" + digest)
 }

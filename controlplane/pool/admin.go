@@ -310,7 +310,7 @@ func applyMetadataFields(dst *store.PoolMetadata, src store.PoolMetadata, mask m
 }
 
 // setStatus moves a pool to status if it is in one of from; a pool already
-// there is left alone (SPEC 0.3). Anything else is FailedPrecondition
+// there is left alone (docs/design.md §0.3). Anything else is FailedPrecondition
 // naming the current and the allowed states.
 func (s *Service) setStatus(ctx context.Context, name, verb, status string, from ...string) (*store.Pool, bool, error) {
 	cur, err := s.byName(ctx, name)

@@ -87,6 +87,9 @@ func (s *Service) Acquire(ctx context.Context, p AcquireParams) (*Claim, error) 
 	if err != nil {
 		return nil, err
 	}
+	// The claim took a ready member out of the target: start its
+	// replacement now rather than on the reaper's next tick.
+	s.Nudge(c.Pool.ID)
 	if n, err := s.Store.GetNodeByID(ctx, c.Instance.NodeID); err == nil {
 		c.NodeName = n.Name
 	}
@@ -243,6 +246,11 @@ func (s *Service) Release(ctx context.Context, instanceID, by string) (*Released
 		if terr != nil && !out.Instance.Status.Terminal() {
 			out.Disposition, out.Err = claims.Errored, terr
 		}
+	}
+	if out.Disposition != claims.Reused {
+		// The member left the claimed count (recycled, fenced or parked):
+		// under a binding max_size that frees room for a replacement.
+		s.Nudge(out.Instance.PoolID)
 	}
 	s.Log.Info("pool member released", "instance", instanceID, "claim", out.ClaimID, "by", by, "disposition", out.Disposition,
 		"held", out.Held.Truncate(time.Second), "err", out.Err)

@@ -1,4 +1,4 @@
-// Package pool runs warm instance pools (SPEC 4): pools and their
+// Package pool runs warm instance pools (docs/design.md §4): pools and their
 // members' pool states, the atomic claim and its release, the drain, and
 // the reaper tick that recycles stale members, retries and abandons failed
 // terminates, prunes dead records and replenishes active pools.
@@ -64,7 +64,7 @@ type Service struct {
 	batch     *batcher
 }
 
-// Defaults of SPEC 4 and of the Service's tuning fields.
+// Defaults of docs/design.md §4.1 and of the Service's tuning fields.
 const (
 	DefaultWarmingTimeout       = 600 * time.Second
 	DefaultReadyTTL             = 3600 * time.Second
@@ -249,8 +249,10 @@ var liveStatuses = []lifecycle.State{lifecycle.Pending, lifecycle.Provisioning, 
 	lifecycle.Stopped, lifecycle.Rebooting, lifecycle.Error}
 
 // Nudge asks for a replenish of a pool ("" for every active pool) soon,
-// without waiting for the reaper's tick. It never blocks: a nudge that
-// finds the queue full is dropped, since the tick covers it anyway.
+// without waiting for the reaper's tick: whatever changes a pool's counts
+// (a claim, a release, a member terminated or fenced) calls it. It never
+// blocks: a nudge that finds the queue full is dropped, since the nudges
+// already queued and the reaper's tick cover it anyway.
 func (s *Service) Nudge(poolID string) {
 	select {
 	case s.nudgeCh() <- poolID:
@@ -265,35 +267,53 @@ func (s *Service) nudgeCh() chan string {
 
 // RunNudges replenishes nudged pools until ctx ends. Any replica may run
 // it: a replenish recounts under the pool's row lock for every member it
-// adds, so two replicas replenishing one pool never overshoot.
+// adds, so two replicas replenishing one pool never overshoot (docs/adr/0008).
 func (s *Service) RunNudges(ctx context.Context) {
 	ch := s.nudgeCh()
 	for {
-		var first string
 		select {
 		case <-ctx.Done():
 			return
-		case first = <-ch:
-		}
-		// Coalesce what queued meanwhile: twelve refused claimers need one
-		// replenish, not twelve.
-		pending := map[string]bool{first: true}
-	drain:
-		for {
-			select {
-			case id := <-ch:
-				pending[id] = true
-			default:
-				break drain
-			}
-		}
-		if pending[""] {
-			pending = map[string]bool{"": true}
-		}
-		for id := range pending {
-			s.replenishNudged(ctx, id)
+		case first := <-ch:
+			s.serve(ctx, first)
 		}
 	}
+}
+
+// ServeNudges replenishes the pools nudged so far and returns how many
+// distinct nudges it served, without waiting for more (0: none queued).
+// RunNudges does the same as nudges arrive; tests call this to step it.
+func (s *Service) ServeNudges(ctx context.Context) int {
+	select {
+	case first := <-s.nudgeCh():
+		return s.serve(ctx, first)
+	default:
+		return 0
+	}
+}
+
+// serve replenishes first and whatever queued meanwhile.
+func (s *Service) serve(ctx context.Context, first string) int {
+	ch := s.nudgeCh()
+	// Coalesce what queued meanwhile: twelve claims on one pool need one
+	// replenish, not twelve.
+	pending := map[string]bool{first: true}
+drain:
+	for {
+		select {
+		case id := <-ch:
+			pending[id] = true
+		default:
+			break drain
+		}
+	}
+	if pending[""] {
+		pending = map[string]bool{"": true}
+	}
+	for id := range pending {
+		s.replenishNudged(ctx, id)
+	}
+	return len(pending)
 }
 
 func (s *Service) replenishNudged(ctx context.Context, poolID string) {

@@ -58,7 +58,7 @@ type TickResult struct {
 	Replenish ReplenishResult
 }
 
-// Tick is one reaper round (SPEC 4): phase 1, recycle, for every active
+// Tick is one reaper round (docs/design.md §4.6): phase 1, recycle, for every active
 // and draining pool; phase 2, replenish, for active pools only. A failing
 // pool does not stop the others; their errors are joined.
 func (s *Service) Tick(ctx context.Context) (TickResult, error) {

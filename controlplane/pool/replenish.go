@@ -20,7 +20,7 @@ type ReplenishResult struct {
 }
 
 // errNotActive stops a replenish of a pool that is not (or no longer)
-// active. Lesson (SPEC 4): a drained pool was silently re-provisioned by
+// active. Lesson (docs/design.md §4.7): a drained pool was silently re-provisioned by
 // the next tick because only "paused" was checked.
 var errNotActive = errors.New("pool is not active")
 

@@ -1,4 +1,4 @@
-// Package provsync is the provider sync loop (SPEC 2): it compares
+// Package provsync is the provider sync loop (docs/design.md §2.7): it compares
 // instance rows with each provider's own list of machines. A running row
 // whose machine is gone goes to error; a terminated row whose machine still
 // exists is reported (high severity) and the machine destroyed, because a

@@ -2,6 +2,7 @@ package store
 
 import (
 	"encoding/json"
+	"fmt"
 	"time"
 
 	"github.com/tetherfleet/tether/controlplane/lifecycle"
@@ -45,8 +46,32 @@ type Node struct {
 	Enabled       bool
 	Config        json.RawMessage // a JSON object
 	PublicAddress string
-	CreatedAt     time.Time
-	UpdatedAt     time.Time
+	// MACs are the hardware addresses of the machine's NICs, normalised
+	// (macaddr.Normalize); each belongs to one node at most.
+	MACs      []string
+	CreatedAt time.Time
+	UpdatedAt time.Time
+}
+
+// MACInUseError is the ErrAlreadyExists a node write gets when one of its
+// hardware addresses belongs to another node.
+type MACInUseError struct {
+	MAC, Node string
+}
+
+func (e *MACInUseError) Error() string {
+	return fmt.Sprintf("hardware address %s already belongs to node %q", e.MAC, e.Node)
+}
+
+// Is makes errors.Is(err, ErrAlreadyExists) hold.
+func (e *MACInUseError) Is(target error) bool { return target == ErrAlreadyExists }
+
+// DHCPLease is an address tetherd's DHCP server leased to a machine.
+type DHCPLease struct {
+	IP        string // dotted IPv4
+	MAC       string // normalised
+	ExpiresAt time.Time
+	UpdatedAt time.Time
 }
 
 // NodeFilter narrows ListNodes.
@@ -54,7 +79,7 @@ type NodeFilter struct {
 	TemplateID string
 }
 
-// Cordon is the marker cordon writes (SPEC 2).
+// Cordon is the marker cordon writes (docs/design.md §2.9).
 type Cordon struct {
 	By              string
 	Reason          string

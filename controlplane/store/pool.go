@@ -16,7 +16,7 @@ const (
 	ClassSpot      = "spot"
 )
 
-// PoolMetadata carries the timeouts and policies of SPEC 4. Zero values
+// PoolMetadata carries the timeouts and policies of docs/design.md §4.1. Zero values
 // mean the defaults (see controlplane/pool).
 type PoolMetadata struct {
 	WarmingTimeoutSeconds       int  `json:"warming_timeout_seconds,omitempty"`
@@ -87,7 +87,7 @@ type PoolQueries interface {
 	// same transaction.
 	ClaimPoolMembers(ctx context.Context, poolID, class string, claims []PoolClaim, at time.Time) ([]*Instance, error)
 	// DeletePoolMember deletes a dead member's row (status terminated or
-	// error): the pruning of SPEC 4. It refuses (ErrConflict) a member that
+	// error): the pruning of docs/design.md §4.6. It refuses (ErrConflict) a member that
 	// is alive or not a pool member, so it cannot take a live machine's row.
 	DeletePoolMember(ctx context.Context, id string) error
 }

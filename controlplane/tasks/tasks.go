@@ -1,4 +1,4 @@
-// Package tasks is the task queue (SPEC 6): agent tasks pushed to a
+// Package tasks is the task queue (docs/design.md §6): agent tasks pushed to a
 // connected agent the moment they are created, and worker tasks run inside
 // the control plane, both leased so that a dead executor does not lose work.
 package tasks

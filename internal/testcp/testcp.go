@@ -65,7 +65,11 @@ func With(f func(*daemon.ServeOptions)) Option { return Option(f) }
 // Start inits a data dir (unless one is given) and serves it.
 func Start(t testing.TB, opts ...Option) *ControlPlane {
 	t.Helper()
-	o := daemon.ServeOptions{Log: slog.New(slog.NewTextHandler(io.Discard, nil)), HeartbeatFlush: 50 * time.Millisecond, LoopEvery: 200 * time.Millisecond}
+	// Every test client and benchmark enrolls from loopback: the
+	// per-source limit on unauthenticated requests is off unless a test
+	// sets it.
+	o := daemon.ServeOptions{Log: slog.New(slog.NewTextHandler(io.Discard, nil)), HeartbeatFlush: 50 * time.Millisecond, LoopEvery: 200 * time.Millisecond,
+		UnauthenticatedRate: -1}
 	for _, f := range opts {
 		f(&o)
 	}

@@ -20,7 +20,7 @@ const (
 	tokenFile = "fw_cfg-token"
 )
 
-// fw_cfg names the agent reads (SPEC section 3).
+// fw_cfg names the agent reads (docs/design.md §3.2).
 const (
 	fwCfgURL   = "opt/tether/url"
 	fwCfgToken = "opt/tether/token"

@@ -15,7 +15,7 @@ import (
 	"github.com/tetherfleet/tether/controlplane/store"
 )
 
-// Dispositions of a closed claim (SPEC 4).
+// Dispositions of a closed claim (docs/design.md §4.5).
 const (
 	// Recycled: the member was terminated after its release.
 	Recycled = "recycled"

@@ -95,17 +95,34 @@ func jsonList(ss []string) string {
 	if len(ss) == 0 {
 		return "[]"
 	}
-	b, _ := json.Marshal(ss)
+	b, err := json.Marshal(ss)
+	if err != nil {
+		// Marshalling a []string cannot fail; if it ever does, the
+		// stored value must not silently become something else.
+		panic(fmt.Sprintf("encode a string list: %v", err))
+	}
 	return string(b)
 }
 
-func parseList(s string) []string {
+// parseList reads a JSON string list column. A value that does not parse
+// is an error naming the column, never an empty list: an instance whose
+// addresses silently read as none looks like one that reported none.
+func parseList(column, s string) ([]string, error) {
 	var out []string
 	if s == "" || s == "[]" {
-		return nil
+		return nil, nil
 	}
-	_ = json.Unmarshal([]byte(s), &out)
-	return out
+	if err := json.Unmarshal([]byte(s), &out); err != nil {
+		return nil, fmt.Errorf("column %s holds %q, not a JSON string list: %w", column, clip(s, 64), err)
+	}
+	return out, nil
+}
+
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
 }
 
 func jsonObject(raw json.RawMessage) string {

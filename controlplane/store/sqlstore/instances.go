@@ -51,7 +51,12 @@ func scanInstance(s scanner) (*store.Instance, error) {
 		in.Cordon = &store.Cordon{By: cordonBy.String, Reason: cordonReason.String, At: fromTS(cordonAt.Int64), PoolStateBefore: before}
 	}
 	in.LastHeartbeatAt, in.SilentSince, in.TerminateRequestedAt = fromNTS(hb), fromNTS(silent), fromNTS(termReq)
-	in.RunningModules, in.Addresses = parseList(modules), parseList(addrs)
+	if in.RunningModules, err = parseList("running_modules", modules); err != nil {
+		return nil, fmt.Errorf("instance %s: %w", in.ID, err)
+	}
+	if in.Addresses, err = parseList("addresses", addrs); err != nil {
+		return nil, fmt.Errorf("instance %s: %w", in.ID, err)
+	}
 	in.CreatedAt, in.UpdatedAt = fromTS(created), fromTS(updated)
 	return &in, nil
 }

@@ -43,8 +43,7 @@ func (q *queries) GetModule(ctx context.Context, name, version string) (*store.M
 
 func (q *queries) ListModules(ctx context.Context, name string, p store.Page) ([]*store.Module, error) {
 	p = p.Normalize()
-	// The cursor is "name\x00version" so that pages follow (name, version) order.
-	afterName, afterVersion, _ := strings.Cut(p.After, "\x00")
+	afterName, afterVersion := store.SplitModuleCursor(p.After)
 	where := `(name > ? OR (name = ? AND version > ?))`
 	args := []any{afterName, afterName, afterVersion}
 	if name != "" {
@@ -62,9 +61,6 @@ func (q *queries) ListModules(ctx context.Context, name string, p store.Page) ([
 	}
 	return out, nil
 }
-
-// ModuleCursor is the page cursor after m.
-func ModuleCursor(m *store.Module) string { return m.Name + "\x00" + m.Version }
 
 func (q *queries) DeleteModule(ctx context.Context, name, version string) error {
 	rows, err := q.query(ctx, `SELECT DISTINCT t.name FROM template_modules tm JOIN templates t ON t.id = tm.template_id

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -29,6 +30,9 @@ func Run(t *testing.T, newStore Factory) {
 		{"Templates", testTemplates},
 		{"Modules", testModules},
 		{"Nodes", testNodes},
+		{"NodeMACs", testNodeMACs},
+		{"DHCPLeases", testDHCPLeases},
+		{"DHCPLeaseRace", testDHCPLeaseRace},
 		{"Instances", testInstances},
 		{"Heartbeats", testHeartbeats},
 		{"Tokens", testTokens},
@@ -238,6 +242,25 @@ func testNodes(t *testing.T, s store.Store) {
 	if len(list) != 1 {
 		t.Fatalf("ListNodes = %d", len(list))
 	}
+	// NodeNames answers many ids at once (more than one chunk) and leaves
+	// unknown ones out.
+	ids := []string{n.ID, "no-such-node"}
+	for i := 0; i < 600; i++ {
+		extra := &store.Node{Name: fmt.Sprintf("bulk-%03d", i), TemplateID: tpl.ID, Config: []byte(`{}`), CreatedAt: t0, UpdatedAt: t0}
+		must(t, s.CreateNode(c, extra))
+		ids = append(ids, extra.ID)
+	}
+	names, err := s.NodeNames(c, ids)
+	must(t, err)
+	if len(names) != 601 || names[n.ID] != "edge-1" || names[ids[len(ids)-1]] != "bulk-599" {
+		t.Fatalf("NodeNames: %d names, edge-1=%q, last=%q", len(names), names[n.ID], names[ids[len(ids)-1]])
+	}
+	if _, ok := names["no-such-node"]; ok {
+		t.Fatal("NodeNames invented a name for an unknown id")
+	}
+	if empty, err := s.NodeNames(c, nil); err != nil || len(empty) != 0 {
+		t.Fatalf("NodeNames(nil) = %v, %v", empty, err)
+	}
 
 	// A node with a live instance cannot be deleted; once it is terminated it can.
 	in := newInstance(n.ID, lifecycle.Running)
@@ -247,6 +270,95 @@ func testNodes(t *testing.T, s store.Store) {
 	must(t, s.UpdateInstance(c, in))
 	must(t, s.DeleteNode(c, "edge-1"))
 	_, err = s.GetInstance(c, in.ID)
+	wantErr(t, err, store.ErrNotFound)
+}
+
+func testNodeMACs(t *testing.T, s store.Store) {
+	c := ctx(t)
+	tpl := seedTemplate(t, s, "tpl")
+	a := &store.Node{Name: "rack1-07", TemplateID: tpl.ID, MACs: []string{"52:54:00:00:00:02", "52:54:00:00:00:01"}, CreatedAt: t0, UpdatedAt: t0}
+	must(t, s.Tx(c, func(q store.Queries) error { return q.CreateNode(c, a) }))
+	got, err := s.GetNodeByMAC(c, "52:54:00:00:00:01")
+	must(t, err)
+	if got.ID != a.ID || strings.Join(got.MACs, ",") != "52:54:00:00:00:02,52:54:00:00:00:01" {
+		t.Fatalf("GetNodeByMAC = %+v, want rack1-07 with its addresses in order", got)
+	}
+	_, err = s.GetNodeByMAC(c, "52:54:00:00:00:09")
+	wantErr(t, err, store.ErrNotFound)
+
+	// An address of another node is refused, names that node, and leaves nothing behind.
+	b := &store.Node{Name: "rack1-08", TemplateID: tpl.ID, MACs: []string{"52:54:00:00:00:03", "52:54:00:00:00:02"}, CreatedAt: t0, UpdatedAt: t0}
+	err = s.Tx(c, func(q store.Queries) error { return q.CreateNode(c, b) })
+	wantErr(t, err, store.ErrAlreadyExists)
+	var inUse *store.MACInUseError
+	if !errors.As(err, &inUse) || inUse.Node != "rack1-07" || inUse.MAC != "52:54:00:00:00:02" {
+		t.Fatalf("CreateNode with a taken address: %v, want MACInUseError naming rack1-07", err)
+	}
+	_, err = s.GetNode(c, "rack1-08")
+	wantErr(t, err, store.ErrNotFound)
+	_, err = s.GetNodeByMAC(c, "52:54:00:00:00:03")
+	wantErr(t, err, store.ErrNotFound)
+
+	// Without addresses, then given some: UpdateNode replaces the set.
+	b.MACs = nil
+	must(t, s.CreateNode(c, b))
+	b.MACs = []string{"52:54:00:00:00:01"}
+	err = s.Tx(c, func(q store.Queries) error { return q.UpdateNode(c, b) })
+	if !errors.As(err, &inUse) || inUse.Node != "rack1-07" {
+		t.Fatalf("UpdateNode with a taken address: %v", err)
+	}
+	a.MACs = []string{"52:54:00:00:00:02"}
+	must(t, s.Tx(c, func(q store.Queries) error { return q.UpdateNode(c, a) }))
+	must(t, s.Tx(c, func(q store.Queries) error { return q.UpdateNode(c, b) }))
+	got, err = s.GetNodeByMAC(c, "52:54:00:00:00:01")
+	must(t, err)
+	if got.Name != "rack1-08" {
+		t.Fatalf("address moved to %q, want rack1-08", got.Name)
+	}
+	// A node keeps its own addresses across an update of other fields.
+	must(t, s.Tx(c, func(q store.Queries) error { return q.UpdateNode(c, a) }))
+	list, err := s.ListNodes(c, store.NodeFilter{}, store.Page{})
+	must(t, err)
+	if len(list) != 2 || strings.Join(list[0].MACs, ",") != "52:54:00:00:00:02" || strings.Join(list[1].MACs, ",") != "52:54:00:00:00:01" {
+		t.Fatalf("ListNodes addresses wrong: %+v %+v", list[0], list[1])
+	}
+	// Deleting a node frees its addresses.
+	must(t, s.Tx(c, func(q store.Queries) error { return q.DeleteNode(c, "rack1-08") }))
+	_, err = s.GetNodeByMAC(c, "52:54:00:00:00:01")
+	wantErr(t, err, store.ErrNotFound)
+	b2 := &store.Node{Name: "rack1-09", TemplateID: tpl.ID, MACs: []string{"52:54:00:00:00:01"}, CreatedAt: t0, UpdatedAt: t0}
+	must(t, s.Tx(c, func(q store.Queries) error { return q.CreateNode(c, b2) }))
+}
+
+func testDHCPLeases(t *testing.T, s store.Store) {
+	c := ctx(t)
+	l := &store.DHCPLease{IP: "10.213.0.10", MAC: "52:54:00:00:00:01", ExpiresAt: t0.Add(time.Hour), UpdatedAt: t0}
+	must(t, s.CreateDHCPLease(c, l))
+	// One address per machine, one machine per address.
+	wantErr(t, s.CreateDHCPLease(c, &store.DHCPLease{IP: "10.213.0.10", MAC: "52:54:00:00:00:02", ExpiresAt: t0, UpdatedAt: t0}), store.ErrAlreadyExists)
+	wantErr(t, s.CreateDHCPLease(c, &store.DHCPLease{IP: "10.213.0.11", MAC: "52:54:00:00:00:01", ExpiresAt: t0, UpdatedAt: t0}), store.ErrAlreadyExists)
+	l.ExpiresAt = t0.Add(2 * time.Hour)
+	must(t, s.UpdateDHCPLease(c, l))
+	got, err := s.GetDHCPLeaseByMAC(c, l.MAC)
+	must(t, err)
+	if got.IP != l.IP || !got.ExpiresAt.Equal(l.ExpiresAt) {
+		t.Fatalf("lease read back wrong: %+v", got)
+	}
+	if byIP, err := s.GetDHCPLeaseByIP(c, l.IP); err != nil || byIP.MAC != l.MAC {
+		t.Fatalf("GetDHCPLeaseByIP = %+v, %v", byIP, err)
+	}
+	_, err = s.GetDHCPLeaseByIP(c, "10.213.0.99")
+	wantErr(t, err, store.ErrNotFound)
+	// An update must name the lease's own machine.
+	wantErr(t, s.UpdateDHCPLease(c, &store.DHCPLease{IP: l.IP, MAC: "52:54:00:00:00:02", ExpiresAt: t0, UpdatedAt: t0}), store.ErrNotFound)
+	must(t, s.CreateDHCPLease(c, &store.DHCPLease{IP: "10.213.0.11", MAC: "52:54:00:00:00:02", ExpiresAt: t0, UpdatedAt: t0}))
+	all, err := s.ListDHCPLeases(c)
+	must(t, err)
+	if len(all) != 2 || all[0].IP != "10.213.0.10" {
+		t.Fatalf("ListDHCPLeases = %+v", all)
+	}
+	must(t, s.DeleteDHCPLease(c, "10.213.0.10"))
+	_, err = s.GetDHCPLeaseByMAC(c, l.MAC)
 	wantErr(t, err, store.ErrNotFound)
 }
 
@@ -400,6 +512,43 @@ func testTokens(t *testing.T, s store.Store) {
 }
 
 // testTokenRace: many concurrent consumers of one token, exactly one wins.
+// testDHCPLeaseRace: replicas that both saw an address free and both
+// lease it: exactly one lease is kept, the other writer is told.
+func testDHCPLeaseRace(t *testing.T, s store.Store) {
+	c := ctx(t)
+	var wins, lost int
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for i := 0; i < 16; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := s.Tx(c, func(q store.Queries) error {
+				if _, err := q.GetDHCPLeaseByIP(c, "10.213.0.10"); !errors.Is(err, store.ErrNotFound) {
+					return store.Errorf(store.ErrAlreadyExists, "seen taken: %v", err)
+				}
+				return q.CreateDHCPLease(c, &store.DHCPLease{IP: "10.213.0.10", MAC: fmt.Sprintf("52:54:00:00:01:%02x", i), ExpiresAt: t0, UpdatedAt: t0})
+			})
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				wins++
+			case errors.Is(err, store.ErrAlreadyExists):
+				lost++
+			default:
+				t.Errorf("unexpected error: %v", err)
+			}
+		}()
+	}
+	wg.Wait()
+	all, err := s.ListDHCPLeases(c)
+	must(t, err)
+	if wins != 1 || lost != 15 || len(all) != 1 {
+		t.Fatalf("wins=%d lost=%d leases=%d, want 1, 15 and 1", wins, lost, len(all))
+	}
+}
+
 func testTokenRace(t *testing.T, s store.Store) {
 	c := ctx(t)
 	must(t, s.CreateToken(c, &store.Token{Hash: "race", InstanceID: "i1", ExpiresAt: t0.Add(time.Hour), CreatedAt: t0}))

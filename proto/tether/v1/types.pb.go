@@ -23,7 +23,7 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
-// InstanceStatus is the nine-state instance lifecycle (SPEC 2).
+// InstanceStatus is the nine-state instance lifecycle (docs/design.md §2).
 type InstanceStatus int32
 
 const (
@@ -892,6 +892,10 @@ type Node struct {
 	PublicAddress string                 `protobuf:"bytes,7,opt,name=public_address,json=publicAddress,proto3" json:"public_address,omitempty"`
 	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
 	UpdatedAt     *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
+	// Hardware addresses of the machine's NICs, lower-case colon form. A
+	// netbooting machine is matched to its node by these; each belongs to
+	// one node at most.
+	Macs          []string `protobuf:"bytes,10,rep,name=macs,proto3" json:"macs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -989,6 +993,13 @@ func (x *Node) GetUpdatedAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Node) GetMacs() []string {
+	if x != nil {
+		return x.Macs
+	}
+	return nil
+}
+
 type CordonMarker struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	By              string                 `protobuf:"bytes,1,opt,name=by,proto3" json:"by,omitempty"`
@@ -1068,7 +1079,7 @@ type Instance struct {
 	InstanceType    string                 `protobuf:"bytes,7,opt,name=instance_type,json=instanceType,proto3" json:"instance_type,omitempty"`
 	CloudInstanceId string                 `protobuf:"bytes,8,opt,name=cloud_instance_id,json=cloudInstanceId,proto3" json:"cloud_instance_id,omitempty"`
 	OperationId     string                 `protobuf:"bytes,9,opt,name=operation_id,json=operationId,proto3" json:"operation_id,omitempty"`
-	// Pool membership (SPEC 4); empty pool_id means not pooled.
+	// Pool membership (docs/design.md §4); empty pool_id means not pooled.
 	PoolId               string                 `protobuf:"bytes,10,opt,name=pool_id,json=poolId,proto3" json:"pool_id,omitempty"`
 	PoolState            PoolState              `protobuf:"varint,11,opt,name=pool_state,json=poolState,proto3,enum=tether.v1.PoolState" json:"pool_state,omitempty"`
 	PoolWarmingStartedAt *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=pool_warming_started_at,json=poolWarmingStartedAt,proto3" json:"pool_warming_started_at,omitempty"`
@@ -2272,7 +2283,7 @@ const file_tether_v1_types_proto_rawDesc = "" +
 	"\x04size\x18\x04 \x01(\x03R\x04size\x12\x1c\n" +
 	"\tsignature\x18\x05 \x01(\fR\tsignature\x129\n" +
 	"\n" +
-	"created_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\"\xd8\x02\n" +
+	"created_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\"\xec\x02\n" +
 	"\x04Node\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1f\n" +
@@ -2285,7 +2296,9 @@ const file_tether_v1_types_proto_rawDesc = "" +
 	"\n" +
 	"created_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x129\n" +
 	"\n" +
-	"updated_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\"\xa4\x01\n" +
+	"updated_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x12\x12\n" +
+	"\x04macs\x18\n" +
+	" \x03(\tR\x04macs\"\xa4\x01\n" +
 	"\fCordonMarker\x12\x0e\n" +
 	"\x02by\x18\x01 \x01(\tR\x02by\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12*\n" +

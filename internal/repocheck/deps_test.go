@@ -1,0 +1,103 @@
+package repocheck
+
+import (
+	"path"
+	"strings"
+	"testing"
+)
+
+func TestCheckImports(t *testing.T) {
+	m := func(rel string) string { return Module + "/" + rel }
+	tests := []struct {
+		name, pkg string
+		imports   []string
+		want      int
+	}{
+		{"agent imports a service", "agent/session", []string{m("controlplane/tasks")}, 1},
+		{"agent imports proto and pki", "agent/enroll", []string{m("proto/tether/v1"), m("pki"), "crypto/ed25519"}, 0},
+		{"provider imports the store", "providers/qemu", []string{m("controlplane/store")}, 1},
+		{"provider imports its interface", "providers/qemu", []string{m("providers")}, 0},
+		{"store contract imports a service", "controlplane/store", []string{m("controlplane/events")}, 1},
+		{"lifecycle imports anything of Tether's", "controlplane/lifecycle", []string{m("internal/clock")}, 1},
+		{"backend imports the SQL layer", "controlplane/store/sqlite", []string{m("controlplane/store"), m("controlplane/store/sqlstore")}, 0},
+		{"backend imports a service", "controlplane/store/postgres", []string{m("controlplane/events")}, 1},
+		{"service imports the API", "controlplane/pool", []string{m("controlplane/api")}, 1},
+		{"daemon imports the API", "controlplane/daemon", []string{m("controlplane/api")}, 0},
+		{"service imports the daemon", "controlplane/api", []string{m("controlplane/daemon")}, 1},
+		{"service picks a backend", "controlplane/instances", []string{m("controlplane/store/sqlite")}, 1},
+		{"daemon picks a backend", "controlplane/daemon", []string{m("controlplane/store/sqlite"), m("controlplane/store/postgres")}, 0},
+		{"service imports the SQL layer", "controlplane/pool", []string{m("controlplane/store/sqlstore")}, 1},
+		{"CLI imports a service", "internal/tetherctl", []string{m("controlplane/instances")}, 1},
+		{"anything imports a main", "internal/bench", []string{m("cmd/tetherd")}, 1},
+		{"two rules at once", "agent", []string{m("controlplane/api"), m("cmd/tetherctl")}, 2},
+		{"outside the module", "github.com/other/x", []string{m("controlplane/api")}, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := CheckImports("f.go", m(tc.pkg), tc.imports, DepRules)
+			if len(got) != tc.want {
+				t.Fatalf("CheckImports(%s, %v) = %v, want %d findings", tc.pkg, tc.imports, got, tc.want)
+			}
+			for _, f := range got {
+				if !strings.Contains(f.Why, "docs/architecture.md") {
+					t.Errorf("finding %v does not point at docs/architecture.md", f)
+				}
+			}
+		})
+	}
+}
+
+func TestTestHelper(t *testing.T) {
+	for pkg, want := range map[string]bool{
+		Module + "/controlplane/instances/instancestest": true,
+		Module + "/internal/pgtest":                      true,
+		Module + "/controlplane/store/storetest":         true,
+		Module + "/controlplane/instances":               false,
+		Module + "/internal/testcp":                      false,
+	} {
+		if got := TestHelper(pkg); got != want {
+			t.Errorf("TestHelper(%s) = %v, want %v", pkg, got, want)
+		}
+	}
+}
+
+func TestFileImports(t *testing.T) {
+	src := "package x\n\nimport (\n\t\"fmt\"\n\tv1 \"" + Module + "/proto/tether/v1\"\n)\n\nfunc f() { fmt.Println(v1.File_tether_v1_types_proto) }\n"
+	got, err := FileImports("x.go", []byte(src))
+	if err != nil || len(got) != 2 || got[0] != "fmt" || got[1] != Module+"/proto/tether/v1" {
+		t.Fatalf("FileImports = %v, %v; want fmt and the proto package", got, err)
+	}
+	if _, err := FileImports("bad.go", []byte("package x\nimport (")); err == nil {
+		t.Error("FileImports of a broken file: want an error")
+	}
+}
+
+// TestDependencyDirection checks every non-test Go file against DepRules.
+func TestDependencyDirection(t *testing.T) {
+	names, _, contents := repoFiles(t)
+	checked := 0
+	for _, name := range names {
+		if !strings.HasSuffix(name, ".go") || strings.HasSuffix(name, "_test.go") || strings.Contains(name, "/testdata/") {
+			continue
+		}
+		imports, err := FileImports(name, contents[name])
+		if err != nil {
+			t.Error(err)
+			continue
+		}
+		pkg := Module
+		if d := path.Dir(name); d != "." {
+			pkg += "/" + d
+		}
+		if TestHelper(pkg) {
+			continue
+		}
+		for _, f := range CheckImports(name, pkg, imports, DepRules) {
+			t.Error(f)
+		}
+		checked++
+	}
+	if checked == 0 {
+		t.Fatal("no Go files checked")
+	}
+}
