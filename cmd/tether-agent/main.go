@@ -73,6 +73,14 @@ func main() {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, unix.SIGTERM)
 	defer stop()
+	// After the root switch this agent is the one left running: it renews
+	// the DHCP leases the boot agent took (none saved: nothing to do).
+	go func() {
+		logf := func(f string, a ...any) { fmt.Fprintf(os.Stderr, "tether-agent: "+f+"\n", a...) }
+		if err := boot.KeepLeases(ctx, boot.DefaultLeaseDir, logf); err != nil {
+			logf("DHCP leases in %s are not renewed: %v", boot.DefaultLeaseDir, err)
+		}
+	}()
 	if err := agent.Run(ctx, cfg); err != nil {
 		fmt.Fprintf(os.Stderr, "tether-agent: %v\n", err)
 		os.Exit(1)
