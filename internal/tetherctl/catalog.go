@@ -87,6 +87,7 @@ func (a *App) templateCmd() *cobra.Command {
 	create.Flags().StringSliceVar(&root, "root", nil, "root layers, bottom first (NAME:VERSION, comma-separated or repeated)")
 	create.Flags().StringSliceVar(&ext, "ext", nil, "extension modules (NAME:VERSION)")
 	create.Flags().StringVar(&req.KernelArgs, "kernel-args", "", "extra kernel command line arguments")
+	create.Flags().StringVar(&req.Console, "console", "", "kernel console: a console= value (ttyS0, ttyS1,115200n8, tty0) or none (default ttyS0)")
 	create.Flags().BoolVar(&req.RequireSignedModules, "require-signed", false, "agents refuse unsigned modules")
 	create.Flags().StringVar(&req.KernelDigest, "kernel", "", "kernel artifact digest (default: the control plane's)")
 	create.Flags().StringVar(&req.InitramfsDigest, "initramfs", "", "initramfs artifact digest (default: the control plane's)")
@@ -115,7 +116,7 @@ func (a *App) templateCmd() *cobra.Command {
 					return fmt.Errorf("--ext %w", err)
 				}
 			}
-			for flag, field := range map[string]string{"kernel-args": "kernel_args", "require-signed": "require_signed_modules", "kernel": "kernel_digest", "initramfs": "initramfs_digest"} {
+			for flag, field := range map[string]string{"kernel-args": "kernel_args", "require-signed": "require_signed_modules", "kernel": "kernel_digest", "initramfs": "initramfs_digest", "console": "console"} {
 				if f.Changed(flag) {
 					ureq.UpdateMask = append(ureq.UpdateMask, field)
 				}
@@ -132,6 +133,7 @@ func (a *App) templateCmd() *cobra.Command {
 	update.Flags().StringSliceVar(&uroot, "root", nil, "root layers, bottom first")
 	update.Flags().StringSliceVar(&uext, "ext", nil, "extension modules")
 	update.Flags().StringVar(&ureq.KernelArgs, "kernel-args", "", "extra kernel command line arguments")
+	update.Flags().StringVar(&ureq.Console, "console", "", "kernel console: a console= value or none")
 	update.Flags().BoolVar(&ureq.RequireSignedModules, "require-signed", false, "agents refuse unsigned modules")
 	update.Flags().StringVar(&ureq.KernelDigest, "kernel", "", "kernel artifact digest")
 	update.Flags().StringVar(&ureq.InitramfsDigest, "initramfs", "", "initramfs artifact digest")
