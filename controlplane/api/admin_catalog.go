@@ -11,6 +11,7 @@ import (
 	"github.com/tetherfleet/tether/controlplane/modules"
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/controlplane/store/sqlstore"
+	"github.com/tetherfleet/tether/internal/macaddr"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
 
@@ -302,6 +303,30 @@ func nodeConfig(field string, s interface{ AsMap() map[string]any }) (json.RawMe
 	return b, nil
 }
 
+// maxNodeMACs bounds a node's hardware addresses: a machine has a few NICs.
+const maxNodeMACs = 16
+
+// nodeMACs validates and normalises a node's hardware addresses.
+func nodeMACs(in []string) ([]string, error) {
+	if len(in) > maxNodeMACs {
+		return nil, fail.Invalid("macs", "%d addresses is more than %d", len(in), maxNodeMACs)
+	}
+	out := make([]string, 0, len(in))
+	seen := map[string]bool{}
+	for _, s := range in {
+		mac, err := macaddr.Normalize(s)
+		if err != nil {
+			return nil, fail.Invalid("macs", "%v", err)
+		}
+		if seen[mac] {
+			return nil, fail.Invalid("macs", "hardware address %s is given twice", mac)
+		}
+		seen[mac] = true
+		out = append(out, mac)
+	}
+	return out, nil
+}
+
 func (a *adminServer) CreateNode(ctx context.Context, req *v1.CreateNodeRequest) (*v1.Node, error) {
 	if err := modules.ValidateName("name", req.Name); err != nil {
 		return nil, err
@@ -319,17 +344,26 @@ func (a *adminServer) CreateNode(ctx context.Context, req *v1.CreateNodeRequest)
 	if err != nil {
 		return nil, err
 	}
+	macs, err := nodeMACs(req.Macs)
+	if err != nil {
+		return nil, err
+	}
 	now := a.Clock.Now()
 	n := &store.Node{Name: req.Name, TemplateID: tpl.ID, Enabled: req.Enabled == nil || *req.Enabled,
-		PublicAddress: req.PublicAddress, CreatedAt: now, UpdatedAt: now}
+		PublicAddress: req.PublicAddress, MACs: macs, CreatedAt: now, UpdatedAt: now}
 	if req.Config != nil {
 		if n.Config, err = nodeConfig("config", req.Config); err != nil {
 			return nil, err
 		}
 	}
-	if err := a.Store.CreateNode(ctx, n); errors.Is(err, store.ErrAlreadyExists) {
+	err = a.Store.Tx(ctx, func(q store.Queries) error { return q.CreateNode(ctx, n) })
+	var inUse *store.MACInUseError
+	switch {
+	case errors.As(err, &inUse):
+		return nil, fail.Exists("macs: %v", inUse)
+	case errors.Is(err, store.ErrAlreadyExists):
 		return nil, fail.Exists("node %q already exists", req.Name)
-	} else if err != nil {
+	case err != nil:
 		return nil, err
 	}
 	return nodeProto(n, tpl.Name), nil
@@ -389,9 +423,15 @@ func (a *adminServer) UpdateNode(ctx context.Context, req *v1.UpdateNodeRequest)
 	if req.Name == "" {
 		return nil, fail.Invalid("name", "required")
 	}
-	mask, err := updateMask(req.UpdateMask, "template", "enabled", "config", "public_address")
+	mask, err := updateMask(req.UpdateMask, "template", "enabled", "config", "public_address", "macs")
 	if err != nil {
 		return nil, err
+	}
+	var macs []string
+	if mask["macs"] {
+		if macs, err = nodeMACs(req.Macs); err != nil {
+			return nil, err
+		}
 	}
 	var n *store.Node
 	err = a.Store.Tx(ctx, func(q store.Queries) error {
@@ -422,9 +462,16 @@ func (a *adminServer) UpdateNode(ctx context.Context, req *v1.UpdateNodeRequest)
 		if mask["public_address"] {
 			n.PublicAddress = req.PublicAddress
 		}
+		if mask["macs"] {
+			n.MACs = macs
+		}
 		n.UpdatedAt = a.Clock.Now()
 		return q.UpdateNode(ctx, n)
 	})
+	var inUse *store.MACInUseError
+	if errors.As(err, &inUse) {
+		return nil, fail.Exists("macs: %v", inUse)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -41,6 +41,8 @@ type Server struct {
 	Clock     Clock
 	Log       *slog.Logger
 	Instances *instances.Service
+
+	recent recentRefusals // coalesces boot-route refusals (boot.go)
 }
 
 // ScriptPath is where an instance's iPXE script is served; chain to it
@@ -52,6 +54,7 @@ var validID = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
 // Handler returns the HTTP routes.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
+	mux.HandleFunc("GET /ipxe/boot", s.boot)
 	mux.HandleFunc("GET /ipxe/{id}", s.script)
 	mux.HandleFunc("GET /artifacts/{digest}", s.artifact)
 	return mux
@@ -95,6 +98,14 @@ func (s *Server) script(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "not an instance id", http.StatusBadRequest)
 		return
 	}
+	// The machine's address is unknown here: iPXE fills it in from the
+	// interface it booted from.
+	s.serveScript(w, r, id, "BOOTIF=01-${netX/mac:hexhyp}")
+}
+
+// serveScript serves instance id's one-time script; bootIF is the BOOTIF=
+// argument that tells the agent which interface to configure first.
+func (s *Server) serveScript(w http.ResponseWriter, r *http.Request, id, bootIF string) {
 	ctx := r.Context()
 	now := s.Clock.Now()
 	var body string
@@ -140,7 +151,9 @@ func (s *Server) script(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return err
 		}
-		body = Script(boot.KernelURL, boot.InitramfsURL, boot.KernelArgs, s.Instances.AgentURL, tok, s.Instances.CAFingerprint)
+		// A netbooted machine has no static address: the agent asks DHCP,
+		// on the interface it booted from first.
+		body = Script(boot.KernelURL, boot.InitramfsURL, boot.KernelArgs+" ip=dhcp "+bootIF, s.Instances.AgentURL, tok, s.Instances.CAFingerprint)
 		_, err = events.E{Kind: events.NetbootServed, InstanceID: id,
 			Message: fmt.Sprintf("iPXE script served to %s (instance %s)", r.RemoteAddr, st),
 			Payload: map[string]any{"remote": r.RemoteAddr, "status": string(st)}}.Write(ctx, q, now)
@@ -151,7 +164,11 @@ func (s *Server) script(w http.ResponseWriter, r *http.Request) {
 	case errors.As(err, &ref):
 		s.Log.Warn("netboot script refused", "instance", id, "remote", r.RemoteAddr, "status", ref.code, "reason", ref.msg)
 		if ref.code != http.StatusNotFound {
-			s.refused(ctx, id, r.RemoteAddr, ref.msg)
+			sev := events.Medium
+			if ref.code == http.StatusGone {
+				sev = events.High // a second fetch in one boot may be someone after the token
+			}
+			s.refused(ctx, id, r.RemoteAddr, ref.msg, sev)
 		}
 		http.Error(w, ref.msg, ref.code)
 		return
@@ -189,11 +206,11 @@ func servedThisBoot(ctx context.Context, q store.Queries, id string) (bool, erro
 
 // refused leaves the trail of a refused fetch: a second fetch in one boot
 // may be someone else's attempt at the token.
-func (s *Server) refused(ctx context.Context, id, remote, reason string) {
+func (s *Server) refused(ctx context.Context, id, remote, reason string, severity int) {
 	now := s.Clock.Now()
 	ctx = context.WithoutCancel(ctx) // the client may have hung up already
 	err := s.Store.Tx(ctx, func(q store.Queries) error {
-		_, err := events.E{Kind: events.NetbootRefused, Severity: events.Medium, InstanceID: id,
+		_, err := events.E{Kind: events.NetbootRefused, Severity: severity, InstanceID: id,
 			Message: fmt.Sprintf("iPXE script refused to %s: %s", remote, reason),
 			Payload: map[string]any{"remote": remote, "reason": reason}}.Write(ctx, q, now)
 		return err

@@ -49,6 +49,7 @@ type fixture struct {
 	svc    *instances.Service
 	srv    *httptest.Server
 	logs   *lockedBuffer
+	clk    *clock.Fake
 	module string // a module's digest: a blob that is not a boot artifact
 }
 
@@ -93,7 +94,7 @@ func setup(t *testing.T) *fixture {
 	nb := &netboot.Server{Store: st, Clock: clk, Log: log, Instances: svc}
 	srv := httptest.NewServer(nb.Handler())
 	t.Cleanup(srv.Close)
-	return &fixture{ctx: ctx, st: st, svc: svc, srv: srv, logs: logs, module: ingest("an erofs module, say")}
+	return &fixture{ctx: ctx, st: st, svc: svc, srv: srv, logs: logs, clk: clk, module: ingest("an erofs module, say")}
 }
 
 func (f *fixture) get(t *testing.T, path string) (int, string) {

@@ -2,6 +2,7 @@ package store
 
 import (
 	"encoding/json"
+	"fmt"
 	"time"
 )
 
@@ -64,9 +65,25 @@ type Node struct {
 	Enabled       bool
 	Config        json.RawMessage // a JSON object
 	PublicAddress string
-	CreatedAt     time.Time
-	UpdatedAt     time.Time
+	// MACs are the hardware addresses of the machine's NICs, normalised
+	// (macaddr.Normalize); each belongs to one node at most.
+	MACs      []string
+	CreatedAt time.Time
+	UpdatedAt time.Time
 }
+
+// MACInUseError is the ErrAlreadyExists a node write gets when one of its
+// hardware addresses belongs to another node.
+type MACInUseError struct {
+	MAC, Node string
+}
+
+func (e *MACInUseError) Error() string {
+	return fmt.Sprintf("hardware address %s already belongs to node %q", e.MAC, e.Node)
+}
+
+// Is makes errors.Is(err, ErrAlreadyExists) hold.
+func (e *MACInUseError) Is(target error) bool { return target == ErrAlreadyExists }
 
 // NodeFilter narrows ListNodes.
 type NodeFilter struct {

@@ -111,9 +111,14 @@ type Queries interface {
 	// CountModulesWithDigest tells whether a blob is still referenced.
 	CountModulesWithDigest(ctx context.Context, digest string) (int, error)
 
+	// CreateNode and UpdateNode write n.MACs too (UpdateNode replaces the
+	// set); an address of another node is a *MACInUseError. Call them in a
+	// transaction when n has MACs, so a refused address leaves nothing.
 	CreateNode(ctx context.Context, n *Node) error
 	GetNode(ctx context.Context, name string) (*Node, error)
 	GetNodeByID(ctx context.Context, id string) (*Node, error)
+	// GetNodeByMAC finds the node owning a normalised hardware address.
+	GetNodeByMAC(ctx context.Context, mac string) (*Node, error)
 	ListNodes(ctx context.Context, f NodeFilter, p Page) ([]*Node, error)
 	UpdateNode(ctx context.Context, n *Node) error
 	// DeleteNode refuses (ErrConflict) while a non-terminated instance of it exists.

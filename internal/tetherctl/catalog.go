@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -448,9 +449,9 @@ func BuildErofs(dir, out string) error {
 
 func (a *App) nodeTable(ns ...*v1.Node) func(*tabwriter.Writer) {
 	return func(w *tabwriter.Writer) {
-		row(w, "NAME", "TEMPLATE", "ENABLED", "PUBLIC ADDRESS", "CREATED")
+		row(w, "NAME", "TEMPLATE", "ENABLED", "PUBLIC ADDRESS", "MACS", "CREATED")
 		for _, n := range ns {
-			row(w, n.Name, n.TemplateName, n.Enabled, dash(n.PublicAddress), when(n.CreatedAt))
+			row(w, n.Name, n.TemplateName, n.Enabled, dash(n.PublicAddress), dash(strings.Join(n.Macs, ",")), when(n.CreatedAt))
 		}
 	}
 }
@@ -494,22 +495,25 @@ func (a *App) nodeCmd() *cobra.Command {
 	create.Flags().StringVar(&cfgJSON, "config-json", "", "free-form JSON object")
 	create.Flags().StringVar(&req.PublicAddress, "public-address", "", "public address")
 	create.Flags().BoolVar(&disabled, "disabled", false, "create the node disabled")
+	create.Flags().StringArrayVar(&req.Macs, "mac", nil, "hardware address of a NIC the machine netboots from (repeatable)")
 	_ = create.MarkFlagRequired("template")
 
 	var ureq v1.UpdateNodeRequest
 	var ucfg string
-	update := &cobra.Command{Use: "update NAME [--template T] [--enabled=BOOL] [--config-json J] [--public-address A]", Short: "Change a node", Args: cobra.ExactArgs(1),
+	update := &cobra.Command{Use: "update NAME [--template T] [--enabled=BOOL] [--config-json J] [--public-address A] [--mac MAC...]", Short: "Change a node", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := a.dial()
 			if err != nil {
 				return err
 			}
 			ureq.Name = args[0]
-			for flag, field := range map[string]string{"template": "template", "enabled": "enabled", "config-json": "config", "public-address": "public_address"} {
+			for flag, field := range map[string]string{"template": "template", "enabled": "enabled", "config-json": "config", "public-address": "public_address", "mac": "macs"} {
 				if cmd.Flags().Changed(flag) {
 					ureq.UpdateMask = append(ureq.UpdateMask, field)
 				}
 			}
+			// --mac "" clears the set: an empty address means none.
+			ureq.Macs = slices.DeleteFunc(ureq.Macs, func(m string) bool { return m == "" })
 			if ureq.Config, err = parseConfig(ucfg); err != nil {
 				return err
 			}
@@ -525,6 +529,7 @@ func (a *App) nodeCmd() *cobra.Command {
 	update.Flags().BoolVar(&ureq.Enabled, "enabled", true, "enable or disable provisioning")
 	update.Flags().StringVar(&ucfg, "config-json", "", "free-form JSON object")
 	update.Flags().StringVar(&ureq.PublicAddress, "public-address", "", "public address")
+	update.Flags().StringArrayVar(&ureq.Macs, "mac", nil, "the node's hardware addresses, replacing the current set (repeatable; --mac \"\" clears)")
 
 	var tpl string
 	list := &cobra.Command{Use: "list", Short: "List nodes", Args: cobra.NoArgs, RunE: func(*cobra.Command, []string) error {

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -28,6 +29,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"Templates", testTemplates},
 		{"Modules", testModules},
 		{"Nodes", testNodes},
+		{"NodeMACs", testNodeMACs},
 		{"Instances", testInstances},
 		{"Heartbeats", testHeartbeats},
 		{"Tokens", testTokens},
@@ -248,6 +250,63 @@ func testNodes(t *testing.T, s store.Store) {
 	must(t, s.DeleteNode(c, "edge-1"))
 	_, err = s.GetInstance(c, in.ID)
 	wantErr(t, err, store.ErrNotFound)
+}
+
+func testNodeMACs(t *testing.T, s store.Store) {
+	c := ctx(t)
+	tpl := seedTemplate(t, s, "tpl")
+	a := &store.Node{Name: "rack1-07", TemplateID: tpl.ID, MACs: []string{"52:54:00:00:00:02", "52:54:00:00:00:01"}, CreatedAt: t0, UpdatedAt: t0}
+	must(t, s.Tx(c, func(q store.Queries) error { return q.CreateNode(c, a) }))
+	got, err := s.GetNodeByMAC(c, "52:54:00:00:00:01")
+	must(t, err)
+	if got.ID != a.ID || strings.Join(got.MACs, ",") != "52:54:00:00:00:02,52:54:00:00:00:01" {
+		t.Fatalf("GetNodeByMAC = %+v, want rack1-07 with its addresses in order", got)
+	}
+	_, err = s.GetNodeByMAC(c, "52:54:00:00:00:09")
+	wantErr(t, err, store.ErrNotFound)
+
+	// An address of another node is refused, names that node, and leaves nothing behind.
+	b := &store.Node{Name: "rack1-08", TemplateID: tpl.ID, MACs: []string{"52:54:00:00:00:03", "52:54:00:00:00:02"}, CreatedAt: t0, UpdatedAt: t0}
+	err = s.Tx(c, func(q store.Queries) error { return q.CreateNode(c, b) })
+	wantErr(t, err, store.ErrAlreadyExists)
+	var inUse *store.MACInUseError
+	if !errors.As(err, &inUse) || inUse.Node != "rack1-07" || inUse.MAC != "52:54:00:00:00:02" {
+		t.Fatalf("CreateNode with a taken address: %v, want MACInUseError naming rack1-07", err)
+	}
+	_, err = s.GetNode(c, "rack1-08")
+	wantErr(t, err, store.ErrNotFound)
+	_, err = s.GetNodeByMAC(c, "52:54:00:00:00:03")
+	wantErr(t, err, store.ErrNotFound)
+
+	// Without addresses, then given some: UpdateNode replaces the set.
+	b.MACs = nil
+	must(t, s.CreateNode(c, b))
+	b.MACs = []string{"52:54:00:00:00:01"}
+	err = s.Tx(c, func(q store.Queries) error { return q.UpdateNode(c, b) })
+	if !errors.As(err, &inUse) || inUse.Node != "rack1-07" {
+		t.Fatalf("UpdateNode with a taken address: %v", err)
+	}
+	a.MACs = []string{"52:54:00:00:00:02"}
+	must(t, s.Tx(c, func(q store.Queries) error { return q.UpdateNode(c, a) }))
+	must(t, s.Tx(c, func(q store.Queries) error { return q.UpdateNode(c, b) }))
+	got, err = s.GetNodeByMAC(c, "52:54:00:00:00:01")
+	must(t, err)
+	if got.Name != "rack1-08" {
+		t.Fatalf("address moved to %q, want rack1-08", got.Name)
+	}
+	// A node keeps its own addresses across an update of other fields.
+	must(t, s.Tx(c, func(q store.Queries) error { return q.UpdateNode(c, a) }))
+	list, err := s.ListNodes(c, store.NodeFilter{}, store.Page{})
+	must(t, err)
+	if len(list) != 2 || strings.Join(list[0].MACs, ",") != "52:54:00:00:00:02" || strings.Join(list[1].MACs, ",") != "52:54:00:00:00:01" {
+		t.Fatalf("ListNodes addresses wrong: %+v %+v", list[0], list[1])
+	}
+	// Deleting a node frees its addresses.
+	must(t, s.Tx(c, func(q store.Queries) error { return q.DeleteNode(c, "rack1-08") }))
+	_, err = s.GetNodeByMAC(c, "52:54:00:00:00:01")
+	wantErr(t, err, store.ErrNotFound)
+	b2 := &store.Node{Name: "rack1-09", TemplateID: tpl.ID, MACs: []string{"52:54:00:00:00:01"}, CreatedAt: t0, UpdatedAt: t0}
+	must(t, s.Tx(c, func(q store.Queries) error { return q.CreateNode(c, b2) }))
 }
 
 func testInstances(t *testing.T, s store.Store) {

@@ -881,6 +881,8 @@ type CreateNodeRequest struct {
 	Enabled       *bool            `protobuf:"varint,3,opt,name=enabled,proto3,oneof" json:"enabled,omitempty"`
 	Config        *structpb.Struct `protobuf:"bytes,4,opt,name=config,proto3" json:"config,omitempty"`
 	PublicAddress string           `protobuf:"bytes,5,opt,name=public_address,json=publicAddress,proto3" json:"public_address,omitempty"`
+	// Hardware addresses (any case, ':' or '-' separated); unique across nodes.
+	Macs          []string `protobuf:"bytes,6,rep,name=macs,proto3" json:"macs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -948,6 +950,13 @@ func (x *CreateNodeRequest) GetPublicAddress() string {
 		return x.PublicAddress
 	}
 	return ""
+}
+
+func (x *CreateNodeRequest) GetMacs() []string {
+	if x != nil {
+		return x.Macs
+	}
+	return nil
 }
 
 type GetNodeRequest struct {
@@ -1114,6 +1123,8 @@ type UpdateNodeRequest struct {
 	Enabled       bool                   `protobuf:"varint,4,opt,name=enabled,proto3" json:"enabled,omitempty"`
 	Config        *structpb.Struct       `protobuf:"bytes,5,opt,name=config,proto3" json:"config,omitempty"`
 	PublicAddress string                 `protobuf:"bytes,6,opt,name=public_address,json=publicAddress,proto3" json:"public_address,omitempty"`
+	// With "macs" in update_mask: the node's whole set of hardware addresses.
+	Macs          []string `protobuf:"bytes,7,rep,name=macs,proto3" json:"macs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1188,6 +1199,13 @@ func (x *UpdateNodeRequest) GetPublicAddress() string {
 		return x.PublicAddress
 	}
 	return ""
+}
+
+func (x *UpdateNodeRequest) GetMacs() []string {
+	if x != nil {
+		return x.Macs
+	}
+	return nil
 }
 
 type DeleteNodeRequest struct {
@@ -3950,13 +3968,14 @@ const file_tether_v1_admin_proto_rawDesc = "" +
 	"\x13DeleteModuleRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\"\x16\n" +
-	"\x14DeleteModuleResponse\"\xc6\x01\n" +
+	"\x14DeleteModuleResponse\"\xda\x01\n" +
 	"\x11CreateNodeRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
 	"\btemplate\x18\x02 \x01(\tR\btemplate\x12\x1d\n" +
 	"\aenabled\x18\x03 \x01(\bH\x00R\aenabled\x88\x01\x01\x12/\n" +
 	"\x06config\x18\x04 \x01(\v2\x17.google.protobuf.StructR\x06config\x12%\n" +
-	"\x0epublic_address\x18\x05 \x01(\tR\rpublicAddressB\n" +
+	"\x0epublic_address\x18\x05 \x01(\tR\rpublicAddress\x12\x12\n" +
+	"\x04macs\x18\x06 \x03(\tR\x04macsB\n" +
 	"\n" +
 	"\b_enabled\"$\n" +
 	"\x0eGetNodeRequest\x12\x12\n" +
@@ -3968,7 +3987,7 @@ const file_tether_v1_admin_proto_rawDesc = "" +
 	"page_token\x18\x03 \x01(\tR\tpageToken\"b\n" +
 	"\x11ListNodesResponse\x12%\n" +
 	"\x05nodes\x18\x01 \x03(\v2\x0f.tether.v1.NodeR\x05nodes\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xd6\x01\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xea\x01\n" +
 	"\x11UpdateNodeRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1f\n" +
 	"\vupdate_mask\x18\x02 \x03(\tR\n" +
@@ -3976,7 +3995,8 @@ const file_tether_v1_admin_proto_rawDesc = "" +
 	"\btemplate\x18\x03 \x01(\tR\btemplate\x12\x18\n" +
 	"\aenabled\x18\x04 \x01(\bR\aenabled\x12/\n" +
 	"\x06config\x18\x05 \x01(\v2\x17.google.protobuf.StructR\x06config\x12%\n" +
-	"\x0epublic_address\x18\x06 \x01(\tR\rpublicAddress\"'\n" +
+	"\x0epublic_address\x18\x06 \x01(\tR\rpublicAddress\x12\x12\n" +
+	"\x04macs\x18\a \x03(\tR\x04macs\"'\n" +
 	"\x11DeleteNodeRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"\x14\n" +
 	"\x12DeleteNodeResponse\"\xaa\x01\n" +

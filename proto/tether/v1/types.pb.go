@@ -903,6 +903,10 @@ type Node struct {
 	PublicAddress string                 `protobuf:"bytes,7,opt,name=public_address,json=publicAddress,proto3" json:"public_address,omitempty"`
 	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
 	UpdatedAt     *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
+	// Hardware addresses of the machine's NICs, lower-case colon form. A
+	// netbooting machine is matched to its node by these; each belongs to
+	// one node at most.
+	Macs          []string `protobuf:"bytes,10,rep,name=macs,proto3" json:"macs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -996,6 +1000,13 @@ func (x *Node) GetCreatedAt() *timestamppb.Timestamp {
 func (x *Node) GetUpdatedAt() *timestamppb.Timestamp {
 	if x != nil {
 		return x.UpdatedAt
+	}
+	return nil
+}
+
+func (x *Node) GetMacs() []string {
+	if x != nil {
+		return x.Macs
 	}
 	return nil
 }
@@ -2284,7 +2295,7 @@ const file_tether_v1_types_proto_rawDesc = "" +
 	"\x04size\x18\x04 \x01(\x03R\x04size\x12\x1c\n" +
 	"\tsignature\x18\x05 \x01(\fR\tsignature\x129\n" +
 	"\n" +
-	"created_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\"\xd8\x02\n" +
+	"created_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\"\xec\x02\n" +
 	"\x04Node\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1f\n" +
@@ -2297,7 +2308,9 @@ const file_tether_v1_types_proto_rawDesc = "" +
 	"\n" +
 	"created_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x129\n" +
 	"\n" +
-	"updated_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\"\xa4\x01\n" +
+	"updated_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x12\x12\n" +
+	"\x04macs\x18\n" +
+	" \x03(\tR\x04macs\"\xa4\x01\n" +
 	"\fCordonMarker\x12\x0e\n" +
 	"\x02by\x18\x01 \x01(\tR\x02by\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12*\n" +
