@@ -59,6 +59,10 @@ type Spec struct {
 	Region       string
 	InstanceType string
 	Boot         Boot
+	// MAC is the hardware address of the machine's boot NIC (the node's
+	// first), in lower-case colon form; empty when the node has none and
+	// the provider does not netboot.
+	MAC string
 }
 
 // Machine is the provider's view of one machine.

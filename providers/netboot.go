@@ -1,0 +1,11 @@
+package providers
+
+// Netbooter is implemented by providers whose machines may boot from their
+// firmware over the network (DHCP, TFTP/HTTP, iPXE) rather than being
+// handed a kernel, an initramfs and a token directly. When Netboots is
+// true the control plane gives the machine a hardware address (the node's
+// first, or a generated one it records on the node) and issues no token
+// with the boot: the machine's per-boot script carries it.
+type Netbooter interface {
+	Netboots() bool
+}
