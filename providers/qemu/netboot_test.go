@@ -29,7 +29,7 @@ func TestParseBootMode(t *testing.T) {
 func TestNetbootArgv(t *testing.T) {
 	boot := providers.Boot{
 		KernelPath: "/blobs/k", InitramfsPath: "/blobs/i", KernelArgs: "console=ttyS0",
-		KernelURL:  "http://10.0.2.2:8080/artifacts/sha256:aa", InitramfsURL: "http://10.0.2.2:8080/artifacts/sha256:bb",
+		KernelURL: "http://10.0.2.2:8080/artifacts/sha256:aa", InitramfsURL: "http://10.0.2.2:8080/artifacts/sha256:bb",
 		Enrollment: providers.Enrollment{ControlPlaneURL: "https://10.0.2.2:7443", Token: "tbt_secret_token_value", CAFingerprint: "sha256:00"},
 	}
 	const mac = "52:54:00:12:34:56"
