@@ -26,6 +26,7 @@ import (
 	"github.com/tetherfleet/tether/controlplane/loops"
 	"github.com/tetherfleet/tether/controlplane/modules"
 	"github.com/tetherfleet/tether/controlplane/netboot"
+	"github.com/tetherfleet/tether/controlplane/netboot/pxe"
 	"github.com/tetherfleet/tether/controlplane/pool"
 	"github.com/tetherfleet/tether/controlplane/provsync"
 	"github.com/tetherfleet/tether/controlplane/store"
@@ -76,6 +77,9 @@ type ServeOptions struct {
 	// NetbootURL is the netboot server as machines reach it; default
 	// http://10.0.2.2:<port>, like AgentURL.
 	NetbootURL string
+	// PXE is firmware netboot: DHCP on an interface, TFTP of the iPXE
+	// loaders (off unless PXE.Interface is set; needs the netboot server).
+	PXE pxe.Options
 	// Providers are added to the built-in ones (external, qemu), each
 	// replacing a built-in of the same name. Tests inject the fake here.
 	Providers []providers.Provider
@@ -166,6 +170,9 @@ func Serve(ctx context.Context, o ServeOptions) error {
 			return fmt.Errorf("serve: netboot listen on %s: %w", o.NetbootListen, err)
 		}
 	}
+	if err := o.pxeURL(netLis); err != nil {
+		return err
+	}
 	if netLis != nil {
 		defer netLis.Close()
 		if o.NetbootURL == "" {
@@ -222,12 +229,20 @@ func Serve(ctx context.Context, o ServeOptions) error {
 	})
 	if netLis != nil {
 		nb := &netboot.Server{Store: st, Clock: o.Clock, Log: log.With("component", "netboot"), Instances: instSvc}
+		if o.PXE.Enabled() {
+			nb.Loaders = o.PXE.Loaders()
+		}
 		spawn(func(ctx context.Context) {
 			if err := nb.Serve(ctx, netLis); err != nil {
 				log.Error("netboot server stopped", "err", err)
 			}
 		})
 		log.Info("netboot serving", "addr", netLis.Addr().String(), "url", o.NetbootURL)
+	}
+	if pxeSvc, err := o.pxeService(st, log); err != nil {
+		return err
+	} else if pxeSvc != nil {
+		spawn(func(ctx context.Context) { runPXE(ctx, pxeSvc, log) })
 	}
 	spawn(func(ctx context.Context) { revoked.Follow(ctx, st, o.Clock, 30*time.Second) })
 	// Replenishes asked for between reaper ticks (a refused acquire, a new

@@ -29,6 +29,7 @@ import (
 	"github.com/tetherfleet/tether/controlplane/instances"
 	"github.com/tetherfleet/tether/controlplane/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/modules"
+	"github.com/tetherfleet/tether/controlplane/netboot/tftp"
 	"github.com/tetherfleet/tether/controlplane/store"
 )
 
@@ -41,6 +42,10 @@ type Server struct {
 	Clock     Clock
 	Log       *slog.Logger
 	Instances *instances.Service
+
+	// Loaders, when its Dir is set, serves the iPXE loaders under
+	// /loaders/ for UEFI HTTP Boot (loaders.go).
+	Loaders tftp.Loaders
 
 	recent recentRefusals // coalesces boot-route refusals (boot.go)
 }
@@ -55,6 +60,7 @@ var validID = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /ipxe/boot", s.boot)
+	mux.HandleFunc("GET /loaders/{name}", s.loader)
 	mux.HandleFunc("GET /ipxe/{id}", s.script)
 	mux.HandleFunc("GET /artifacts/{digest}", s.artifact)
 	return mux

@@ -85,6 +85,14 @@ func (e *MACInUseError) Error() string {
 // Is makes errors.Is(err, ErrAlreadyExists) hold.
 func (e *MACInUseError) Is(target error) bool { return target == ErrAlreadyExists }
 
+// DHCPLease is an address tetherd's DHCP server leased to a machine.
+type DHCPLease struct {
+	IP        string // dotted IPv4
+	MAC       string // normalised
+	ExpiresAt time.Time
+	UpdatedAt time.Time
+}
+
 // NodeFilter narrows ListNodes.
 type NodeFilter struct {
 	TemplateID string

@@ -196,6 +196,21 @@ type Queries interface {
 	PruneRecords(ctx context.Context, tasksBefore, tokensBefore, certsBefore time.Time) (Pruned, error)
 
 	PoolQueries
+	DHCPQueries
+}
+
+// DHCPQueries keep the leases of tetherd's own DHCP server (full mode).
+// The store refuses (ErrAlreadyExists) a second lease of an address or a
+// second address for a machine, so replicas racing cannot lease one twice.
+type DHCPQueries interface {
+	GetDHCPLeaseByMAC(ctx context.Context, mac string) (*DHCPLease, error)
+	// ListDHCPLeases lists every lease, expired ones too, by address.
+	ListDHCPLeases(ctx context.Context) ([]*DHCPLease, error)
+	CreateDHCPLease(ctx context.Context, l *DHCPLease) error
+	// UpdateDHCPLease sets the expiry of mac's lease of l.IP.
+	UpdateDHCPLease(ctx context.Context, l *DHCPLease) error
+	// DeleteDHCPLease removes the lease of ip, if any.
+	DeleteDHCPLease(ctx context.Context, ip string) error
 }
 
 // Pruned counts what PruneRecords deleted.

@@ -30,6 +30,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"Modules", testModules},
 		{"Nodes", testNodes},
 		{"NodeMACs", testNodeMACs},
+		{"DHCPLeases", testDHCPLeases},
 		{"Instances", testInstances},
 		{"Heartbeats", testHeartbeats},
 		{"Tokens", testTokens},
@@ -307,6 +308,33 @@ func testNodeMACs(t *testing.T, s store.Store) {
 	wantErr(t, err, store.ErrNotFound)
 	b2 := &store.Node{Name: "rack1-09", TemplateID: tpl.ID, MACs: []string{"52:54:00:00:00:01"}, CreatedAt: t0, UpdatedAt: t0}
 	must(t, s.Tx(c, func(q store.Queries) error { return q.CreateNode(c, b2) }))
+}
+
+func testDHCPLeases(t *testing.T, s store.Store) {
+	c := ctx(t)
+	l := &store.DHCPLease{IP: "10.213.0.10", MAC: "52:54:00:00:00:01", ExpiresAt: t0.Add(time.Hour), UpdatedAt: t0}
+	must(t, s.CreateDHCPLease(c, l))
+	// One address per machine, one machine per address.
+	wantErr(t, s.CreateDHCPLease(c, &store.DHCPLease{IP: "10.213.0.10", MAC: "52:54:00:00:00:02", ExpiresAt: t0, UpdatedAt: t0}), store.ErrAlreadyExists)
+	wantErr(t, s.CreateDHCPLease(c, &store.DHCPLease{IP: "10.213.0.11", MAC: "52:54:00:00:00:01", ExpiresAt: t0, UpdatedAt: t0}), store.ErrAlreadyExists)
+	l.ExpiresAt = t0.Add(2 * time.Hour)
+	must(t, s.UpdateDHCPLease(c, l))
+	got, err := s.GetDHCPLeaseByMAC(c, l.MAC)
+	must(t, err)
+	if got.IP != l.IP || !got.ExpiresAt.Equal(l.ExpiresAt) {
+		t.Fatalf("lease read back wrong: %+v", got)
+	}
+	// An update must name the lease's own machine.
+	wantErr(t, s.UpdateDHCPLease(c, &store.DHCPLease{IP: l.IP, MAC: "52:54:00:00:00:02", ExpiresAt: t0, UpdatedAt: t0}), store.ErrNotFound)
+	must(t, s.CreateDHCPLease(c, &store.DHCPLease{IP: "10.213.0.11", MAC: "52:54:00:00:00:02", ExpiresAt: t0, UpdatedAt: t0}))
+	all, err := s.ListDHCPLeases(c)
+	must(t, err)
+	if len(all) != 2 || all[0].IP != "10.213.0.10" {
+		t.Fatalf("ListDHCPLeases = %+v", all)
+	}
+	must(t, s.DeleteDHCPLease(c, "10.213.0.10"))
+	_, err = s.GetDHCPLeaseByMAC(c, l.MAC)
+	wantErr(t, err, store.ErrNotFound)
 }
 
 func testInstances(t *testing.T, s store.Store) {
