@@ -82,6 +82,9 @@ func TestVMNetbootBIOSUserNet(t *testing.T) {
 	id := env.provision(t, ctx)
 	env.waitRunning(t, ctx, id, nil)
 	checkNetbootConsole(t, env.console(ctx, id), mac)
+	if os.Getenv("TETHER_E2E_CONSOLE") != "" {
+		t.Logf("console:\n%s", env.console(ctx, id))
+	}
 	// The VM booted with nothing handed to it directly.
 	argv, _ := exec.Command("ps", "-o", "args=", "-p", qemuPID(id)).Output()
 	for _, bad := range []string{"-kernel", "-initrd", "fw_cfg"} {

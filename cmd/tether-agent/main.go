@@ -11,6 +11,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
+	"log"
 	"os"
 	"os/signal"
 
@@ -25,6 +27,9 @@ import (
 var version = "dev"
 
 func main() {
+	// u-root's DHCP client logs every packet through the standard logger;
+	// the agent says on the console itself, once, what the network is.
+	log.SetOutput(io.Discard)
 	pid1 := os.Getpid() == 1
 	fs := flag.NewFlagSet("tether-agent", flag.ContinueOnError)
 	cp := fs.String("control-plane", "", "control plane URL, https://HOST:PORT (default: discovered)")
