@@ -2,10 +2,14 @@ package e2e
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
+	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -56,9 +60,13 @@ func benchBoot(b *testing.B, mode string) {
 		b.Fatal(err)
 	}
 	defer os.RemoveAll(stateDir)
+	netLis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
 	cp := testcp.Start(b, testcp.With(func(o *daemon.ServeOptions) {
 		o.QEMUMode, o.QEMUStateDir, o.Kernel, o.Initramfs = "real", stateDir, a.kernel, a.initramfs
-		o.QEMUBoot, o.NetbootListen = mode, "127.0.0.1:0"
+		o.QEMUBoot, o.NetbootListener = mode, netLis
 	}))
 	ctx := context.Background()
 	data, err := os.ReadFile(a.rootModule)
@@ -111,6 +119,9 @@ func benchBoot(b *testing.B, mode string) {
 	}
 	b.ReportMetric(median(samples["running"]).Seconds(), "s-running")
 	fmt.Fprintf(os.Stderr, "%s: boot to running over %d boots: %v\n", mode, len(samples["running"]), samples["running"])
+	if mode != "direct" {
+		reportTransfer(b, a, netLis.Addr().String(), median(samples["kernel+initramfs transfer"])-median(samples["loader"]))
+	}
 }
 
 // watchConsole stamps each boot mark as it appears in the log, polling
@@ -149,4 +160,41 @@ func median(ds []time.Duration) time.Duration {
 	s := append([]time.Duration(nil), ds...)
 	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
 	return s[len(s)/2]
+}
+
+// reportTransfer compares iPXE's HTTP fetch of the kernel and the
+// initramfs (the time between the script and the kernel's start, so it
+// includes iPXE's small per-file work) with curl fetching the same files
+// from the same server over loopback.
+func reportTransfer(b *testing.B, a artifacts, netboot string, ipxe time.Duration) {
+	var total int64
+	var curl time.Duration
+	for _, path := range []string{a.kernel, a.initramfs} {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			b.Fatal(err)
+		}
+		total += int64(len(data))
+		if _, err := exec.LookPath("curl"); err != nil {
+			continue
+		}
+		url := fmt.Sprintf("http://%s/artifacts/sha256:%x", netboot, sha256.Sum256(data))
+		out, err := exec.Command("curl", "-sS", "-o", "/dev/null", "-w", "%{time_total}", url).Output()
+		if err != nil {
+			b.Fatalf("curl %s: %v", url, err)
+		}
+		sec, err := strconv.ParseFloat(strings.TrimSpace(string(out)), 64)
+		if err != nil {
+			b.Fatalf("curl time %q: %v", out, err)
+		}
+		curl += time.Duration(sec * float64(time.Second))
+	}
+	mib := float64(total) / (1 << 20)
+	if ipxe > 0 {
+		b.ReportMetric(mib/ipxe.Seconds(), "MiB/s-ipxe")
+	}
+	if curl > 0 {
+		b.ReportMetric(mib/curl.Seconds(), "MiB/s-curl")
+	}
+	fmt.Fprintf(os.Stderr, "kernel+initramfs %.1f MiB: iPXE %s, curl %s\n", mib, ipxe.Round(time.Millisecond), curl.Round(time.Millisecond))
 }
