@@ -105,6 +105,8 @@ require (
 	github.com/spf13/cast v1.7.0 // indirect
 	github.com/u-root/gobusybox/src v0.0.0-20250101170133-2e884e4509c7 // indirect
 	github.com/urfave/cli v1.22.17 // indirect
+	github.com/vishvananda/netlink v1.3.1 // indirect
+	github.com/vishvananda/netns v0.0.5 // indirect
 	go.etcd.io/bbolt v1.4.3 // indirect
 	go.opentelemetry.io/auto/sdk v1.2.1 // indirect
 	go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp v0.69.0 // indirect

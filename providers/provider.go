@@ -59,6 +59,10 @@ type Spec struct {
 	Region       string
 	InstanceType string
 	Boot         Boot
+	// MAC is the hardware address of the machine's boot NIC (the node's
+	// first), in lower-case colon form; empty when the node has none and
+	// the provider does not netboot.
+	MAC string
 }
 
 // Machine is the provider's view of one machine.
@@ -90,17 +94,6 @@ type Provider interface {
 	Status(ctx context.Context, id string) (Machine, error)
 	// List returns every machine the provider manages.
 	List(ctx context.Context) ([]Machine, error)
-}
-
-// Netbooter is implemented by a provider whose machines may boot over
-// the network (iPXE). The netboot server hands an instance's script,
-// which carries a fresh bootstrap token, only to instances whose provider
-// says it netboots them: anyone who can reach the netboot port can ask for
-// any instance's script, and a provider that boots its machines another
-// way (a seed ISO, an operator) leaves that script for a stranger to use.
-// A provider that does not implement it does not netboot.
-type Netbooter interface {
-	Netboots() bool
 }
 
 // Netboots reports whether p boots its machines over the network.

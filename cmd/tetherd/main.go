@@ -79,6 +79,8 @@ func serveCmd() *cobra.Command {
 	f.StringVar(&o.AgentURL, "agent-url", "", "control plane URL handed to agents (default https://10.0.2.2:PORT, the host as a QEMU guest sees it)")
 	f.StringSliceVar(&o.SigningKeyFiles, "module-signing-key", nil, "Ed25519 public key files that module signatures may verify with")
 	f.StringVar(&o.QEMUMode, "qemu-mode", "real", "qemu provider mode: real (boot VMs), recorder (record what it would do) or disabled")
+	f.StringVar(&o.QEMUBoot, "qemu-boot", "direct", "how qemu VMs boot: direct (kernel, initramfs and token handed to QEMU), bios (SeaBIOS + the NIC's iPXE ROM) or uefi (OVMF); bios and uefi fetch everything over the network")
+	f.StringVar(&o.QEMUTap, "qemu-tap", "", "put qemu VMs on this tap device (a bridge port where tetherd's DHCP answers) instead of QEMU's user-mode network; one VM at a time")
 	f.StringVar(&o.QEMUStateDir, "qemu-state-dir", "", "qemu VM state directory (default DATA/machines; QMP sockets live here, so keep it short)")
 	f.StringVar(&o.Kernel, "kernel", "", "default netboot kernel (bzImage); stored content addressed in the data dir at start-up")
 	f.StringVar(&o.Initramfs, "initramfs", "", "default netboot initramfs; stored content addressed in the data dir at start-up")

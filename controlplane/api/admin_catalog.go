@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"regexp"
 	"slices"
 
 	"github.com/tetherfleet/tether/controlplane/catalog"
@@ -87,9 +88,13 @@ func (a *adminServer) CreateTemplate(ctx context.Context, req *v1.CreateTemplate
 	if err := validateArtifactDigest("initramfs_digest", req.InitramfsDigest); err != nil {
 		return nil, err
 	}
+	console, err := validateConsole(req.Console)
+	if err != nil {
+		return nil, err
+	}
 	t := &store.Template{Name: req.Name, KernelDigest: req.KernelDigest, InitramfsDigest: req.InitramfsDigest,
-		KernelArgs: req.KernelArgs, RequireSignedModules: req.RequireSignedModules}
-	err := a.Catalog.CreateTemplate(ctx, t, func(q store.Queries, t *store.Template) error {
+		KernelArgs: req.KernelArgs, Console: console, RequireSignedModules: req.RequireSignedModules}
+	err = a.Catalog.CreateTemplate(ctx, t, func(q store.Queries, t *store.Template) error {
 		var err error
 		if t.RootModules, err = a.resolveModules(ctx, q, "root_modules", req.RootModules); err != nil {
 			return err
@@ -147,7 +152,7 @@ func (a *adminServer) UpdateTemplate(ctx context.Context, req *v1.UpdateTemplate
 	if req.Name == "" {
 		return nil, fail.Invalid("name", "required")
 	}
-	mask, err := updateMask(req.UpdateMask, "root_modules", "extension_modules", "kernel_digest", "initramfs_digest", "kernel_args", "require_signed_modules")
+	mask, err := updateMask(req.UpdateMask, "root_modules", "extension_modules", "kernel_digest", "initramfs_digest", "kernel_args", "require_signed_modules", "console")
 	if err != nil {
 		return nil, err
 	}
@@ -186,6 +191,11 @@ func (a *adminServer) UpdateTemplate(ctx context.Context, req *v1.UpdateTemplate
 		}
 		if mask["require_signed_modules"] {
 			t.RequireSignedModules = req.RequireSignedModules
+		}
+		if mask["console"] {
+			if t.Console, err = validateConsole(req.Console); err != nil {
+				return err
+			}
 		}
 		return nil
 	})
@@ -464,4 +474,29 @@ func (a *adminServer) DeleteNode(ctx context.Context, req *v1.DeleteNodeRequest)
 		return nil, err
 	}
 	return &v1.DeleteNodeResponse{}, nil
+}
+
+// validConsole is a console= value: a device name and optional serial
+// options (ttyS0, ttyS1,115200n8, hvc0, tty0). Nothing that could end the
+// parameter or the iPXE line.
+var validConsole = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9]{0,31}(,[A-Za-z0-9]{1,16})?$`)
+
+// validateConsole checks a template's console; empty means the default.
+func validateConsole(c string) (string, error) {
+	switch {
+	case c == "":
+		return store.DefaultConsole, nil
+	case c == store.ConsoleNone || validConsole.MatchString(c):
+		return c, nil
+	}
+	return "", fail.Invalid("console", "%q is not a console device (want e.g. ttyS0, ttyS1,115200n8, tty0, or none)", c)
+}
+
+// templateConsole is what a template's console reads as: rows from before
+// the setting existed have the default.
+func templateConsole(t *store.Template) string {
+	if t.Console == "" {
+		return store.DefaultConsole
+	}
+	return t.Console
 }

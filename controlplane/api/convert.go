@@ -128,7 +128,7 @@ func templateProto(t *store.Template, modules map[store.ModuleRef]*store.Module)
 	return &v1.Template{
 		Id: t.ID, Name: t.Name, RootModules: refs(t.RootModules), ExtensionModules: refs(t.ExtensionModules),
 		KernelDigest: t.KernelDigest, InitramfsDigest: t.InitramfsDigest, KernelArgs: t.KernelArgs,
-		RequireSignedModules: t.RequireSignedModules, CreatedAt: tsp(t.CreatedAt), UpdatedAt: tsp(t.UpdatedAt),
+		Console: templateConsole(t), RequireSignedModules: t.RequireSignedModules, CreatedAt: tsp(t.CreatedAt), UpdatedAt: tsp(t.UpdatedAt),
 	}
 }
 

@@ -62,6 +62,12 @@ type ServeOptions struct {
 	// QEMUStateDir holds the qemu provider's per-instance directories
 	// (default DATA/machines). QMP sockets live in it, so it must be short.
 	QEMUStateDir string
+	// QEMUBoot is direct (the default: kernel, initramfs and token handed
+	// to QEMU), bios or uefi (firmware netboot through the NIC's iPXE).
+	QEMUBoot string
+	// QEMUTap puts qemu VMs on this tap device instead of QEMU's user-mode
+	// network (one VM at a time).
+	QEMUTap string
 	// Kernel and Initramfs are the default netboot artifacts, ingested into
 	// the blob store at start-up (templates may name others by digest).
 	Kernel, Initramfs string

@@ -28,6 +28,9 @@ const (
 	CertRenewed       = "certificate.renewed"
 	CertRevoked       = "certificate.revoked"
 	TokenIssued       = "token.issued"
+	// NodeMACGenerated records a hardware address the control plane made
+	// up for a netbooting machine of a node that had none.
+	NodeMACGenerated = "node.mac_generated"
 
 	InstanceProvisioned     = "instance.provisioned"
 	InstanceTransition      = "instance.transition"

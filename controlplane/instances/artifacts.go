@@ -1,6 +1,8 @@
 package instances
 
 import (
+	"strings"
+
 	"github.com/tetherfleet/tether/controlplane/fail"
 	"github.com/tetherfleet/tether/controlplane/modules"
 	"github.com/tetherfleet/tether/controlplane/store"
@@ -84,7 +86,9 @@ func (a *Artifacts) Boot(tpl *store.Template) (providers.Boot, error) {
 	}
 	b := providers.Boot{KernelPath: kp, InitramfsPath: ip, KernelURL: a.URL(k), InitramfsURL: a.URL(i)}
 	if tpl != nil {
-		b.KernelArgs = tpl.KernelArgs
+		// The console first: a console= in the template's own arguments
+		// comes later and so becomes /dev/console.
+		b.KernelArgs = strings.TrimSpace(tpl.ConsoleArg() + " " + tpl.KernelArgs)
 	}
 	return b, nil
 }

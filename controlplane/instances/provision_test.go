@@ -63,7 +63,7 @@ func TestProvisionIsAsyncAndIdempotent(t *testing.T) {
 	// The machine got the artifacts, the template's arguments and a live
 	// one-time token, with the enrollment data beside it.
 	spec := calls[0].Spec
-	if spec.Region != "r1" || spec.InstanceType != "small" || spec.Boot.KernelArgs != "quiet" ||
+	if spec.Region != "r1" || spec.InstanceType != "small" || spec.Boot.KernelArgs != "console=ttyS0 quiet" ||
 		!strings.Contains(spec.Boot.KernelPath, "sha256") || !strings.HasSuffix(spec.Boot.KernelURL, e.svc.Artifacts.Kernel) {
 		t.Fatalf("spec %+v", spec)
 	}

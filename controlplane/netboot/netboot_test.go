@@ -96,7 +96,7 @@ func setup(t *testing.T) *fixture {
 		Machines:  map[string]providers.Provider{external.Name: external.New(), "pxe": pxe{external.New()}},
 		Artifacts: &instances.Artifacts{Blobs: blobs, Kernel: ingest("kernel bytes"), Initramfs: ingest("initramfs bytes"), BaseURL: "http://10.0.2.2:8080"},
 		AgentURL:  "https://10.0.2.2:7443", CAFingerprint: "sha256:" + strings.Repeat("cd", 32)}
-	tpl := &store.Template{Name: "tpl", KernelArgs: "console=ttyS0\nchain http://evil", CreatedAt: t0, UpdatedAt: t0}
+	tpl := &store.Template{Name: "tpl", KernelArgs: "quiet\nchain http://evil", CreatedAt: t0, UpdatedAt: t0}
 	if err := st.CreateTemplate(ctx, tpl); err != nil {
 		t.Fatal(err)
 	}
@@ -157,7 +157,7 @@ func TestScriptIsServedOncePerBoot(t *testing.T) {
 		t.Fatalf("%d %q", code, body)
 	}
 	for _, want := range []string{
-		"kernel http://10.0.2.2:8080/artifacts/" + f.svc.Artifacts.Kernel + " initrd=initramfs console=ttyS0 chain http://evil",
+		"kernel http://10.0.2.2:8080/artifacts/" + f.svc.Artifacts.Kernel + " initrd=initramfs console=ttyS0 quiet chain http://evil",
 		"tether.url=https://10.0.2.2:7443", "tether.ca=" + f.svc.CAFingerprint,
 		"initrd --name initramfs http://10.0.2.2:8080/artifacts/" + f.svc.Artifacts.Initramfs, "\nboot\n",
 	} {

@@ -13,13 +13,34 @@ type Template struct {
 	ID   string
 	Name string
 	// RootModules are bottom first.
-	RootModules          []ModuleRef
-	ExtensionModules     []ModuleRef
-	KernelDigest         string
-	InitramfsDigest      string
-	KernelArgs           string
+	RootModules      []ModuleRef
+	ExtensionModules []ModuleRef
+	KernelDigest     string
+	InitramfsDigest  string
+	KernelArgs       string
+	// Console is the console= value, "none", or "" for DefaultConsole.
+	Console              string
 	RequireSignedModules bool
 	CreatedAt, UpdatedAt time.Time
+}
+
+// DefaultConsole is a template's console unless it names another: the
+// first serial port, so that a netbooted machine's console is never silent.
+const DefaultConsole = "ttyS0"
+
+// ConsoleNone asks for no console= parameter at all.
+const ConsoleNone = "none"
+
+// ConsoleArg is the kernel parameter for the template's console, "" for
+// ConsoleNone.
+func (t *Template) ConsoleArg() string {
+	switch t.Console {
+	case ConsoleNone:
+		return ""
+	case "":
+		return "console=" + DefaultConsole
+	}
+	return "console=" + t.Console
 }
 
 // ModuleRef names a module version.

@@ -89,6 +89,11 @@ func (cp *ControlPlane) serve() {
 	t := cp.t
 	// A restart comes back on the same address: agents were told it.
 	addr := "127.0.0.1:0"
+	if cp.opts.Listen != "" {
+		// A test inside its own network namespace listens where its
+		// machines reach it.
+		addr = cp.opts.Listen
+	}
 	if cp.Addr != "" {
 		addr = cp.Addr
 	}

@@ -93,6 +93,7 @@ func (a *App) templateCmd() *cobra.Command {
 		},
 	}
 	templateFlags(create.Flags(), &root, &ext, &createReq.KernelArgs, &createReq.RequireSignedModules, &createReq.KernelDigest, &createReq.InitramfsDigest)
+	create.Flags().StringVar(&createReq.Console, "console", "", "kernel console: a console= value (ttyS0, ttyS1,115200n8, tty0) or none (default ttyS0)")
 	_ = create.MarkFlagRequired("root")
 
 	var updateRoot, updateExt []string
@@ -115,7 +116,7 @@ func (a *App) templateCmd() *cobra.Command {
 					return fmt.Errorf("--ext %w", err)
 				}
 			}
-			for flag, field := range map[string]string{"kernel-args": "kernel_args", "require-signed": "require_signed_modules", "kernel": "kernel_digest", "initramfs": "initramfs_digest"} {
+			for flag, field := range map[string]string{"kernel-args": "kernel_args", "require-signed": "require_signed_modules", "kernel": "kernel_digest", "initramfs": "initramfs_digest", "console": "console"} {
 				if f.Changed(flag) {
 					updateReq.UpdateMask = append(updateReq.UpdateMask, field)
 				}
@@ -124,6 +125,7 @@ func (a *App) templateCmd() *cobra.Command {
 		},
 	}
 	templateFlags(update.Flags(), &updateRoot, &updateExt, &updateReq.KernelArgs, &updateReq.RequireSignedModules, &updateReq.KernelDigest, &updateReq.InitramfsDigest)
+	update.Flags().StringVar(&updateReq.Console, "console", "", "kernel console: a console= value or none")
 
 	var pg paging
 	listCmd := &cobra.Command{Use: "list", Short: "List templates", Args: cobra.NoArgs, RunE: func(*cobra.Command, []string) error {

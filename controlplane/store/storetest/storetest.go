@@ -118,7 +118,7 @@ func testTemplates(t *testing.T, s store.Store) {
 		Name:             "web",
 		RootModules:      []store.ModuleRef{ref("base", "1"), ref("tools", "1")},
 		ExtensionModules: []store.ModuleRef{ref("base", "2")},
-		KernelArgs:       "quiet", CreatedAt: t0, UpdatedAt: t0,
+		KernelArgs:       "quiet", Console: "ttyS1,115200n8", CreatedAt: t0, UpdatedAt: t0,
 	}
 	must(t, s.CreateTemplate(c, tpl))
 	if tpl.ID == "" {
@@ -131,7 +131,7 @@ func testTemplates(t *testing.T, s store.Store) {
 	if len(got.RootModules) != 2 || got.RootModules[0] != (ref("base", "1")) || got.RootModules[1] != (ref("tools", "1")) {
 		t.Fatalf("root modules out of order: %+v", got.RootModules)
 	}
-	if len(got.ExtensionModules) != 1 || got.KernelArgs != "quiet" || !got.CreatedAt.Equal(t0) {
+	if len(got.ExtensionModules) != 1 || got.KernelArgs != "quiet" || got.Console != "ttyS1,115200n8" || !got.CreatedAt.Equal(t0) {
 		t.Fatalf("template read back wrong: %+v", got)
 	}
 	byID, err := s.GetTemplateByID(c, tpl.ID)
@@ -152,10 +152,11 @@ func testTemplates(t *testing.T, s store.Store) {
 	got.RootModules = []store.ModuleRef{ref("base", "2")}
 	got.ExtensionModules = nil
 	got.KernelArgs = "debug"
+	got.Console = "none"
 	must(t, s.UpdateTemplate(c, got))
 	got2, err := s.GetTemplate(c, "web")
 	must(t, err)
-	if len(got2.RootModules) != 1 || got2.RootModules[0].Version != "2" || len(got2.ExtensionModules) != 0 || got2.KernelArgs != "debug" {
+	if len(got2.RootModules) != 1 || got2.RootModules[0].Version != "2" || len(got2.ExtensionModules) != 0 || got2.KernelArgs != "debug" || got2.Console != "none" {
 		t.Fatalf("update not applied: %+v", got2)
 	}
 

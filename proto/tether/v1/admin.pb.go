@@ -32,8 +32,10 @@ type CreateTemplateRequest struct {
 	InitramfsDigest      string                 `protobuf:"bytes,5,opt,name=initramfs_digest,json=initramfsDigest,proto3" json:"initramfs_digest,omitempty"`
 	KernelArgs           string                 `protobuf:"bytes,6,opt,name=kernel_args,json=kernelArgs,proto3" json:"kernel_args,omitempty"`
 	RequireSignedModules bool                   `protobuf:"varint,7,opt,name=require_signed_modules,json=requireSignedModules,proto3" json:"require_signed_modules,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// Empty means "ttyS0" (see Template.console).
+	Console       string `protobuf:"bytes,8,opt,name=console,proto3" json:"console,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CreateTemplateRequest) Reset() {
@@ -113,6 +115,13 @@ func (x *CreateTemplateRequest) GetRequireSignedModules() bool {
 		return x.RequireSignedModules
 	}
 	return false
+}
+
+func (x *CreateTemplateRequest) GetConsole() string {
+	if x != nil {
+		return x.Console
+	}
+	return ""
 }
 
 type GetTemplateRequest struct {
@@ -274,8 +283,10 @@ type UpdateTemplateRequest struct {
 	InitramfsDigest      string       `protobuf:"bytes,6,opt,name=initramfs_digest,json=initramfsDigest,proto3" json:"initramfs_digest,omitempty"`
 	KernelArgs           string       `protobuf:"bytes,7,opt,name=kernel_args,json=kernelArgs,proto3" json:"kernel_args,omitempty"`
 	RequireSignedModules bool         `protobuf:"varint,8,opt,name=require_signed_modules,json=requireSignedModules,proto3" json:"require_signed_modules,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// Empty means "ttyS0" (see Template.console).
+	Console       string `protobuf:"bytes,9,opt,name=console,proto3" json:"console,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *UpdateTemplateRequest) Reset() {
@@ -362,6 +373,13 @@ func (x *UpdateTemplateRequest) GetRequireSignedModules() bool {
 		return x.RequireSignedModules
 	}
 	return false
+}
+
+func (x *UpdateTemplateRequest) GetConsole() string {
+	if x != nil {
+		return x.Console
+	}
+	return ""
 }
 
 type DeleteTemplateRequest struct {
@@ -3891,7 +3909,7 @@ var File_tether_v1_admin_proto protoreflect.FileDescriptor
 
 const file_tether_v1_admin_proto_rawDesc = "" +
 	"\n" +
-	"\x15tether/v1/admin.proto\x12\ttether.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15tether/v1/types.proto\"\xce\x02\n" +
+	"\x15tether/v1/admin.proto\x12\ttether.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15tether/v1/types.proto\"\xe8\x02\n" +
 	"\x15CreateTemplateRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x127\n" +
 	"\froot_modules\x18\x02 \x03(\v2\x14.tether.v1.ModuleRefR\vrootModules\x12A\n" +
@@ -3900,7 +3918,8 @@ const file_tether_v1_admin_proto_rawDesc = "" +
 	"\x10initramfs_digest\x18\x05 \x01(\tR\x0finitramfsDigest\x12\x1f\n" +
 	"\vkernel_args\x18\x06 \x01(\tR\n" +
 	"kernelArgs\x124\n" +
-	"\x16require_signed_modules\x18\a \x01(\bR\x14requireSignedModules\"(\n" +
+	"\x16require_signed_modules\x18\a \x01(\bR\x14requireSignedModules\x12\x18\n" +
+	"\aconsole\x18\b \x01(\tR\aconsole\"(\n" +
 	"\x12GetTemplateRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"R\n" +
 	"\x14ListTemplatesRequest\x12\x1b\n" +
@@ -3909,7 +3928,7 @@ const file_tether_v1_admin_proto_rawDesc = "" +
 	"page_token\x18\x02 \x01(\tR\tpageToken\"r\n" +
 	"\x15ListTemplatesResponse\x121\n" +
 	"\ttemplates\x18\x01 \x03(\v2\x13.tether.v1.TemplateR\ttemplates\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xef\x02\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x89\x03\n" +
 	"\x15UpdateTemplateRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1f\n" +
 	"\vupdate_mask\x18\x02 \x03(\tR\n" +
@@ -3920,7 +3939,8 @@ const file_tether_v1_admin_proto_rawDesc = "" +
 	"\x10initramfs_digest\x18\x06 \x01(\tR\x0finitramfsDigest\x12\x1f\n" +
 	"\vkernel_args\x18\a \x01(\tR\n" +
 	"kernelArgs\x124\n" +
-	"\x16require_signed_modules\x18\b \x01(\bR\x14requireSignedModules\"+\n" +
+	"\x16require_signed_modules\x18\b \x01(\bR\x14requireSignedModules\x12\x18\n" +
+	"\aconsole\x18\t \x01(\tR\aconsole\"+\n" +
 	"\x15DeleteTemplateRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"\x18\n" +
 	"\x16DeleteTemplateResponse\"i\n" +

@@ -692,8 +692,12 @@ type Template struct {
 	RequireSignedModules bool                   `protobuf:"varint,8,opt,name=require_signed_modules,json=requireSignedModules,proto3" json:"require_signed_modules,omitempty"`
 	CreatedAt            *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
 	UpdatedAt            *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// The kernel console: a console= value such as "ttyS0" or
+	// "ttyS1,115200n8", or "none" for no console= parameter. Serial (ttyS0)
+	// unless set, so a netbooted machine's console is never silent.
+	Console       string `protobuf:"bytes,11,opt,name=console,proto3" json:"console,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Template) Reset() {
@@ -794,6 +798,13 @@ func (x *Template) GetUpdatedAt() *timestamppb.Timestamp {
 		return x.UpdatedAt
 	}
 	return nil
+}
+
+func (x *Template) GetConsole() string {
+	if x != nil {
+		return x.Console
+	}
+	return ""
 }
 
 type Module struct {
@@ -2260,7 +2271,7 @@ const file_tether_v1_types_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x16\n" +
 	"\x06digest\x18\x03 \x01(\tR\x06digest\x12\x12\n" +
-	"\x04size\x18\x04 \x01(\x03R\x04size\"\xc7\x03\n" +
+	"\x04size\x18\x04 \x01(\x03R\x04size\"\xe1\x03\n" +
 	"\bTemplate\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x127\n" +
@@ -2275,7 +2286,8 @@ const file_tether_v1_types_proto_rawDesc = "" +
 	"created_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x129\n" +
 	"\n" +
 	"updated_at\x18\n" +
-	" \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\"\xbb\x01\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x12\x18\n" +
+	"\aconsole\x18\v \x01(\tR\aconsole\"\xbb\x01\n" +
 	"\x06Module\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x16\n" +
