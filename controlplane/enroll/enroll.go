@@ -16,8 +16,8 @@ import (
 	"github.com/tetherfleet/tether/controlplane/fail"
 	"github.com/tetherfleet/tether/controlplane/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/store"
-	"github.com/tetherfleet/tether/internal/clock"
 	"github.com/tetherfleet/tether/controlplane/throttle"
+	"github.com/tetherfleet/tether/internal/clock"
 	"github.com/tetherfleet/tether/pki"
 	"github.com/tetherfleet/tether/pki/ca"
 )

@@ -40,8 +40,8 @@ import (
 	"github.com/tetherfleet/tether/controlplane/modules"
 	"github.com/tetherfleet/tether/controlplane/netboot/tftp"
 	"github.com/tetherfleet/tether/controlplane/store"
-	"github.com/tetherfleet/tether/internal/clock"
 	"github.com/tetherfleet/tether/controlplane/throttle"
+	"github.com/tetherfleet/tether/internal/clock"
 	"github.com/tetherfleet/tether/providers"
 )
 
