@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
+
+	"github.com/tetherfleet/tether/pki"
 )
 
 // Kernel command line parameters the agent reads.
@@ -144,6 +146,8 @@ func isSpace(c byte) bool {
 type Cmdline struct {
 	Fields
 	Debug bool
+	// Signers is the node's signer anchor from tether.signers=.
+	Signers []string
 	// Unknown lists tether.* parameters this agent does not know, so the
 	// console can say they were ignored (a newer control plane may pass
 	// parameters an older agent predates).
@@ -191,6 +195,15 @@ func ParseTetherCmdline(s string) (Cmdline, error) {
 				return Cmdline{}, &CmdlineError{Param: p.Key, Reason: err.Error()}
 			}
 			c.CA = v
+		case ParamSigners:
+			fps, err := pki.ParseSignerList(p.Value)
+			if err != nil {
+				return Cmdline{}, &CmdlineError{Param: p.Key, Reason: err.Error() + " (want tether.signers=sha256:HEX[,sha256:HEX])"}
+			}
+			if len(fps) == 0 {
+				return Cmdline{}, &CmdlineError{Param: p.Key, Reason: "has no value (want tether.signers=sha256:HEX[,sha256:HEX])"}
+			}
+			c.Signers = fps
 		case ParamDebug:
 			switch strings.ToLower(p.Value) {
 			case "", "1", "true", "yes", "on":

@@ -89,12 +89,19 @@ func (a *adminServer) CreateTemplate(ctx context.Context, req *v1.CreateTemplate
 	now := a.Clock.Now()
 	t := &store.Template{Name: req.Name, KernelDigest: req.KernelDigest, InitramfsDigest: req.InitramfsDigest,
 		KernelArgs: req.KernelArgs, RequireSignedModules: req.RequireSignedModules, CreatedAt: now, UpdatedAt: now}
-	err := a.Store.Tx(ctx, func(q store.Queries) error {
+	var err error
+	if t.RequiredSigners, err = parseRequiredSigners(req.RequiredSigners); err != nil {
+		return nil, err
+	}
+	err = a.Store.Tx(ctx, func(q store.Queries) error {
 		var err error
 		if t.RootModules, err = a.resolveModules(ctx, q, "root_modules", req.RootModules); err != nil {
 			return err
 		}
 		if t.ExtensionModules, err = a.resolveModules(ctx, q, "extension_modules", req.ExtensionModules); err != nil {
+			return err
+		}
+		if err := checkTemplateSigners(ctx, q, t); err != nil {
 			return err
 		}
 		return q.CreateTemplate(ctx, t)
@@ -146,7 +153,7 @@ func (a *adminServer) UpdateTemplate(ctx context.Context, req *v1.UpdateTemplate
 	if req.Name == "" {
 		return nil, fail.Invalid("name", "required")
 	}
-	mask, err := updateMask(req.UpdateMask, "root_modules", "extension_modules", "kernel_digest", "initramfs_digest", "kernel_args", "require_signed_modules")
+	mask, err := updateMask(req.UpdateMask, "root_modules", "extension_modules", "kernel_digest", "initramfs_digest", "kernel_args", "require_signed_modules", "required_signers")
 	if err != nil {
 		return nil, err
 	}
@@ -189,6 +196,15 @@ func (a *adminServer) UpdateTemplate(ctx context.Context, req *v1.UpdateTemplate
 		if mask["require_signed_modules"] {
 			t.RequireSignedModules = req.RequireSignedModules
 		}
+		if mask["required_signers"] {
+			var err error
+			if t.RequiredSigners, err = parseRequiredSigners(req.RequiredSigners); err != nil {
+				return err
+			}
+		}
+		if err := checkTemplateSigners(ctx, q, t); err != nil {
+			return err
+		}
 		t.UpdatedAt = a.Clock.Now()
 		return q.UpdateTemplate(ctx, t)
 	})
@@ -218,7 +234,7 @@ func (a *adminServer) PushModule(stream v1.AdminService_PushModuleServer) error 
 	if h == nil {
 		return fail.Invalid("header", "the first message must be the header")
 	}
-	m, _, err := a.Registry.Push(stream.Context(), modules.PushHeader{Name: h.Name, Version: h.Version, Digest: h.Digest, Size: h.Size, Signature: h.Signature},
+	m, _, err := a.Registry.Push(stream.Context(), modules.PushHeader{Name: h.Name, Version: h.Version, Digest: h.Digest, Size: h.Size, Signature: h.Signature, Signatures: signaturesIn(h.Signatures)},
 		func() ([]byte, error) {
 			msg, err := stream.Recv()
 			if err != nil {

@@ -184,7 +184,7 @@ func Serve(ctx context.Context, o ServeOptions) error {
 		Store: st, CA: authority, ServerCert: serverCert, Clock: o.Clock, Log: log, Registerer: reg,
 		Enrollment: &enroll.Service{Store: st, CA: authority, Clock: o.Clock, Log: log},
 		Instances:  instSvc, Tasks: taskSvc,
-		Registry: &modules.Registry{Store: st, Blobs: blobs, Clock: o.Clock, Log: log},
+		Registry: &modules.Registry{Store: st, Blobs: blobs, Clock: o.Clock, Log: log, StaticSigners: edKeys(keys)},
 		Revoked:  revoked, Agents: hub, AgentURL: o.AgentURL, SigningKeys: keys,
 		ReadyHooks: []instances.ReadyHook{pools.ReadyHook}, Pools: pools,
 	})
@@ -396,6 +396,14 @@ func loadSigningKeys(files []string) ([][]byte, error) {
 		out = append(out, key)
 	}
 	return out, nil
+}
+
+func edKeys(keys [][]byte) []ed25519.PublicKey {
+	out := make([]ed25519.PublicKey, len(keys))
+	for i, k := range keys {
+		out[i] = k
+	}
+	return out
 }
 
 // ParseSigningKey accepts a raw 32-byte Ed25519 public key or a PEM/PKIX one.

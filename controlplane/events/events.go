@@ -68,6 +68,10 @@ const (
 	ModulePushed       = "module.pushed"
 	ModuleDeleted      = "module.deleted"
 	ModuleFetchRefused = "module.fetch_refused"
+	ModuleSigned       = "module.signed"
+	// ModuleSignatureRefused: a node refused a module its signer anchor or
+	// its template's required signers do not cover.
+	ModuleSignatureRefused = "module.signature_refused"
 
 	PoolMemberReady           = "pool.member_ready"
 	PoolClaimed               = "pool.claimed"

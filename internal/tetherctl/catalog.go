@@ -88,6 +88,7 @@ func (a *App) templateCmd() *cobra.Command {
 	create.Flags().StringSliceVar(&ext, "ext", nil, "extension modules (NAME:VERSION)")
 	create.Flags().StringVar(&req.KernelArgs, "kernel-args", "", "extra kernel command line arguments")
 	create.Flags().BoolVar(&req.RequireSignedModules, "require-signed", false, "agents refuse unsigned modules")
+	create.Flags().StringArrayVar(&req.RequiredSigners, "require-signer", nil, "signer fingerprint (sha256:HEX) one of which must have signed every module (repeatable)")
 	create.Flags().StringVar(&req.KernelDigest, "kernel", "", "kernel artifact digest (default: the control plane's)")
 	create.Flags().StringVar(&req.InitramfsDigest, "initramfs", "", "initramfs artifact digest (default: the control plane's)")
 	_ = create.MarkFlagRequired("root")
@@ -115,7 +116,7 @@ func (a *App) templateCmd() *cobra.Command {
 					return fmt.Errorf("--ext %w", err)
 				}
 			}
-			for flag, field := range map[string]string{"kernel-args": "kernel_args", "require-signed": "require_signed_modules", "kernel": "kernel_digest", "initramfs": "initramfs_digest"} {
+			for flag, field := range map[string]string{"kernel-args": "kernel_args", "require-signed": "require_signed_modules", "kernel": "kernel_digest", "initramfs": "initramfs_digest", "require-signer": "required_signers"} {
 				if f.Changed(flag) {
 					ureq.UpdateMask = append(ureq.UpdateMask, field)
 				}
@@ -133,6 +134,7 @@ func (a *App) templateCmd() *cobra.Command {
 	update.Flags().StringSliceVar(&uext, "ext", nil, "extension modules")
 	update.Flags().StringVar(&ureq.KernelArgs, "kernel-args", "", "extra kernel command line arguments")
 	update.Flags().BoolVar(&ureq.RequireSignedModules, "require-signed", false, "agents refuse unsigned modules")
+	update.Flags().StringArrayVar(&ureq.RequiredSigners, "require-signer", nil, "signer fingerprint (sha256:HEX), repeatable; replaces the list (pass --require-signer= to clear)")
 	update.Flags().StringVar(&ureq.KernelDigest, "kernel", "", "kernel artifact digest")
 	update.Flags().StringVar(&ureq.InitramfsDigest, "initramfs", "", "initramfs artifact digest")
 
@@ -171,6 +173,7 @@ func (a *App) templateCmd() *cobra.Command {
 			}
 			row(w, "kernel args:", dash(t.KernelArgs))
 			row(w, "signed modules:", t.RequireSignedModules)
+			row(w, "required signers:", dash(strings.Join(t.RequiredSigners, ",")))
 		})
 	}}
 	del := &cobra.Command{Use: "delete NAME", Short: "Delete a template no node or pool uses", Args: cobra.ExactArgs(1), RunE: func(_ *cobra.Command, args []string) error {
@@ -194,7 +197,7 @@ func (a *App) moduleTable(ms ...*v1.Module) func(*tabwriter.Writer) {
 	return func(w *tabwriter.Writer) {
 		row(w, "NAME", "VERSION", "DIGEST", "SIZE", "SIGNED", "CREATED")
 		for _, m := range ms {
-			row(w, m.Name, m.Version, m.Digest, humanBytes(m.Size), len(m.Signature) > 0, when(m.CreatedAt))
+			row(w, m.Name, m.Version, m.Digest, humanBytes(m.Size), signedColumn(m), when(m.CreatedAt))
 		}
 	}
 }
@@ -222,6 +225,7 @@ func (a *App) moduleCmd() *cobra.Command {
 		},
 	}
 	push.Flags().StringVar(&sigFile, "signature", "", "file with the raw 64-byte Ed25519 signature over the module")
+	push.Flags().StringArrayVar(&a.signWith, "sign-with", nil, "sign with this signer key (signer.key) before pushing; repeatable")
 	var bsig string
 	var keep string
 	build := &cobra.Command{
@@ -244,6 +248,7 @@ func (a *App) moduleCmd() *cobra.Command {
 		},
 	}
 	build.Flags().StringVar(&bsig, "signature", "", "file with the raw 64-byte Ed25519 signature over the module")
+	build.Flags().StringArrayVar(&a.signWith, "sign-with", nil, "sign with this signer key (signer.key) before pushing; repeatable")
 	build.Flags().StringVar(&keep, "keep", "", "also keep the built image at this path")
 	var name string
 	list := &cobra.Command{Use: "list", Short: "List modules", Args: cobra.NoArgs, RunE: func(*cobra.Command, []string) error {
@@ -275,7 +280,7 @@ func (a *App) moduleCmd() *cobra.Command {
 		if err != nil {
 			return err
 		}
-		return a.print(m, a.moduleTable(m))
+		return a.print(m, a.moduleDetail(m))
 	}}
 	del := &cobra.Command{Use: "delete NAME:VERSION", Short: "Delete a module no template references", Args: cobra.ExactArgs(1), RunE: func(_ *cobra.Command, args []string) error {
 		n, v, err := splitRef(args[0])
@@ -294,7 +299,7 @@ func (a *App) moduleCmd() *cobra.Command {
 		}
 		return a.print(resp, func(w *tabwriter.Writer) { row(w, "deleted module", args[0]) })
 	}}
-	cmd.AddCommand(push, build, list, get, del)
+	cmd.AddCommand(push, build, list, get, del, a.moduleSignCmd())
 	return cmd
 }
 
@@ -328,6 +333,10 @@ func (a *App) pushModule(ref, path, sigFile string) error {
 			return fmt.Errorf("--signature: %w", err)
 		}
 	}
+	sigs, err := moduleSignatures("--sign-with", a.signWith, n, v, digest)
+	if err != nil {
+		return err
+	}
 	c, err := a.dial()
 	if err != nil {
 		return err
@@ -337,7 +346,7 @@ func (a *App) pushModule(ref, path, sigFile string) error {
 		return err
 	}
 	if err := stream.Send(&v1.PushModuleRequest{Msg: &v1.PushModuleRequest_Header{Header: &v1.PushModuleHeader{
-		Name: n, Version: v, Digest: digest, Size: st.Size(), Signature: sig}}}); err != nil {
+		Name: n, Version: v, Digest: digest, Size: st.Size(), Signature: sig, Signatures: sigs}}}); err != nil {
 		return a.streamErr(stream.CloseAndRecv())
 	}
 	prog := newProgress(a.Stderr, "push "+ref, st.Size(), a.Output == "table")
