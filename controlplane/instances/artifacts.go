@@ -85,6 +85,9 @@ func (a *Artifacts) Boot(tpl *store.Template) (providers.Boot, error) {
 	b := providers.Boot{KernelPath: kp, InitramfsPath: ip, KernelURL: a.URL(k), InitramfsURL: a.URL(i)}
 	if tpl != nil {
 		b.KernelArgs = tpl.KernelArgs
+		// The template's required signers become the booted node's
+		// own anchor: delivered with the boot, not by the assignment.
+		b.Signers = tpl.RequiredSigners
 	}
 	return b, nil
 }

@@ -140,7 +140,7 @@ func (s *Server) script(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return err
 		}
-		body = Script(boot.KernelURL, boot.InitramfsURL, boot.KernelArgs, s.Instances.AgentURL, tok, s.Instances.CAFingerprint)
+		body = Script(boot.KernelURL, boot.InitramfsURL, WithSigners(boot.KernelArgs, boot.Signers), s.Instances.AgentURL, tok, s.Instances.CAFingerprint)
 		_, err = events.E{Kind: events.NetbootServed, InstanceID: id,
 			Message: fmt.Sprintf("iPXE script served to %s (instance %s)", r.RemoteAddr, st),
 			Payload: map[string]any{"remote": r.RemoteAddr, "status": string(st)}}.Write(ctx, q, now)

@@ -78,6 +78,7 @@ func (r *recorder) launchEntry(op, id string, boot providers.Boot) Entry {
 		KernelArgs: boot.KernelArgs,
 		URL:        boot.Enrollment.ControlPlaneURL,
 		CA:         boot.Enrollment.CAFingerprint,
+		Signers:    boot.Signers,
 		WithToken:  withToken,
 	})
 	var steps []string
