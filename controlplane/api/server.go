@@ -63,6 +63,8 @@ type Config struct {
 	ReadyHooks []instances.ReadyHook
 	// Pools serves the pool RPCs.
 	Pools *pool.Service
+	// DisableAudit turns the audit trail off (only to measure its cost).
+	DisableAudit bool
 }
 
 // Server is a configured gRPC server.
@@ -82,7 +84,10 @@ type Server struct {
 func New(cfg Config) *Server {
 	streams, endStreams := context.WithCancel(context.Background())
 	m := NewMetrics(cfg.Registerer)
-	auth := &Authenticator{CA: cfg.CA, Revoked: cfg.Revoked}
+	auth := &Authenticator{CA: cfg.CA, Revoked: cfg.Revoked, Clock: cfg.Clock, Log: cfg.Log}
+	if !cfg.DisableAudit {
+		auth.Store = cfg.Store
+	}
 	obsUnary, obsStream := observe(m, cfg.Log)
 	tlsCfg := &tls.Config{
 		Certificates: []tls.Certificate{cfg.ServerCert},

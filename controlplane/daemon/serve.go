@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/tetherfleet/tether/controlplane/api"
+	"github.com/tetherfleet/tether/controlplane/audit"
 	"github.com/tetherfleet/tether/controlplane/enroll"
 	"github.com/tetherfleet/tether/controlplane/instances"
 	"github.com/tetherfleet/tether/controlplane/liveness"
@@ -96,6 +97,9 @@ type ServeOptions struct {
 	WorkerLease, WorkerPoll time.Duration
 	// PoolReaperEvery is the pool reaper's tick (default 60 s).
 	PoolReaperEvery time.Duration
+	// DisableAudit turns the audit trail off; it exists to measure the
+	// trail's cost, not for production.
+	DisableAudit bool
 	// EventRetention: low/medium and high/critical windows (defaults 90 and 365 days).
 	EventRetentionLow, EventRetentionHigh time.Duration
 
@@ -119,11 +123,17 @@ func Serve(ctx context.Context, o ServeOptions) error {
 	if err != nil {
 		return fmt.Errorf("serve: server certificate: %w", err)
 	}
-	st, err := OpenStore(ctx, o.Store, o.DataDir, log)
+	raw, err := OpenStore(ctx, o.Store, o.DataDir, log)
 	if err != nil {
 		return err
 	}
-	defer st.Close()
+	defer raw.Close()
+	// Every write of an audited admin call appends its audit record in
+	// the same transaction (controlplane/audit).
+	st := raw
+	if !o.DisableAudit {
+		st = audit.Wrap(raw)
+	}
 	blobs, err := modules.OpenBlobs(filepath.Join(o.DataDir, BlobDir))
 	if err != nil {
 		return err
@@ -186,7 +196,7 @@ func Serve(ctx context.Context, o ServeOptions) error {
 		Instances:  instSvc, Tasks: taskSvc,
 		Registry: &modules.Registry{Store: st, Blobs: blobs, Clock: o.Clock, Log: log, StaticSigners: edKeys(keys)},
 		Revoked:  revoked, Agents: hub, AgentURL: o.AgentURL, SigningKeys: keys,
-		ReadyHooks: []instances.ReadyHook{pools.ReadyHook}, Pools: pools,
+		ReadyHooks: []instances.ReadyHook{pools.ReadyHook}, Pools: pools, DisableAudit: o.DisableAudit,
 	})
 	hub.Metrics = srv.Metrics
 
@@ -436,6 +446,12 @@ func prune(ctx context.Context, st store.Store, log *slog.Logger, o ServeOptions
 	p, err := st.PruneRecords(ctx, now.Add(-taskRetention), now.Add(-tokenRetention), now.Add(-certRetention))
 	if err != nil {
 		return err
+	}
+	// The audit trail is kept as long as the longest event window.
+	if a, err := st.DeleteAuditBefore(ctx, now.Add(-o.EventRetentionHigh)); err != nil {
+		return err
+	} else if a > 0 {
+		log.Info("pruned audit records", "count", a)
 	}
 	if n+p.Tasks+p.Tokens+p.Certificates > 0 {
 		log.Info("pruned records past retention", "events", n, "tasks", p.Tasks, "tokens", p.Tokens, "certificates", p.Certificates)

@@ -27,6 +27,7 @@ const (
 	EnrollRefused     = "enroll.refused"
 	CertRenewed       = "certificate.renewed"
 	CertRevoked       = "certificate.revoked"
+	CertIssued        = "certificate.issued"
 	TokenIssued       = "token.issued"
 
 	InstanceProvisioned     = "instance.provisioned"
