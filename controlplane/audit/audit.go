@@ -33,7 +33,9 @@ func NewEntry(rec store.AuditRecord) *Entry { return &Entry{rec: rec} }
 type entryKey struct{}
 
 // With carries e through a call.
-func With(ctx context.Context, e *Entry) context.Context { return context.WithValue(ctx, entryKey{}, e) }
+func With(ctx context.Context, e *Entry) context.Context {
+	return context.WithValue(ctx, entryKey{}, e)
+}
 
 // From returns the call's entry, nil outside an audited call.
 func From(ctx context.Context) *Entry {
