@@ -18,6 +18,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -424,29 +425,39 @@ type Policy struct {
 	Anchors []string
 }
 
-// signedBy reports whether m carries a valid signature by one of fps, and
-// if not, why not.
-func signedBy(m *tetherv1.Module, fps []string) (bool, string) {
-	want := make(map[string]bool, len(fps))
-	for _, fp := range fps {
-		want[fp] = true
-	}
-	var other, bad []string
+// verified maps each signer fingerprint on m to whether its signature
+// verifies over m's name, version and digest: each signature is checked
+// once, however many requirements look at it.
+func verified(m *tetherv1.Module) map[string]bool {
+	out := make(map[string]bool, len(m.GetSignatures()))
 	for _, s := range m.GetSignatures() {
 		fp := pki.SignerFingerprint(s.GetPublicKey())
-		if !want[fp] {
-			other = append(other, fp)
-			continue
-		}
-		if pki.VerifyModule(s.GetPublicKey(), m.GetName(), m.GetVersion(), m.GetDigest(), s.GetSignature()) {
+		out[fp] = out[fp] || pki.VerifyModule(s.GetPublicKey(), m.GetName(), m.GetVersion(), m.GetDigest(), s.GetSignature())
+	}
+	return out
+}
+
+// signedBy reports whether one of fps validly signed m, and if not, why not.
+func signedBy(m *tetherv1.Module, ok map[string]bool, fps []string) (bool, string) {
+	var bad []string
+	for _, fp := range fps {
+		valid, present := ok[fp]
+		if valid {
 			return true, ""
 		}
-		bad = append(bad, fp)
+		if present {
+			bad = append(bad, fp)
+		}
 	}
 	switch {
 	case len(bad) > 0:
 		return false, fmt.Sprintf("the signature by %s does not verify over this module's name, version and digest %s", strings.Join(bad, ", "), m.GetDigest())
-	case len(other) > 0:
+	case len(ok) > 0:
+		other := make([]string, 0, len(ok))
+		for fp := range ok {
+			other = append(other, fp)
+		}
+		slices.Sort(other)
 		return false, fmt.Sprintf("signed only by %s, none of the trusted signers %s", strings.Join(other, ", "), strings.Join(fps, ", "))
 	default:
 		return false, fmt.Sprintf("unsigned; it needs a signature by one of %s", strings.Join(fps, ", "))
@@ -481,13 +492,17 @@ func VerifySignature(m *tetherv1.Module, keys [][]byte) error {
 // signed modules); the node's anchor applies whatever it says.
 func CheckSignatures(a *tetherv1.Assignment, p Policy) error {
 	for _, m := range append(append([]*tetherv1.Module(nil), a.GetRootModules()...), a.GetExtensionModules()...) {
+		if len(p.Anchors) == 0 && len(a.GetRequiredSigners()) == 0 && !a.GetRequireSignedModules() {
+			continue
+		}
+		valid := verified(m)
 		if len(p.Anchors) > 0 {
-			if ok, why := signedBy(m, p.Anchors); !ok {
+			if ok, why := signedBy(m, valid, p.Anchors); !ok {
 				return &SignatureRefused{Module: Name(m), Reason: "node signer anchor: " + why}
 			}
 		}
 		if req := a.GetRequiredSigners(); len(req) > 0 {
-			if ok, why := signedBy(m, req); !ok {
+			if ok, why := signedBy(m, valid, req); !ok {
 				return &SignatureRefused{Module: Name(m), Reason: "template's required signers: " + why}
 			}
 		}
