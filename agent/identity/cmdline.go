@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"slices"
 	"strings"
 
 	"github.com/tetherfleet/tether/pki"
@@ -166,7 +167,9 @@ func ParseTetherCmdline(s string) (Cmdline, error) {
 		if !strings.HasPrefix(p.Key, "tether.") {
 			continue
 		}
-		if prev, dup := seen[p.Key]; dup && prev != p.Value {
+		// tether.signers may appear more than once (the template's arguments
+		// and the provider's): the anchors join.
+		if prev, dup := seen[p.Key]; dup && prev != p.Value && p.Key != ParamSigners {
 			return Cmdline{}, &CmdlineError{Param: p.Key, Reason: "given twice with different values; keep one"}
 		}
 		seen[p.Key] = p.Value
@@ -203,7 +206,11 @@ func ParseTetherCmdline(s string) (Cmdline, error) {
 			if len(fps) == 0 {
 				return Cmdline{}, &CmdlineError{Param: p.Key, Reason: "has no value (want tether.signers=sha256:HEX[,sha256:HEX])"}
 			}
-			c.Signers = fps
+			for _, fp := range fps {
+				if !slices.Contains(c.Signers, fp) {
+					c.Signers = append(c.Signers, fp)
+				}
+			}
 		case ParamDebug:
 			switch strings.ToLower(p.Value) {
 			case "", "1", "true", "yes", "on":

@@ -42,6 +42,7 @@ func TestDiscoverAnchor(t *testing.T) {
 		{"fw_cfg", "", a + "\n", "", []string{a}, ""},
 		{"initramfs key", "", "", string(pubPEM), []string{baked}, ""},
 		{"every source joins", "tether.signers=" + a, b, string(pubPEM), []string{a, b, baked}, ""},
+		{"given twice on the command line, joined", "tether.signers=" + a + " tether.signers=" + b, "", "", []string{a, b}, ""},
 		{"duplicates once", "tether.signers=" + a + "," + a, a, "", []string{a}, ""},
 		{"bad cmdline fingerprint", "tether.signers=sha256:1234", "", "", nil, "tether.signers"},
 		{"empty cmdline value", "tether.signers=", "", "", nil, "tether.signers"},
