@@ -58,7 +58,7 @@ kernel: ## Debian's cloud kernel into .cache/kernel (never installed into /boot)
 initramfs: kernel ## build/initramfs.cpio with tether-agent as /init
 	@mkdir -p $(BUILD)
 	go build -trimpath -buildvcs=false -tags grpcnotrace,$(TAGS) -ldflags='-s -w' -o $(BUILD)/tether-agent ./cmd/tether-agent
-	initramfs/build.sh $(BUILD)/tether-agent $(KERNEL) $(BUILD)/initramfs.cpio
+	initramfs/build.sh $(BUILD)/tether-agent $(KERNEL) $(BUILD)/initramfs.cpio $(if $(SIGNERS),-signers=$(shell echo $(SIGNERS) | tr ' ' ','))
 
 modules: ## The example root module (erofs) into build/modules
 	examples/build.sh $(BUILD)/modules

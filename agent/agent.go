@@ -70,6 +70,9 @@ type Config struct {
 	Sources []identity.Source
 	// CmdlinePath is read for tether.debug (default /proc/cmdline).
 	CmdlinePath string
+	// Anchor says where the node's signer anchor is read from (default:
+	// the kernel command line at CmdlinePath, fw_cfg, /etc/tether/signers).
+	Anchor identity.AnchorSources
 
 	// Console receives the operator-facing lines (default os.Stderr).
 	Console io.Writer
@@ -166,6 +169,8 @@ type agent struct {
 	procs   *tasks.Registry
 	// st is this boot's saved state (agent.json in the state dir).
 	st savedState
+	// policy holds the node's signer anchor, read once at start.
+	policy modules.Policy
 }
 
 // Run takes the node to ready and then serves the control plane until ctx
@@ -255,6 +260,16 @@ func (a *agent) run(ctx context.Context) error {
 		return err
 	}
 	a.con.Printf("control plane %s, CA pinned to %s (%s)", disc.URL, disc.CA, disc.Summary())
+	anchorSrc := cfg.Anchor
+	if anchorSrc.CmdlinePath == "" {
+		anchorSrc.CmdlinePath = cfg.CmdlinePath
+	}
+	anchor, err := identity.DiscoverAnchor(anchorSrc)
+	if err != nil {
+		return fmt.Errorf("signer anchor: %w (a node with a damaged anchor boots nothing)", err)
+	}
+	a.policy = modules.Policy{Anchors: anchor.Signers}
+	a.con.Printf("%s", anchor)
 
 	mgr, err := enroll.New(enroll.Config{
 		StateDir: cfg.StateDir, URL: disc.URL, CAFingerprint: disc.CA, Clock: cfg.Clock,
@@ -557,7 +572,7 @@ func (a *agent) assignment(ctx context.Context, conns *connHolder) (*tetherv1.As
 // pull fetches and verifies every assigned module, root layers first. It
 // returns the root layers and the digests of every verified module.
 func (a *agent) pull(ctx context.Context, conns *connHolder, asg *tetherv1.Assignment) ([]Layer, []string, error) {
-	if err := modules.CheckSignatures(asg); err != nil {
+	if err := a.checkSignatures(asg); err != nil {
 		return nil, nil, err
 	}
 	a.setPhase(tetherv1.AgentPhase_AGENT_PHASE_PULLING)
@@ -578,6 +593,23 @@ func (a *agent) pull(ctx context.Context, conns *connHolder, asg *tetherv1.Assig
 		digests = append(digests, m.GetDigest())
 	}
 	return layers, digests, nil
+}
+
+// checkSignatures applies the signing policy (the node's anchor, then what
+// the assignment adds) before anything is fetched, and says so on the
+// console: a refusal names the module and the reason.
+func (a *agent) checkSignatures(asg *tetherv1.Assignment) error {
+	start := a.cfg.Clock.Now()
+	err := modules.CheckSignatures(asg, a.policy)
+	n := len(asg.GetRootModules()) + len(asg.GetExtensionModules())
+	if err != nil {
+		a.con.Printf("REFUSED: %v; this root will not be mounted", err)
+		return err
+	}
+	if len(a.policy.Anchors) > 0 || len(asg.GetRequiredSigners()) > 0 || asg.GetRequireSignedModules() {
+		a.con.Printf("signatures: %d modules verified in %s", n, a.cfg.Clock.Now().Sub(start).Round(time.Microsecond))
+	}
+	return nil
 }
 
 func (a *agent) fetcher(conns *connHolder) (*modules.Fetcher, error) {

@@ -37,6 +37,10 @@ type Boot struct {
 	// KernelArgs are extra arguments from the template. Enrollment data is
 	// never in here; it travels in Enrollment.
 	KernelArgs string
+	// Signers are the template's required signer fingerprints, handed to
+	// the machine as its signer anchor (fw_cfg opt/tether/signers, or
+	// tether.signers= on the kernel command line).
+	Signers    []string
 	Enrollment Enrollment
 }
 

@@ -100,6 +100,8 @@ func serveCmd() *cobra.Command {
 	f.DurationVar(&o.PresumedDeadAfter, "presumed-dead-after", 0, "error a silent instance whose machine is not running after this long (default 10m; stretches with fleet size)")
 	f.DurationVar(&o.ProviderSyncEvery, "provider-sync-every", 0, "compare instances with the providers' machines this often (default 1m)")
 	f.StringSliceVar(&o.SelfInstanceIDs, "self-instance", nil, "instance ids that host this control plane (drain refuses them)")
+	f.BoolVar(&o.DisableAudit, "no-audit", false, "turn the audit trail off (only to measure its cost)")
+	_ = f.MarkHidden("no-audit")
 	f.StringVar(&level, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&format, "log-format", "text", "text or json")
 	_ = cmd.MarkFlagRequired("data-dir")

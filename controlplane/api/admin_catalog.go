@@ -94,6 +94,9 @@ func (a *adminServer) CreateTemplate(ctx context.Context, req *v1.CreateTemplate
 	}
 	t := &store.Template{Name: req.Name, KernelDigest: req.KernelDigest, InitramfsDigest: req.InitramfsDigest,
 		KernelArgs: req.KernelArgs, Console: console, RequireSignedModules: req.RequireSignedModules}
+	if t.RequiredSigners, err = parseRequiredSigners(req.RequiredSigners); err != nil {
+		return nil, err
+	}
 	err = a.Catalog.CreateTemplate(ctx, t, func(q store.Queries, t *store.Template) error {
 		var err error
 		if t.RootModules, err = a.resolveModules(ctx, q, "root_modules", req.RootModules); err != nil {
@@ -102,7 +105,7 @@ func (a *adminServer) CreateTemplate(ctx context.Context, req *v1.CreateTemplate
 		if t.ExtensionModules, err = a.resolveModules(ctx, q, "extension_modules", req.ExtensionModules); err != nil {
 			return err
 		}
-		return nil
+		return checkTemplateSigners(ctx, q, t)
 	})
 	if err != nil {
 		return nil, err
@@ -152,7 +155,7 @@ func (a *adminServer) UpdateTemplate(ctx context.Context, req *v1.UpdateTemplate
 	if req.Name == "" {
 		return nil, fail.Invalid("name", "required")
 	}
-	mask, err := updateMask(req.UpdateMask, "root_modules", "extension_modules", "kernel_digest", "initramfs_digest", "kernel_args", "require_signed_modules", "console")
+	mask, err := updateMask(req.UpdateMask, "root_modules", "extension_modules", "kernel_digest", "initramfs_digest", "kernel_args", "require_signed_modules", "console", "required_signers")
 	if err != nil {
 		return nil, err
 	}
@@ -197,7 +200,13 @@ func (a *adminServer) UpdateTemplate(ctx context.Context, req *v1.UpdateTemplate
 				return err
 			}
 		}
-		return nil
+		if mask["required_signers"] {
+			var err error
+			if t.RequiredSigners, err = parseRequiredSigners(req.RequiredSigners); err != nil {
+				return err
+			}
+		}
+		return checkTemplateSigners(ctx, q, t)
 	})
 	if err != nil {
 		return nil, err
@@ -225,7 +234,7 @@ func (a *adminServer) PushModule(stream v1.AdminService_PushModuleServer) error 
 	if h == nil {
 		return fail.Invalid("header", "the first message must be the header")
 	}
-	m, _, err := a.Registry.Push(stream.Context(), modules.PushHeader{Name: h.Name, Version: h.Version, Digest: h.Digest, Size: h.Size, Signature: h.Signature},
+	m, _, err := a.Registry.Push(stream.Context(), modules.PushHeader{Name: h.Name, Version: h.Version, Digest: h.Digest, Size: h.Size, Signature: h.Signature, Signatures: signaturesIn(h.Signatures)},
 		func() ([]byte, error) {
 			msg, err := stream.Recv()
 			if err != nil {

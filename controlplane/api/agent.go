@@ -70,7 +70,20 @@ func (a *agentServer) assignment(ctx context.Context, instanceID string) (*v1.As
 	if err != nil {
 		return nil, nil, err
 	}
-	out := &v1.Assignment{InstanceId: instanceID, RequireSignedModules: tpl.RequireSignedModules, SigningKeys: a.SigningKeys}
+	out := &v1.Assignment{InstanceId: instanceID, RequireSignedModules: tpl.RequireSignedModules, SigningKeys: a.SigningKeys,
+		RequiredSigners: tpl.RequiredSigners}
+	if a.Registry != nil && tpl.RequireSignedModules {
+		// Registered signers count as signing keys too, so a node whose
+		// template requires signed modules accepts what they signed.
+		signers, err := a.Registry.Signers(ctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		out.SigningKeys = nil
+		for _, s := range signers {
+			out.SigningKeys = append(out.SigningKeys, s.PublicKey)
+		}
+	}
 	allowed := map[string]bool{}
 	load := func(refs []store.ModuleRef) ([]*v1.Module, error) {
 		var ms []*v1.Module

@@ -13,7 +13,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
 
+	"github.com/tetherfleet/tether/controlplane/audit"
 	"github.com/tetherfleet/tether/controlplane/fail"
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/pki"
@@ -41,25 +43,6 @@ func WithCaller(ctx context.Context, c Caller) context.Context {
 	return context.WithValue(ctx, callerKey{}, c)
 }
 
-// Roles, weakest first. The role is in the admin certificate (docs/design.md §3.6).
-var roleRank = map[string]int{"viewer": 1, "operator": 2, "admin": 3}
-
-// requiredRole is the least role an admin RPC needs. Reads are for
-// viewers; identity material (tokens, certificates, seed ISOs carrying
-// tokens) and modules are for admins; the rest drives the fleet.
-func requiredRole(method string) string {
-	name := method[strings.LastIndex(method, "/")+1:]
-	switch {
-	case name == "CreateSeedISO", name == "CreateBootstrapToken", name == "RevokeCertificate",
-		name == "PushModule", name == "DeleteModule":
-		return "admin"
-	case strings.HasPrefix(name, "Get"), strings.HasPrefix(name, "List"), strings.HasPrefix(name, "Watch"):
-		return "viewer"
-	default:
-		return "operator"
-	}
-}
-
 const (
 	enrollmentPrefix = "/tether.v1.EnrollmentService/"
 	agentPrefix      = "/tether.v1.AgentService/"
@@ -70,6 +53,10 @@ const (
 type Authenticator struct {
 	CA      *ca.CA
 	Revoked *Revocations
+	// Store and Clock record the audit trail; a nil Store records none.
+	Store store.Store
+	Clock interface{ Now() time.Time }
+	Log   *slog.Logger
 }
 
 // authenticate verifies the peer's certificate against the CA at the
@@ -119,9 +106,12 @@ func (a *Authenticator) authorize(ctx context.Context, method string) (context.C
 		if c.Identity.Kind != pki.KindAdmin {
 			return nil, fail.Denied("%s needs an admin certificate; this is a %s certificate (%s)", method, c.Identity.Kind, c.Identity)
 		}
-		need := requiredRole(method)
-		if roleRank[c.Identity.Role] < roleRank[need] {
-			return nil, fail.Denied("%s needs role %s; certificate %s has role %s", method, need, c.Identity.Name, c.Identity.Role)
+		acc, ok := accessOf(method)
+		if !ok {
+			return nil, fail.Denied("%s is not in the role table; refused for every role", method)
+		}
+		if roleRank[c.Identity.Role] < roleRank[acc.role] {
+			return WithCaller(ctx, c), fail.Denied("%s needs role %s; certificate %s has role %s", method, acc.role, c.Identity.Name, c.Identity.Role)
 		}
 		return WithCaller(ctx, c), nil
 	default:
@@ -131,19 +121,63 @@ func (a *Authenticator) authorize(ctx context.Context, method string) (context.C
 }
 
 func (a *Authenticator) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, next grpc.UnaryHandler) (any, error) {
-	ctx, err := a.authorize(ctx, info.FullMethod)
+	actx, err := a.authorize(ctx, info.FullMethod)
+	e := a.auditEntry(actx, info.FullMethod, req)
 	if err != nil {
+		a.finish(ctx, e, err)
 		return nil, err
 	}
-	return next(ctx, req)
+	if e != nil {
+		actx = audit.With(actx, e)
+	}
+	resp, err := next(actx, req)
+	a.finish(ctx, e, err)
+	return resp, err
 }
 
 func (a *Authenticator) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, next grpc.StreamHandler) error {
-	ctx, err := a.authorize(ss.Context(), info.FullMethod)
+	actx, err := a.authorize(ss.Context(), info.FullMethod)
+	// A stream's request arrives after this point; its target is not known.
+	e := a.auditEntry(actx, info.FullMethod, nil)
 	if err != nil {
+		a.finish(ss.Context(), e, err)
 		return err
 	}
-	return next(srv, &ctxStream{ServerStream: ss, ctx: ctx})
+	if e != nil {
+		actx = audit.With(actx, e)
+	}
+	err = next(srv, &ctxStream{ServerStream: ss, ctx: actx})
+	a.finish(ss.Context(), e, err)
+	return err
+}
+
+// auditEntry starts the record of an audited admin call by an
+// authenticated admin identity (nil otherwise: a call without a valid
+// certificate names nobody, and recording it would let anyone fill the
+// trail).
+func (a *Authenticator) auditEntry(ctx context.Context, method string, req any) *audit.Entry {
+	if a.Store == nil || ctx == nil || !strings.HasPrefix(method, adminPrefix) {
+		return nil
+	}
+	acc, ok := accessOf(method)
+	if !ok || !acc.audit {
+		return nil
+	}
+	c, ok := CallerFrom(ctx)
+	if !ok || c.Identity.Kind != pki.KindAdmin {
+		return nil
+	}
+	return audit.NewEntry(store.AuditRecord{At: a.Clock.Now(), Identity: c.Identity.Name, Role: c.Identity.Role, Serial: c.Serial,
+		Method: method[strings.LastIndex(method, "/")+1:], Target: audit.Target(req)})
+}
+
+func (a *Authenticator) finish(ctx context.Context, e *audit.Entry, err error) {
+	if e == nil {
+		return
+	}
+	if aerr := audit.Finish(ctx, a.Store, e, status.Code(fail.From(err)).String()); aerr != nil && a.Log != nil {
+		a.Log.Error("audit record lost", "err", aerr)
+	}
 }
 
 type ctxStream struct {

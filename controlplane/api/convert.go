@@ -129,11 +129,17 @@ func templateProto(t *store.Template, modules map[store.ModuleRef]*store.Module)
 		Id: t.ID, Name: t.Name, RootModules: refs(t.RootModules), ExtensionModules: refs(t.ExtensionModules),
 		KernelDigest: t.KernelDigest, InitramfsDigest: t.InitramfsDigest, KernelArgs: t.KernelArgs,
 		Console: templateConsole(t), RequireSignedModules: t.RequireSignedModules, CreatedAt: tsp(t.CreatedAt), UpdatedAt: tsp(t.UpdatedAt),
+		RequiredSigners: t.RequiredSigners,
 	}
 }
 
 func moduleProto(m *store.Module) *v1.Module {
-	return &v1.Module{Name: m.Name, Version: m.Version, Digest: m.Digest, Size: m.Size, Signature: m.Signature, CreatedAt: tsp(m.CreatedAt)}
+	out := &v1.Module{Name: m.Name, Version: m.Version, Digest: m.Digest, Size: m.Size, Signature: m.Signature, CreatedAt: tsp(m.CreatedAt)}
+	for _, s := range m.Signatures {
+		out.Signatures = append(out.Signatures, &v1.ModuleSignature{Signer: s.Signer, SignerName: s.SignerName,
+			PublicKey: s.PublicKey, Signature: s.Signature, CreatedAt: tsp(s.CreatedAt)})
+	}
+	return out
 }
 
 func nodeProto(n *store.Node, templateName string) *v1.Node {

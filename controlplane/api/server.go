@@ -74,6 +74,8 @@ type Config struct {
 	// (nil: built on Store and Clock).
 	Catalog      *catalog.Service
 	Certificates *certificates.Service
+	// DisableAudit turns the audit trail off (only to measure its cost).
+	DisableAudit bool
 }
 
 // Server is a configured gRPC server.
@@ -99,7 +101,10 @@ func New(cfg Config) *Server {
 	}
 	streams, endStreams := context.WithCancel(context.Background())
 	m := NewMetrics(cfg.Registerer)
-	auth := &Authenticator{CA: cfg.CA, Revoked: cfg.Revoked}
+	auth := &Authenticator{CA: cfg.CA, Revoked: cfg.Revoked, Clock: cfg.Clock, Log: cfg.Log}
+	if !cfg.DisableAudit {
+		auth.Store = cfg.Store
+	}
 	obsUnary, obsStream := observe(m, cfg.Log)
 	mapUnary, mapStream := mapErrors(cfg.Log)
 	tlsCfg := &tls.Config{

@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/tetherfleet/tether/controlplane/api"
+	"github.com/tetherfleet/tether/controlplane/audit"
 	"github.com/tetherfleet/tether/controlplane/enroll"
 	"github.com/tetherfleet/tether/controlplane/instances"
 	"github.com/tetherfleet/tether/controlplane/liveness"
@@ -111,6 +112,9 @@ type ServeOptions struct {
 	WorkerLease, WorkerPoll time.Duration
 	// PoolReaperEvery is the pool reaper's tick (default 60 s).
 	PoolReaperEvery time.Duration
+	// DisableAudit turns the audit trail off; it exists to measure the
+	// trail's cost, not for production.
+	DisableAudit bool
 	// EventRetention: low/medium and high/critical windows (defaults 90 and 365 days).
 	EventRetentionLow, EventRetentionHigh time.Duration
 
@@ -201,6 +205,11 @@ func build(ctx context.Context, o ServeOptions) (_ *daemon, err error) {
 	if o.WrapStore != nil {
 		st = o.WrapStore(st)
 	}
+	// Every write of an audited admin call appends its audit record in
+	// the same transaction (controlplane/audit).
+	if !o.DisableAudit {
+		st = audit.Wrap(st)
+	}
 	d.st = st
 	blobs, err := modules.OpenBlobs(filepath.Join(o.DataDir, BlobDir))
 	if err != nil {
@@ -266,9 +275,9 @@ func build(ctx context.Context, o ServeOptions) (_ *daemon, err error) {
 		Store: st, CA: authority, ServerCert: serverCert, Clock: o.Clock, Log: log, Registerer: reg,
 		Enrollment: d.enrollSvc, EnrollLimiter: o.unauthenticatedLimiter(),
 		Instances: d.instSvc, Tasks: d.taskSvc,
-		Registry: &modules.Registry{Store: st, Blobs: blobs, Clock: o.Clock, Log: log},
+		Registry: &modules.Registry{Store: st, Blobs: blobs, Clock: o.Clock, Log: log, StaticSigners: edKeys(keys)},
 		Revoked:  d.revoked, Agents: d.hub, AgentURL: o.AgentURL, SigningKeys: keys,
-		ReadyHooks: []instances.ReadyHook{d.pools.ReadyHook}, Pools: d.pools,
+		ReadyHooks: []instances.ReadyHook{d.pools.ReadyHook}, Pools: d.pools, DisableAudit: o.DisableAudit,
 	})
 	d.hub.Metrics = d.srv.Metrics
 	if d.netLis != nil {
@@ -582,6 +591,14 @@ func loadSigningKeys(files []string) ([][]byte, error) {
 	return out, nil
 }
 
+func edKeys(keys [][]byte) []ed25519.PublicKey {
+	out := make([]ed25519.PublicKey, len(keys))
+	for i, k := range keys {
+		out[i] = k
+	}
+	return out
+}
+
 // ParseSigningKey accepts a raw 32-byte Ed25519 public key or a PEM/PKIX one.
 func ParseSigningKey(b []byte) (ed25519.PublicKey, error) {
 	if len(b) == ed25519.PublicKeySize {
@@ -612,6 +629,12 @@ func prune(ctx context.Context, st store.Store, log *slog.Logger, o ServeOptions
 	p, err := st.PruneRecords(ctx, now.Add(-taskRetention), now.Add(-tokenRetention), now.Add(-certRetention))
 	if err != nil {
 		return err
+	}
+	// The audit trail is kept as long as the longest event window.
+	if a, err := st.DeleteAuditBefore(ctx, now.Add(-o.EventRetentionHigh)); err != nil {
+		return err
+	} else if a > 0 {
+		log.Info("pruned audit records", "count", a)
 	}
 	if n+p.Tasks+p.Tokens+p.Certificates > 0 {
 		log.Info("pruned records past retention", "events", n, "tasks", p.Tasks, "tokens", p.Tokens, "certificates", p.Certificates)

@@ -3,6 +3,7 @@ package instances
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/tetherfleet/tether/controlplane/events"
 	"github.com/tetherfleet/tether/controlplane/lifecycle"
@@ -58,7 +59,14 @@ func (s *Service) AgentError(ctx context.Context, instanceID, phase, msg string)
 		if err := q.UpdateInstance(ctx, in); err != nil {
 			return err
 		}
-		_, err = events.E{Kind: events.InstanceAgentError, Severity: events.High, InstanceID: instanceID,
+		kind := events.InstanceAgentError
+		// A node refusing a module's signature says so in the error's
+		// first word (agent/modules.SignatureRefused); it gets its own kind
+		// so it can be watched for.
+		if strings.HasPrefix(msg, events.ModuleSignatureRefused+": ") {
+			kind = events.ModuleSignatureRefused
+		}
+		_, err = events.E{Kind: kind, Severity: events.High, InstanceID: instanceID,
 			Message: fmt.Sprintf("agent reports (phase %s): %s", phase, msg), Payload: map[string]any{"phase": phase, "error": msg}}.Write(ctx, q, now)
 		return err
 	})

@@ -89,6 +89,9 @@ func (a *Artifacts) Boot(tpl *store.Template) (providers.Boot, error) {
 		// The console first: a console= in the template's own arguments
 		// comes later and so becomes /dev/console.
 		b.KernelArgs = strings.TrimSpace(tpl.ConsoleArg() + " " + tpl.KernelArgs)
+		// The template's required signers become the booted node's
+		// own anchor: delivered with the boot, not by the assignment.
+		b.Signers = tpl.RequiredSigners
 	}
 	return b, nil
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/tetherfleet/tether/controlplane/events"
 	"github.com/tetherfleet/tether/controlplane/fail"
 	"github.com/tetherfleet/tether/controlplane/lifecycle"
+	"github.com/tetherfleet/tether/controlplane/modules"
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/controlplane/worker"
 	"github.com/tetherfleet/tether/internal/clock"
@@ -179,13 +180,18 @@ func (s *Service) ProvisionTx(ctx context.Context, q store.Queries, p ProvisionP
 	if !node.Enabled {
 		return nil, fail.Precondition("node %q is disabled; enable it (tetherctl node update %s --enabled) before provisioning", node.Name, node.Name)
 	}
+	tpl, err := q.GetTemplateByID(ctx, node.TemplateID)
+	if err != nil {
+		return nil, err
+	}
+	// A template that requires signers refuses a module they did not sign
+	// here, at assignment time, rather than as a node's failed boot.
+	if err := modules.CheckTemplateSigners(ctx, q, tpl); err != nil {
+		return nil, err
+	}
 	if p.Provider != ProviderExternal {
 		// Refuse now what the worker could only fail later: a machine
 		// that has no kernel to boot.
-		tpl, err := q.GetTemplateByID(ctx, node.TemplateID)
-		if err != nil {
-			return nil, err
-		}
 		if _, _, err := s.Artifacts.Digests(tpl); err != nil {
 			return nil, err
 		}

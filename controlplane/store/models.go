@@ -21,6 +21,9 @@ type Template struct {
 	// Console is the console= value, "none", or "" for DefaultConsole.
 	Console              string
 	RequireSignedModules bool
+	// RequiredSigners are signer fingerprints (sha256:HEX); every module
+	// needs a valid signature by at least one of them.
+	RequiredSigners      []string
 	CreatedAt, UpdatedAt time.Time
 }
 
@@ -51,12 +54,63 @@ type ModuleRef struct {
 
 // Module is an immutable, content-addressed erofs image.
 type Module struct {
-	Name      string
-	Version   string
-	Digest    string // sha256:<hex>
-	Size      int64
+	Name    string
+	Version string
+	Digest  string // sha256:<hex>
+	Size    int64
+	// Signature is the single unverified signature older versions stored;
+	// new pushes record verified Signatures instead.
 	Signature []byte
 	CreatedAt time.Time
+	// Signatures are verified at push or at sign time, one per signer.
+	Signatures []ModuleSignature
+}
+
+// ModuleSignature is one signer's signature over a module.
+type ModuleSignature struct {
+	Signer     string // sha256:HEX over PublicKey
+	SignerName string
+	PublicKey  []byte
+	Signature  []byte
+	CreatedAt  time.Time
+}
+
+// Signer is a registered module signing key.
+type Signer struct {
+	Name        string
+	Fingerprint string
+	PublicKey   []byte
+	CreatedAt   time.Time
+}
+
+// AdminIdentity is an operator identity minted by the control plane.
+type AdminIdentity struct {
+	Name      string
+	Role      string
+	Serial    string // the current certificate
+	NotAfter  time.Time
+	CreatedAt time.Time
+	RevokedAt time.Time // zero while active
+}
+
+// AuditRecord is who did what to which target, and how it ended.
+type AuditRecord struct {
+	ID       int64
+	At       time.Time
+	Identity string
+	Role     string
+	Serial   string
+	Method   string
+	Target   string
+	Code     string
+}
+
+// AuditFilter narrows ListAudit.
+type AuditFilter struct {
+	Identity string
+	Since    time.Time
+	AfterID  int64
+	Limit    int
 }
 
 // Node is a logical host; it outlives its instances.

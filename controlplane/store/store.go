@@ -110,6 +110,25 @@ type Queries interface {
 	DeleteModule(ctx context.Context, name, version string) error
 	// CountModulesWithDigest tells whether a blob is still referenced.
 	CountModulesWithDigest(ctx context.Context, digest string) (int, error)
+	// AddModuleSignature records a signature (one per signer: a second
+	// one by the same signer replaces the first).
+	AddModuleSignature(ctx context.Context, name, version string, sig ModuleSignature) error
+
+	CreateSigner(ctx context.Context, s *Signer) error
+	ListSigners(ctx context.Context) ([]*Signer, error)
+	// DeleteSigner removes a signer by name or fingerprint.
+	DeleteSigner(ctx context.Context, nameOrFingerprint string) error
+
+	// CreateAdminIdentity records a new identity, or replaces the
+	// certificate of an existing one (renewal).
+	PutAdminIdentity(ctx context.Context, id *AdminIdentity) error
+	GetAdminIdentity(ctx context.Context, name string) (*AdminIdentity, error)
+	ListAdminIdentities(ctx context.Context) ([]*AdminIdentity, error)
+
+	AppendAudit(ctx context.Context, r *AuditRecord) error
+	ListAudit(ctx context.Context, f AuditFilter) ([]*AuditRecord, error)
+	// DeleteAuditBefore trims the audit trail, as event retention does.
+	DeleteAuditBefore(ctx context.Context, before time.Time) (int, error)
 
 	// CreateNode and UpdateNode write n.MACs too (UpdateNode replaces the
 	// set); an address of another node is a *MACInUseError. Call them in a

@@ -20,7 +20,7 @@ import (
 func moduleTable(w *tabwriter.Writer, ms []*v1.Module) {
 	row(w, "NAME", "VERSION", "DIGEST", "SIZE", "SIGNED", "CREATED")
 	for _, m := range ms {
-		row(w, m.Name, m.Version, m.Digest, humanBytes(m.Size), len(m.Signature) > 0, when(m.CreatedAt))
+		row(w, m.Name, m.Version, m.Digest, humanBytes(m.Size), signedColumn(m), when(m.CreatedAt))
 	}
 }
 
@@ -34,6 +34,7 @@ func (a *App) moduleCmd() *cobra.Command {
 		},
 	}
 	push.Flags().StringVar(&sigFile, "signature", "", "file with the raw 64-byte Ed25519 signature over the module")
+	push.Flags().StringArrayVar(&a.signWith, "sign-with", nil, "sign with this signer key (signer.key) before pushing; repeatable")
 	var buildSig string
 	var keep string
 	build := &cobra.Command{
@@ -56,6 +57,7 @@ func (a *App) moduleCmd() *cobra.Command {
 		},
 	}
 	build.Flags().StringVar(&buildSig, "signature", "", "file with the raw 64-byte Ed25519 signature over the module")
+	build.Flags().StringArrayVar(&a.signWith, "sign-with", nil, "sign with this signer key (signer.key) before pushing; repeatable")
 	build.Flags().StringVar(&keep, "keep", "", "also keep the built image at this path")
 	var name string
 	var pg paging
@@ -70,7 +72,8 @@ func (a *App) moduleCmd() *cobra.Command {
 		if err != nil {
 			return err
 		}
-		return call(a, v1.AdminServiceClient.GetModule, &v1.GetModuleRequest{Name: n, Version: v}, one(moduleTable))
+		return call(a, v1.AdminServiceClient.GetModule, &v1.GetModuleRequest{Name: n, Version: v},
+			func(w *tabwriter.Writer, m *v1.Module) { a.moduleDetail(m)(w) })
 	}}
 	del := &cobra.Command{Use: "delete NAME:VERSION", Short: "Delete a module no template references", Args: cobra.ExactArgs(1), RunE: func(_ *cobra.Command, args []string) error {
 		n, v, err := splitRef(args[0])
@@ -79,7 +82,7 @@ func (a *App) moduleCmd() *cobra.Command {
 		}
 		return call(a, v1.AdminServiceClient.DeleteModule, &v1.DeleteModuleRequest{Name: n, Version: v}, deleted[*v1.DeleteModuleResponse]("module", args[0]))
 	}}
-	cmd.AddCommand(push, build, listCmd, get, del)
+	cmd.AddCommand(push, build, listCmd, get, del, a.moduleSignCmd())
 	return cmd
 }
 
@@ -113,6 +116,10 @@ func (a *App) pushModule(ref, path, sigFile string) error {
 			return fmt.Errorf("--signature: %w", err)
 		}
 	}
+	sigs, err := moduleSignatures("--sign-with", a.signWith, n, v, digest)
+	if err != nil {
+		return err
+	}
 	c, err := a.dial()
 	if err != nil {
 		return err
@@ -124,7 +131,7 @@ func (a *App) pushModule(ref, path, sigFile string) error {
 		return err
 	}
 	if err := stream.Send(&v1.PushModuleRequest{Msg: &v1.PushModuleRequest_Header{Header: &v1.PushModuleHeader{
-		Name: n, Version: v, Digest: digest, Size: st.Size(), Signature: sig}}}); err != nil {
+		Name: n, Version: v, Digest: digest, Size: st.Size(), Signature: sig, Signatures: sigs}}}); err != nil {
 		return a.streamErr(stream.CloseAndRecv())
 	}
 	prog := newProgress(a.Stderr, "push "+ref, st.Size(), a.Output == "table")
@@ -151,7 +158,7 @@ func (a *App) pushModule(ref, path, sigFile string) error {
 	if err != nil {
 		return err
 	}
-	return a.print(m, func(w *tabwriter.Writer) { moduleTable(w, []*v1.Module{m}) })
+	return a.print(m, a.moduleDetail(m))
 }
 
 func (a *App) streamErr(_ any, err error) error {

@@ -43,6 +43,8 @@ type App struct {
 	leaf   *x509.Certificate // the client certificate, once dialled
 	target string
 	cfgSrc string
+	// signWith are the signer keys of module push/build --sign-with.
+	signWith []string
 }
 
 // Main runs the CLI and returns the process exit status. Ctrl-C and
@@ -101,7 +103,7 @@ func (a *App) root() *cobra.Command {
 	pf.StringVarP(&a.Output, "output", "o", "table", "table or json")
 	pf.DurationVar(&a.Timeout, "timeout", 30*time.Second, "deadline for each call (streams excepted)")
 	cmd.AddCommand(a.templateCmd(), a.moduleCmd(), a.nodeCmd(), a.instanceCmd(), a.tokenCmd(), a.taskCmd(),
-		a.poolCmd(), a.certCmd(), a.eventsCmd(), a.dashboardCmd(), a.netbootCmd())
+		a.poolCmd(), a.certCmd(), a.eventsCmd(), a.dashboardCmd(), a.netbootCmd(), a.signerCmd(), a.identityCmd(), a.auditCmd())
 	return cmd
 }
 

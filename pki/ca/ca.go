@@ -40,7 +40,7 @@ import (
 const (
 	DefaultNodeLifetime  = 24 * time.Hour
 	MaxNodeLifetime      = 7 * 24 * time.Hour
-	DefaultAdminLifetime = 365 * 24 * time.Hour
+	DefaultAdminLifetime = 90 * 24 * time.Hour
 	ServerLifetime       = 5 * 365 * 24 * time.Hour
 	caLifetime           = 10 * 365 * 24 * time.Hour
 	// backdate absorbs clock skew between the control plane and nodes.

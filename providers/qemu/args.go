@@ -35,6 +35,8 @@ const (
 	fwCfgURL   = "opt/tether/url"
 	fwCfgToken = "opt/tether/token"
 	fwCfgCA    = "opt/tether/ca"
+	// fwCfgSigners is the node's signer anchor, comma-separated fingerprints.
+	fwCfgSigners = "opt/tether/signers"
 )
 
 // networkKernelArg lets the agent configure the network statically: with
@@ -103,6 +105,7 @@ type launchSpec struct {
 	KernelArgs string
 	URL        string
 	CA         string
+	Signers    []string
 	// WithToken adds the fw_cfg token entry, read from Paths.token.
 	WithToken bool
 
@@ -168,6 +171,9 @@ func buildArgv(s launchSpec) []string {
 	}
 	if s.CA != "" {
 		argv = append(argv, "-fw_cfg", "name="+fwCfgCA+",string="+optEscape(s.CA))
+	}
+	if len(s.Signers) > 0 {
+		argv = append(argv, "-fw_cfg", "name="+fwCfgSigners+",string="+optEscape(strings.Join(s.Signers, ",")))
 	}
 	if s.WithToken {
 		argv = append(argv, "-fw_cfg", "name="+fwCfgToken+",file="+optEscape(s.Paths.token))

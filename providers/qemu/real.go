@@ -390,6 +390,7 @@ func (r *realDriver) launch(ctx context.Context, op, id string, boot providers.B
 		KernelArgs: boot.KernelArgs,
 		URL:        boot.Enrollment.ControlPlaneURL,
 		CA:         boot.Enrollment.CAFingerprint,
+		Signers:    boot.Signers,
 		WithToken:  withToken,
 	}
 	if err := netbootLaunch(r.cfg, &ls, boot, mac); err != nil {

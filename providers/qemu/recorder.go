@@ -82,6 +82,7 @@ func (r *recorder) launchEntry(op, id string, boot providers.Boot) (Entry, error
 		KernelArgs: boot.KernelArgs,
 		URL:        boot.Enrollment.ControlPlaneURL,
 		CA:         boot.Enrollment.CAFingerprint,
+		Signers:    boot.Signers,
 		WithToken:  withToken,
 	}
 	if err := netbootLaunch(r.cfg, &ls, boot, r.macs[id]); err != nil {

@@ -38,7 +38,7 @@ func (q *queries) GetModule(ctx context.Context, name, version string) (*store.M
 	if err != nil {
 		return nil, notFound(q.db.classify(err), "module", name+":"+version)
 	}
-	return m, nil
+	return m, q.loadModuleSignatures(ctx, []*store.Module{m})
 }
 
 func (q *queries) ListModules(ctx context.Context, name string, p store.Page) ([]*store.Module, error) {
@@ -59,7 +59,7 @@ func (q *queries) ListModules(ctx context.Context, name string, p store.Page) ([
 	if err != nil {
 		return nil, fmt.Errorf("list modules: %w", err)
 	}
-	return out, nil
+	return out, q.loadModuleSignatures(ctx, out)
 }
 
 func (q *queries) DeleteModule(ctx context.Context, name, version string) error {
@@ -74,6 +74,9 @@ func (q *queries) DeleteModule(ctx context.Context, name, version string) error 
 	}
 	if len(users) > 0 {
 		return store.Errorf(store.ErrConflict, "module %s:%s is referenced by template %s", name, version, strings.Join(users, ", "))
+	}
+	if _, err := q.exec(ctx, `DELETE FROM module_signatures WHERE module_name = ? AND module_version = ?`, name, version); err != nil {
+		return fmt.Errorf("delete module %s:%s signatures: %w", name, version, err)
 	}
 	res, err := q.exec(ctx, `DELETE FROM modules WHERE name = ? AND version = ?`, name, version)
 	return mustAffect(res, err, "module", name+":"+version)

@@ -49,6 +49,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"Notifications", testNotifications},
 		{"Elector", testElector},
 		{"PruneRecords", testPruneRecords},
+		{"Trust", testTrust},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
