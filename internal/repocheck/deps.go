@@ -31,12 +31,17 @@ var DepRules = []DepRule{
 		Why: "the agent shares only proto, pki and small internal helpers with the control plane"},
 	{From: []string{"providers/..."}, Deny: []string{"controlplane/...", "agent/..."},
 		Why: "a provider knows nothing of the control plane; it is used through its interface"},
+	// The injected clock is a leaf every side may use.
 	{From: []string{"pki/..."}, Deny: []string{"controlplane/...", "agent/...", "providers/...", "internal/..."},
-		Why: "pki is shared by both sides and depends on neither"},
-	{From: []string{"proto/...", "controlplane/store", "controlplane/lifecycle"}, Deny: []string{"..."},
-		Why: "the API, the persistence contract and the pure state machine depend on nothing of Tether's"},
+		AllowImports: []string{"internal/clock"},
+		Why:          "pki is shared by both sides and depends on neither"},
+	{From: []string{"proto/...", "controlplane/lifecycle"}, Deny: []string{"..."},
+		Why: "the API and the pure state machine depend on nothing of Tether's"},
+	// The store speaks the lifecycle's own state types (docs/adr/0009).
+	{From: []string{"controlplane/store"}, Deny: []string{"..."}, AllowImports: []string{"controlplane/lifecycle"},
+		Why: "the persistence contract depends on nothing of Tether's but the state types"},
 	{From: []string{"controlplane/store/..."}, Exempt: []string{"controlplane/store"}, Deny: []string{"controlplane/...", "agent/...", "providers/..."},
-		AllowImports: []string{"controlplane/store/..."},
+		AllowImports: []string{"controlplane/store/...", "controlplane/lifecycle"},
 		Why:          "backends know the store contract and nothing above it"},
 	{From: []string{"controlplane/..."}, Deny: []string{"agent/...", "internal/tetherctl", "internal/testcp"},
 		Why: "the control plane and the agent meet only over the API"},
@@ -47,9 +52,7 @@ var DepRules = []DepRule{
 	{From: []string{"controlplane/..."}, Exempt: []string{"controlplane/store/...", "controlplane/daemon"},
 		Deny: []string{"controlplane/store/sqlite", "controlplane/store/postgres"},
 		Why:  "nothing above the store knows which backend it runs on; daemon picks one"},
-	// api builds page tokens with sqlstore today; page tokens belong to the
-	// store package, and api's exemption goes when they move there.
-	{From: []string{"controlplane/..."}, Exempt: []string{"controlplane/store/...", "controlplane/api"},
+	{From: []string{"controlplane/..."}, Exempt: []string{"controlplane/store/..."},
 		Deny: []string{"controlplane/store/sqlstore"},
 		Why:  "the SQL layer is the backends' own; services use the store contract"},
 	{From: []string{"internal/tetherctl"}, Deny: []string{"controlplane/...", "agent/...", "providers/..."},
