@@ -78,7 +78,10 @@ type ServeOptions struct {
 	SelfInstanceIDs []string
 
 	HeartbeatFlush time.Duration // default 1 s
-	LoopEvery      time.Duration // default 5 s
+	// AgentSweep is how often one query looks for agent work whose
+	// notification was lost (default api.DefaultSweep).
+	AgentSweep time.Duration
+	LoopEvery  time.Duration // default 5 s
 	// SilentAfter and PresumedDeadAfter are the liveness thresholds for a
 	// small fleet (defaults 3 and 10 minutes); both stretch with its size.
 	SilentAfter, PresumedDeadAfter time.Duration
@@ -180,6 +183,7 @@ func Serve(ctx context.Context, o ServeOptions) error {
 	pools := &pool.Service{Store: st, Clock: o.Clock, Log: log.With("component", "pool"), Instances: instSvc,
 		StaleHeartbeatAfter: o.SilentAfter, MaxHeartbeatsPerSecond: api.MaxHeartbeatsPerSecond}
 	hub := api.NewAgentHub(st, log, o.HeartbeatFlush)
+	hub.Sweep = o.AgentSweep
 	srv := api.New(api.Config{
 		Store: st, CA: authority, ServerCert: serverCert, Clock: o.Clock, Log: log, Registerer: reg,
 		Enrollment: &enroll.Service{Store: st, CA: authority, Clock: o.Clock, Log: log},
