@@ -13,7 +13,7 @@ BUILD  := build
 KERNEL := .cache/kernel
 PROTO  := proto/tether/v1
 
-.PHONY: build generate lint test unit e2e bench fuzz run initramfs modules kernel clean
+.PHONY: build generate lint test unit e2e bench fuzz run initramfs modules kernel clean screenshots
 
 build: ## Build tetherd, tetherctl and tether-agent into bin/
 	go build -trimpath -o $(BIN)/ ./cmd/tetherd ./cmd/tetherctl
@@ -28,9 +28,12 @@ generate: ## Regenerate the gRPC code (protoc + the go.mod-pinned plugins)
 	  --go-grpc_out=. --go-grpc_opt=module=github.com/tetherfleet/tether \
 	  $(PROTO)/*.proto
 
-lint: ## gofmt + go vet + nothing in the repository names a path outside it
+lint: ## gofmt + go vet + a tidy go.mod + nothing in the repository names a path outside it
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$')); \
 	  if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
+	@# tidy ignores build tags on purpose (it keeps every tag's requirements), so
+	@# it checks the same go.mod whatever GOFLAGS says.
+	@go mod tidy -diff || { echo "go.mod/go.sum are not tidy: run 'go mod tidy'"; exit 1; }
 	go vet ./...
 	go test -count=1 ./internal/repocheck/
 
@@ -55,13 +58,16 @@ kernel: ## Debian's cloud kernel into .cache/kernel (never installed into /boot)
 initramfs: kernel ## build/initramfs.cpio with tether-agent as /init
 	@mkdir -p $(BUILD)
 	go build -trimpath -buildvcs=false -tags grpcnotrace,$(TAGS) -ldflags='-s -w' -o $(BUILD)/tether-agent ./cmd/tether-agent
-	initramfs/build.sh $(BUILD)/tether-agent $(KERNEL) $(BUILD)/initramfs.cpio
+	initramfs/build.sh $(BUILD)/tether-agent $(KERNEL) $(BUILD)/initramfs.cpio $(if $(SIGNERS),-signers=$(shell echo $(SIGNERS) | tr ' ' ','))
 
 modules: ## The example root module (erofs) into build/modules
 	examples/build.sh $(BUILD)/modules
 
 run: ## Init a data dir under .tether/, serve, push the example, boot one QEMU node
 	scripts/run.sh
+
+screenshots: ## Regenerate the dashboard screenshots in docs/screenshots (needs chromium)
+	TETHER_SCREENSHOTS=$(CURDIR)/docs/screenshots go test -count=1 -run TestBrowserFleetAndPools -v ./internal/tetherctl/dashboard/
 
 clean:
 	rm -rf $(BIN) $(BUILD)

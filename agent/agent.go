@@ -70,6 +70,9 @@ type Config struct {
 	Sources []identity.Source
 	// CmdlinePath is read for tether.debug (default /proc/cmdline).
 	CmdlinePath string
+	// Anchor says where the node's signer anchor is read from (default:
+	// the kernel command line at CmdlinePath, fw_cfg, /etc/tether/signers).
+	Anchor identity.AnchorSources
 
 	// Console receives the operator-facing lines (default os.Stderr).
 	Console io.Writer
@@ -166,6 +169,8 @@ type agent struct {
 	procs   *tasks.Registry
 	// st is this boot's saved state (agent.json in the state dir).
 	st savedState
+	// policy holds the node's signer anchor, read once at start.
+	policy modules.Policy
 }
 
 // Run takes the node to ready and then serves the control plane until ctx
@@ -255,6 +260,16 @@ func (a *agent) run(ctx context.Context) error {
 		return err
 	}
 	a.con.Printf("control plane %s, CA pinned to %s (%s)", disc.URL, disc.CA, disc.Summary())
+	anchorSrc := cfg.Anchor
+	if anchorSrc.CmdlinePath == "" {
+		anchorSrc.CmdlinePath = cfg.CmdlinePath
+	}
+	anchor, err := identity.DiscoverAnchor(anchorSrc)
+	if err != nil {
+		return fmt.Errorf("signer anchor: %w (a node with a damaged anchor boots nothing)", err)
+	}
+	a.policy = modules.Policy{Anchors: anchor.Signers}
+	a.con.Printf("%s", anchor)
 
 	mgr, err := enroll.New(enroll.Config{
 		StateDir: cfg.StateDir, URL: disc.URL, CAFingerprint: disc.CA, Clock: cfg.Clock,
@@ -336,7 +351,7 @@ func (a *agent) run(ctx context.Context) error {
 		sess = s
 		sessMu.Unlock()
 		wg.Add(1)
-		go func() { defer wg.Done(); _ = s.Run(ctx) }()
+		go func() { defer wg.Done(); a.reportEnd(ctx, "the control plane session", s.Run(ctx)) }()
 		return s
 	}
 	current := func() *session.Session {
@@ -347,7 +362,10 @@ func (a *agent) run(ctx context.Context) error {
 	startSession()
 	changed := mgr.Subscribe()
 	wg.Add(3)
-	go func() { defer wg.Done(); _ = mgr.Maintain(ctx, conns.Client, tokens) }()
+	go func() {
+		defer wg.Done()
+		a.reportEnd(ctx, "certificate maintenance (renewal and recovery)", mgr.Maintain(ctx, conns.Client, tokens))
+	}()
 	go func() { defer wg.Done(); pingWatchdog(ctx, cfg.Notifier) }()
 	go func() {
 		defer wg.Done()
@@ -382,9 +400,22 @@ func (a *agent) run(ctx context.Context) error {
 	}
 	a.con.Printf("ready: instance %s, agent %s, boot %s", id.InstanceID, cfg.Version, cfg.BootID)
 	a.setPhase(tetherv1.AgentPhase_AGENT_PHASE_READY)
-	_ = cfg.Notifier.Notify("READY=1")
+	if err := cfg.Notifier.Notify("READY=1"); err != nil {
+		a.con.Printf("telling the service manager we are ready failed: %v", err)
+	}
 	<-ctx.Done()
 	return nil
+}
+
+// reportEnd says on the console why a background part of the agent
+// stopped before the agent did: it no longer does its job (a session that
+// ended no longer reports, maintenance that ended no longer renews).
+func (a *agent) reportEnd(ctx context.Context, what string, err error) {
+	if err == nil || ctx.Err() != nil {
+		return
+	}
+	a.status.SetError(fmt.Errorf("%s stopped: %w", what, err))
+	a.con.Printf("%s stopped: %v; restart the agent (or reboot the node) to get it back", what, err)
 }
 
 // fail reports err in a heartbeat before the agent gives up on this run,
@@ -509,15 +540,20 @@ func (a *agent) bringUp(ctx context.Context, conns *connHolder, sess *session.Se
 		reopen()
 		return nil
 	}
-	st.Switched = false
-	_ = saveState(a.cfg.StateDir, *st)
 	if err == nil {
 		err = errors.New("switch returned without error but did not exec the new init")
+	}
+	err = fmt.Errorf("switch root to %s: %w (the node may be half switched: reboot it once the cause is fixed)", a.cfg.RootTarget, err)
+	st.Switched = false
+	if serr := saveState(a.cfg.StateDir, *st); serr != nil {
+		// The saved state still says switched: an agent started on this
+		// root would take it for the composed one.
+		err = errors.Join(err, fmt.Errorf("record the failed switch in %s: %w", a.cfg.StateDir, serr))
 	}
 	// The stream was closed for the exec; open it again so the failure
 	// reaches the control plane.
 	reopen()
-	return fmt.Errorf("switch root to %s: %w (the node may be half switched: reboot it once the cause is fixed)", a.cfg.RootTarget, err)
+	return err
 }
 
 func (a *agent) assignment(ctx context.Context, conns *connHolder) (*tetherv1.Assignment, error) {
@@ -536,7 +572,7 @@ func (a *agent) assignment(ctx context.Context, conns *connHolder) (*tetherv1.As
 // pull fetches and verifies every assigned module, root layers first. It
 // returns the root layers and the digests of every verified module.
 func (a *agent) pull(ctx context.Context, conns *connHolder, asg *tetherv1.Assignment) ([]Layer, []string, error) {
-	if err := modules.CheckSignatures(asg); err != nil {
+	if err := a.checkSignatures(asg); err != nil {
 		return nil, nil, err
 	}
 	a.setPhase(tetherv1.AgentPhase_AGENT_PHASE_PULLING)
@@ -557,6 +593,23 @@ func (a *agent) pull(ctx context.Context, conns *connHolder, asg *tetherv1.Assig
 		digests = append(digests, m.GetDigest())
 	}
 	return layers, digests, nil
+}
+
+// checkSignatures applies the signing policy (the node's anchor, then what
+// the assignment adds) before anything is fetched, and says so on the
+// console: a refusal names the module and the reason.
+func (a *agent) checkSignatures(asg *tetherv1.Assignment) error {
+	start := a.cfg.Clock.Now()
+	err := modules.CheckSignatures(asg, a.policy)
+	n := len(asg.GetRootModules()) + len(asg.GetExtensionModules())
+	if err != nil {
+		a.con.Printf("REFUSED: %v; this root will not be mounted", err)
+		return err
+	}
+	if len(a.policy.Anchors) > 0 || len(asg.GetRequiredSigners()) > 0 || asg.GetRequireSignedModules() {
+		a.con.Printf("signatures: %d modules verified in %s", n, a.cfg.Clock.Now().Sub(start).Round(time.Microsecond))
+	}
+	return nil
 }
 
 func (a *agent) fetcher(conns *connHolder) (*modules.Fetcher, error) {

@@ -18,6 +18,7 @@ import (
 	"github.com/tetherfleet/tether/agent/enroll/enrolltest"
 	"github.com/tetherfleet/tether/agent/identity"
 	"github.com/tetherfleet/tether/agent/modules"
+	"github.com/tetherfleet/tether/agent/session"
 	tetherv1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
 
@@ -677,4 +678,69 @@ func TestRunSwitchFailureIsReported(t *testing.T) {
 	s.waitFor(t, "the switch error", func(m *tetherv1.AgentMessage) bool {
 		return strings.Contains(m.GetHeartbeat().GetError(), "device busy")
 	})
+}
+
+// stateBlockingRoot fails its switch after putting a non-empty directory
+// where the agent state file goes, so recording the failed switch fails.
+type stateBlockingRoot struct {
+	fakeRoot
+	stateDir string
+}
+
+func (r *stateBlockingRoot) Switch(string) error {
+	p := filepath.Join(r.stateDir, stateFile)
+	if err := os.Remove(p); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Join(p, "in-the-way"), 0o700); err != nil {
+		return err
+	}
+	return errors.New("move /run: device busy")
+}
+
+// Recording a failed switch used to be dropped (`_ = saveState`): the
+// saved state kept saying switched without a word. Now the run's error
+// says so.
+func TestRunSwitchFailureThatCannotBeRecordedSaysSo(t *testing.T) {
+	cp := newControlPlane(t)
+	cp.assign(t, 1, 0)
+	dir := t.TempDir()
+	r := start(t, Config{StateDir: dir, Sources: []identity.Source{cmdline(t, cp.URL, cp.AddToken("i-1"), cp.ca.Fingerprint)},
+		RootMode: RootModeSwitch, Root: &stateBlockingRoot{stateDir: dir}})
+	err := r.wait(t)
+	if err == nil || !strings.Contains(err.Error(), "device busy") || !strings.Contains(err.Error(), "record the failed switch") {
+		t.Fatalf("Run = %v", err)
+	}
+}
+
+// A background part of the agent that stops early says so on the console
+// and in the heartbeat's error; a stop because the agent is ending does
+// not.
+func TestReportEnd(t *testing.T) {
+	tests := []struct {
+		name     string
+		err      error
+		ctxDone  bool
+		reported bool
+	}{
+		{"a failure", errors.New("maintain: not enrolled"), false, true},
+		{"a clean end", nil, false, false},
+		{"the agent stopping", context.Canceled, true, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			buf := &syncBuffer{}
+			a := &agent{con: &console{w: buf, now: time.Now}, status: session.NewStatus()}
+			ctx, cancel := context.WithCancel(context.Background())
+			if tc.ctxDone {
+				cancel()
+			}
+			defer cancel()
+			a.reportEnd(ctx, "certificate maintenance", tc.err)
+			got := strings.Contains(buf.String(), "certificate maintenance stopped: maintain: not enrolled")
+			if got != tc.reported {
+				t.Fatalf("reported %v, want %v; console: %q", got, tc.reported, buf.String())
+			}
+		})
+	}
 }

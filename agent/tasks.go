@@ -48,7 +48,7 @@ func (a *agent) moduleSync(ctx context.Context, conns *connHolder) (string, erro
 	if err != nil {
 		return "", fmt.Errorf("get assignment: %w", err)
 	}
-	if err := modules.CheckSignatures(asg); err != nil {
+	if err := a.checkSignatures(asg); err != nil {
 		return "", err
 	}
 	f, err := a.fetcher(conns)

@@ -2,10 +2,14 @@ package e2e
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
+	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -17,30 +21,55 @@ import (
 
 // bootMarks are console lines that end a boot phase, in order. The host
 // stamps each as it appears in the serial log (the agent's own stamps have
-// one-second resolution).
+// one-second resolution). The first three only appear in a firmware
+// netboot (bios, uefi).
 var bootMarks = []struct{ phase, line string }{
-	{"kernel", "tether-agent dev starting as pid 1"}, // QEMU + firmware + kernel until /init runs
-	{"agent start", "tether-agent: phase enrolling"}, // boot set-up: mounts, kernel modules, network
+	{"firmware+DHCP", "Filename: "},                  // QEMU, firmware, iPXE start and its DHCP
+	{"loader", " bytes [script]"},                    // the per-boot iPXE script fetched
+	{"kernel+initramfs transfer", "Probing EDD"},     // both fetched over HTTP; iPXE starts the kernel
+	{"kernel", "tether-agent dev starting as pid 1"}, // QEMU (+ firmware) + kernel until /init runs
+	{"network", "boot: network up"},                  // mounts, kernel modules, DHCP or static ip=
+	{"agent start", "tether-agent: phase enrolling"},
 	{"enrolled", "tether-agent: enrolled as instance"},
 	{"modules verified", "tether-agent: phase mounting"},
 	{"switched", "TETHER_EXAMPLE_READY"},   // overlay mounted, root switched, busybox init ran
 	{"ready", "tether-agent: phase ready"}, // the successor agent reconnected and reported ready
 }
 
+// netbootOnly are the marks that end a phase only in a firmware netboot.
+var netbootOnly = map[string]bool{"firmware+DHCP": true, "loader": true, "kernel+initramfs transfer": true}
+
 // BenchmarkBootToRunning boots the example root in QEMU through tetherd,
-// one VM at a time, and reports the median time from the provision call
-// to each phase and to the instance showing running. Run 5 boots with:
+// one VM at a time, for each boot mode of the qemu provider (direct
+// kernel boot; SeaBIOS and UEFI firmware netboot through the NIC's iPXE
+// over QEMU's user-mode network), and reports the median time from the
+// provision call to each phase and to the instance showing running. Run 5
+// boots of each with:
 //
 //	TETHER_E2E=1 go test -tags nobadger,nobbolt,nomysql -run '^$' -bench BootToRunning -benchtime 5x ./e2e/
 func BenchmarkBootToRunning(b *testing.B) {
+	for _, mode := range []string{"direct", "bios", "uefi"} {
+		b.Run(mode, func(b *testing.B) { benchBoot(b, mode) })
+	}
+}
+
+func benchBoot(b *testing.B, mode string) {
 	a := requireVM(b)
+	if mode == "uefi" {
+		requireFiles(b, map[string]string{ovmfCode: "ovmf", ovmfVars: "ovmf"})
+	}
 	stateDir, err := os.MkdirTemp("", "tq")
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer os.RemoveAll(stateDir)
+	netLis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
 	cp := testcp.Start(b, testcp.With(func(o *daemon.ServeOptions) {
 		o.QEMUMode, o.QEMUStateDir, o.Kernel, o.Initramfs = "real", stateDir, a.kernel, a.initramfs
+		o.QEMUBoot, o.NetbootListener = mode, netLis
 	}))
 	ctx := context.Background()
 	data, err := os.ReadFile(a.rootModule)
@@ -51,7 +80,7 @@ func BenchmarkBootToRunning(b *testing.B) {
 	if _, err := cp.Admin.CreateTemplate(ctx, &v1.CreateTemplateRequest{Name: "boot", RootModules: []*v1.ModuleRef{{Name: "example", Version: "1"}}}); err != nil {
 		b.Fatal(err)
 	}
-	if _, err := cp.Admin.CreateNode(ctx, &v1.CreateNodeRequest{Name: "boot", Template: "boot"}); err != nil {
+	if _, err := cp.Admin.CreateNode(ctx, &v1.CreateNodeRequest{Name: "boot", Template: "boot", Macs: []string{"52:54:00:be:0e:01"}}); err != nil {
 		b.Fatal(err)
 	}
 	samples := map[string][]time.Duration{}
@@ -77,6 +106,9 @@ func BenchmarkBootToRunning(b *testing.B) {
 			time.Sleep(20 * time.Millisecond)
 		}
 		for phase, at := range marks() {
+			if mode == "direct" && netbootOnly[phase] {
+				continue // the kernel's "Probing EDD" shows in a direct boot too
+			}
 			samples[phase] = append(samples[phase], at)
 		}
 		b.StopTimer()
@@ -87,10 +119,16 @@ func BenchmarkBootToRunning(b *testing.B) {
 	}
 	b.StopTimer()
 	for _, m := range bootMarks {
-		b.ReportMetric(median(samples[m.phase]).Seconds(), "s-"+strings.ReplaceAll(m.phase, " ", "-"))
+		if len(samples[m.phase]) > 0 {
+			b.ReportMetric(median(samples[m.phase]).Seconds(), "s-"+strings.NewReplacer(" ", "-", "+", "-").Replace(m.phase))
+		}
 	}
 	b.ReportMetric(median(samples["running"]).Seconds(), "s-running")
-	fmt.Fprintf(os.Stderr, "boot to running over %d boots: %v\n", len(samples["running"]), samples["running"])
+	fmt.Fprintf(os.Stderr, "%s: boot to running over %d boots: %v\n", mode, len(samples["running"]), samples["running"])
+	// UEFI's EFI-stub kernel prints no "Probing EDD": no transfer mark.
+	if mode == "bios" {
+		reportTransfer(b, a, netLis.Addr().String(), median(samples["kernel+initramfs transfer"])-median(samples["loader"]))
+	}
 }
 
 // watchConsole stamps each boot mark as it appears in the log, polling
@@ -129,4 +167,41 @@ func median(ds []time.Duration) time.Duration {
 	s := append([]time.Duration(nil), ds...)
 	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
 	return s[len(s)/2]
+}
+
+// reportTransfer compares iPXE's HTTP fetch of the kernel and the
+// initramfs (the time between the script and the kernel's start, so it
+// includes iPXE's small per-file work) with curl fetching the same files
+// from the same server over loopback.
+func reportTransfer(b *testing.B, a artifacts, netboot string, ipxe time.Duration) {
+	var total int64
+	var curl time.Duration
+	for _, path := range []string{a.kernel, a.initramfs} {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			b.Fatal(err)
+		}
+		total += int64(len(data))
+		if _, err := exec.LookPath("curl"); err != nil {
+			continue
+		}
+		url := fmt.Sprintf("http://%s/artifacts/sha256:%x", netboot, sha256.Sum256(data))
+		out, err := exec.Command("curl", "-sS", "-o", "/dev/null", "-w", "%{time_total}", url).Output()
+		if err != nil {
+			b.Fatalf("curl %s: %v", url, err)
+		}
+		sec, err := strconv.ParseFloat(strings.TrimSpace(string(out)), 64)
+		if err != nil {
+			b.Fatalf("curl time %q: %v", out, err)
+		}
+		curl += time.Duration(sec * float64(time.Second))
+	}
+	mib := float64(total) / (1 << 20)
+	if ipxe > 0 {
+		b.ReportMetric(mib/ipxe.Seconds(), "MiB/s-ipxe")
+	}
+	if curl > 0 {
+		b.ReportMetric(mib/curl.Seconds(), "MiB/s-curl")
+	}
+	fmt.Fprintf(os.Stderr, "kernel+initramfs %.1f MiB: iPXE %s, curl %s\n", mib, ipxe.Round(time.Millisecond), curl.Round(time.Millisecond))
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/u-root/uio/llog"
 
 	"github.com/tetherfleet/tether/agent/boot"
+	"github.com/tetherfleet/tether/pki"
 )
 
 // Options are the inputs of Build. The same inputs give the same bytes.
@@ -35,6 +36,9 @@ type Options struct {
 	Modules []string
 	// Skip are modules never shipped; default DefaultSkip.
 	Skip []string
+	// Signers are signer public key files (from `tetherctl signer create`)
+	// baked in as the node's signer anchor, /etc/tether/signers/*.pub.
+	Signers []string
 	// Output is the cpio file to write.
 	Output string
 	// Logger receives mkuimage's messages; nil uses its default.
@@ -58,6 +62,7 @@ type Result struct {
 //	/lib/modules/<release>/kernel/...ko     the modules
 //	/lib/modules/<release>/tether.order     their load order
 //	/dev/console, /dev/null                 for the kernel and PID 1's stdio before devtmpfs
+//	/etc/tether/signers/<fp>.pub            signer anchor keys (optional)
 //	/dev /proc /sys /run /tmp /etc          mount points and scratch
 func Build(opts Options) (*Result, error) {
 	if opts.Agent == "" || opts.KernelDir == "" || opts.Output == "" {
@@ -121,6 +126,12 @@ func Build(opts Options) (*Result, error) {
 		return nil, err
 	}
 	files = append(files, filepath.Join(stage, "lib")+":lib")
+	if len(opts.Signers) > 0 {
+		if err := StageSigners(filepath.Join(stage, "etc", "tether", "signers"), opts.Signers); err != nil {
+			return nil, err
+		}
+		files = append(files, filepath.Join(stage, "etc", "tether")+":etc/tether")
+	}
 	if err := filepath.Walk(stage, func(p string, fi os.FileInfo, err error) error {
 		if err == nil && fi.IsDir() {
 			err = os.Chmod(p, 0o755)
@@ -221,4 +232,29 @@ func digest(path string) (string, int64, error) {
 		return "", 0, fmt.Errorf("initramfs: %w", err)
 	}
 	return hex.EncodeToString(h.Sum(nil)), n, nil
+}
+
+// StageSigners copies signer public keys into dir, each checked and named
+// after its fingerprint, so a wrong file (a private key, a certificate)
+// fails the build instead of a boot.
+func StageSigners(dir string, files []string) error {
+	for _, f := range files {
+		raw, err := os.ReadFile(f)
+		if err != nil {
+			return fmt.Errorf("initramfs: signer: %w", err)
+		}
+		pub, err := pki.ParseSignerPublicKey(raw)
+		if err != nil {
+			return fmt.Errorf("initramfs: signer %s: %w", f, err)
+		}
+		pemBytes, err := pki.SignerPublicPEM(pub)
+		if err != nil {
+			return fmt.Errorf("initramfs: signer %s: %w", f, err)
+		}
+		name := strings.TrimPrefix(pki.SignerFingerprint(pub), "sha256:") + ".pub"
+		if err := writeFile(filepath.Join(dir, name), pemBytes, 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
 }

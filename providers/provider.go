@@ -37,6 +37,10 @@ type Boot struct {
 	// KernelArgs are extra arguments from the template. Enrollment data is
 	// never in here; it travels in Enrollment.
 	KernelArgs string
+	// Signers are the template's required signer fingerprints, handed to
+	// the machine as its signer anchor (fw_cfg opt/tether/signers, or
+	// tether.signers= on the kernel command line).
+	Signers    []string
 	Enrollment Enrollment
 }
 
@@ -59,6 +63,10 @@ type Spec struct {
 	Region       string
 	InstanceType string
 	Boot         Boot
+	// MAC is the hardware address of the machine's boot NIC (the node's
+	// first), in lower-case colon form; empty when the node has none and
+	// the provider does not netboot.
+	MAC string
 }
 
 // Machine is the provider's view of one machine.
@@ -90,6 +98,12 @@ type Provider interface {
 	Status(ctx context.Context, id string) (Machine, error)
 	// List returns every machine the provider manages.
 	List(ctx context.Context) ([]Machine, error)
+}
+
+// Netboots reports whether p boots its machines over the network.
+func Netboots(p Provider) bool {
+	nb, ok := p.(Netbooter)
+	return ok && nb.Netboots()
 }
 
 // Kind classifies provider errors.

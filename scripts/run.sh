@@ -22,6 +22,7 @@ command -v mkfs.erofs >/dev/null || missing+=(erofs-utils)
 [ -x /bin/busybox ] || missing+=(busybox-static)
 command -v cpio >/dev/null || missing+=(cpio)
 command -v depmod >/dev/null || missing+=(kmod)
+[ -f /usr/lib/ipxe/undionly.kpxe ] || missing+=(ipxe) # firmware netboot loaders (--ipxe-dir)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
     die "missing packages: ${missing[*]}; run as root or: sudo apt-get install --no-install-recommends ${missing[*]}"
@@ -35,45 +36,125 @@ fi
 say "building tetherd, tetherctl, tether-agent, the initramfs and the example module"
 make --no-print-directory build initramfs modules >/dev/null
 
-# 3. Data dir and tetherd.
-data=.tether
-addr=127.0.0.1:7443
+# 3. Data dir and tetherd. TETHER_RUN_DATA and TETHER_RUN_ADDR move them
+#    (the e2e test of this script runs it in a temp dir on a free port).
+data=${TETHER_RUN_DATA:-.tether}
+addr=${TETHER_RUN_ADDR:-127.0.0.1:7443}
 if [ ! -f "$data/ca/ca.crt" ]; then
   say "initialising $data (CA, server certificate, admin identity)"
   bin/tetherd init --data-dir "$data" >/dev/null
 fi
-export TETHERCONFIG="$PWD/$data/admin/tetherconfig.yaml"
+data=$(cd "$data" && pwd)
+export TETHERCONFIG="$data/admin/tetherconfig.yaml"
 ctl() { bin/tetherctl --endpoint "$addr" "$@"; }
-if ctl node list >/dev/null 2>&1; then
+if ctl node list --limit 1 >/dev/null 2>&1; then
   die "a tetherd already answers on $addr; stop it first"
 fi
 # QMP sockets live in the VM state dir and unix socket paths are short.
-machines="$PWD/$data/machines"
+machines="$data/machines"
+own_machines=
 if [ ${#machines} -gt 60 ]; then
   machines=$(mktemp -d /tmp/tether-machines.XXXX)
+  own_machines=$machines
 fi
+
+# run_vms prints "PID INSTANCE" for every VM of this run that is alive. The
+# qemu provider keeps one folder per instance in $machines with qemu.pid;
+# a pid counts only while its command line names that folder's QMP socket
+# (pids are reused).
+run_vms() {
+  local pidfile dir pid
+  for pidfile in "$machines"/*/qemu.pid; do
+    [ -f "$pidfile" ] || continue
+    dir=${pidfile%/qemu.pid}
+    pid=$(cat "$pidfile" 2>/dev/null) || continue
+    [[ $pid =~ ^[0-9]+$ ]] || continue
+    if tr '\0' '\n' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF "$dir/qmp.sock"; then
+      echo "$pid ${dir##*/}"
+    fi
+  done
+}
+
+# stop_leftover_vms stops the VMs that outlived tetherd (it died first, or
+# a terminate failed). VMs run in their own session so that a restarted
+# tetherd finds them again; nothing else would ever stop these.
+stop_leftover_vms() {
+  local left pid id
+  left=$(run_vms)
+  [ -n "$left" ] || return 0
+  while read -r pid id; do
+    echo "the VM of instance $id (pid $pid) is still running; stopping it"
+    kill -TERM "$pid" 2>/dev/null || true
+  done <<<"$left"
+  for _ in $(seq 1 50); do
+    [ -n "$(run_vms)" ] || return 0
+    sleep 0.1
+  done
+  while read -r pid id; do kill -KILL "$pid" 2>/dev/null || true; done <<<"$(run_vms)"
+  sleep 0.5
+  left=$(run_vms)
+  [ -n "$left" ] || return 0
+  while read -r pid id; do
+    printf 'make run: the VM of instance %s is still running (pid %s); stop it with: kill -9 %s\n' "$id" "$pid" "$pid" >&2
+  done <<<"$left"
+  return 1
+}
+
 say "starting tetherd on $addr (log: $data/tetherd.log)"
-bin/tetherd serve --data-dir "$data" --listen "$addr" --qemu-state-dir "$machines" \
+# setsid: tetherd gets its own session, so the terminal's Ctrl-C (sent to
+# the whole foreground process group) reaches this script and not tetherd:
+# the cleanup below needs tetherd alive to terminate the VMs through it.
+# setsid does not fork here (a background child is no group leader), so
+# $! is tetherd.
+setsid bin/tetherd serve --data-dir "$data" --listen "$addr" --qemu-state-dir "$machines" \
   --kernel .cache/kernel/vmlinuz --initramfs build/initramfs.cpio >"$data/tetherd.log" 2>&1 &
 tetherd=$!
 
+# cleanup terminates the VMs through tetherd, stops tetherd, then stops
+# whatever VM of this run is still alive. It exits with $1, or 1 when a VM
+# could not be stopped.
 cleanup() {
-  trap - INT TERM EXIT
+  local status=$1 pool id
+  # A second Ctrl-C must not cut the cleanup short and leave VMs behind.
+  trap '' INT TERM HUP
+  trap - EXIT
   echo
-  say "stopping: terminating QEMU instances, then tetherd"
-  # Every VM this tetherd started, pool members included (columns: ID NODE STATUS PHASE PROVIDER ...).
-  for id in $(ctl instance list 2>/dev/null | awk 'NR > 1 && $5 == "qemu" && $3 != "terminated" {print $1}'); do
-    ctl instance terminate "$id" >/dev/null 2>&1 && echo "terminated $id" || echo "could not terminate $id (see $data/tetherd.log)"
-  done
+  say "stopping: terminating QEMU instances, then tetherd (this takes a few seconds)"
+  if kill -0 "$tetherd" 2>/dev/null && ctl node list --limit 1 >/dev/null 2>&1; then
+    # No pool may replace what is terminated below.
+    for pool in $(ctl pool list 2>/dev/null | awk 'NR > 1 && $2 == "active" {print $1}'); do
+      ctl pool pause "$pool" >/dev/null 2>&1 || echo "could not pause pool $pool (see $data/tetherd.log)"
+    done
+    # Every VM this tetherd started, pool members included (columns: ID NODE STATUS PHASE PROVIDER ...).
+    for id in $(ctl instance list 2>/dev/null | awk 'NR > 1 && $5 == "qemu" && $3 != "terminated" {print $1}'); do
+      ctl instance terminate "$id" >/dev/null 2>&1 && echo "terminated $id" || echo "could not terminate $id (see $data/tetherd.log)"
+    done
+  else
+    echo "tetherd is not answering (see $data/tetherd.log); stopping this run's VMs by their pid files in $machines"
+  fi
   kill -TERM "$tetherd" 2>/dev/null || true
+  for _ in $(seq 1 200); do
+    kill -0 "$tetherd" 2>/dev/null || break
+    sleep 0.1
+  done
+  if kill -0 "$tetherd" 2>/dev/null; then
+    echo "tetherd did not stop within 20 s; killing it"
+    kill -KILL "$tetherd" 2>/dev/null || true
+  fi
   wait "$tetherd" 2>/dev/null || true
-  say "stopped"
-  exit 0
+  if stop_leftover_vms; then
+    [ -z "$own_machines" ] || rm -rf "$own_machines"
+    say "stopped"
+  else
+    status=1
+  fi
+  exit "$status"
 }
-trap cleanup INT TERM EXIT
+trap 'cleanup 0' INT TERM HUP
+trap 'cleanup $?' EXIT
 
 for _ in $(seq 1 100); do
-  ctl node list >/dev/null 2>&1 && break
+  ctl node list --limit 1 >/dev/null 2>&1 && break
   kill -0 "$tetherd" 2>/dev/null || { cat "$data/tetherd.log" >&2; die "tetherd exited; its log is above"; }
   sleep 0.1
 done

@@ -30,11 +30,14 @@ type Config struct {
 	Cmdline string
 	// Logf reports progress; nil discards it.
 	Logf func(format string, args ...any)
+	// DHCP is the DHCP client; default UrootDHCP{}.
+	DHCP DHCP
 }
 
 // Setup mounts devtmpfs on /dev (with devpts on /dev/pts), proc on /proc,
 // sysfs on /sys and tmpfs on /run and /tmp, loads the kernel modules in
-// order and brings the network up from the command line's ip= parameter.
+// order and brings the network up as the command line asks (ip=, BOOTIF=;
+// DHCP when neither is given).
 // Mounts that are already in place are left alone, so Setup may run again
 // after a restart.
 func Setup(ctx context.Context, cfg Config) error {
@@ -65,15 +68,11 @@ func Setup(ctx context.Context, cfg Config) error {
 	logf("boot: %d kernel modules loaded in %v", n, time.Since(t).Round(time.Millisecond))
 
 	t = time.Now()
-	addrs, err := ConfigureNetwork(ctx, cmdline)
+	summary, err := ConfigureNetwork(ctx, cmdline, NetworkOptions{DHCP: cfg.DHCP, Logf: logf})
 	if err != nil {
 		return err
 	}
-	if len(addrs) == 0 {
-		logf("boot: no ip= on the kernel command line; only lo is up")
-	} else {
-		logf("boot: network up (%s) in %v", strings.Join(addrs, ", "), time.Since(t).Round(time.Millisecond))
-	}
+	logf("boot: network up: %s in %v", summary, time.Since(t).Round(time.Millisecond))
 	return nil
 }
 

@@ -26,10 +26,11 @@ type IPConfig struct {
 	NTP      netip.Addr
 }
 
-// ErrDHCPUnsupported is returned for the autoconfiguration forms of ip=
-// (dhcp, bootp, rarp, on, any, both): the agent only applies static
-// addresses, and saying so beats silently leaving the node offline.
-var ErrDHCPUnsupported = errors.New("automatic configuration (DHCP/BOOTP/RARP) is not supported; use ip=<client>::<gw>:<netmask>::<dev>:off")
+// ErrAutoconf is what ParseIPParam returns for the autoconfiguration forms
+// of ip= (dhcp, on, any, both, bootp, rarp, or a static form with no client
+// address): they are not a static configuration. PlanNetwork turns the DHCP
+// ones into a DHCP plan.
+var ErrAutoconf = errors.New("asks for automatic configuration, not a static address")
 
 // errIPOff marks ip=off / ip=none: the operator asked for no configuration.
 var errIPOff = errors.New("ip= disables network configuration")
@@ -55,7 +56,7 @@ func parseIP(value string) (IPConfig, error) {
 	case "":
 		return cfg, errors.New("empty value")
 	case "on", "any", "dhcp", "bootp", "rarp", "both":
-		return cfg, ErrDHCPUnsupported
+		return cfg, ErrAutoconf
 	}
 	fields := strings.Split(value, ":")
 	if len(fields) > 10 {
@@ -71,7 +72,7 @@ func parseIP(value string) (IPConfig, error) {
 	switch autoconf := field(6); autoconf {
 	case "", "off", "none":
 	case "on", "any", "dhcp", "bootp", "rarp", "both":
-		return cfg, fmt.Errorf("autoconf field %q: %w", autoconf, ErrDHCPUnsupported)
+		return cfg, fmt.Errorf("autoconf field %q: %w", autoconf, ErrAutoconf)
 	default:
 		return cfg, fmt.Errorf("autoconf field %q: want off or none", autoconf)
 	}
@@ -81,7 +82,7 @@ func parseIP(value string) (IPConfig, error) {
 		return cfg, err
 	}
 	if !client.IsValid() {
-		return cfg, fmt.Errorf("client address (field 1) is empty: %w", ErrDHCPUnsupported)
+		return cfg, fmt.Errorf("client address (field 1) is empty: %w", ErrAutoconf)
 	}
 	if cfg.Server, err = parseIPv4("server address", field(1)); err != nil {
 		return cfg, err

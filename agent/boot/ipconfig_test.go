@@ -17,7 +17,7 @@ func TestParseIPParam(t *testing.T) {
 		want    IPConfig
 		wantOK  bool
 		wantErr string // substring; "" means no error
-		dhcp    bool   // error wraps ErrDHCPUnsupported
+		dhcp    bool   // error wraps ErrAutoconf
 	}{
 		{
 			name:   "qemu user networking",
@@ -43,7 +43,7 @@ func TestParseIPParam(t *testing.T) {
 		{name: "off", in: "off"},
 		{name: "none", in: "none"},
 		{name: "empty", in: "", wantErr: "empty value"},
-		{name: "dhcp", in: "dhcp", wantErr: "not supported", dhcp: true},
+		{name: "dhcp", in: "dhcp", wantErr: "automatic configuration", dhcp: true},
 		{name: "autoconf field dhcp", in: "10.0.2.15::10.0.2.2:255.255.255.0::eth0:dhcp", wantErr: `autoconf field "dhcp"`, dhcp: true},
 		{name: "missing client", in: "::10.0.2.2:255.255.255.0::eth0:off", wantErr: "client address (field 1) is empty", dhcp: true},
 		{name: "bad autoconf", in: "10.0.2.15::::::static", wantErr: `autoconf field "static"`},
@@ -70,8 +70,8 @@ func TestParseIPParam(t *testing.T) {
 				if !strings.Contains(err.Error(), "ip=") {
 					t.Errorf("error %q does not name the ip= parameter", err)
 				}
-				if got := errors.Is(err, ErrDHCPUnsupported); got != tc.dhcp {
-					t.Errorf("errors.Is(err, ErrDHCPUnsupported) = %v, want %v", got, tc.dhcp)
+				if got := errors.Is(err, ErrAutoconf); got != tc.dhcp {
+					t.Errorf("errors.Is(err, ErrAutoconf) = %v, want %v", got, tc.dhcp)
 				}
 				return
 			}

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/tetherfleet/tether/internal/clock"
 )
 
 // DefaultLinkTimeout bounds the wait for a device to appear and for its
@@ -20,37 +22,77 @@ import (
 // on hardware autonegotiation takes a few seconds.
 const DefaultLinkTimeout = 15 * time.Second
 
-// ConfigureNetwork applies the kernel command line's `ip=` parameter: it
-// brings up lo and the device, adds the address and the default route, and
-// waits (bounded by ctx and DefaultLinkTimeout) for the link's carrier. It
-// returns the addresses it configured in CIDR form.
-//
-// Without ip= (or with ip=off/none) only lo is brought up and addrs is
-// empty; the autoconfiguration forms (ip=dhcp, ...) are refused with
-// ErrDHCPUnsupported, since a DHCP client is not part of the agent.
-func ConfigureNetwork(ctx context.Context, cmdline string) (addrs []string, err error) {
+// NetworkOptions are ConfigureNetwork's seams; every field has a usable
+// zero value.
+type NetworkOptions struct {
+	DHCP     DHCP   // default UrootDHCP{}
+	LeaseDir string // default DefaultLeaseDir
+	Logf     func(format string, args ...any)
+	Clock    clock.Clock                          // default the wall clock
+	After    func(time.Duration) <-chan time.Time // default time.After
+}
+
+func (o *NetworkOptions) defaults() {
+	if o.DHCP == nil {
+		o.DHCP = UrootDHCP{}
+	}
+	if o.LeaseDir == "" {
+		o.LeaseDir = DefaultLeaseDir
+	}
+	if o.Logf == nil {
+		o.Logf = func(string, ...any) {}
+	}
+	if o.Clock == nil {
+		o.Clock = clock.Real{}
+	}
+	if o.After == nil {
+		o.After = time.After
+	}
+}
+
+// ConfigureNetwork brings up lo and then the network the kernel command
+// line asks for (see PlanNetwork): a static ip=, or DHCP, waiting (bounded
+// by ctx and DefaultLinkTimeout) for the link's carrier. It returns one
+// line that says what it did. DHCP leases are renewed in the background
+// until ctx ends, and DHCPv6 is tried beside DHCPv4 (SLAAC is the
+// kernel's, once the link is up).
+func ConfigureNetwork(ctx context.Context, cmdline string, opts NetworkOptions) (summary string, err error) {
+	opts.defaults()
+	plan, err := PlanNetwork(cmdline)
+	if err != nil {
+		return "", err
+	}
 	nl, err := dialRtnl()
 	if err != nil {
-		return nil, fmt.Errorf("boot: network: %w", err)
+		return "", fmt.Errorf("boot: network: %w", err)
 	}
 	defer nl.Close()
 
 	if err := bringUp(nl, "lo"); err != nil {
-		return nil, fmt.Errorf("boot: network: %w", err)
+		return "", fmt.Errorf("boot: network: %w", err)
 	}
+	switch plan.Kind {
+	case NetNone:
+		return plan.String(), nil
+	case NetStatic:
+		if err := applyIPConfig(ctx, nl, plan.Static); err != nil {
+			return "", err
+		}
+		return fmt.Sprintf("static %s on %s", plan.Static.Client, deviceName(plan.Static.Device)), nil
+	}
+	summary, err = dhcpUp(ctx, nl, plan, opts)
+	if err != nil && plan.Implicit {
+		// Nothing asked for a network; say why there is none and go on.
+		return fmt.Sprintf("only lo is up: %s found no DHCP server (%v)", plan, err), nil
+	}
+	return summary, err
+}
 
-	value, present := CmdlineValue(cmdline, "ip")
-	if !present {
-		return nil, nil
+func deviceName(dev string) string {
+	if dev == "" {
+		return "the first interface"
 	}
-	cfg, ok, err := ParseIPParam(value)
-	if err != nil || !ok {
-		return nil, err
-	}
-	if err := applyIPConfig(ctx, nl, cfg); err != nil {
-		return nil, err
-	}
-	return []string{cfg.Client.String()}, nil
+	return dev
 }
 
 // ApplyIPConfig configures one interface from cfg (see ConfigureNetwork).

@@ -65,12 +65,12 @@ func configureNetworkChild(t *testing.T) {
 	const cmdline = "console=ttyS0 ip=10.0.2.15::10.0.2.2:255.255.255.0:tether-test:t0:off quiet"
 	// Twice: the second run must accept its own earlier work.
 	for i := 0; i < 2; i++ {
-		addrs, err := ConfigureNetwork(ctx, cmdline)
+		summary, err := ConfigureNetwork(ctx, cmdline, NetworkOptions{})
 		if err != nil {
 			t.Fatalf("ConfigureNetwork (run %d): %v", i+1, err)
 		}
-		if len(addrs) != 1 || addrs[0] != "10.0.2.15/24" {
-			t.Fatalf("addrs = %q, want [10.0.2.15/24]", addrs)
+		if summary != "static 10.0.2.15/24 on t0" {
+			t.Fatalf("summary = %q, want static 10.0.2.15/24 on t0", summary)
 		}
 	}
 
@@ -101,7 +101,7 @@ func configureNetworkChild(t *testing.T) {
 	// A device that never shows up fails within the bound, naming it.
 	short, cancel2 := context.WithTimeout(ctx, 200*time.Millisecond)
 	defer cancel2()
-	_, err := ConfigureNetwork(short, "ip=10.0.3.15:::255.255.255.0::nosuch0:off")
+	_, err := ConfigureNetwork(short, "ip=10.0.3.15:::255.255.255.0::nosuch0:off", NetworkOptions{})
 	if err == nil || !strings.Contains(err.Error(), "device nosuch0") {
 		t.Errorf("missing device: err = %v, want it to name device nosuch0", err)
 	}

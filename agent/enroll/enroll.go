@@ -235,11 +235,26 @@ func (m *Manager) Load() (*Identity, error) {
 
 // TokenSpent reports whether this node has already enrolled with token.
 func (m *Manager) TokenSpent(token string) bool {
-	meta, err := m.store.loadMeta()
-	if err != nil {
-		return false
-	}
+	meta := m.savedMeta("token check")
 	return slices.Contains(meta.SpentTokenHashes, pki.HashToken(token))
+}
+
+// savedMeta reads the saved identity metadata. None saved is a first
+// enrollment. A file that cannot be read or parsed cannot say which tokens
+// were spent: that is said on the console, the file is kept beside as
+// identity.json.corrupt for a look, and the caller carries on with an
+// empty record rather than fail an enrollment the control plane granted.
+func (m *Manager) savedMeta(during string) savedMeta {
+	meta, err := m.store.loadMeta()
+	switch {
+	case err == nil:
+		return meta
+	case errors.Is(err, ErrNoIdentity):
+		return savedMeta{}
+	}
+	kept := m.store.keepCorrupt()
+	m.cfg.Logf("enroll: %s: saved identity metadata unreadable, its record of spent bootstrap tokens is lost (%s): %v", during, kept, err)
+	return savedMeta{}
 }
 
 func (m *Manager) set(id *Identity) {
@@ -284,7 +299,7 @@ func (m *Manager) Enroll(ctx context.Context, client tetherv1.EnrollmentServiceC
 	if resp.GetInstanceId() != "" && resp.GetInstanceId() != id.InstanceID {
 		return nil, fmt.Errorf("enroll: response says instance %q but the certificate names %q", resp.GetInstanceId(), id.InstanceID)
 	}
-	meta, _ := m.store.loadMeta()
+	meta := m.savedMeta("enroll")
 	meta.SpentTokenHashes = append(meta.SpentTokenHashes, pki.HashToken(token))
 	if err := m.commit(id, meta); err != nil {
 		return nil, fmt.Errorf("enroll: %w", err)
@@ -314,7 +329,7 @@ func (m *Manager) Renew(ctx context.Context, client tetherv1.AgentServiceClient)
 	if err != nil {
 		return nil, fmt.Errorf("renew: %w", err)
 	}
-	meta, _ := m.store.loadMeta()
+	meta := m.savedMeta("renew")
 	if err := m.commit(id, meta); err != nil {
 		return nil, fmt.Errorf("renew: %w", err)
 	}

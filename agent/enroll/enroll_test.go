@@ -410,3 +410,33 @@ func TestExpiredWithoutTokenKeepsRetrying(t *testing.T) {
 		t.Fatalf("renewals=%d enrollments=%d; an expired certificate must not renew and a spent token must not be reused", f.srv.Renewals, f.srv.Enrollments)
 	}
 }
+
+// A corrupt identity.json used to reset the record of spent tokens
+// without a word. It is now said on the console, and the file is kept.
+func TestCorruptMetadataIsReported(t *testing.T) {
+	f := newFixture(t)
+	m := f.manager(t, f.ca.Fingerprint)
+	tok := f.srv.AddToken("i-123")
+	if _, err := enroll(t, m, tok); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(f.dir, IdentityFile)
+	if err := os.WriteFile(path, []byte("{not json"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if m.TokenSpent(tok) {
+		t.Fatal("a corrupt record cannot know the token was spent")
+	}
+	f.logs.waitFor(t, "spent bootstrap tokens is lost")
+	if b, err := os.ReadFile(path + ".corrupt"); err != nil || string(b) != "{not json" {
+		t.Fatalf("the corrupt file was not kept: %q, %v", b, err)
+	}
+	// The next enrollment starts a fresh record, with its own token in it.
+	tok2 := f.srv.AddToken("i-123")
+	if _, err := enroll(t, m, tok2); err != nil {
+		t.Fatal(err)
+	}
+	if !m.TokenSpent(tok2) {
+		t.Fatal("the new record lacks the token just used")
+	}
+}

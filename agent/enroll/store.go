@@ -104,6 +104,16 @@ func (s store) loadMeta() (savedMeta, error) {
 	return meta, nil
 }
 
+// keepCorrupt moves an unreadable metadata file aside, so the next save
+// does not erase what went wrong, and says where it went.
+func (s store) keepCorrupt() string {
+	to := s.path(IdentityFile) + ".corrupt"
+	if err := os.Rename(s.path(IdentityFile), to); err != nil {
+		return "could not keep it: " + err.Error()
+	}
+	return "kept as " + to
+}
+
 // load reads and cross-checks a saved identity.
 func (s store) load() (*Identity, savedMeta, error) {
 	meta, err := s.loadMeta()

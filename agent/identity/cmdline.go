@@ -4,7 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"slices"
 	"strings"
+
+	"github.com/tetherfleet/tether/pki"
 )
 
 // Kernel command line parameters the agent reads.
@@ -144,6 +147,8 @@ func isSpace(c byte) bool {
 type Cmdline struct {
 	Fields
 	Debug bool
+	// Signers is the node's signer anchor from tether.signers=.
+	Signers []string
 	// Unknown lists tether.* parameters this agent does not know, so the
 	// console can say they were ignored (a newer control plane may pass
 	// parameters an older agent predates).
@@ -162,7 +167,9 @@ func ParseTetherCmdline(s string) (Cmdline, error) {
 		if !strings.HasPrefix(p.Key, "tether.") {
 			continue
 		}
-		if prev, dup := seen[p.Key]; dup && prev != p.Value {
+		// tether.signers may appear more than once (the template's arguments
+		// and the provider's): the anchors join.
+		if prev, dup := seen[p.Key]; dup && prev != p.Value && p.Key != ParamSigners {
 			return Cmdline{}, &CmdlineError{Param: p.Key, Reason: "given twice with different values; keep one"}
 		}
 		seen[p.Key] = p.Value
@@ -191,6 +198,19 @@ func ParseTetherCmdline(s string) (Cmdline, error) {
 				return Cmdline{}, &CmdlineError{Param: p.Key, Reason: err.Error()}
 			}
 			c.CA = v
+		case ParamSigners:
+			fps, err := pki.ParseSignerList(p.Value)
+			if err != nil {
+				return Cmdline{}, &CmdlineError{Param: p.Key, Reason: err.Error() + " (want tether.signers=sha256:HEX[,sha256:HEX])"}
+			}
+			if len(fps) == 0 {
+				return Cmdline{}, &CmdlineError{Param: p.Key, Reason: "has no value (want tether.signers=sha256:HEX[,sha256:HEX])"}
+			}
+			for _, fp := range fps {
+				if !slices.Contains(c.Signers, fp) {
+					c.Signers = append(c.Signers, fp)
+				}
+			}
 		case ParamDebug:
 			switch strings.ToLower(p.Value) {
 			case "", "1", "true", "yes", "on":

@@ -8,7 +8,6 @@ package modules
 
 import (
 	"context"
-	"crypto/ed25519"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -19,6 +18,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -26,6 +26,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/tetherfleet/tether/pki"
 	tetherv1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
 
@@ -394,38 +395,121 @@ func syncDir(dir string) {
 	}
 }
 
-// SignedMessage is what an operator's key signs for a module.
+// SignedMessage is what a signer's key signs for a module (pki's one
+// definition, shared with tetherctl and tetherd).
 func SignedMessage(name, version, digest string) []byte {
-	return []byte("tether-module-v1\n" + name + "\n" + version + "\n" + digest)
+	return pki.ModuleMessage(name, version, digest)
 }
 
-// VerifySignature checks m's signature against any of keys (raw 32-byte
-// Ed25519 public keys).
-func VerifySignature(m *tetherv1.Module, keys [][]byte) error {
-	if len(m.GetSignature()) == 0 {
-		return fmt.Errorf("module %s is unsigned, and this template requires signed modules (sign it and push it again)", Name(m))
+// SignatureRefused is a module no acceptable signer signed. Its text starts
+// with the event kind, so the heartbeat that carries it is recorded on the
+// control plane as a module.signature_refused event.
+type SignatureRefused struct {
+	Module string
+	Reason string
+}
+
+// RefusedKind is the event kind a refusal is reported under.
+const RefusedKind = "module.signature_refused"
+
+func (e *SignatureRefused) Error() string {
+	return fmt.Sprintf("%s: module %s refused: %s", RefusedKind, e.Module, e.Reason)
+}
+
+// Policy is what this node requires of module signatures.
+type Policy struct {
+	// Anchors are signer fingerprints the node learned outside the control
+	// plane (kernel command line, fw_cfg, initramfs). With any, every
+	// module needs a valid signature by one of them, whatever the
+	// assignment says.
+	Anchors []string
+}
+
+// verified maps each signer fingerprint on m to whether its signature
+// verifies over m's name, version and digest: each signature is checked
+// once, however many requirements look at it.
+func verified(m *tetherv1.Module) map[string]bool {
+	out := make(map[string]bool, len(m.GetSignatures()))
+	for _, s := range m.GetSignatures() {
+		fp := pki.SignerFingerprint(s.GetPublicKey())
+		out[fp] = out[fp] || pki.VerifyModule(s.GetPublicKey(), m.GetName(), m.GetVersion(), m.GetDigest(), s.GetSignature())
 	}
-	if len(keys) == 0 {
-		return fmt.Errorf("module %s: the template requires signed modules but the assignment lists no signing keys", Name(m))
-	}
-	msg := SignedMessage(m.GetName(), m.GetVersion(), m.GetDigest())
-	for _, k := range keys {
-		if len(k) == ed25519.PublicKeySize && ed25519.Verify(ed25519.PublicKey(k), msg, m.GetSignature()) {
-			return nil
+	return out
+}
+
+// signedBy reports whether one of fps validly signed m, and if not, why not.
+func signedBy(m *tetherv1.Module, ok map[string]bool, fps []string) (bool, string) {
+	var bad []string
+	for _, fp := range fps {
+		valid, present := ok[fp]
+		if valid {
+			return true, ""
+		}
+		if present {
+			bad = append(bad, fp)
 		}
 	}
-	return fmt.Errorf("module %s: signature does not verify against any of the %d signing keys in the assignment (signed by another key, or signed over another name, version or digest)", Name(m), len(keys))
+	switch {
+	case len(bad) > 0:
+		return false, fmt.Sprintf("the signature by %s does not verify over this module's name, version and digest %s", strings.Join(bad, ", "), m.GetDigest())
+	case len(ok) > 0:
+		other := make([]string, 0, len(ok))
+		for fp := range ok {
+			other = append(other, fp)
+		}
+		slices.Sort(other)
+		return false, fmt.Sprintf("signed only by %s, none of the trusted signers %s", strings.Join(other, ", "), strings.Join(fps, ", "))
+	default:
+		return false, fmt.Sprintf("unsigned; it needs a signature by one of %s", strings.Join(fps, ", "))
+	}
 }
 
-// CheckSignatures applies the assignment's signing policy to every module
-// before any is fetched, so a boot refuses a bad set as a whole.
-func CheckSignatures(a *tetherv1.Assignment) error {
-	if !a.GetRequireSignedModules() {
-		return nil
+// VerifySignature checks m against the assignment's signing keys (the
+// template's require_signed_modules): a verified signature by one of keys.
+func VerifySignature(m *tetherv1.Module, keys [][]byte) error {
+	if len(m.GetSignature()) == 0 && len(m.GetSignatures()) == 0 {
+		return &SignatureRefused{Module: Name(m), Reason: "unsigned, and this template requires signed modules (sign it with `tetherctl module sign`)"}
 	}
+	if len(keys) == 0 {
+		return &SignatureRefused{Module: Name(m), Reason: "the template requires signed modules but the assignment lists no signing keys"}
+	}
+	for _, k := range keys {
+		if pki.VerifyModule(k, m.GetName(), m.GetVersion(), m.GetDigest(), m.GetSignature()) {
+			return nil
+		}
+		for _, s := range m.GetSignatures() {
+			if string(s.GetPublicKey()) == string(k) && pki.VerifyModule(k, m.GetName(), m.GetVersion(), m.GetDigest(), s.GetSignature()) {
+				return nil
+			}
+		}
+	}
+	return &SignatureRefused{Module: Name(m), Reason: fmt.Sprintf("the signature does not verify against any of the %d signing keys in the assignment (signed by another key, or signed over another name, version or digest)", len(keys))}
+}
+
+// CheckSignatures applies the node's anchor and the assignment's signing
+// policy to every module before any is fetched, so a boot refuses a bad set
+// as a whole. The assignment can add requirements (required signers,
+// signed modules); the node's anchor applies whatever it says.
+func CheckSignatures(a *tetherv1.Assignment, p Policy) error {
 	for _, m := range append(append([]*tetherv1.Module(nil), a.GetRootModules()...), a.GetExtensionModules()...) {
-		if err := VerifySignature(m, a.GetSigningKeys()); err != nil {
-			return err
+		if len(p.Anchors) == 0 && len(a.GetRequiredSigners()) == 0 && !a.GetRequireSignedModules() {
+			continue
+		}
+		valid := verified(m)
+		if len(p.Anchors) > 0 {
+			if ok, why := signedBy(m, valid, p.Anchors); !ok {
+				return &SignatureRefused{Module: Name(m), Reason: "node signer anchor: " + why}
+			}
+		}
+		if req := a.GetRequiredSigners(); len(req) > 0 {
+			if ok, why := signedBy(m, valid, req); !ok {
+				return &SignatureRefused{Module: Name(m), Reason: "template's required signers: " + why}
+			}
+		}
+		if a.GetRequireSignedModules() {
+			if err := VerifySignature(m, a.GetSigningKeys()); err != nil {
+				return err
+			}
 		}
 	}
 	return nil

@@ -16,6 +16,7 @@ import (
 
 	"github.com/tetherfleet/tether/agent/enroll"
 	"github.com/tetherfleet/tether/agent/enroll/enrolltest"
+	"github.com/tetherfleet/tether/pki"
 	tetherv1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
 
@@ -326,16 +327,52 @@ func TestVerifySignature(t *testing.T) {
 
 func TestCheckSignatures(t *testing.T) {
 	pub, priv, _ := ed25519.GenerateKey(rand.Reader)
+	otherPub, otherPriv, _ := ed25519.GenerateKey(rand.Reader)
+	anchored, other := pki.SignerFingerprint(pub), pki.SignerFingerprint(otherPub)
 	d := enrolltest.Digest([]byte("a"))
-	good := &tetherv1.Module{Name: "a", Version: "1", Digest: d, Signature: ed25519.Sign(priv, SignedMessage("a", "1", d))}
-	unsigned := &tetherv1.Module{Name: "ext", Version: "1", Digest: d}
-	a := &tetherv1.Assignment{RootModules: []*tetherv1.Module{good}, ExtensionModules: []*tetherv1.Module{unsigned}, SigningKeys: [][]byte{pub}}
-	if err := CheckSignatures(a); err != nil {
-		t.Fatalf("signatures not required: %v", err)
+	sig := func(k ed25519.PrivateKey, kp ed25519.PublicKey, digest string) *tetherv1.ModuleSignature {
+		return &tetherv1.ModuleSignature{Signer: pki.SignerFingerprint(kp), PublicKey: kp, Signature: pki.SignModule(k, "a", "1", digest)}
 	}
-	a.RequireSignedModules = true
-	if err := CheckSignatures(a); err == nil || !strings.Contains(err.Error(), "ext:1 is unsigned") {
-		t.Fatalf("err = %v, want the unsigned extension refused", err)
+	mod := func(sigs ...*tetherv1.ModuleSignature) *tetherv1.Module {
+		return &tetherv1.Module{Name: "a", Version: "1", Digest: d, Signatures: sigs}
+	}
+	tests := []struct {
+		name    string
+		asg     *tetherv1.Assignment
+		anchors []string
+		wantErr string
+	}{
+		{"nothing required", &tetherv1.Assignment{RootModules: []*tetherv1.Module{mod()}}, nil, ""},
+		{"anchored signer", &tetherv1.Assignment{RootModules: []*tetherv1.Module{mod(sig(priv, pub, d))}}, []string{anchored}, ""},
+		{"anchored among others", &tetherv1.Assignment{RootModules: []*tetherv1.Module{mod(sig(otherPriv, otherPub, d), sig(priv, pub, d))}}, []string{anchored}, ""},
+		{"unsigned with an anchor", &tetherv1.Assignment{RootModules: []*tetherv1.Module{mod()}}, []string{anchored}, "a:1 refused: node signer anchor: unsigned"},
+		{"signer not anchored", &tetherv1.Assignment{RootModules: []*tetherv1.Module{mod(sig(otherPriv, otherPub, d))}}, []string{anchored}, "signed only by " + other},
+		{"signature over another digest", &tetherv1.Assignment{RootModules: []*tetherv1.Module{mod(sig(priv, pub, enrolltest.Digest([]byte("b"))))}}, []string{anchored}, "does not verify over this module"},
+		{"anchored key claimed for another key's signature", &tetherv1.Assignment{RootModules: []*tetherv1.Module{mod(&tetherv1.ModuleSignature{PublicKey: pub, Signature: pki.SignModule(otherPriv, "a", "1", d)})}}, []string{anchored}, "does not verify"},
+		{"assignment drops every requirement", &tetherv1.Assignment{RootModules: []*tetherv1.Module{mod(sig(otherPriv, otherPub, d))}, RequireSignedModules: false, SigningKeys: [][]byte{otherPub}}, []string{anchored}, "node signer anchor"},
+		{"assignment names another signer", &tetherv1.Assignment{RootModules: []*tetherv1.Module{mod(sig(otherPriv, otherPub, d))}, RequiredSigners: []string{other}}, []string{anchored}, "node signer anchor"},
+		{"assignment adds a signer", &tetherv1.Assignment{RootModules: []*tetherv1.Module{mod(sig(priv, pub, d))}, RequiredSigners: []string{other}}, []string{anchored}, "template's required signers: signed only by " + anchored},
+		{"extension checked too", &tetherv1.Assignment{RootModules: []*tetherv1.Module{mod(sig(priv, pub, d))}, ExtensionModules: []*tetherv1.Module{{Name: "ext", Version: "1", Digest: d}}}, []string{anchored}, "ext:1 refused"},
+		{"legacy require signed, unsigned", &tetherv1.Assignment{RootModules: []*tetherv1.Module{mod()}, RequireSignedModules: true, SigningKeys: [][]byte{pub}}, nil, "a:1 refused: unsigned"},
+		{"legacy require signed, signed", &tetherv1.Assignment{RootModules: []*tetherv1.Module{mod(sig(priv, pub, d))}, RequireSignedModules: true, SigningKeys: [][]byte{pub}}, nil, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := CheckSignatures(tt.asg, Policy{Anchors: tt.anchors})
+			if tt.wantErr == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Fatalf("err = %v, want %q", err, tt.wantErr)
+			}
+			var ref *SignatureRefused
+			if !errors.As(err, &ref) || !strings.HasPrefix(err.Error(), RefusedKind+": module ") {
+				t.Fatalf("err = %v: want a SignatureRefused naming the module", err)
+			}
+		})
 	}
 }
 

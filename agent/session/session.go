@@ -466,7 +466,7 @@ func (s *Session) heartbeat() (*tetherv1.Heartbeat, uint64) {
 		UptimeSeconds:        int64(s.cfg.Uptime() / time.Second),
 		AgentVersion:         s.cfg.Version,
 		RunningModuleDigests: modules,
-		Error:                lastErr,
+		Error:                printable(lastErr, 4096),
 		Addresses:            s.cfg.Addresses(),
 		BootId:               s.cfg.BootID,
 	}, gen
@@ -561,7 +561,7 @@ wait:
 		u.ErrorMessage = errCancelled.Error()
 	case out.Err != nil:
 		u.Status = tetherv1.TaskStatus_TASK_STATUS_FAILED
-		u.ErrorMessage = out.Err.Error()
+		u.ErrorMessage = printable(out.Err.Error(), 4096)
 	case ctx.Err() != nil:
 		u.Status = tetherv1.TaskStatus_TASK_STATUS_FAILED
 		u.ErrorMessage = "the agent stopped before the task finished"

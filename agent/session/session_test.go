@@ -418,3 +418,22 @@ func TestUpdateQueue(t *testing.T) {
 		}
 	})
 }
+
+func TestPrintable(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		max  int
+		want string
+	}{
+		{"plain", 4096, "plain"},
+		{"a\nb\x1b]0;title\x07c", 4096, "a b ]0;title c"},
+		{"\u0085x\u2028", 4096, " x "},
+		{"h\xffi", 4096, "h?i"},
+		{"héllo", 2, "h"}, // a cut inside a character drops all of it
+		{"héllo", 3, "hé"},
+	} {
+		if got := printable(tc.in, tc.max); got != tc.want {
+			t.Errorf("printable(%q, %d) = %q, want %q", tc.in, tc.max, got, tc.want)
+		}
+	}
+}

@@ -11,6 +11,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
+	"log"
 	"os"
 	"os/signal"
 
@@ -25,6 +27,9 @@ import (
 var version = "dev"
 
 func main() {
+	// u-root's DHCP client logs every packet through the standard logger;
+	// the agent says on the console itself, once, what the network is.
+	log.SetOutput(io.Discard)
 	pid1 := os.Getpid() == 1
 	fs := flag.NewFlagSet("tether-agent", flag.ContinueOnError)
 	cp := fs.String("control-plane", "", "control plane URL, https://HOST:PORT, or several separated by commas to move between (default: discovered)")
@@ -73,6 +78,14 @@ func main() {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, unix.SIGTERM)
 	defer stop()
+	// After the root switch this agent is the one left running: it renews
+	// the DHCP leases the boot agent took (none saved: nothing to do).
+	go func() {
+		logf := func(f string, a ...any) { fmt.Fprintf(os.Stderr, "tether-agent: "+f+"\n", a...) }
+		if err := boot.KeepLeases(ctx, boot.DefaultLeaseDir, logf); err != nil {
+			logf("DHCP leases in %s are not renewed: %v", boot.DefaultLeaseDir, err)
+		}
+	}()
 	if err := agent.Run(ctx, cfg); err != nil {
 		fmt.Fprintf(os.Stderr, "tether-agent: %v\n", err)
 		os.Exit(1)

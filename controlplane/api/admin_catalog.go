@@ -4,12 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"regexp"
 	"slices"
 
+	"github.com/tetherfleet/tether/controlplane/catalog"
 	"github.com/tetherfleet/tether/controlplane/fail"
 	"github.com/tetherfleet/tether/controlplane/modules"
 	"github.com/tetherfleet/tether/controlplane/store"
-	"github.com/tetherfleet/tether/controlplane/store/sqlstore"
+	"github.com/tetherfleet/tether/internal/macaddr"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
 
@@ -86,10 +88,16 @@ func (a *adminServer) CreateTemplate(ctx context.Context, req *v1.CreateTemplate
 	if err := validateArtifactDigest("initramfs_digest", req.InitramfsDigest); err != nil {
 		return nil, err
 	}
-	now := a.Clock.Now()
+	console, err := validateConsole(req.Console)
+	if err != nil {
+		return nil, err
+	}
 	t := &store.Template{Name: req.Name, KernelDigest: req.KernelDigest, InitramfsDigest: req.InitramfsDigest,
-		KernelArgs: req.KernelArgs, RequireSignedModules: req.RequireSignedModules, CreatedAt: now, UpdatedAt: now}
-	err := a.Store.Tx(ctx, func(q store.Queries) error {
+		KernelArgs: req.KernelArgs, Console: console, RequireSignedModules: req.RequireSignedModules}
+	if t.RequiredSigners, err = parseRequiredSigners(req.RequiredSigners); err != nil {
+		return nil, err
+	}
+	err = a.Catalog.CreateTemplate(ctx, t, func(q store.Queries, t *store.Template) error {
 		var err error
 		if t.RootModules, err = a.resolveModules(ctx, q, "root_modules", req.RootModules); err != nil {
 			return err
@@ -97,11 +105,8 @@ func (a *adminServer) CreateTemplate(ctx context.Context, req *v1.CreateTemplate
 		if t.ExtensionModules, err = a.resolveModules(ctx, q, "extension_modules", req.ExtensionModules); err != nil {
 			return err
 		}
-		return q.CreateTemplate(ctx, t)
+		return checkTemplateSigners(ctx, q, t)
 	})
-	if errors.Is(err, store.ErrAlreadyExists) {
-		return nil, fail.Exists("template %q already exists", req.Name)
-	}
 	if err != nil {
 		return nil, err
 	}
@@ -129,15 +134,19 @@ func (a *adminServer) ListTemplates(ctx context.Context, req *v1.ListTemplatesRe
 		return nil, err
 	}
 	out := &v1.ListTemplatesResponse{}
+	var b budget
 	for _, t := range ts {
 		pt, err := a.templateOut(ctx, t)
 		if err != nil {
 			return nil, err
 		}
+		if !b.fits(pt) {
+			break
+		}
 		out.Templates = append(out.Templates, pt)
 	}
-	if len(ts) == p.Limit {
-		out.NextPageToken = ts[len(ts)-1].Name
+	if b.more(len(out.Templates), len(ts), p.Limit) {
+		out.NextPageToken = ts[len(out.Templates)-1].Name
 	}
 	return out, nil
 }
@@ -146,15 +155,12 @@ func (a *adminServer) UpdateTemplate(ctx context.Context, req *v1.UpdateTemplate
 	if req.Name == "" {
 		return nil, fail.Invalid("name", "required")
 	}
-	mask, err := updateMask(req.UpdateMask, "root_modules", "extension_modules", "kernel_digest", "initramfs_digest", "kernel_args", "require_signed_modules")
+	mask, err := updateMask(req.UpdateMask, "root_modules", "extension_modules", "kernel_digest", "initramfs_digest", "kernel_args", "require_signed_modules", "console", "required_signers")
 	if err != nil {
 		return nil, err
 	}
-	var t *store.Template
-	err = a.Store.Tx(ctx, func(q store.Queries) error {
-		if t, err = q.GetTemplate(ctx, req.Name); err != nil {
-			return err
-		}
+	t, err := a.Catalog.UpdateTemplate(ctx, req.Name, func(q store.Queries, t *store.Template) error {
+		var err error
 		if mask["root_modules"] {
 			if len(req.RootModules) == 0 {
 				return fail.Invalid("root_modules", "at least one root layer is required")
@@ -189,8 +195,18 @@ func (a *adminServer) UpdateTemplate(ctx context.Context, req *v1.UpdateTemplate
 		if mask["require_signed_modules"] {
 			t.RequireSignedModules = req.RequireSignedModules
 		}
-		t.UpdatedAt = a.Clock.Now()
-		return q.UpdateTemplate(ctx, t)
+		if mask["console"] {
+			if t.Console, err = validateConsole(req.Console); err != nil {
+				return err
+			}
+		}
+		if mask["required_signers"] {
+			var err error
+			if t.RequiredSigners, err = parseRequiredSigners(req.RequiredSigners); err != nil {
+				return err
+			}
+		}
+		return checkTemplateSigners(ctx, q, t)
 	})
 	if err != nil {
 		return nil, err
@@ -202,7 +218,7 @@ func (a *adminServer) DeleteTemplate(ctx context.Context, req *v1.DeleteTemplate
 	if req.Name == "" {
 		return nil, fail.Invalid("name", "required")
 	}
-	if err := a.Store.Tx(ctx, func(q store.Queries) error { return q.DeleteTemplate(ctx, req.Name) }); err != nil {
+	if err := a.Catalog.DeleteTemplate(ctx, req.Name); err != nil {
 		return nil, err
 	}
 	return &v1.DeleteTemplateResponse{}, nil
@@ -218,7 +234,7 @@ func (a *adminServer) PushModule(stream v1.AdminService_PushModuleServer) error 
 	if h == nil {
 		return fail.Invalid("header", "the first message must be the header")
 	}
-	m, _, err := a.Registry.Push(stream.Context(), modules.PushHeader{Name: h.Name, Version: h.Version, Digest: h.Digest, Size: h.Size, Signature: h.Signature},
+	m, _, err := a.Registry.Push(stream.Context(), modules.PushHeader{Name: h.Name, Version: h.Version, Digest: h.Digest, Size: h.Size, Signature: h.Signature, Signatures: signaturesIn(h.Signatures)},
 		func() ([]byte, error) {
 			msg, err := stream.Recv()
 			if err != nil {
@@ -259,11 +275,16 @@ func (a *adminServer) ListModules(ctx context.Context, req *v1.ListModulesReques
 		return nil, err
 	}
 	out := &v1.ListModulesResponse{}
+	var b budget
 	for _, m := range ms {
-		out.Modules = append(out.Modules, moduleProto(m))
+		pm := moduleProto(m)
+		if !b.fits(pm) {
+			break
+		}
+		out.Modules = append(out.Modules, pm)
 	}
-	if len(ms) == p.Limit {
-		out.NextPageToken = sqlstore.ModuleCursor(ms[len(ms)-1])
+	if b.more(len(out.Modules), len(ms), p.Limit) {
+		out.NextPageToken = store.ModuleCursor(ms[len(out.Modules)-1])
 	}
 	return out, nil
 }
@@ -292,6 +313,30 @@ func nodeConfig(field string, s interface{ AsMap() map[string]any }) (json.RawMe
 	return b, nil
 }
 
+// maxNodeMACs bounds a node's hardware addresses: a machine has a few NICs.
+const maxNodeMACs = 16
+
+// nodeMACs validates and normalises a node's hardware addresses.
+func nodeMACs(in []string) ([]string, error) {
+	if len(in) > maxNodeMACs {
+		return nil, fail.Invalid("macs", "%d addresses is more than %d", len(in), maxNodeMACs)
+	}
+	out := make([]string, 0, len(in))
+	seen := map[string]bool{}
+	for _, s := range in {
+		mac, err := macaddr.Normalize(s)
+		if err != nil {
+			return nil, fail.Invalid("macs", "%v", err)
+		}
+		if seen[mac] {
+			return nil, fail.Invalid("macs", "hardware address %s is given twice", mac)
+		}
+		seen[mac] = true
+		out = append(out, mac)
+	}
+	return out, nil
+}
+
 func (a *adminServer) CreateNode(ctx context.Context, req *v1.CreateNodeRequest) (*v1.Node, error) {
 	if err := modules.ValidateName("name", req.Name); err != nil {
 		return nil, err
@@ -302,24 +347,23 @@ func (a *adminServer) CreateNode(ctx context.Context, req *v1.CreateNodeRequest)
 	if len(req.PublicAddress) > 253 {
 		return nil, fail.Invalid("public_address", "longer than 253 characters")
 	}
-	tpl, err := a.Store.GetTemplate(ctx, req.Template)
-	if errors.Is(err, store.ErrNotFound) {
-		return nil, fail.Invalid("template", "template %q does not exist", req.Template)
-	}
+	macs, err := nodeMACs(req.Macs)
 	if err != nil {
 		return nil, err
 	}
-	now := a.Clock.Now()
-	n := &store.Node{Name: req.Name, TemplateID: tpl.ID, Enabled: req.Enabled == nil || *req.Enabled,
-		PublicAddress: req.PublicAddress, CreatedAt: now, UpdatedAt: now}
+	n := &store.Node{Name: req.Name, Enabled: req.Enabled == nil || *req.Enabled, PublicAddress: req.PublicAddress, MACs: macs}
 	if req.Config != nil {
+		var err error
 		if n.Config, err = nodeConfig("config", req.Config); err != nil {
 			return nil, err
 		}
 	}
-	if err := a.Store.CreateNode(ctx, n); errors.Is(err, store.ErrAlreadyExists) {
-		return nil, fail.Exists("node %q already exists", req.Name)
-	} else if err != nil {
+	tpl, err := a.Catalog.CreateNode(ctx, n, req.Template)
+	var inUse *store.MACInUseError
+	if errors.As(err, &inUse) {
+		return nil, fail.Exists("macs: %v", inUse)
+	}
+	if err != nil {
 		return nil, err
 	}
 	return nodeProto(n, tpl.Name), nil
@@ -362,15 +406,19 @@ func (a *adminServer) ListNodes(ctx context.Context, req *v1.ListNodesRequest) (
 		return nil, err
 	}
 	out := &v1.ListNodesResponse{}
+	var b budget
 	for _, n := range ns {
 		pn, err := a.nodeOut(ctx, n)
 		if err != nil {
 			return nil, err
 		}
+		if !b.fits(pn) {
+			break
+		}
 		out.Nodes = append(out.Nodes, pn)
 	}
-	if len(ns) == p.Limit {
-		out.NextPageToken = ns[len(ns)-1].Name
+	if b.more(len(out.Nodes), len(ns), p.Limit) {
+		out.NextPageToken = ns[len(out.Nodes)-1].Name
 	}
 	return out, nil
 }
@@ -379,20 +427,20 @@ func (a *adminServer) UpdateNode(ctx context.Context, req *v1.UpdateNodeRequest)
 	if req.Name == "" {
 		return nil, fail.Invalid("name", "required")
 	}
-	mask, err := updateMask(req.UpdateMask, "template", "enabled", "config", "public_address")
+	mask, err := updateMask(req.UpdateMask, "template", "enabled", "config", "public_address", "macs")
 	if err != nil {
 		return nil, err
 	}
-	var n *store.Node
-	err = a.Store.Tx(ctx, func(q store.Queries) error {
-		if n, err = q.GetNode(ctx, req.Name); err != nil {
-			return err
+	var macs []string
+	if mask["macs"] {
+		if macs, err = nodeMACs(req.Macs); err != nil {
+			return nil, err
 		}
+	}
+	n, err := a.Catalog.UpdateNode(ctx, req.Name, func(q store.Queries, n *store.Node) error {
+		var err error
 		if mask["template"] {
-			tpl, err := q.GetTemplate(ctx, req.Template)
-			if errors.Is(err, store.ErrNotFound) {
-				return fail.Invalid("template", "template %q does not exist", req.Template)
-			}
+			tpl, err := catalog.TemplateFor(ctx, q, req.Template)
 			if err != nil {
 				return err
 			}
@@ -412,9 +460,15 @@ func (a *adminServer) UpdateNode(ctx context.Context, req *v1.UpdateNodeRequest)
 		if mask["public_address"] {
 			n.PublicAddress = req.PublicAddress
 		}
-		n.UpdatedAt = a.Clock.Now()
-		return q.UpdateNode(ctx, n)
+		if mask["macs"] {
+			n.MACs = macs
+		}
+		return nil
 	})
+	var inUse *store.MACInUseError
+	if errors.As(err, &inUse) {
+		return nil, fail.Exists("macs: %v", inUse)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -425,8 +479,33 @@ func (a *adminServer) DeleteNode(ctx context.Context, req *v1.DeleteNodeRequest)
 	if req.Name == "" {
 		return nil, fail.Invalid("name", "required")
 	}
-	if err := a.Store.Tx(ctx, func(q store.Queries) error { return q.DeleteNode(ctx, req.Name) }); err != nil {
+	if err := a.Catalog.DeleteNode(ctx, req.Name); err != nil {
 		return nil, err
 	}
 	return &v1.DeleteNodeResponse{}, nil
+}
+
+// validConsole is a console= value: a device name and optional serial
+// options (ttyS0, ttyS1,115200n8, hvc0, tty0). Nothing that could end the
+// parameter or the iPXE line.
+var validConsole = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9]{0,31}(,[A-Za-z0-9]{1,16})?$`)
+
+// validateConsole checks a template's console; empty means the default.
+func validateConsole(c string) (string, error) {
+	switch {
+	case c == "":
+		return store.DefaultConsole, nil
+	case c == store.ConsoleNone || validConsole.MatchString(c):
+		return c, nil
+	}
+	return "", fail.Invalid("console", "%q is not a console device (want e.g. ttyS0, ttyS1,115200n8, tty0, or none)", c)
+}
+
+// templateConsole is what a template's console reads as: rows from before
+// the setting existed have the default.
+func templateConsole(t *store.Template) string {
+	if t.Console == "" {
+		return store.DefaultConsole
+	}
+	return t.Console
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/tetherfleet/tether/internal/testcp"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 	"github.com/tetherfleet/tether/providers"
+	"github.com/tetherfleet/tether/providers/external"
 	"github.com/tetherfleet/tether/providers/fake"
 	"github.com/tetherfleet/tether/providers/qemu"
 )
@@ -465,10 +466,9 @@ func TestNetbootThroughTetherd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cp := lifecycleCP(t, logs, func(o *daemon.ServeOptions) { o.NetbootListener = lis })
+	cp := lifecycleCP(t, logs, func(o *daemon.ServeOptions) { o.NetbootListener = lis }, pxe{external.New()})
 	ctx := ctxT(t)
 	fleet := cp.SeedFleet(ctx, "metal")
-	in, _ := cp.Provision(ctx, fleet.Node)
 	get := func(path string) (int, string) {
 		resp, err := http.Get("http://" + lis.Addr().String() + path)
 		if err != nil {
@@ -478,6 +478,13 @@ func TestNetbootThroughTetherd(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b)
 	}
+	// An external machine is booted by its operator, never over the
+	// network: its script is not handed to whoever asks.
+	ext, _ := cp.Provision(ctx, fleet.Node)
+	if code, body := get("/ipxe/" + ext.Id); code != http.StatusForbidden || strings.Contains(body, "tbt_") || !strings.Contains(body, "external") {
+		t.Fatalf("an external instance's script: %d %q", code, body)
+	}
+	in := provisionPXE(t, cp, fleet.Node)
 	code, script := get("/ipxe/" + in.Id)
 	if code != http.StatusOK || !strings.Contains(script, "tether.token=tbt_") || !strings.Contains(script, "tether.ca="+cp.Fingerprint()) {
 		t.Fatalf("script: %d\n%s", code, script)
@@ -494,6 +501,27 @@ func TestNetbootThroughTetherd(t *testing.T) {
 		t.Fatalf("kernel: %d %q", code, body)
 	}
 	noTokenLogged(t, logs)
+}
+
+// pxe is the external provider as if its machines netbooted: no provider
+// netboots by instance id yet, and the script route serves only
+// instances whose provider does.
+type pxe struct{ providers.Provider }
+
+func (pxe) Name() string   { return "pxe" }
+func (pxe) Netboots() bool { return true }
+
+// provisionPXE provisions an instance of the pxe provider and waits for
+// its boot window.
+func provisionPXE(t *testing.T, cp *testcp.ControlPlane, node string) *v1.Instance {
+	t.Helper()
+	resp, err := cp.Admin.ProvisionInstance(ctxT(t), &v1.ProvisionInstanceRequest{Node: node, Provider: "pxe"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return waitInstance(t, cp, resp.Instance.Id, func(in *v1.Instance) bool {
+		return in.Status == v1.InstanceStatus_INSTANCE_STATUS_PROVISIONING
+	})
 }
 
 // The liveness and provider-sync loops run inside tetherd.

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/tetherfleet/tether/controlplane/daemon"
+	"github.com/tetherfleet/tether/controlplane/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/controlplane/store/sqlite"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
@@ -92,7 +93,7 @@ func TestQEMURealThroughTetherd(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			in.Status = "running"
+			in.Status = lifecycle.Running
 			return q.UpdateInstance(ctx, in)
 		}); err != nil {
 			t.Fatal(err)

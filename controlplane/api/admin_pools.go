@@ -115,11 +115,16 @@ func (a *adminServer) ListPools(ctx context.Context, req *v1.ListPoolsRequest) (
 		return nil, err
 	}
 	out := &v1.ListPoolsResponse{}
+	var b budget
 	for _, v := range vs {
-		out.Pools = append(out.Pools, PoolProto(v))
+		pp := PoolProto(v)
+		if !b.fits(pp) {
+			break
+		}
+		out.Pools = append(out.Pools, pp)
 	}
-	if len(vs) == pg.Limit {
-		out.NextPageToken = vs[len(vs)-1].Pool.Name
+	if b.more(len(out.Pools), len(vs), pg.Limit) {
+		out.NextPageToken = vs[len(out.Pools)-1].Pool.Name
 	}
 	return out, nil
 }

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/tetherfleet/tether/controlplane/fail"
+	"github.com/tetherfleet/tether/controlplane/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/modules"
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/controlplane/tasks"
@@ -58,7 +59,7 @@ func (a *agentServer) assignment(ctx context.Context, instanceID string) (*v1.As
 	if err != nil {
 		return nil, nil, err
 	}
-	if in.Status == "terminated" {
+	if in.Status == lifecycle.Terminated {
 		return nil, nil, fail.Precondition("instance %s is terminated", instanceID)
 	}
 	node, err := a.Store.GetNodeByID(ctx, in.NodeID)
@@ -69,7 +70,20 @@ func (a *agentServer) assignment(ctx context.Context, instanceID string) (*v1.As
 	if err != nil {
 		return nil, nil, err
 	}
-	out := &v1.Assignment{InstanceId: instanceID, RequireSignedModules: tpl.RequireSignedModules, SigningKeys: a.SigningKeys}
+	out := &v1.Assignment{InstanceId: instanceID, RequireSignedModules: tpl.RequireSignedModules, SigningKeys: a.SigningKeys,
+		RequiredSigners: tpl.RequiredSigners}
+	if a.Registry != nil && tpl.RequireSignedModules {
+		// Registered signers count as signing keys too, so a node whose
+		// template requires signed modules accepts what they signed.
+		signers, err := a.Registry.Signers(ctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		out.SigningKeys = nil
+		for _, s := range signers {
+			out.SigningKeys = append(out.SigningKeys, s.PublicKey)
+		}
+	}
 	allowed := map[string]bool{}
 	load := func(refs []store.ModuleRef) ([]*v1.Module, error) {
 		var ms []*v1.Module
@@ -181,7 +195,7 @@ func (a *agentServer) Connect(stream v1.AgentService_ConnectServer) error {
 	if err != nil {
 		return err
 	}
-	if in.Status == "terminated" {
+	if in.Status == lifecycle.Terminated {
 		return fail.Precondition("instance %s is terminated; its agent may not connect", id)
 	}
 	conn := a.Agents.register(id)
@@ -302,6 +316,9 @@ func (a *agentServer) receive(ctx context.Context, id string, stream v1.AgentSer
 			lastPhase = phase
 		case *v1.AgentMessage_TaskUpdate:
 			u := m.TaskUpdate
+			if err := validTaskUpdate(u); err != nil {
+				return err
+			}
 			up := tasks.Update{TaskID: u.TaskId, Status: TaskStatusName(u.Status), ErrorMessage: u.ErrorMessage, Progress: u.Progress}
 			if r := u.Result; r != nil {
 				code := int(r.ExitCode)
@@ -320,22 +337,6 @@ func (a *agentServer) receive(ctx context.Context, id string, stream v1.AgentSer
 			return fail.Invalid("msg", "empty agent message")
 		}
 	}
-}
-
-func validHeartbeat(hb *v1.Heartbeat) error {
-	switch {
-	case len(hb.AgentVersion) > 128:
-		return fail.Invalid("heartbeat.agent_version", "longer than 128 characters")
-	case len(hb.Error) > 4096:
-		return fail.Invalid("heartbeat.error", "longer than 4096 characters")
-	case len(hb.RunningModuleDigests) > 256:
-		return fail.Invalid("heartbeat.running_module_digests", "more than 256 entries")
-	case len(hb.Addresses) > 64:
-		return fail.Invalid("heartbeat.addresses", "more than 64 entries")
-	case len(hb.BootId) > 64:
-		return fail.Invalid("heartbeat.boot_id", "longer than 64 characters")
-	}
-	return nil
 }
 
 // HeartbeatInterval stretches the 30 s heartbeat with fleet size so that

@@ -344,3 +344,48 @@ func waitTask(t *testing.T, cp *testcp.ControlPlane, id string, want v1.TaskStat
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// Through tetherd: a heartbeat with an escape sequence in an address ends
+// the stream with InvalidArgument naming the field, and none of it shows
+// on the instance; the next good heartbeat is stored as usual.
+func TestHostileHeartbeatIsRefusedOverTheWire(t *testing.T) {
+	cp := testcp.Start(t)
+	ctx := ctxT(t)
+	fleet := cp.SeedFleet(ctx, "hb")
+	in, cert := enrolled(t, cp, fleet.Node)
+	s, _ := connect(t, ctx, cp, cert)
+	if err := s.Send(&v1.AgentMessage{Msg: &v1.AgentMessage_Heartbeat{Heartbeat: &v1.Heartbeat{
+		Phase: v1.AgentPhase_AGENT_PHASE_MOUNTING, AgentVersion: "evil", Addresses: []string{"10.0.2.15\x1b]0;pwned\x07"}}}}); err != nil {
+		t.Fatal(err)
+	}
+	var err error
+	for err == nil {
+		_, err = s.Recv()
+	}
+	wantCode(t, err, codes.InvalidArgument)
+	if msg := status.Convert(err).Message(); !strings.HasPrefix(msg, "heartbeat.addresses[0]: ") || strings.Contains(msg, "\x1b") {
+		t.Fatalf("refusal %q", msg)
+	}
+	s, _ = connect(t, ctx, cp, cert)
+	if err := s.Send(&v1.AgentMessage{Msg: &v1.AgentMessage_Heartbeat{Heartbeat: &v1.Heartbeat{
+		Phase: v1.AgentPhase_AGENT_PHASE_MOUNTING, AgentVersion: "good", Addresses: []string{"10.0.2.15"}}}}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got, err := cp.Admin.GetInstance(ctx, &v1.GetInstanceRequest{Id: in.Id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.AgentVersion == "evil" {
+			t.Fatalf("the refused heartbeat was stored: %v", got)
+		}
+		if got.AgentVersion == "good" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the good heartbeat never showed: %v", got)
+		}
+		time.Sleep(20 * time.Millisecond) // polls the hub's flush in a running tetherd
+	}
+}

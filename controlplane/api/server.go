@@ -18,15 +18,21 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/reflection"
 
+	"github.com/tetherfleet/tether/controlplane/catalog"
+	"github.com/tetherfleet/tether/controlplane/certificates"
 	"github.com/tetherfleet/tether/controlplane/connlimit"
 	"github.com/tetherfleet/tether/controlplane/enroll"
+	"github.com/tetherfleet/tether/controlplane/fail"
 	"github.com/tetherfleet/tether/controlplane/instances"
 	"github.com/tetherfleet/tether/controlplane/modules"
 	"github.com/tetherfleet/tether/controlplane/pool"
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/controlplane/tasks"
+	"github.com/tetherfleet/tether/controlplane/throttle"
+	"github.com/tetherfleet/tether/internal/clock"
 	"github.com/tetherfleet/tether/internal/modulewire"
 	"github.com/tetherfleet/tether/pki/ca"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
@@ -37,15 +43,12 @@ import (
 // ResourceExhausted before it is parsed.
 const MaxRecvMsgSize = 4 << 20
 
-// Clock is the time source.
-type Clock interface{ Now() time.Time }
-
 // Config wires the server.
 type Config struct {
 	Store      store.Store
 	CA         *ca.CA
 	ServerCert tls.Certificate
-	Clock      Clock
+	Clock      clock.Clock
 	Log        *slog.Logger
 	Registerer prometheus.Registerer
 
@@ -66,6 +69,16 @@ type Config struct {
 	Pools *pool.Service
 	// Limits bound the connections the gRPC port holds.
 	Limits Limits
+	// EnrollLimiter rate-limits Enroll per source address (nil: no
+	// limit). Enroll needs no credential, and each refusal costs a
+	// database read.
+	EnrollLimiter *throttle.Limiter
+	// Catalog writes templates and nodes; Certificates writes revocations
+	// (nil: built on Store and Clock).
+	Catalog      *catalog.Service
+	Certificates *certificates.Service
+	// DisableAudit turns the audit trail off (only to measure its cost).
+	DisableAudit bool
 }
 
 // Limits keep the gRPC port from spending the descriptors the store,
@@ -101,10 +114,20 @@ type Server struct {
 
 // New builds the server and registers every service.
 func New(cfg Config) *Server {
+	if cfg.Catalog == nil {
+		cfg.Catalog = &catalog.Service{Store: cfg.Store, Clock: cfg.Clock}
+	}
+	if cfg.Certificates == nil {
+		cfg.Certificates = &certificates.Service{Store: cfg.Store, Clock: cfg.Clock}
+	}
 	streams, endStreams := context.WithCancel(context.Background())
 	m := NewMetrics(cfg.Registerer)
-	auth := &Authenticator{CA: cfg.CA, Revoked: cfg.Revoked}
+	auth := &Authenticator{CA: cfg.CA, Revoked: cfg.Revoked, Clock: cfg.Clock, Log: cfg.Log}
+	if !cfg.DisableAudit {
+		auth.Store = cfg.Store
+	}
 	obsUnary, obsStream := observe(m, cfg.Log)
+	mapUnary, mapStream := mapErrors(cfg.Log)
 	tlsCfg := &tls.Config{
 		Certificates: []tls.Certificate{cfg.ServerCert},
 		// Only request: enrollment must work without a certificate, and the
@@ -187,6 +210,13 @@ type enrollmentServer struct {
 
 // Enroll implements EnrollmentService.
 func (e *enrollmentServer) Enroll(ctx context.Context, req *v1.EnrollRequest) (*v1.EnrollResponse, error) {
+	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+		if src := throttle.SourceKey(p.Addr.String()); !e.EnrollLimiter.Allow(src) {
+			e.m.RateLimited.WithLabelValues("enroll").Inc()
+			e.m.Enrollments.WithLabelValues("rate_limited").Inc()
+			return nil, fail.Exhausted("too many enrollment attempts from %s; retry in a few seconds", src)
+		}
+	}
 	issued, err := e.Enrollment.Enroll(ctx, req.Token, req.CsrPem)
 	if err != nil {
 		e.m.Enrollments.WithLabelValues("refused").Inc()

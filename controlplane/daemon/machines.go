@@ -43,7 +43,12 @@ func buildProviders(o ServeOptions, log *slog.Logger, clk clock.Clock) (map[stri
 			"state_dir", stateDir, "socket_bytes", len(sock), "limit", maxSocketPath,
 			"longest_state_dir", maxSocketPath-len(sock)+len(stateDir))
 	}
-	q, err := qemu.New(qemu.Config{Mode: mode, StateDir: stateDir, Logger: log.With("provider", "qemu"), Clock: clk})
+	bootMode, err := qemu.ParseBootMode(o.QEMUBoot)
+	if err != nil {
+		return nil, fmt.Errorf("serve: --qemu-boot: %w", err)
+	}
+	q, err := qemu.New(qemu.Config{Mode: mode, StateDir: stateDir, Boot: bootMode, Tap: o.QEMUTap,
+		Logger: log.With("provider", "qemu"), Clock: clk})
 	if err != nil {
 		return nil, fmt.Errorf("serve: qemu provider: %w", err)
 	}

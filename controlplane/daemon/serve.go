@@ -21,17 +21,20 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/tetherfleet/tether/controlplane/api"
+	"github.com/tetherfleet/tether/controlplane/audit"
 	"github.com/tetherfleet/tether/controlplane/enroll"
 	"github.com/tetherfleet/tether/controlplane/instances"
 	"github.com/tetherfleet/tether/controlplane/liveness"
 	"github.com/tetherfleet/tether/controlplane/loops"
 	"github.com/tetherfleet/tether/controlplane/modules"
 	"github.com/tetherfleet/tether/controlplane/netboot"
+	"github.com/tetherfleet/tether/controlplane/netboot/pxe"
 	"github.com/tetherfleet/tether/controlplane/pool"
 	"github.com/tetherfleet/tether/controlplane/provsync"
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/controlplane/store/sqlite"
 	"github.com/tetherfleet/tether/controlplane/tasks"
+	"github.com/tetherfleet/tether/controlplane/throttle"
 	"github.com/tetherfleet/tether/controlplane/worker"
 	"github.com/tetherfleet/tether/internal/clock"
 	"github.com/tetherfleet/tether/pki/ca"
@@ -61,6 +64,12 @@ type ServeOptions struct {
 	// QEMUStateDir holds the qemu provider's per-instance directories
 	// (default DATA/machines). QMP sockets live in it, so it must be short.
 	QEMUStateDir string
+	// QEMUBoot is direct (the default: kernel, initramfs and token handed
+	// to QEMU), bios or uefi (firmware netboot through the NIC's iPXE).
+	QEMUBoot string
+	// QEMUTap puts qemu VMs on this tap device instead of QEMU's user-mode
+	// network (one VM at a time).
+	QEMUTap string
 	// Kernel and Initramfs are the default netboot artifacts, ingested into
 	// the blob store at start-up (templates may name others by digest).
 	Kernel, Initramfs string
@@ -68,9 +77,16 @@ type ServeOptions struct {
 	// over HTTP ("" = off); NetbootListener is used instead when set.
 	NetbootListen   string
 	NetbootListener net.Listener
+	// MetricsListener, when set, is used instead of MetricsListen (tests).
+	MetricsListener net.Listener
+	// WrapStore, when set, wraps the opened store (tests watch its use).
+	WrapStore func(store.Store) store.Store
 	// NetbootURL is the netboot server as machines reach it; default
 	// http://10.0.2.2:<port>, like AgentURL.
 	NetbootURL string
+	// PXE is firmware netboot: DHCP on an interface, TFTP of the iPXE
+	// loaders (off unless PXE.Interface is set; needs the netboot server).
+	PXE pxe.Options
 	// Providers are added to the built-in ones (external, qemu), each
 	// replacing a built-in of the same name. Tests inject the fake here.
 	Providers []providers.Provider
@@ -112,8 +128,19 @@ type ServeOptions struct {
 	WorkerLease, WorkerPoll time.Duration
 	// PoolReaperEvery is the pool reaper's tick (default 60 s).
 	PoolReaperEvery time.Duration
+	// DisableAudit turns the audit trail off; it exists to measure the
+	// trail's cost, not for production.
+	DisableAudit bool
 	// EventRetention: low/medium and high/critical windows (defaults 90 and 365 days).
 	EventRetentionLow, EventRetentionHigh time.Duration
+
+	// UnauthenticatedRate and UnauthenticatedBurst limit the requests
+	// that need no credential (Enroll, netboot scripts) per source address:
+	// Burst at once, Rate per second on average (defaults 20 and 200: a
+	// few hundred machines behind one NAT can boot together). A negative
+	// rate turns the limit off (load tests from one host).
+	UnauthenticatedRate  float64
+	UnauthenticatedBurst int
 
 	Clock clock.Clock
 	Log   *slog.Logger
@@ -121,167 +148,181 @@ type ServeOptions struct {
 	Ready chan<- string
 }
 
-// Serve runs the control plane until ctx ends, then drains.
+// Serve runs the control plane until ctx ends, then stops it, in three
+// phases: build opens everything (store, listeners, services) and fails
+// before anything runs; run starts the workers and serves until ctx ends
+// or a server fails; stop stops accepting, ends the streams, waits for
+// every worker and closes the store last, whatever run returned.
 func Serve(ctx context.Context, o ServeOptions) error {
-	if err := o.defaults(); err != nil {
+	d, err := build(ctx, o)
+	if err != nil {
 		return err
 	}
+	err = d.run(ctx)
+	d.stop()
+	return err
+}
+
+// daemon is a built control plane: everything open, nothing running.
+type daemon struct {
+	o   ServeOptions
+	log *slog.Logger
+	st  store.Store
+
+	lis, netLis, metricsLis net.Listener
+	srv                     *api.Server
+	metricsSrv              *http.Server
+	netboot                 *netboot.Server
+	pxe                     *pxe.Service
+
+	hub            *api.AgentHub
+	enrollSvc      *enroll.Service
+	wk             *worker.Worker
+	instSvc        *instances.Service
+	taskSvc        *tasks.Service
+	sensor         *liveness.Sensor
+	syncer         *provsync.Syncer
+	pools          *pool.Service
+	revoked        *api.Revocations
+	reloadFailures prometheus.Counter
+
+	fingerprint, kernel, initramfs string
+
+	// What run started and stop waits for.
+	stopBG  context.CancelFunc
+	workers []chan struct{}
+}
+
+// build opens and wires everything. On failure it closes what it opened.
+func build(ctx context.Context, o ServeOptions) (_ *daemon, err error) {
+	if err := o.defaults(); err != nil {
+		return nil, err
+	}
+	d := &daemon{o: o, log: o.Log, lis: o.Listener, netLis: o.NetbootListener, metricsLis: o.MetricsListener}
+	defer func() {
+		if err != nil {
+			d.close()
+		}
+	}()
 	log := o.Log
 	authority, err := ca.Load(filepath.Join(o.DataDir, CADir), o.Clock)
 	if err != nil {
-		return fmt.Errorf("serve: %w (run `tetherd init --data-dir %s` first)", err, o.DataDir)
+		return nil, fmt.Errorf("serve: %w (run `tetherd init --data-dir %s` first)", err, o.DataDir)
 	}
+	d.fingerprint = authority.Fingerprint()
 	serverCert, err := tls.LoadX509KeyPair(filepath.Join(o.DataDir, ServerCertFile), filepath.Join(o.DataDir, ServerKeyFile))
 	if err != nil {
-		return fmt.Errorf("serve: server certificate: %w", err)
+		return nil, fmt.Errorf("serve: server certificate: %w", err)
 	}
 	st, err := OpenStore(ctx, o.Store, o.DataDir, log)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer st.Close()
+	if o.WrapStore != nil {
+		st = o.WrapStore(st)
+	}
+	// Every write of an audited admin call appends its audit record in
+	// the same transaction (controlplane/audit).
+	if !o.DisableAudit {
+		st = audit.Wrap(st)
+	}
+	d.st = st
 	blobs, err := modules.OpenBlobs(filepath.Join(o.DataDir, BlobDir))
 	if err != nil {
-		return err
+		return nil, err
 	}
-	if n, err := blobs.SweepTmp(time.Hour, o.Clock.Now()); err == nil && n > 0 {
+	if n, err := blobs.SweepTmp(time.Hour, o.Clock.Now()); err != nil {
+		log.Warn("removing uploads left by an interrupted push", "err", err)
+	} else if n > 0 {
 		log.Info("removed uploads left by an interrupted push", "count", n)
 	}
 	keys, err := loadSigningKeys(o.SigningKeyFiles)
 	if err != nil {
-		return err
+		return nil, err
 	}
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	revoked := api.NewRevocations()
-	if err := revoked.Load(ctx, st, o.Clock.Now()); err != nil {
-		return fmt.Errorf("serve: load revocations: %w", err)
+	d.revoked = api.NewRevocations()
+	if err := d.revoked.Load(ctx, st, o.Clock.Now()); err != nil {
+		return nil, fmt.Errorf("serve: load revocations: %w", err)
 	}
+	d.reloadFailures = api.NewReloadFailures(reg)
 	machines, err := buildProviders(o, log, o.Clock)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	kernel, err := ingestArtifact(blobs, "--kernel", o.Kernel)
-	if err != nil {
-		return err
+	if d.kernel, err = ingestArtifact(blobs, "--kernel", o.Kernel); err != nil {
+		return nil, err
 	}
-	initramfs, err := ingestArtifact(blobs, "--initramfs", o.Initramfs)
-	if err != nil {
-		return err
+	if d.initramfs, err = ingestArtifact(blobs, "--initramfs", o.Initramfs); err != nil {
+		return nil, err
 	}
-	netLis := o.NetbootListener
-	if netLis == nil && o.NetbootListen != "" {
-		if netLis, err = net.Listen("tcp", o.NetbootListen); err != nil {
-			return fmt.Errorf("serve: netboot listen on %s: %w", o.NetbootListen, err)
+	if d.netLis == nil && o.NetbootListen != "" {
+		if d.netLis, err = net.Listen("tcp", o.NetbootListen); err != nil {
+			return nil, fmt.Errorf("serve: netboot listen on %s: %w", o.NetbootListen, err)
 		}
 	}
-	if netLis != nil {
-		defer netLis.Close()
-		if o.NetbootURL == "" {
-			_, port, _ := net.SplitHostPort(netLis.Addr().String())
-			o.NetbootURL = "http://10.0.2.2:" + port
-		}
+	if err := o.pxeURL(d.netLis); err != nil {
+		return nil, err
 	}
-	taskSvc := &tasks.Service{Store: st, Clock: o.Clock, Log: log}
-	instSvc := &instances.Service{Store: st, Clock: o.Clock, Log: log, Machines: machines,
-		Artifacts: &instances.Artifacts{Blobs: blobs, Kernel: kernel, Initramfs: initramfs, BaseURL: strings.TrimSuffix(o.NetbootURL, "/")},
+	d.o.NetbootURL = o.NetbootURL
+	if d.netLis != nil && o.NetbootURL == "" {
+		_, port, _ := net.SplitHostPort(d.netLis.Addr().String())
+		o.NetbootURL = "http://10.0.2.2:" + port
+		d.o.NetbootURL = o.NetbootURL
+	}
+	d.taskSvc = &tasks.Service{Store: st, Clock: o.Clock, Log: log}
+	d.instSvc = &instances.Service{Store: st, Clock: o.Clock, Log: log, Machines: machines,
+		Artifacts: &instances.Artifacts{Blobs: blobs, Kernel: d.kernel, Initramfs: d.initramfs, BaseURL: strings.TrimSuffix(o.NetbootURL, "/")},
 		AgentURL:  o.AgentURL, CAFingerprint: authority.Fingerprint(),
 		Owner: worker.NewOwner("tetherd-api"), Lease: o.WorkerLease, SelfInstanceIDs: o.SelfInstanceIDs}
-	wk := &worker.Worker{Store: st, Clock: o.Clock, Log: log.With("component", "worker"), Owner: worker.NewOwner("tetherd-worker"),
-		Lease: o.WorkerLease, Poll: o.WorkerPoll, Handlers: instSvc.Handlers()}
-	sensor := &liveness.Sensor{Store: st, Clock: o.Clock, Log: log, Instances: instSvc, SilentAfter: o.SilentAfter,
+	d.wk = &worker.Worker{Store: st, Clock: o.Clock, Log: log.With("component", "worker"), Owner: worker.NewOwner("tetherd-worker"),
+		Lease: o.WorkerLease, Poll: o.WorkerPoll, Handlers: d.instSvc.Handlers()}
+	d.sensor = &liveness.Sensor{Store: st, Clock: o.Clock, Log: log, Instances: d.instSvc, SilentAfter: o.SilentAfter,
 		DeadAfter: o.PresumedDeadAfter, MaxHeartbeatsPerSecond: api.MaxHeartbeatsPerSecond, BootTimeout: o.BootTimeout}
-	syncer := &provsync.Syncer{Store: st, Clock: o.Clock, Log: log, Instances: instSvc}
-	pools := &pool.Service{Store: st, Clock: o.Clock, Log: log.With("component", "pool"), Instances: instSvc,
+	d.syncer = &provsync.Syncer{Store: st, Clock: o.Clock, Log: log, Instances: d.instSvc}
+	d.pools = &pool.Service{Store: st, Clock: o.Clock, Log: log.With("component", "pool"), Instances: d.instSvc,
 		StaleHeartbeatAfter: o.SilentAfter, MaxHeartbeatsPerSecond: api.MaxHeartbeatsPerSecond}
-	hub := api.NewAgentHub(st, log, o.HeartbeatFlush)
-	hub.Sweep = o.AgentSweep
-	srv := api.New(api.Config{
+	d.instSvc.MemberLeft = d.pools.Nudge
+	d.hub = api.NewAgentHub(st, log, o.HeartbeatFlush)
+	d.hub.Sweep = o.AgentSweep
+	d.enrollSvc = &enroll.Service{Store: st, CA: authority, Clock: o.Clock, Log: log}
+	d.srv = api.New(api.Config{
 		Store: st, CA: authority, ServerCert: serverCert, Clock: o.Clock, Log: log, Registerer: reg,
-		Enrollment: &enroll.Service{Store: st, CA: authority, Clock: o.Clock, Log: log},
-		Instances:  instSvc, Tasks: taskSvc,
-		Registry: &modules.Registry{Store: st, Blobs: blobs, Clock: o.Clock, Log: log},
-		Revoked:  revoked, Agents: hub, AgentURL: o.AgentURL, SigningKeys: keys,
-		ReadyHooks: []instances.ReadyHook{pools.ReadyHook}, Pools: pools,
+		Enrollment: d.enrollSvc, EnrollLimiter: o.unauthenticatedLimiter(),
+		Instances: d.instSvc, Tasks: d.taskSvc,
+		Registry: &modules.Registry{Store: st, Blobs: blobs, Clock: o.Clock, Log: log, StaticSigners: edKeys(keys)},
+		Revoked:  d.revoked, Agents: d.hub, AgentURL: o.AgentURL, SigningKeys: keys,
+		ReadyHooks: []instances.ReadyHook{d.pools.ReadyHook}, Pools: d.pools, DisableAudit: o.DisableAudit,
 		Limits: api.Limits{MaxConnections: max(o.MaxAgentConnections, 0), MaxUnauthenticatedPerSource: max(o.MaxUnauthenticatedPerSource, 0),
 			HandshakeTimeout: o.HandshakeTimeout},
 	})
 	log.Info("connection budget", "max_agent_connections", o.MaxAgentConnections, "fd_reserve", o.FDReserve,
 		"max_unauthenticated_per_source", o.MaxUnauthenticatedPerSource)
-	hub.Metrics = srv.Metrics
+	d.hub.Metrics = d.srv.Metrics
+	if d.netLis != nil {
+		d.netboot = &netboot.Server{Store: st, Clock: o.Clock, Log: log.With("component", "netboot"), Instances: d.instSvc,
+			Limiter: o.unauthenticatedLimiter(), RateLimited: d.srv.Metrics.RateLimited.WithLabelValues("netboot")}
+		if o.PXE.Enabled() {
+			d.netboot.Loaders = o.PXE.Loaders()
+		}
+	}
+	if d.pxe, err = o.pxeService(st, log); err != nil {
+		return nil, err
+	}
 
-	lis := o.Listener
-	if lis == nil {
-		if lis, err = net.Listen("tcp", o.Listen); err != nil {
-			return fmt.Errorf("serve: listen on %s: %w", o.Listen, err)
+	if d.lis == nil {
+		if d.lis, err = net.Listen("tcp", o.Listen); err != nil {
+			return nil, fmt.Errorf("serve: listen on %s: %w", o.Listen, err)
 		}
 	}
-	bg, stopBG := context.WithCancel(context.Background())
-	defer stopBG()
-	var workers []func()
-	spawn := func(f func(context.Context)) {
-		done := make(chan struct{})
-		go func() { defer close(done); f(bg) }()
-		workers = append(workers, func() { <-done })
-	}
-	spawn(hub.Run)
-	spawn(wk.Run)
-	spawn(func(ctx context.Context) {
-		// Terminates a previous run left between intent and destroy.
-		if n, err := instSvc.ResumeTerminates(ctx, 0); err != nil {
-			log.Warn("resuming interrupted terminates", "finished", n, "err", err)
-		} else if n > 0 {
-			log.Info("finished terminates interrupted by the previous run", "count", n)
+	if d.metricsLis == nil && o.MetricsListen != "" {
+		if d.metricsLis, err = net.Listen("tcp", o.MetricsListen); err != nil {
+			return nil, fmt.Errorf("serve: metrics listen on %s: %w", o.MetricsListen, err)
 		}
-	})
-	if netLis != nil {
-		nb := &netboot.Server{Store: st, Clock: o.Clock, Log: log.With("component", "netboot"), Instances: instSvc}
-		spawn(func(ctx context.Context) {
-			if err := nb.Serve(ctx, netLis); err != nil {
-				log.Error("netboot server stopped", "err", err)
-			}
-		})
-		log.Info("netboot serving", "addr", netLis.Addr().String(), "url", o.NetbootURL)
 	}
-	spawn(func(ctx context.Context) { revoked.Follow(ctx, st, o.Clock, 30*time.Second) })
-	// Replenishes asked for between reaper ticks (a refused acquire, a new
-	// or re-activated pool). Every replica runs it: a replenish recounts
-	// under the pool's row lock, so replicas never overshoot.
-	spawn(pools.RunNudges)
-	spawn(func(ctx context.Context) {
-		loops.Run(ctx, st.Elector(), log,
-			loops.Loop{Name: "task-leases", Every: o.LoopEvery, Tick: func(ctx context.Context) error {
-				_, err := taskSvc.ExpireLeases(ctx)
-				return err
-			}},
-			loops.Loop{Name: "terminate-reconciler", Every: o.LoopEvery, Tick: func(ctx context.Context) error {
-				_, err := instSvc.ResumeTerminates(ctx, o.TerminateResumeAfter)
-				return err
-			}},
-			loops.Loop{Name: "provision-sweeper", Every: o.LoopEvery, Tick: func(ctx context.Context) error {
-				_, err := instSvc.SweepProvisions(ctx)
-				return err
-			}},
-			loops.Loop{Name: "liveness", Every: o.LoopEvery, Tick: func(ctx context.Context) error {
-				_, err := sensor.Tick(ctx)
-				return err
-			}},
-			loops.Loop{Name: "provider-sync", Every: o.ProviderSyncEvery, Tick: func(ctx context.Context) error {
-				_, err := syncer.Tick(ctx)
-				return err
-			}},
-			loops.Loop{Name: "pool-reaper", Every: o.PoolReaperEvery, Tick: func(ctx context.Context) error {
-				_, err := pools.Tick(ctx)
-				return err
-			}},
-			loops.Loop{Name: "retention", Every: time.Hour, Tick: func(ctx context.Context) error {
-				return prune(ctx, st, log, o)
-			}},
-		)
-	})
-	var metricsSrv *http.Server
-	if o.MetricsListen != "" {
+	if d.metricsLis != nil {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 		// Profiles answer "where did the CPU or memory go" on a live
@@ -291,41 +332,187 @@ func Serve(ctx context.Context, o ServeOptions) error {
 		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-		metricsSrv = &http.Server{Addr: o.MetricsListen, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-		ml, err := net.Listen("tcp", o.MetricsListen)
-		if err != nil {
-			return fmt.Errorf("serve: metrics listen on %s: %w", o.MetricsListen, err)
-		}
-		go func() { _ = metricsSrv.Serve(ml) }()
-		log.Info("metrics listening", "addr", ml.Addr().String())
+		d.metricsSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	}
+	return d, nil
+}
 
-	serveErr := make(chan error, 1)
-	go func() { serveErr <- srv.Serve(lis) }()
-	log.Info("tetherd serving", "addr", lis.Addr().String(), "store", st.Backend(), "data_dir", o.DataDir,
-		"agent_url", o.AgentURL, "ca_fingerprint", authority.Fingerprint(), "providers", instSvc.ProviderNames(),
-		"qemu_mode", o.QEMUMode, "kernel", kernel, "initramfs", initramfs)
+// spawn runs f on the background context in a worker stop waits for.
+func (d *daemon) spawn(bg context.Context, f func(context.Context)) {
+	done := make(chan struct{})
+	d.workers = append(d.workers, done)
+	go func() { defer close(done); f(bg) }()
+}
+
+// run starts the workers and the servers, and serves until ctx ends (nil)
+// or a server fails (its error). stop undoes it either way.
+func (d *daemon) run(ctx context.Context) error {
+	o, log, st := d.o, d.log, d.st
+	bg, stopBG := context.WithCancel(context.Background())
+	d.stopBG = stopBG
+	d.spawn(bg, d.hub.Run)
+	d.spawn(bg, d.wk.Run)
+	d.spawn(bg, func(ctx context.Context) {
+		// Terminates a previous run left between intent and destroy.
+		if n, err := d.instSvc.ResumeTerminates(ctx, 0); err != nil {
+			log.Warn("resuming interrupted terminates", "finished", n, "err", err)
+		} else if n > 0 {
+			log.Info("finished terminates interrupted by the previous run", "count", n)
+		}
+	})
+	failed := make(chan error, 3)
+	if d.netboot != nil {
+		d.spawn(bg, func(ctx context.Context) {
+			if err := d.netboot.Serve(ctx, d.netLis); err != nil {
+				failed <- fmt.Errorf("serve: netboot server: %w", err)
+			}
+		})
+		d.spawn(bg, func(ctx context.Context) { flushRefusals(ctx, o.LoopEvery, d.netboot.FlushRefusals) })
+		log.Info("netboot serving", "addr", d.netLis.Addr().String(), "url", o.NetbootURL)
+	}
+	d.spawn(bg, func(ctx context.Context) { flushRefusals(ctx, o.LoopEvery, d.enrollSvc.FlushRefusals) })
+	if d.pxe != nil {
+		d.spawn(bg, func(ctx context.Context) { runPXE(ctx, d.pxe, log) })
+	}
+	d.spawn(bg, func(ctx context.Context) {
+		d.revoked.Follow(ctx, st, o.Clock, 30*time.Second, log, d.reloadFailures)
+	})
+	// Replenishes asked for between reaper ticks: a claim, a release, a
+	// member terminated or fenced, a refused acquire, a new or re-activated
+	// pool. Every replica runs it: a replenish recounts under the pool's
+	// row lock, so replicas never overshoot (docs/adr/0008).
+	d.spawn(bg, d.pools.RunNudges)
+	d.spawn(bg, func(ctx context.Context) { loops.Run(ctx, st.Elector(), log, d.loops()...) })
+	if d.metricsSrv != nil {
+		d.spawn(bg, func(context.Context) {
+			if err := d.metricsSrv.Serve(d.metricsLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				failed <- fmt.Errorf("serve: metrics server: %w", err)
+			}
+		})
+		log.Info("metrics listening", "addr", d.metricsLis.Addr().String())
+	}
+	d.spawn(bg, func(context.Context) {
+		if err := d.srv.Serve(d.lis); err != nil {
+			failed <- fmt.Errorf("serve: %w", err)
+		}
+	})
+	log.Info("tetherd serving", "addr", d.lis.Addr().String(), "store", st.Backend(), "data_dir", o.DataDir,
+		"agent_url", o.AgentURL, "ca_fingerprint", d.fingerprint, "providers", d.instSvc.ProviderNames(),
+		"qemu_mode", o.QEMUMode, "kernel", d.kernel, "initramfs", d.initramfs)
 	if o.Ready != nil {
-		o.Ready <- lis.Addr().String()
+		o.Ready <- d.lis.Addr().String()
 	}
 	select {
 	case <-ctx.Done():
 		log.Info("shutting down: draining calls")
-	case err := <-serveErr:
-		return fmt.Errorf("serve: %w", err)
+		return nil
+	case err := <-failed:
+		log.Error("shutting down: a server failed", "err", err)
+		return err
 	}
-	srv.Stop(10 * time.Second)
-	if metricsSrv != nil {
+}
+
+// loops are the periodic jobs, each run by one replica at a time.
+func (d *daemon) loops() []loops.Loop {
+	o, st := d.o, d.st
+	return []loops.Loop{
+		{Name: "task-leases", Every: o.LoopEvery, Tick: func(ctx context.Context) error {
+			_, err := d.taskSvc.ExpireLeases(ctx)
+			return err
+		}},
+		{Name: "terminate-reconciler", Every: o.LoopEvery, Tick: func(ctx context.Context) error {
+			_, err := d.instSvc.ResumeTerminates(ctx, o.TerminateResumeAfter)
+			return err
+		}},
+		{Name: "provision-sweeper", Every: o.LoopEvery, Tick: func(ctx context.Context) error {
+			_, err := d.instSvc.SweepProvisions(ctx)
+			return err
+		}},
+		{Name: "liveness", Every: o.LoopEvery, Tick: func(ctx context.Context) error {
+			_, err := d.sensor.Tick(ctx)
+			return err
+		}},
+		{Name: "provider-sync", Every: o.ProviderSyncEvery, Tick: func(ctx context.Context) error {
+			_, err := d.syncer.Tick(ctx)
+			return err
+		}},
+		{Name: "pool-reaper", Every: o.PoolReaperEvery, Tick: func(ctx context.Context) error {
+			_, err := d.pools.Tick(ctx)
+			return err
+		}},
+		{Name: "retention", Every: time.Hour, Tick: func(ctx context.Context) error {
+			return prune(ctx, st, d.log, o)
+		}},
+	}
+}
+
+// stop stops accepting and ends the streams, stops the metrics server,
+// cancels the workers and waits for every one of them, then closes the
+// listeners and, last, the store.
+func (d *daemon) stop() {
+	d.srv.Stop(10 * time.Second)
+	if d.metricsSrv != nil {
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		_ = metricsSrv.Shutdown(sctx)
+		if err := d.metricsSrv.Shutdown(sctx); err != nil {
+			d.log.Warn("metrics server shutdown", "err", err)
+		}
 		cancel()
 	}
-	stopBG()
-	for _, w := range workers {
-		w()
+	if d.stopBG != nil {
+		d.stopBG()
 	}
-	log.Info("tetherd stopped")
-	return nil
+	for _, w := range d.workers {
+		<-w
+	}
+	d.close()
+	d.log.Info("tetherd stopped")
+}
+
+// close closes the listeners and then the store; each may be unopened or
+// already closed by the server that used it.
+func (d *daemon) close() {
+	for _, l := range []net.Listener{d.lis, d.netLis, d.metricsLis} {
+		if l == nil {
+			continue
+		}
+		if err := l.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+			d.log.Warn("closing a listener", "addr", l.Addr().String(), "err", err)
+		}
+	}
+	if d.st != nil {
+		if err := d.st.Close(); err != nil {
+			d.log.Error("closing the store", "err", err)
+		}
+	}
+}
+
+// unauthenticatedLimiter is a fresh per-source limiter for one
+// unauthenticated route; nil when the limit is off.
+func (o *ServeOptions) unauthenticatedLimiter() *throttle.Limiter {
+	if o.UnauthenticatedRate < 0 {
+		return nil
+	}
+	return throttle.NewLimiter(o.Clock, o.UnauthenticatedRate, o.UnauthenticatedBurst, 0)
+}
+
+// flushRefusals writes the coalesced refusal counts of windows that
+// ended, every `every`, and all of them once more at shutdown (stop
+// waits for it before the store closes). Each replica holds its own
+// counts, so this runs on every replica.
+func flushRefusals(ctx context.Context, every time.Duration, flush func(context.Context, bool)) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			flush(fctx, true)
+			cancel()
+			return
+		case <-t.C:
+			flush(ctx, false)
+		}
+	}
 }
 
 func (o *ServeOptions) defaults() error {
@@ -368,6 +555,12 @@ func (o *ServeOptions) defaults() error {
 	}
 	if o.PoolReaperEvery <= 0 {
 		o.PoolReaperEvery = pool.DefaultReaperEvery
+	}
+	if o.UnauthenticatedRate == 0 {
+		o.UnauthenticatedRate = 20
+	}
+	if o.UnauthenticatedBurst <= 0 {
+		o.UnauthenticatedBurst = 200
 	}
 	if o.EventRetentionLow <= 0 {
 		o.EventRetentionLow = 90 * 24 * time.Hour
@@ -422,6 +615,14 @@ func loadSigningKeys(files []string) ([][]byte, error) {
 	return out, nil
 }
 
+func edKeys(keys [][]byte) []ed25519.PublicKey {
+	out := make([]ed25519.PublicKey, len(keys))
+	for i, k := range keys {
+		out[i] = k
+	}
+	return out
+}
+
 // ParseSigningKey accepts a raw 32-byte Ed25519 public key or a PEM/PKIX one.
 func ParseSigningKey(b []byte) (ed25519.PublicKey, error) {
 	if len(b) == ed25519.PublicKeySize {
@@ -434,7 +635,7 @@ func ParseSigningKey(b []byte) (ed25519.PublicKey, error) {
 	return pub, nil
 }
 
-// Record retention (docs/design.md §0.6: nothing accumulates forever). Events keep
+// Record retention (docs/design.md §0.6: nothing grows without bound). Events keep
 // their own, configurable windows; the rest is history nothing reads.
 const (
 	taskRetention  = 30 * 24 * time.Hour // finished tasks: results stay readable for a month
@@ -452,6 +653,12 @@ func prune(ctx context.Context, st store.Store, log *slog.Logger, o ServeOptions
 	p, err := st.PruneRecords(ctx, now.Add(-taskRetention), now.Add(-tokenRetention), now.Add(-certRetention))
 	if err != nil {
 		return err
+	}
+	// The audit trail is kept as long as the longest event window.
+	if a, err := st.DeleteAuditBefore(ctx, now.Add(-o.EventRetentionHigh)); err != nil {
+		return err
+	} else if a > 0 {
+		log.Info("pruned audit records", "count", a)
 	}
 	if n+p.Tasks+p.Tokens+p.Certificates > 0 {
 		log.Info("pruned records past retention", "events", n, "tasks", p.Tasks, "tokens", p.Tokens, "certificates", p.Certificates)

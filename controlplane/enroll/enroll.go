@@ -9,11 +9,15 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/tetherfleet/tether/controlplane/events"
 	"github.com/tetherfleet/tether/controlplane/fail"
+	"github.com/tetherfleet/tether/controlplane/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/store"
+	"github.com/tetherfleet/tether/controlplane/throttle"
+	"github.com/tetherfleet/tether/internal/clock"
 	"github.com/tetherfleet/tether/pki"
 	"github.com/tetherfleet/tether/pki/ca"
 )
@@ -21,16 +25,31 @@ import (
 // MaxCSRBytes bounds what Enroll will parse.
 const MaxCSRBytes = 8 << 10
 
-// Clock is the time source.
-type Clock interface{ Now() time.Time }
-
 // Service issues node certificates.
 type Service struct {
 	Store    store.Store
 	CA       *ca.CA
-	Clock    Clock
+	Clock    clock.Clock
 	Log      *slog.Logger
 	Lifetime time.Duration // zero: ca.DefaultNodeLifetime
+	// Refusals coalesces repeated refusals into one event per window
+	// (nil: one window of RefusalWindow). Nobody needs a credential to be
+	// refused, so one event per try would let anyone fill the event log.
+	Refusals *throttle.Coalescer
+
+	once sync.Once
+}
+
+// RefusalWindow is the default coalescing window of refusal events.
+const RefusalWindow = time.Minute
+
+func (s *Service) refusals() *throttle.Coalescer {
+	s.once.Do(func() {
+		if s.Refusals == nil {
+			s.Refusals = throttle.NewCoalescer(RefusalWindow, 0)
+		}
+	})
+	return s.Refusals
 }
 
 // Issued is a signed certificate and whom it names.
@@ -85,7 +104,7 @@ func (s *Service) Enroll(ctx context.Context, token, csrPEM string) (*Issued, er
 		return nil, errRefused
 	}
 	inst, err := s.Store.GetInstance(ctx, tok.InstanceID)
-	if errors.Is(err, store.ErrNotFound) || (err == nil && inst.Status == "terminated") {
+	if errors.Is(err, store.ErrNotFound) || (err == nil && inst.Status == lifecycle.Terminated) {
 		s.refused(ctx, tok.InstanceID, now, "instance is terminated or gone")
 		return nil, errRefused
 	}
@@ -143,7 +162,7 @@ func (s *Service) Renew(ctx context.Context, instanceID string, current crypto.P
 	if err != nil {
 		return nil, err
 	}
-	if inst.Status == "terminated" {
+	if inst.Status == lifecycle.Terminated {
 		return nil, fail.Precondition("instance %s is terminated; it cannot renew its certificate", instanceID)
 	}
 	now := s.Clock.Now()
@@ -170,21 +189,69 @@ func record(cert *x509.Certificate, instanceID string, now time.Time) *store.Cer
 		Subject: pki.InstanceURI(instanceID).String(), NotBefore: cert.NotBefore, NotAfter: cert.NotAfter, CreatedAt: now}
 }
 
+// refusal is what the first refusal of a window recorded, for the
+// summary of the rest.
+type refusal struct {
+	kind       string
+	severity   int
+	instanceID string
+	message    string
+}
+
 // reused records a replayed token: somebody holds a secret that was
-// already spent, which an operator must look at.
+// already spent, which an operator must look at. Replays of one token are
+// coalesced: one event per window, and a summary with the count.
 func (s *Service) reused(ctx context.Context, tok *store.Token, now time.Time) {
-	s.Log.Warn("enrollment refused: token already used", "instance", tok.InstanceID)
-	if _, err := (events.E{Kind: events.EnrollTokenReused, Severity: events.High, InstanceID: tok.InstanceID,
-		Message: fmt.Sprintf("a bootstrap token of instance %s was presented again after it was used", tok.InstanceID),
-		Payload: map[string]any{"used_at": tok.UsedAt.UTC().Format(time.RFC3339)}}).Write(ctx, s.Store, now); err != nil {
-		s.Log.Error("write token reuse event", "err", err)
-	}
+	s.note(ctx, "reused/"+tok.Hash, now, refusal{kind: events.EnrollTokenReused, severity: events.High, instanceID: tok.InstanceID,
+		message: fmt.Sprintf("a bootstrap token of instance %s was presented again after it was used", tok.InstanceID)},
+		map[string]any{"used_at": tok.UsedAt.UTC().Format(time.RFC3339)})
 }
 
 func (s *Service) refused(ctx context.Context, instanceID string, now time.Time, why string) {
-	s.Log.Warn("enrollment refused", "instance", instanceID, "reason", why)
-	if _, err := (events.E{Kind: events.EnrollRefused, Severity: events.Medium, InstanceID: instanceID,
-		Message: "enrollment refused: " + why}).Write(ctx, s.Store, now); err != nil {
-		s.Log.Error("write enrollment refusal event", "err", err)
+	s.note(ctx, "refused/"+instanceID+"/"+why, now, refusal{kind: events.EnrollRefused, severity: events.Medium, instanceID: instanceID,
+		message: "enrollment refused: " + why}, nil)
+}
+
+// note writes the event of a refusal unless one for the same key was
+// written this window, in which case it is only counted.
+func (s *Service) note(ctx context.Context, key string, now time.Time, r refusal, payload map[string]any) {
+	write, held := s.refusals().Note(key, now, r)
+	if !write {
+		return
+	}
+	if held.Count > 0 {
+		s.summary(ctx, held, now)
+	}
+	if payload == nil {
+		payload = map[string]any{}
+	}
+	payload["count"] = 1
+	s.Log.Warn(r.message, "instance", r.instanceID, "kind", r.kind)
+	if _, err := (events.E{Kind: r.kind, Severity: r.severity, InstanceID: r.instanceID, Message: r.message,
+		Payload: payload}).Write(ctx, s.Store, now); err != nil {
+		s.Log.Error("write enrollment refusal event", "kind", r.kind, "instance", r.instanceID, "err", err)
+	}
+}
+
+// summary writes what a window held back: one event with the count.
+func (s *Service) summary(ctx context.Context, sum throttle.Summary, now time.Time) {
+	r, _ := sum.Info.(refusal)
+	msg := fmt.Sprintf("%s: %d more times from %s to %s", r.message, sum.Count,
+		sum.First.UTC().Format(time.RFC3339), sum.Last.UTC().Format(time.RFC3339))
+	s.Log.Warn(msg, "instance", r.instanceID, "kind", r.kind, "count", sum.Count)
+	if _, err := (events.E{Kind: r.kind, Severity: r.severity, InstanceID: r.instanceID, Message: msg,
+		Payload: map[string]any{"count": sum.Count, "coalesced": true,
+			"first": sum.First.UTC().Format(time.RFC3339Nano), "last": sum.Last.UTC().Format(time.RFC3339Nano)}}).Write(ctx, s.Store, now); err != nil {
+		s.Log.Error("write coalesced enrollment refusal event", "kind", r.kind, "instance", r.instanceID, "count", sum.Count, "err", err)
+	}
+}
+
+// FlushRefusals writes the summaries of the refusal windows that have
+// ended (all of them when final, at shutdown), so that a burst that
+// stopped is still on record with its count.
+func (s *Service) FlushRefusals(ctx context.Context, final bool) {
+	now := s.Clock.Now()
+	for _, sum := range s.refusals().Flush(now, final) {
+		s.summary(ctx, sum, now)
 	}
 }

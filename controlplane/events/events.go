@@ -27,7 +27,11 @@ const (
 	EnrollRefused     = "enroll.refused"
 	CertRenewed       = "certificate.renewed"
 	CertRevoked       = "certificate.revoked"
+	CertIssued        = "certificate.issued"
 	TokenIssued       = "token.issued"
+	// NodeMACGenerated records a hardware address the control plane made
+	// up for a netbooting machine of a node that had none.
+	NodeMACGenerated = "node.mac_generated"
 
 	InstanceProvisioned     = "instance.provisioned"
 	InstanceTransition      = "instance.transition"
@@ -68,6 +72,10 @@ const (
 	ModulePushed       = "module.pushed"
 	ModuleDeleted      = "module.deleted"
 	ModuleFetchRefused = "module.fetch_refused"
+	ModuleSigned       = "module.signed"
+	// ModuleSignatureRefused: a node refused a module its signer anchor or
+	// its template's required signers do not cover.
+	ModuleSignatureRefused = "module.signature_refused"
 
 	PoolMemberReady           = "pool.member_ready"
 	PoolClaimed               = "pool.claimed"

@@ -15,6 +15,7 @@ import (
 
 	"github.com/tetherfleet/tether/controlplane/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/store"
+	"github.com/tetherfleet/tether/internal/apierr"
 	"github.com/tetherfleet/tether/providers"
 )
 
@@ -87,7 +88,8 @@ func From(err error) error {
 	case errors.Is(err, store.ErrConflict):
 		return status.Error(codes.FailedPrecondition, trimSentinel(err, store.ErrConflict))
 	case errors.Is(err, store.ErrUnavailable):
-		return status.Error(codes.Unavailable, "the database is unavailable; retry shortly ("+err.Error()+")")
+		// The reason detail lets clients recognise this without reading the words.
+		return apierr.New(codes.Unavailable, apierr.DatabaseUnavailable, "the database is unavailable; retry shortly ("+err.Error()+")")
 	case errors.As(err, &pe):
 		return status.Error(providerCode(pe.Kind), err.Error())
 	}

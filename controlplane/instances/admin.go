@@ -54,7 +54,7 @@ func (s *Service) mutate(ctx context.Context, id, what string, fn func(q store.Q
 		if in, err = q.LockInstance(ctx, id); err != nil {
 			return err
 		}
-		if lifecycle.State(in.Status).Terminal() {
+		if in.Status.Terminal() {
 			return fail.Precondition("instance %s is terminated; it cannot be %s", id, what)
 		}
 		return fn(q, in, now)
@@ -116,6 +116,9 @@ func (s *Service) Cordon(ctx context.Context, id, reason, by string) (*store.Ins
 		result, err = s.cordon(ctx, q, in, reason, by, now)
 		return err
 	})
+	if err == nil && result == CordonFenced {
+		s.memberLeft(in)
+	}
 	return in, result, err
 }
 
@@ -127,23 +130,23 @@ func (s *Service) cordon(ctx context.Context, q store.Queries, in *store.Instanc
 	result := CordonNotPooled
 	if in.PoolID != "" {
 		switch in.PoolState {
-		case store.PoolStateWarming:
+		case lifecycle.PoolWarming:
 			return "", fail.Precondition("instance %s is a warming pool member: it is not acquirable yet, so there is nothing to cordon", in.ID)
-		case store.PoolStateErrored:
+		case lifecycle.PoolErrored:
 			return "", fail.Precondition("instance %s is an errored pool member: it is already on its way out", in.ID)
-		case store.PoolStateReady:
+		case lifecycle.PoolReady:
 			result = CordonFenced
-		case store.PoolStateClaimed:
+		case lifecycle.PoolClaimed:
 			// Marker only: release paths expect claimed, and a claimed
 			// member is not acquirable anyway.
 			result = CordonClaimed
-		case store.PoolStateDraining:
+		case lifecycle.PoolDraining:
 			result = CordonAlreadyFenced
 		}
 	}
 	in.Cordon = &store.Cordon{By: by, Reason: reason, At: now, PoolStateBefore: in.PoolState}
 	if result == CordonFenced {
-		in.PoolState = store.PoolStateDraining
+		in.PoolState = lifecycle.PoolDraining
 	}
 	in.UpdatedAt = now
 	if err := q.UpdateInstance(ctx, in); err != nil {
@@ -167,13 +170,13 @@ func (s *Service) Uncordon(ctx context.Context, id, by string) (*store.Instance,
 			return nil
 		}
 		result = UncordonCleared
-		if in.PoolID != "" && c.PoolStateBefore == store.PoolStateReady && in.PoolState == store.PoolStateDraining {
-			if lifecycle.State(in.Status) != lifecycle.Running {
+		if in.PoolID != "" && c.PoolStateBefore == lifecycle.PoolReady && in.PoolState == lifecycle.PoolDraining {
+			if in.Status != lifecycle.Running {
 				return fail.Precondition("instance %s was fenced by this cordon but is %s: a ready member must be running; start it, then uncordon",
 					in.ID, in.Status)
 			}
 			result = UncordonRestored
-			in.PoolState, in.PoolReadyAt = store.PoolStateReady, &now
+			in.PoolState, in.PoolReadyAt = lifecycle.PoolReady, &now
 		}
 		in.Cordon, in.UpdatedAt = nil, now
 		if err := q.UpdateInstance(ctx, in); err != nil {
@@ -201,7 +204,7 @@ func (s *Service) Drain(ctx context.Context, id, reason, by string) (*store.Inst
 		return nil, "", fail.Precondition("instance %s hosts this control plane; draining it would stop the control plane itself", id)
 	}
 	var result string
-	_, err := s.mutate(ctx, id, "drained", func(q store.Queries, in *store.Instance, now time.Time) error {
+	fenced, err := s.mutate(ctx, id, "drained", func(q store.Queries, in *store.Instance, now time.Time) error {
 		if in.Cordon != nil {
 			result = CordonAlreadyCordoned
 			return nil
@@ -212,6 +215,9 @@ func (s *Service) Drain(ctx context.Context, id, reason, by string) (*store.Inst
 	})
 	if err != nil {
 		return nil, "", err
+	}
+	if result == CordonFenced {
+		s.memberLeft(fenced)
 	}
 	in, err := s.Stop(ctx, id)
 	if err != nil {

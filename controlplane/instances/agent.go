@@ -3,6 +3,7 @@ package instances
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/tetherfleet/tether/controlplane/events"
 	"github.com/tetherfleet/tether/controlplane/lifecycle"
@@ -22,7 +23,7 @@ func (s *Service) AgentReady(ctx context.Context, instanceID string, hooks ...Re
 			return err
 		}
 		now := s.Clock.Now()
-		switch lifecycle.State(in.Status) {
+		switch in.Status {
 		case lifecycle.Provisioning, lifecycle.Starting, lifecycle.Rebooting:
 			// last_heartbeat_at belongs to the heartbeat batch: stamping it
 			// here with a later time made the batch's never-go-backwards
@@ -58,7 +59,14 @@ func (s *Service) AgentError(ctx context.Context, instanceID, phase, msg string)
 		if err := q.UpdateInstance(ctx, in); err != nil {
 			return err
 		}
-		_, err = events.E{Kind: events.InstanceAgentError, Severity: events.High, InstanceID: instanceID,
+		kind := events.InstanceAgentError
+		// A node refusing a module's signature says so in the error's
+		// first word (agent/modules.SignatureRefused); it gets its own kind
+		// so it can be watched for.
+		if strings.HasPrefix(msg, events.ModuleSignatureRefused+": ") {
+			kind = events.ModuleSignatureRefused
+		}
+		_, err = events.E{Kind: kind, Severity: events.High, InstanceID: instanceID,
 			Message: fmt.Sprintf("agent reports (phase %s): %s", phase, msg), Payload: map[string]any{"phase": phase, "error": msg}}.Write(ctx, q, now)
 		return err
 	})

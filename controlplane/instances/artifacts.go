@@ -1,6 +1,8 @@
 package instances
 
 import (
+	"strings"
+
 	"github.com/tetherfleet/tether/controlplane/fail"
 	"github.com/tetherfleet/tether/controlplane/modules"
 	"github.com/tetherfleet/tether/controlplane/store"
@@ -84,7 +86,12 @@ func (a *Artifacts) Boot(tpl *store.Template) (providers.Boot, error) {
 	}
 	b := providers.Boot{KernelPath: kp, InitramfsPath: ip, KernelURL: a.URL(k), InitramfsURL: a.URL(i)}
 	if tpl != nil {
-		b.KernelArgs = tpl.KernelArgs
+		// The console first: a console= in the template's own arguments
+		// comes later and so becomes /dev/console.
+		b.KernelArgs = strings.TrimSpace(tpl.ConsoleArg() + " " + tpl.KernelArgs)
+		// The template's required signers become the booted node's
+		// own anchor: delivered with the boot, not by the assignment.
+		b.Signers = tpl.RequiredSigners
 	}
 	return b, nil
 }

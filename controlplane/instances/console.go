@@ -4,7 +4,6 @@ import (
 	"context"
 
 	"github.com/tetherfleet/tether/controlplane/fail"
-	"github.com/tetherfleet/tether/controlplane/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/worker"
 	"github.com/tetherfleet/tether/internal/seediso"
 )
@@ -54,7 +53,7 @@ func (s *Service) SeedMaterial(ctx context.Context, id string) (seediso.Material
 	if err != nil {
 		return seediso.Material{}, err
 	}
-	if lifecycle.State(in.Status).Terminal() {
+	if in.Status.Terminal() {
 		return seediso.Material{}, fail.Precondition("instance %s is terminated; it cannot enroll again", id)
 	}
 	tok, _, err := s.IssueToken(ctx, id, 0)

@@ -15,7 +15,7 @@ import (
 )
 
 // pooled makes a running instance a member of a pool in poolState.
-func (e *env) pooled(poolState string) *store.Instance {
+func (e *env) pooled(poolState lifecycle.PoolState) *store.Instance {
 	e.t.Helper()
 	in := e.running()
 	pl, err := e.st.GetPool(e.ctx, "p1")
@@ -36,23 +36,23 @@ func (e *env) pooled(poolState string) *store.Instance {
 func TestCordon(t *testing.T) {
 	tests := []struct {
 		name      string
-		poolState string // "" is not pooled
+		poolState lifecycle.PoolState // NoPool is not pooled
 		code      codes.Code
 		state     string
-		poolAfter string
+		poolAfter lifecycle.PoolState
 	}{
-		{"not pooled", "", codes.OK, instances.CordonNotPooled, ""},
-		{"ready member is fenced", store.PoolStateReady, codes.OK, instances.CordonFenced, store.PoolStateDraining},
-		{"claimed member gets the marker only", store.PoolStateClaimed, codes.OK, instances.CordonClaimed, store.PoolStateClaimed},
-		{"draining member", store.PoolStateDraining, codes.OK, instances.CordonAlreadyFenced, store.PoolStateDraining},
-		{"warming member refused", store.PoolStateWarming, codes.FailedPrecondition, "", store.PoolStateWarming},
-		{"errored member refused", store.PoolStateErrored, codes.FailedPrecondition, "", store.PoolStateErrored},
+		{"not pooled", lifecycle.NoPool, codes.OK, instances.CordonNotPooled, lifecycle.NoPool},
+		{"ready member is fenced", lifecycle.PoolReady, codes.OK, instances.CordonFenced, lifecycle.PoolDraining},
+		{"claimed member gets the marker only", lifecycle.PoolClaimed, codes.OK, instances.CordonClaimed, lifecycle.PoolClaimed},
+		{"draining member", lifecycle.PoolDraining, codes.OK, instances.CordonAlreadyFenced, lifecycle.PoolDraining},
+		{"warming member refused", lifecycle.PoolWarming, codes.FailedPrecondition, "", lifecycle.PoolWarming},
+		{"errored member refused", lifecycle.PoolErrored, codes.FailedPrecondition, "", lifecycle.PoolErrored},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t)
 			var in *store.Instance
-			if tc.poolState == "" {
+			if tc.poolState == lifecycle.NoPool {
 				in = e.running()
 			} else {
 				in = e.pooled(tc.poolState)
@@ -60,7 +60,7 @@ func TestCordon(t *testing.T) {
 			got, state, err := e.svc.Cordon(e.ctx, in.ID, "kernel patch window", "alice")
 			wantCode(t, err, tc.code)
 			after := e.get(in.ID)
-			if after.PoolState != tc.poolAfter || after.Status != string(lifecycle.Running) {
+			if after.PoolState != tc.poolAfter || after.Status != lifecycle.Running {
 				t.Fatalf("pool state %q status %s, want %q running", after.PoolState, after.Status, tc.poolAfter)
 			}
 			if err != nil {
@@ -90,13 +90,13 @@ func TestCordon(t *testing.T) {
 func TestUncordon(t *testing.T) {
 	t.Run("restores a member this cordon fenced", func(t *testing.T) {
 		e := newEnv(t)
-		in := e.pooled(store.PoolStateReady)
+		in := e.pooled(lifecycle.PoolReady)
 		if _, _, err := e.svc.Cordon(e.ctx, in.ID, "maintenance", "alice"); err != nil {
 			t.Fatal(err)
 		}
 		e.clk.Advance(3600e9)
 		got, state, err := e.svc.Uncordon(e.ctx, in.ID, "alice")
-		if err != nil || state != instances.UncordonRestored || got.PoolState != store.PoolStateReady || got.Cordon != nil ||
+		if err != nil || state != instances.UncordonRestored || got.PoolState != lifecycle.PoolReady || got.Cordon != nil ||
 			got.PoolReadyAt == nil || !got.PoolReadyAt.Equal(e.clk.Now()) {
 			t.Fatalf("uncordon: %q %+v %v", state, got, err)
 		}
@@ -106,7 +106,7 @@ func TestUncordon(t *testing.T) {
 	})
 	t.Run("refuses a fenced member that is not running", func(t *testing.T) {
 		e := newEnv(t)
-		in := e.pooled(store.PoolStateReady)
+		in := e.pooled(lifecycle.PoolReady)
 		if _, _, err := e.svc.Cordon(e.ctx, in.ID, "maintenance", "alice"); err != nil {
 			t.Fatal(err)
 		}
@@ -121,17 +121,17 @@ func TestUncordon(t *testing.T) {
 	})
 	t.Run("clears a marker on a member that left draining", func(t *testing.T) {
 		e := newEnv(t)
-		in := e.pooled(store.PoolStateReady)
+		in := e.pooled(lifecycle.PoolReady)
 		if _, _, err := e.svc.Cordon(e.ctx, in.ID, "maintenance", "alice"); err != nil {
 			t.Fatal(err)
 		}
 		cur := e.get(in.ID)
-		cur.PoolState = store.PoolStateErrored
+		cur.PoolState = lifecycle.PoolErrored
 		if err := e.st.UpdateInstance(e.ctx, cur); err != nil {
 			t.Fatal(err)
 		}
 		got, state, err := e.svc.Uncordon(e.ctx, in.ID, "alice")
-		if err != nil || state != instances.UncordonCleared || got.PoolState != store.PoolStateErrored || got.Cordon != nil {
+		if err != nil || state != instances.UncordonCleared || got.PoolState != lifecycle.PoolErrored || got.Cordon != nil {
 			t.Fatalf("uncordon: %q %+v %v", state, got, err)
 		}
 	})
@@ -153,9 +153,9 @@ func TestUncordon(t *testing.T) {
 func TestDrain(t *testing.T) {
 	t.Run("cordons then stops", func(t *testing.T) {
 		e := newEnv(t)
-		in := e.pooled(store.PoolStateReady)
+		in := e.pooled(lifecycle.PoolReady)
 		got, state, err := e.svc.Drain(e.ctx, in.ID, "retire", "alice")
-		if err != nil || state != instances.CordonFenced || got.Status != string(lifecycle.Stopped) || got.PoolState != store.PoolStateDraining {
+		if err != nil || state != instances.CordonFenced || got.Status != lifecycle.Stopped || got.PoolState != lifecycle.PoolDraining {
 			t.Fatalf("drain: %q %+v %v", state, got, err)
 		}
 	})
@@ -169,16 +169,16 @@ func TestDrain(t *testing.T) {
 			t.Fatal(err)
 		}
 		got, state, err := e.svc.Drain(e.ctx, in.ID, "retire", "bob")
-		if err != nil || state != instances.CordonAlreadyCordoned || got.Status != string(lifecycle.Stopped) || got.Cordon.Reason != "first" {
+		if err != nil || state != instances.CordonAlreadyCordoned || got.Status != lifecycle.Stopped || got.Cordon.Reason != "first" {
 			t.Fatalf("drain: %q %+v %v", state, got, err)
 		}
 	})
 	t.Run("a cordon refusal aborts before the stop", func(t *testing.T) {
 		e := newEnv(t)
-		in := e.pooled(store.PoolStateWarming)
+		in := e.pooled(lifecycle.PoolWarming)
 		_, _, err := e.svc.Drain(e.ctx, in.ID, "retire", "alice")
 		wantCode(t, err, codes.FailedPrecondition)
-		if len(e.fake.CallsFor(fake.OpStop)) != 0 || e.get(in.ID).Status != string(lifecycle.Running) {
+		if len(e.fake.CallsFor(fake.OpStop)) != 0 || e.get(in.ID).Status != lifecycle.Running {
 			t.Fatal("the stop ran after a refused cordon")
 		}
 	})
@@ -188,7 +188,7 @@ func TestDrain(t *testing.T) {
 		e.fake.Inject(fake.OpStop, fake.Fault{Kind: providers.KindTransient})
 		_, state, err := e.svc.Drain(e.ctx, in.ID, "retire", "alice")
 		wantCode(t, err, codes.Unavailable)
-		if state != instances.CordonNotPooled || e.get(in.ID).Cordon == nil || e.get(in.ID).Status != string(lifecycle.Running) {
+		if state != instances.CordonNotPooled || e.get(in.ID).Cordon == nil || e.get(in.ID).Status != lifecycle.Running {
 			t.Fatalf("state %q, instance %+v", state, e.get(in.ID))
 		}
 	})
@@ -213,11 +213,11 @@ func TestDrain(t *testing.T) {
 // Terminating a claimed member closes its claim.
 func TestTerminateClosesAClaim(t *testing.T) {
 	e := newEnv(t)
-	in := e.pooled(store.PoolStateClaimed)
+	in := e.pooled(lifecycle.PoolClaimed)
 	if _, err := e.svc.Terminate(e.ctx, in.ID); err != nil {
 		t.Fatal(err)
 	}
-	if !e.hasEvent(in.ID, events.PoolReleased) || e.get(in.ID).PoolState == store.PoolStateClaimed {
+	if !e.hasEvent(in.ID, events.PoolReleased) || e.get(in.ID).PoolState == lifecycle.PoolClaimed {
 		t.Fatalf("claim left open: %v", e.eventKinds(in.ID))
 	}
 }

@@ -61,7 +61,7 @@ func (e *env) running() *store.Instance {
 		e.t.Fatal(err)
 	}
 	in = e.get(in.ID)
-	if in.Status != string(lifecycle.Running) {
+	if in.Status != lifecycle.Running {
 		e.t.Fatalf("instance is %s, want running", in.Status)
 	}
 	return in
@@ -79,7 +79,7 @@ func (e *env) get(id string) *store.Instance {
 func (e *env) setStatus(id string, st lifecycle.State) {
 	e.t.Helper()
 	in := e.get(id)
-	in.Status = string(st)
+	in.Status = st
 	if err := e.st.UpdateInstance(e.ctx, in); err != nil {
 		e.t.Fatal(err)
 	}

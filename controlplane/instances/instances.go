@@ -13,8 +13,10 @@ import (
 	"github.com/tetherfleet/tether/controlplane/events"
 	"github.com/tetherfleet/tether/controlplane/fail"
 	"github.com/tetherfleet/tether/controlplane/lifecycle"
+	"github.com/tetherfleet/tether/controlplane/modules"
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/controlplane/worker"
+	"github.com/tetherfleet/tether/internal/clock"
 	"github.com/tetherfleet/tether/pki"
 	"github.com/tetherfleet/tether/providers"
 )
@@ -25,13 +27,10 @@ const DefaultTokenTTL = 24 * time.Hour
 // ProviderExternal is the provider for machines something else starts.
 const ProviderExternal = "external"
 
-// Clock is the time source.
-type Clock interface{ Now() time.Time }
-
 // Service is the instance service.
 type Service struct {
 	Store store.Store
-	Clock Clock
+	Clock clock.Clock
 	Log   *slog.Logger
 	// Machines are the configured providers by name: what provisioning
 	// accepts and what the power operations drive.
@@ -59,6 +58,18 @@ type Service struct {
 	// SelfInstanceIDs are instances that host this control plane: drain
 	// refuses them (stopping them would stop us).
 	SelfInstanceIDs []string
+	// MemberLeft, if set, is told the pool of a member that a committed
+	// change took out of its pool's counts (terminated, or fenced by a
+	// cordon), so the pool can replace it at once (the pool service's
+	// Nudge). It must not block.
+	MemberLeft func(poolID string)
+}
+
+// memberLeft reports a member gone from its pool's counts.
+func (s *Service) memberLeft(in *store.Instance) {
+	if s.MemberLeft != nil && in != nil && in.PoolID != "" {
+		s.MemberLeft(in.PoolID)
+	}
 }
 
 // Defaults for Service's zero values.
@@ -169,24 +180,29 @@ func (s *Service) ProvisionTx(ctx context.Context, q store.Queries, p ProvisionP
 	if !node.Enabled {
 		return nil, fail.Precondition("node %q is disabled; enable it (tetherctl node update %s --enabled) before provisioning", node.Name, node.Name)
 	}
+	tpl, err := q.GetTemplateByID(ctx, node.TemplateID)
+	if err != nil {
+		return nil, err
+	}
+	// A template that requires signers refuses a module they did not sign
+	// here, at assignment time, rather than as a node's failed boot.
+	if err := modules.CheckTemplateSigners(ctx, q, tpl); err != nil {
+		return nil, err
+	}
 	if p.Provider != ProviderExternal {
 		// Refuse now what the worker could only fail later: a machine
 		// that has no kernel to boot.
-		tpl, err := q.GetTemplateByID(ctx, node.TemplateID)
-		if err != nil {
-			return nil, err
-		}
 		if _, _, err := s.Artifacts.Digests(tpl); err != nil {
 			return nil, err
 		}
 	}
 	now := s.Clock.Now()
 	in := &store.Instance{
-		NodeID: node.ID, Status: string(lifecycle.Pending), Provider: p.Provider, Region: p.Region,
+		NodeID: node.ID, Status: lifecycle.Pending, Provider: p.Provider, Region: p.Region,
 		InstanceType: p.InstanceType, OperationID: p.OperationID, CreatedAt: now, UpdatedAt: now,
 	}
 	if p.PoolID != "" {
-		in.PoolID, in.PoolState, in.PoolWarmingStartedAt = p.PoolID, store.PoolStateWarming, &now
+		in.PoolID, in.PoolState, in.PoolWarmingStartedAt = p.PoolID, lifecycle.PoolWarming, &now
 	}
 	out := &Provisioned{Instance: in, Node: node}
 	if err := q.CreateInstance(ctx, in); err != nil {
@@ -270,7 +286,7 @@ func (s *Service) IssueToken(ctx context.Context, instanceID string, ttl time.Du
 		if err != nil {
 			return err
 		}
-		if lifecycle.State(in.Status).Terminal() {
+		if in.Status.Terminal() {
 			return fail.Precondition("instance %s is terminated; it cannot enroll again", instanceID)
 		}
 		token, err = s.issueTokenTTL(ctx, q, instanceID, now, ttl)
@@ -306,12 +322,12 @@ func (s *Service) issueTokenTTL(ctx context.Context, q store.Queries, instanceID
 // transition applies ev to in (already read in q's transaction), writes
 // the row and an event. A refused pair is a *lifecycle.TransitionError.
 func (s *Service) transition(ctx context.Context, q store.Queries, in *store.Instance, ev lifecycle.Event, reason string, now time.Time) error {
-	from := lifecycle.State(in.Status)
+	from := in.Status
 	to, err := lifecycle.Next(from, ev)
 	if err != nil {
 		return err
 	}
-	in.Status, in.UpdatedAt = string(to), now
+	in.Status, in.UpdatedAt = to, now
 	if err := q.UpdateInstance(ctx, in); err != nil {
 		return err
 	}

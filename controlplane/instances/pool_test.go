@@ -8,6 +8,7 @@ import (
 
 	"github.com/tetherfleet/tether/controlplane/events"
 	"github.com/tetherfleet/tether/controlplane/instances"
+	"github.com/tetherfleet/tether/controlplane/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/pool/claims"
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/providers/external"
@@ -28,7 +29,7 @@ func TestProvisionPoolMember(t *testing.T) {
 		t.Fatal(err)
 	}
 	in := e.get(res.Instance.ID)
-	if in.PoolID != pl.ID || in.PoolState != store.PoolStateWarming || in.PoolWarmingStartedAt == nil || !in.PoolWarmingStartedAt.Equal(t0) {
+	if in.PoolID != pl.ID || in.PoolState != lifecycle.PoolWarming || in.PoolWarmingStartedAt == nil || !in.PoolWarmingStartedAt.Equal(t0) {
 		t.Fatalf("member: pool %q state %q warming %v", in.PoolID, in.PoolState, in.PoolWarmingStartedAt)
 	}
 	evs, _ := e.st.ListEvents(e.ctx, store.EventFilter{Kind: events.InstanceProvisioned, PoolID: pl.ID}, store.Page{})
@@ -53,9 +54,10 @@ func TestProvisionPoolMember(t *testing.T) {
 // whose release had begun.
 func TestTerminateClosesOpenClaims(t *testing.T) {
 	for _, tc := range []struct {
-		state, disposition string
-	}{{store.PoolStateClaimed, claims.Terminated}, {store.PoolStateDraining, claims.Recycled}} {
-		t.Run(tc.state, func(t *testing.T) {
+		state       lifecycle.PoolState
+		disposition string
+	}{{lifecycle.PoolClaimed, claims.Terminated}, {lifecycle.PoolDraining, claims.Recycled}} {
+		t.Run(string(tc.state), func(t *testing.T) {
 			e := newEnv(t)
 			in := e.pooled(tc.state)
 			in.ClaimID, in.AcquiredBy, in.AcquiredFor = "claim-1", "alice", "ci"
@@ -69,7 +71,7 @@ func TestTerminateClosesOpenClaims(t *testing.T) {
 				t.Fatal(err)
 			}
 			got := e.get(in.ID)
-			if got.PoolState != store.PoolStateDraining || got.ClaimID != "" || got.AcquiredBy != "" {
+			if got.PoolState != lifecycle.PoolDraining || got.ClaimID != "" || got.AcquiredBy != "" {
 				t.Fatalf("after terminate: state %s claim %q", got.PoolState, got.ClaimID)
 			}
 			evs, _ := e.st.ListEvents(e.ctx, store.EventFilter{Kind: events.PoolReleased, CorrelationID: "claim-1"}, store.Page{})

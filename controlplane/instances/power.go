@@ -73,7 +73,7 @@ func (s *Service) Reboot(ctx context.Context, id string) (*store.Instance, error
 // instance already is where o leads), or go. ownTask is the task running
 // o, which does not count as a competing operation.
 func (s *Service) check(ctx context.Context, q store.Queries, in *store.Instance, o op, ownTask string) (noop bool, err error) {
-	st := lifecycle.State(in.Status)
+	st := in.Status
 	switch {
 	case st.Terminal():
 		return false, fail.Precondition("instance %s is terminated; it cannot %s", in.ID, o.kind)
@@ -261,7 +261,7 @@ func (s *Service) settle(ctx context.Context, t *store.Task, p providers.Provide
 		// Terminate ends every open task of its instance, this one
 		// included: that is a race lost to terminate, not a lease handed
 		// to another worker, and nobody will finish this operation.
-		if in, err := s.Store.GetInstance(ctx, t.InstanceID); err == nil && (lifecycle.State(in.Status).Terminal() || in.TerminateRequestedAt != nil) {
+		if in, err := s.Store.GetInstance(ctx, t.InstanceID); err == nil && (in.Status.Terminal() || in.TerminateRequestedAt != nil) {
 			return in, fail.Precondition("instance %s was terminated while its %s ran", in.ID, o.kind)
 		}
 		return nil, fail.Unavailable("the %s of instance %s lost its task lease (task %s); another worker finishes it: read the instance again shortly",
@@ -280,7 +280,7 @@ func (s *Service) settle(ctx context.Context, t *store.Task, p providers.Provide
 			return err
 		}
 		out = in
-		if lifecycle.State(in.Status).Terminal() || in.TerminateRequestedAt != nil {
+		if in.Status.Terminal() || in.TerminateRequestedAt != nil {
 			answer = fail.Precondition("instance %s was terminated while its %s ran", in.ID, o.kind)
 			_, err := worker.Finish(ctx, q, t, errTerminated, now)
 			return err
@@ -347,7 +347,7 @@ func (s *Service) settle(ctx context.Context, t *store.Task, p providers.Provide
 // already there; all transitions are checked before any is written.
 func (s *Service) advance(ctx context.Context, q store.Queries, in *store.Instance, o op, now time.Time) error {
 	evs := append([]lifecycle.Event{o.event}, o.then...)
-	st := lifecycle.State(in.Status)
+	st := in.Status
 	var todo []lifecycle.Event
 	for _, ev := range evs {
 		next, err := lifecycle.Next(st, ev)

@@ -93,11 +93,11 @@ func TestPowerOperationsAnswerTruthfully(t *testing.T) {
 			}
 			got, err := tc.do(e.svc, e, in.ID)
 			wantCode(t, err, tc.code)
-			if err == nil && got.Status != string(tc.status) {
+			if err == nil && got.Status != tc.status {
 				t.Fatalf("answered %s, want %s", got.Status, tc.status)
 			}
 			in = e.get(in.ID)
-			if in.Status != string(tc.status) {
+			if in.Status != tc.status {
 				t.Fatalf("instance %s (%q), want %s", in.Status, in.ErrorMessage, tc.status)
 			}
 			if !strings.Contains(in.ErrorMessage, tc.errText) || (tc.errText == "" && in.ErrorMessage != "") {
@@ -160,14 +160,14 @@ func TestPowerNoopsAndRefusals(t *testing.T) {
 	in := e.running()
 	// Asking for the state it is in: success, no provider call.
 	e.fake.ResetCalls()
-	if got, err := e.svc.Start(e.ctx, in.ID); err != nil || got.Status != string(lifecycle.Running) {
+	if got, err := e.svc.Start(e.ctx, in.ID); err != nil || got.Status != lifecycle.Running {
 		t.Fatalf("start a running instance: %v %v", got, err)
 	}
 	if _, err := e.svc.Stop(e.ctx, in.ID); err != nil {
 		t.Fatal(err)
 	}
 	e.fake.ResetCalls()
-	if got, err := e.svc.Stop(e.ctx, in.ID); err != nil || got.Status != string(lifecycle.Stopped) {
+	if got, err := e.svc.Stop(e.ctx, in.ID); err != nil || got.Status != lifecycle.Stopped {
 		t.Fatalf("stop a stopped instance: %v %v", got, err)
 	}
 	if calls := e.fake.Calls(); len(calls) != 0 {
@@ -218,7 +218,7 @@ func TestOpsHold(t *testing.T) {
 		}
 	}
 	// Stop is allowed under a hold; start then is not.
-	if got, err := e.svc.Stop(e.ctx, in.ID); err != nil || got.Status != string(lifecycle.Stopped) {
+	if got, err := e.svc.Stop(e.ctx, in.ID); err != nil || got.Status != lifecycle.Stopped {
 		t.Fatalf("stop under a hold: %v %v", got, err)
 	}
 	_, err = e.svc.Start(e.ctx, in.ID)
@@ -251,7 +251,7 @@ func TestTerminatedInstanceRefusesEverything(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.fake.ResetCalls()
-	if got, err := e.svc.Terminate(e.ctx, in.ID); err != nil || got.Status != string(lifecycle.Terminated) {
+	if got, err := e.svc.Terminate(e.ctx, in.ID); err != nil || got.Status != lifecycle.Terminated {
 		t.Fatalf("terminate again: %v %v", got, err)
 	}
 	ops := map[string]func() error{
@@ -294,7 +294,7 @@ func TestTerminateAndStopRace(t *testing.T) {
 			}
 		}
 		got := e.get(id)
-		if got.Status != string(lifecycle.Terminated) || len(e.fake.Machines()) != 0 || e.openTasks(id) != 0 {
+		if got.Status != lifecycle.Terminated || len(e.fake.Machines()) != 0 || e.openTasks(id) != 0 {
 			t.Fatalf("instance %s, %d machines, %d open tasks (stop: %v)", got.Status, len(e.fake.Machines()), e.openTasks(id), stopErr)
 		}
 	}

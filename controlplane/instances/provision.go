@@ -2,6 +2,7 @@ package instances
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/tetherfleet/tether/controlplane/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/controlplane/worker"
+	"github.com/tetherfleet/tether/internal/macaddr"
 	"github.com/tetherfleet/tether/providers"
 )
 
@@ -38,6 +40,11 @@ func (s *Service) bootFor(ctx context.Context, q store.Queries, in *store.Instan
 	b, err := s.Artifacts.Boot(tpl)
 	if err != nil {
 		return providers.Boot{}, err
+	}
+	if s.netboots(in.Provider) {
+		// The machine's firmware fetches its per-boot script, which
+		// carries a fresh token: one issued here would never be used.
+		return b, nil
 	}
 	tok, err := s.issueToken(ctx, q, in.ID, now)
 	if err != nil {
@@ -67,10 +74,10 @@ func (s *Service) RunProvision(ctx context.Context, t *store.Task) error {
 		if in, err = q.LockInstance(ctx, t.InstanceID); err != nil {
 			return err
 		}
-		if lifecycle.State(in.Status).Terminal() || in.TerminateRequestedAt != nil {
+		if in.Status.Terminal() || in.TerminateRequestedAt != nil {
 			return errTerminated
 		}
-		switch lifecycle.State(in.Status) {
+		switch in.Status {
 		case lifecycle.Pending:
 			if err := s.transition(ctx, q, in, lifecycle.MarkProvisioning, "worker picked up provision task "+t.ID, now); err != nil {
 				return err
@@ -93,7 +100,11 @@ func (s *Service) RunProvision(ctx context.Context, t *store.Task) error {
 		if err != nil {
 			return err
 		}
-		spec = providers.Spec{InstanceID: in.ID, Region: in.Region, InstanceType: in.InstanceType, Boot: boot}
+		mac, err := s.bootMAC(ctx, q, in, now)
+		if err != nil {
+			return err
+		}
+		spec = providers.Spec{InstanceID: in.ID, Region: in.Region, InstanceType: in.InstanceType, Boot: boot, MAC: mac}
 		return nil
 	})
 	switch {
@@ -206,7 +217,7 @@ func (s *Service) recordMachine(ctx context.Context, t *store.Task, p providers.
 		if err != nil {
 			return err
 		}
-		if lifecycle.State(in.Status).Terminal() {
+		if in.Status.Terminal() {
 			orphan = true
 			_, err := worker.Finish(ctx, q, t, errTerminated, now)
 			return err
@@ -249,7 +260,7 @@ func (s *Service) recordMachine(ctx context.Context, t *store.Task, p providers.
 // its provision ran, if the call made one.
 func (s *Service) reapIfTerminated(ctx context.Context, t *store.Task, p providers.Provider) {
 	in, err := s.Store.GetInstance(ctx, t.InstanceID)
-	if err != nil || !lifecycle.State(in.Status).Terminal() {
+	if err != nil || !in.Status.Terminal() {
 		return
 	}
 	m, ok := s.findMachine(ctx, p, in.ID)
@@ -271,7 +282,7 @@ func (s *Service) failProvision(ctx context.Context, t *store.Task, cause error)
 		if err != nil {
 			return err
 		}
-		switch lifecycle.State(in.Status) {
+		switch in.Status {
 		case lifecycle.Pending, lifecycle.Provisioning:
 			in.ErrorMessage = msg
 			if err := s.transition(ctx, q, in, lifecycle.MarkErrored, msg, now); err != nil {
@@ -297,7 +308,7 @@ func (s *Service) failProvision(ctx context.Context, t *store.Task, cause error)
 // cancelled it), so that none dangles (docs/design.md §2.3). It returns how many it
 // errored.
 func (s *Service) SweepProvisions(ctx context.Context) (int, error) {
-	ins, err := s.Store.ListInstances(ctx, store.InstanceFilter{Statuses: []string{string(lifecycle.Pending), string(lifecycle.Provisioning)}},
+	ins, err := s.Store.ListInstances(ctx, store.InstanceFilter{Statuses: []lifecycle.State{lifecycle.Pending, lifecycle.Provisioning}},
 		store.Page{Limit: store.MaxPageSize})
 	if err != nil {
 		return 0, err
@@ -326,7 +337,7 @@ func (s *Service) sweepOne(ctx context.Context, id string) (bool, error) {
 		if err != nil {
 			return err
 		}
-		st := lifecycle.State(in.Status)
+		st := in.Status
 		if (st != lifecycle.Pending && st != lifecycle.Provisioning) || in.CloudInstanceID != "" {
 			return nil
 		}
@@ -377,4 +388,65 @@ func errText(err error) string {
 		return ""
 	}
 	return err.Error()
+}
+
+// netboots reports whether the named provider's machines boot from their
+// firmware over the network (providers.Netbooter).
+func (s *Service) netboots(provider string) bool {
+	p, err := s.Provider(provider)
+	if err != nil {
+		return false
+	}
+	nb, ok := p.(providers.Netbooter)
+	return ok && nb.Netboots()
+}
+
+// maxMACTries bounds the draws of a fresh address that collides with
+// another node's (2^24 choices: a retry is already rare).
+const maxMACTries = 5
+
+// bootMAC is the hardware address of in's machine: its node's first. A
+// netbooting machine of a node that has none gets a generated one, which
+// is recorded on the node so the boot route finds it.
+func (s *Service) bootMAC(ctx context.Context, q store.Queries, in *store.Instance, now time.Time) (string, error) {
+	node, err := q.GetNodeByID(ctx, in.NodeID)
+	if err != nil {
+		return "", err
+	}
+	if len(node.MACs) > 0 || !s.netboots(in.Provider) {
+		if len(node.MACs) > 0 {
+			return node.MACs[0], nil
+		}
+		return "", nil
+	}
+	for range maxMACTries {
+		mac, err := generateMAC()
+		if err != nil {
+			return "", err
+		}
+		if _, err := q.GetNodeByMAC(ctx, mac); !errors.Is(err, store.ErrNotFound) {
+			if err != nil {
+				return "", err
+			}
+			continue // taken
+		}
+		node.MACs, node.UpdatedAt = []string{mac}, now
+		if err := q.UpdateNode(ctx, node); err != nil {
+			return "", err
+		}
+		_, err = events.E{Kind: events.NodeMACGenerated, InstanceID: in.ID,
+			Message: fmt.Sprintf("node %s had no hardware address; generated %s for its netbooting machine", node.Name, mac),
+			Payload: map[string]any{"node": node.Name, "mac": mac}}.Write(ctx, q, now)
+		return mac, err
+	}
+	return "", fail.Precondition("node %s has no hardware address, and %d generated ones were all taken", node.Name, maxMACTries)
+}
+
+// generateMAC draws an address in QEMU's own range, 52:54:00:xx:xx:xx.
+func generateMAC() (string, error) {
+	b := []byte{0x52, 0x54, 0x00, 0, 0, 0}
+	if _, err := rand.Read(b[3:]); err != nil {
+		return "", fmt.Errorf("generate a hardware address: %w", err)
+	}
+	return macaddr.Format(b), nil
 }

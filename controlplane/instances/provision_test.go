@@ -25,7 +25,7 @@ func TestProvisionIsAsyncAndIdempotent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if first.Instance.Status != string(lifecycle.Pending) || first.TaskID == "" || first.Token != "" {
+	if first.Instance.Status != lifecycle.Pending || first.TaskID == "" || first.Token != "" {
 		t.Fatalf("provision answered %s, task %q, token shown %v", first.Instance.Status, first.TaskID, first.Token != "")
 	}
 	if n := len(e.fake.Machines()); n != 0 {
@@ -49,7 +49,7 @@ func TestProvisionIsAsyncAndIdempotent(t *testing.T) {
 		t.Fatal("a second worker pass found another task")
 	}
 	in := e.get(first.Instance.ID)
-	if in.Status != string(lifecycle.Provisioning) || in.CloudInstanceID != fake.MachineID(in.ID) {
+	if in.Status != lifecycle.Provisioning || in.CloudInstanceID != fake.MachineID(in.ID) {
 		t.Fatalf("after the worker: %s, machine %q", in.Status, in.CloudInstanceID)
 	}
 	task, err := e.st.GetTask(e.ctx, first.TaskID)
@@ -63,7 +63,7 @@ func TestProvisionIsAsyncAndIdempotent(t *testing.T) {
 	// The machine got the artifacts, the template's arguments and a live
 	// one-time token, with the enrollment data beside it.
 	spec := calls[0].Spec
-	if spec.Region != "r1" || spec.InstanceType != "small" || spec.Boot.KernelArgs != "quiet" ||
+	if spec.Region != "r1" || spec.InstanceType != "small" || spec.Boot.KernelArgs != "console=ttyS0 quiet" ||
 		!strings.Contains(spec.Boot.KernelPath, "sha256") || !strings.HasSuffix(spec.Boot.KernelURL, e.svc.Artifacts.Kernel) {
 		t.Fatalf("spec %+v", spec)
 	}
@@ -138,7 +138,7 @@ func TestProvisionProviderFailures(t *testing.T) {
 				t.Fatal(err)
 			}
 			in := e.get(res.Instance.ID)
-			if in.Status != string(tc.wantStatus) {
+			if in.Status != tc.wantStatus {
 				t.Fatalf("instance %s (%s), want %s", in.Status, in.ErrorMessage, tc.wantStatus)
 			}
 			if n := len(e.fake.CallsFor(fake.OpProvision)); n != tc.wantCalls {
@@ -219,7 +219,7 @@ func TestWorkerDiesMidProvision(t *testing.T) {
 			}
 			task, _ = e.st.GetTask(e.ctx, res.TaskID)
 			in := e.get(res.Instance.ID)
-			if task.Status != store.TaskSucceeded || task.Attempts != 1 || in.Status != string(lifecycle.Provisioning) || in.CloudInstanceID == "" {
+			if task.Status != store.TaskSucceeded || task.Attempts != 1 || in.Status != lifecycle.Provisioning || in.CloudInstanceID == "" {
 				t.Fatalf("after retry: task %s attempts %d, instance %s machine %q", task.Status, task.Attempts, in.Status, in.CloudInstanceID)
 			}
 			if n := len(e.fake.Machines()); n != 1 {
@@ -249,7 +249,7 @@ func TestSweepErrorsDanglingProvisions(t *testing.T) {
 		t.Fatalf("sweep: %d %v", n, err)
 	}
 	in := e.get(res.Instance.ID)
-	if in.Status != string(lifecycle.Error) || !strings.Contains(in.ErrorMessage, "cancelled") {
+	if in.Status != lifecycle.Error || !strings.Contains(in.ErrorMessage, "cancelled") {
 		t.Fatalf("instance %s: %q", in.Status, in.ErrorMessage)
 	}
 	if !e.hasEvent(in.ID, events.InstanceProviderFailed) {
@@ -303,7 +303,7 @@ func TestTerminateDuringProvision(t *testing.T) {
 	defer release()
 	done := make(chan struct{})
 	go func() { defer close(done); _, _ = e.wk.RunOnce(e.ctx) }()
-	waitFor(t, func() bool { return e.get(res.Instance.ID).Status == string(lifecycle.Provisioning) })
+	waitFor(t, func() bool { return e.get(res.Instance.ID).Status == lifecycle.Provisioning })
 	if _, err := e.svc.Terminate(e.ctx, res.Instance.ID); err != nil {
 		t.Fatal(err)
 	}

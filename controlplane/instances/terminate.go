@@ -35,7 +35,7 @@ func (s *Service) Terminate(ctx context.Context, id string) (*store.Instance, er
 		if in, err = q.LockInstance(ctx, id); err != nil {
 			return err
 		}
-		if lifecycle.State(in.Status).Terminal() {
+		if in.Status.Terminal() {
 			done = true
 			return nil
 		}
@@ -43,7 +43,7 @@ func (s *Service) Terminate(ctx context.Context, id string) (*store.Instance, er
 			return fail.Precondition("instance %s is on an ops hold (%s): terminate is refused until `tetherctl instance unhold %s`",
 				in.ID, in.HoldReason, in.ID)
 		}
-		if _, err := lifecycle.Next(lifecycle.State(in.Status), lifecycle.Terminate); err != nil {
+		if _, err := lifecycle.Next(in.Status, lifecycle.Terminate); err != nil {
 			return err
 		}
 		if in.TerminateRequestedAt != nil {
@@ -112,7 +112,7 @@ func (s *Service) terminateFailed(ctx context.Context, id, machine string, terr 
 		if err != nil {
 			return err
 		}
-		if lifecycle.State(in.Status).Terminal() {
+		if in.Status.Terminal() {
 			return nil
 		}
 		in.TerminateRequestedAt, in.ErrorMessage, in.UpdatedAt = nil, msg, now
@@ -133,13 +133,19 @@ func (s *Service) terminateFailed(ctx context.Context, id, machine string, terr 
 func (s *Service) markTerminated(ctx context.Context, id, machine string, lost bool, terr error) (*store.Instance, error) {
 	now := s.Clock.Now()
 	var out *store.Instance
+	ended := false
+	defer func() {
+		if ended {
+			s.memberLeft(out)
+		}
+	}()
 	err := s.Store.Tx(ctx, func(q store.Queries) error {
 		in, err := q.LockInstance(ctx, id)
 		if err != nil {
 			return err
 		}
-		out = in
-		if lifecycle.State(in.Status).Terminal() {
+		out, ended = in, false
+		if in.Status.Terminal() {
 			return nil
 		}
 		if err := s.transition(ctx, q, in, lifecycle.Terminate, "machine destroyed", now); err != nil {
@@ -176,8 +182,10 @@ func (s *Service) markTerminated(ctx context.Context, id, machine string, lost b
 			Message: fmt.Sprintf("instance terminated: machine %q destroyed, %d certificate(s) revoked, %d token(s) expired, %d task(s) cancelled",
 				machine, len(serials), expired, cancelled),
 			Payload: map[string]any{"machine": machine, "revoked": serials, "tokens_expired": expired, "tasks_cancelled": cancelled}}.Write(ctx, q, now)
+		ended = err == nil
 		return err
 	})
+	ended = ended && err == nil
 	return out, err
 }
 
@@ -211,7 +219,7 @@ func closeClaim(ctx context.Context, q store.Queries, in *store.Instance, now ti
 		return nil
 	}
 	disposition := claims.Recycled
-	if in.PoolState == store.PoolStateClaimed {
+	if in.PoolState == lifecycle.PoolClaimed {
 		disposition = claims.Terminated
 	}
 	if _, err := claims.Close(ctx, q, in, disposition, "", now); err != nil {
@@ -219,16 +227,16 @@ func closeClaim(ctx context.Context, q store.Queries, in *store.Instance, now ti
 	}
 	// A terminated member has left its pool: draining is the state that
 	// says so without counting it anywhere.
-	in.PoolState, in.UpdatedAt = store.PoolStateDraining, now
+	in.PoolState, in.UpdatedAt = lifecycle.PoolDraining, now
 	return q.UpdateInstance(ctx, in)
 }
 
 // nonTerminal are the states a terminate intent can wait in.
-var nonTerminal = func() []string {
-	var out []string
+var nonTerminal = func() []lifecycle.State {
+	var out []lifecycle.State
 	for _, st := range lifecycle.States() {
 		if !st.Terminal() {
-			out = append(out, string(st))
+			out = append(out, st)
 		}
 	}
 	return out

@@ -60,7 +60,7 @@ func TestTerminate(t *testing.T) {
 	defer stop()
 
 	got, err := e.svc.Terminate(e.ctx, in.ID)
-	if err != nil || got.Status != string(lifecycle.Terminated) {
+	if err != nil || got.Status != lifecycle.Terminated {
 		t.Fatalf("terminate: %v %v", got, err)
 	}
 	if len(e.fake.Machines()) != 0 {
@@ -122,7 +122,7 @@ func TestTerminateFailures(t *testing.T) {
 				t.Fatalf("no %s: %v", tc.event, e.eventKinds(in.ID))
 			}
 			if tc.terminated {
-				if got.Status != string(lifecycle.Terminated) {
+				if got.Status != lifecycle.Terminated {
 					t.Fatalf("instance %s", got.Status)
 				}
 				e.identityEnded(in.ID, "c1")
@@ -131,7 +131,7 @@ func TestTerminateFailures(t *testing.T) {
 			// Not terminated, the intent withdrawn, the identity intact,
 			// and the reason on the instance.
 			c, _ := e.st.GetCertificate(e.ctx, "c1")
-			if got.Status != string(lifecycle.Running) || got.TerminateRequestedAt != nil || c.RevokedAt != nil ||
+			if got.Status != lifecycle.Running || got.TerminateRequestedAt != nil || c.RevokedAt != nil ||
 				!strings.Contains(got.ErrorMessage, "terminate failed") || len(e.fake.Machines()) != 1 {
 				t.Fatalf("after a failed terminate: %s intent %v revoked %v error %q machines %d",
 					got.Status, got.TerminateRequestedAt, c.RevokedAt, got.ErrorMessage, len(e.fake.Machines()))
@@ -163,7 +163,7 @@ func TestTerminateResumesAfterACrash(t *testing.T) {
 	}
 	release()
 	got := e.get(in.ID)
-	if got.Status != string(lifecycle.Running) || got.TerminateRequestedAt == nil || len(e.fake.Machines()) != 1 {
+	if got.Status != lifecycle.Running || got.TerminateRequestedAt == nil || len(e.fake.Machines()) != 1 {
 		t.Fatalf("after the crash: %s, intent %v, %d machines", got.Status, got.TerminateRequestedAt, len(e.fake.Machines()))
 	}
 
@@ -178,7 +178,7 @@ func TestTerminateResumesAfterACrash(t *testing.T) {
 	if n, err := fresh.ResumeTerminates(e.ctx, time.Minute); n != 1 || err != nil {
 		t.Fatalf("resume: %d %v", n, err)
 	}
-	if got := e.get(in.ID); got.Status != string(lifecycle.Terminated) || len(e.fake.Machines()) != 0 {
+	if got := e.get(in.ID); got.Status != lifecycle.Terminated || len(e.fake.Machines()) != 0 {
 		t.Fatalf("after resume: %s, %d machines", got.Status, len(e.fake.Machines()))
 	}
 	e.identityEnded(in.ID, "c1")
@@ -194,7 +194,7 @@ func TestTerminateFromEveryNonTerminalState(t *testing.T) {
 			e := newEnv(t)
 			in := e.provision()
 			e.setStatus(in.ID, st)
-			if got, err := e.svc.Terminate(e.ctx, in.ID); err != nil || got.Status != string(lifecycle.Terminated) {
+			if got, err := e.svc.Terminate(e.ctx, in.ID); err != nil || got.Status != lifecycle.Terminated {
 				t.Fatalf("%v %v", got, err)
 			}
 			if len(e.fake.Machines()) != 0 {
@@ -226,7 +226,7 @@ func TestExternalInstances(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Token == "" || res.TaskID != "" || res.Instance.Status != string(lifecycle.Provisioning) || res.Instance.CloudInstanceID == "" {
+	if res.Token == "" || res.TaskID != "" || res.Instance.Status != lifecycle.Provisioning || res.Instance.CloudInstanceID == "" {
 		t.Fatalf("external provision: token %v task %q status %s machine %q", res.Token != "", res.TaskID, res.Instance.Status, res.Instance.CloudInstanceID)
 	}
 	if err := e.svc.AgentReady(e.ctx, res.Instance.ID); err != nil {
@@ -235,13 +235,13 @@ func TestExternalInstances(t *testing.T) {
 	// The provider cannot power the machine: said plainly, nothing moves.
 	_, err = e.svc.Stop(e.ctx, res.Instance.ID)
 	wantCode(t, err, codes.FailedPrecondition)
-	if got := e.get(res.Instance.ID); got.Status != string(lifecycle.Running) || got.ErrorMessage != "" {
+	if got := e.get(res.Instance.ID); got.Status != lifecycle.Running || got.ErrorMessage != "" {
 		t.Fatalf("an unsupported stop changed the instance: %s %q", got.Status, got.ErrorMessage)
 	}
 	if !e.hasEvent(res.Instance.ID, events.InstanceProviderFailed) {
 		t.Fatal("no event for the refused stop")
 	}
-	if got, err := e.svc.Terminate(e.ctx, res.Instance.ID); err != nil || got.Status != string(lifecycle.Terminated) {
+	if got, err := e.svc.Terminate(e.ctx, res.Instance.ID); err != nil || got.Status != lifecycle.Terminated {
 		t.Fatalf("terminate external: %v %v", got, err)
 	}
 }
@@ -257,7 +257,7 @@ func TestTerminateWithoutAMachineRecordAndNoList(t *testing.T) {
 	e.fake.FailNext(fake.OpList, 1, providers.KindTransient)
 	_, err = e.svc.Terminate(e.ctx, res.Instance.ID)
 	wantCode(t, err, codes.Unavailable)
-	if got := e.get(res.Instance.ID); got.Status != string(lifecycle.Pending) || got.TerminateRequestedAt != nil {
+	if got := e.get(res.Instance.ID); got.Status != lifecycle.Pending || got.TerminateRequestedAt != nil {
 		t.Fatalf("after a blind terminate: %s intent %v", got.Status, got.TerminateRequestedAt)
 	}
 	if _, err := e.svc.Terminate(e.ctx, res.Instance.ID); err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/tetherfleet/tether/controlplane/instances"
 	"github.com/tetherfleet/tether/controlplane/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/store"
+	"github.com/tetherfleet/tether/internal/clock"
 	"github.com/tetherfleet/tether/providers"
 )
 
@@ -33,13 +34,10 @@ const (
 	DefaultMaxHeartbeatsPerSecond = 2000.0
 )
 
-// Clock is the time source.
-type Clock interface{ Now() time.Time }
-
 // Sensor checks heartbeats.
 type Sensor struct {
 	Store     store.Store
-	Clock     Clock
+	Clock     clock.Clock
 	Log       *slog.Logger
 	Instances *instances.Service
 
@@ -109,7 +107,7 @@ func (s *Sensor) Tick(ctx context.Context) (Result, error) {
 	if err := s.bootTimeouts(ctx, &res); err != nil {
 		return res, err
 	}
-	n, err := s.Store.CountInstances(ctx, store.InstanceFilter{Statuses: []string{string(lifecycle.Running)}})
+	n, err := s.Store.CountInstances(ctx, store.InstanceFilter{Statuses: []lifecycle.State{lifecycle.Running}})
 	if err != nil {
 		return res, fmt.Errorf("liveness: count running instances: %w", err)
 	}
@@ -118,7 +116,7 @@ func (s *Sensor) Tick(ctx context.Context) (Result, error) {
 	before := now.Add(-silentTTL)
 	page := store.Page{Limit: store.MaxPageSize}
 	for {
-		ins, err := s.Store.ListInstances(ctx, store.InstanceFilter{Statuses: []string{string(lifecycle.Running)}, HeartbeatBefore: &before}, page)
+		ins, err := s.Store.ListInstances(ctx, store.InstanceFilter{Statuses: []lifecycle.State{lifecycle.Running}, HeartbeatBefore: &before}, page)
 		if err != nil {
 			return res, fmt.Errorf("liveness: list silent instances: %w", err)
 		}
@@ -186,7 +184,7 @@ func (s *Sensor) markSilent(ctx context.Context, id string, heard, now time.Time
 		if err != nil {
 			return err
 		}
-		if in.SilentSince != nil || lifecycle.State(in.Status) != lifecycle.Running || lastHeard(in).After(heard) {
+		if in.SilentSince != nil || in.Status != lifecycle.Running || lastHeard(in).After(heard) {
 			return nil
 		}
 		in.SilentSince, in.UpdatedAt = &now, now
@@ -207,7 +205,7 @@ func (s *Sensor) presumeDead(ctx context.Context, id string, heard, now time.Tim
 		if err != nil {
 			return err
 		}
-		if lifecycle.State(in.Status) != lifecycle.Running || lastHeard(in).After(heard) || in.TerminateRequestedAt != nil {
+		if in.Status != lifecycle.Running || lastHeard(in).After(heard) || in.TerminateRequestedAt != nil {
 			return nil
 		}
 		reason := fmt.Sprintf("presumed dead: no heartbeat since %s (%s); provider %s reports the machine %s",
@@ -226,7 +224,7 @@ func (s *Sensor) presumeDead(ctx context.Context, id string, heard, now time.Tim
 	})
 }
 
-var booting = []string{string(lifecycle.Provisioning), string(lifecycle.Starting), string(lifecycle.Rebooting)}
+var booting = []lifecycle.State{lifecycle.Provisioning, lifecycle.Starting, lifecycle.Rebooting}
 
 // bootTimeouts errors instances whose boot has made no progress (no row
 // change: a transition, an agent error) for BootTimeout. Warming pool
@@ -244,7 +242,7 @@ func (s *Sensor) bootTimeouts(ctx context.Context, res *Result) error {
 			return fmt.Errorf("liveness: list booting instances: %w", err)
 		}
 		for _, in := range ins {
-			if in.TerminateRequestedAt != nil || in.PoolState == store.PoolStateWarming || now.Sub(in.UpdatedAt) < limit {
+			if in.TerminateRequestedAt != nil || in.PoolState == lifecycle.PoolWarming || now.Sub(in.UpdatedAt) < limit {
 				continue
 			}
 			if err := s.timeOut(ctx, in.ID, limit, now, res); err != nil {

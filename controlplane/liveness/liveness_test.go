@@ -62,7 +62,7 @@ func setup(t *testing.T) *fixture {
 func (f *fixture) running(t *testing.T) *store.Instance {
 	t.Helper()
 	now := f.clk.Now()
-	in := &store.Instance{NodeID: f.nodeID, Status: string(lifecycle.Running), Provider: fake.Name, LastHeartbeatAt: &now, CreatedAt: now, UpdatedAt: now}
+	in := &store.Instance{NodeID: f.nodeID, Status: lifecycle.Running, Provider: fake.Name, LastHeartbeatAt: &now, CreatedAt: now, UpdatedAt: now}
 	if err := f.st.CreateInstance(f.ctx, in); err != nil {
 		t.Fatal(err)
 	}
@@ -148,7 +148,7 @@ func TestPresumedDeadAsksTheProvider(t *testing.T) {
 			f.clk.Advance(11 * time.Minute)
 			f.tick(t)
 			got, _ := f.st.GetInstance(f.ctx, in.ID)
-			if got.Status != string(tc.status) {
+			if got.Status != tc.status {
 				t.Fatalf("instance %s (%q), want %s", got.Status, got.ErrorMessage, tc.status)
 			}
 			if n := f.count(t, in.ID, events.InstancePresumedDead); (n == 1) != tc.dead {
@@ -203,24 +203,24 @@ func TestBootTimeout(t *testing.T) {
 	tests := []struct {
 		name      string
 		status    lifecycle.State
-		poolState string
+		poolState lifecycle.PoolState
 		age       time.Duration
 		terminate bool
 		want      bool
 	}{
-		{"stuck provisioning", lifecycle.Provisioning, "", 16 * time.Minute, false, true},
-		{"stuck rebooting", lifecycle.Rebooting, "", 20 * time.Minute, false, true},
-		{"stuck starting", lifecycle.Starting, "", 16 * time.Minute, false, true},
-		{"booting for a while", lifecycle.Provisioning, "", 10 * time.Minute, false, false},
-		{"warming pool member", lifecycle.Provisioning, store.PoolStateWarming, time.Hour, false, false},
-		{"being terminated", lifecycle.Provisioning, "", time.Hour, true, false},
-		{"running is liveness's other half", lifecycle.Running, "", time.Hour, false, false},
+		{"stuck provisioning", lifecycle.Provisioning, lifecycle.NoPool, 16 * time.Minute, false, true},
+		{"stuck rebooting", lifecycle.Rebooting, lifecycle.NoPool, 20 * time.Minute, false, true},
+		{"stuck starting", lifecycle.Starting, lifecycle.NoPool, 16 * time.Minute, false, true},
+		{"booting for a while", lifecycle.Provisioning, lifecycle.NoPool, 10 * time.Minute, false, false},
+		{"warming pool member", lifecycle.Provisioning, lifecycle.PoolWarming, time.Hour, false, false},
+		{"being terminated", lifecycle.Provisioning, lifecycle.NoPool, time.Hour, true, false},
+		{"running is liveness's other half", lifecycle.Running, lifecycle.NoPool, time.Hour, false, false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			f := setup(t)
 			then := f.clk.Now()
-			in := &store.Instance{NodeID: f.nodeID, Status: string(tc.status), Provider: fake.Name, PoolState: tc.poolState,
+			in := &store.Instance{NodeID: f.nodeID, Status: tc.status, Provider: fake.Name, PoolState: tc.poolState,
 				AgentPhase: "pulling", AgentError: "module base:1 digest mismatch", LastHeartbeatAt: &then, CreatedAt: then, UpdatedAt: then}
 			if tc.terminate {
 				in.TerminateRequestedAt = &then
@@ -239,7 +239,7 @@ func TestBootTimeout(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if errored := got.Status == string(lifecycle.Error); errored != tc.want || (res.BootTimedOut == 1) != tc.want {
+			if errored := got.Status == lifecycle.Error; errored != tc.want || (res.BootTimedOut == 1) != tc.want {
 				t.Fatalf("status %s, timed out %d; want errored=%v", got.Status, res.BootTimedOut, tc.want)
 			}
 			if tc.want {

@@ -7,48 +7,42 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"time"
 
 	"github.com/tetherfleet/tether/controlplane/events"
 	"github.com/tetherfleet/tether/controlplane/fail"
 	"github.com/tetherfleet/tether/controlplane/store"
+	"github.com/tetherfleet/tether/internal/clock"
 )
 
 // MaxModuleSize bounds a pushed module.
 const MaxModuleSize = 8 << 30
 
-// Clock is the time source.
-type Clock interface{ Now() time.Time }
-
 // Registry records modules and their blobs.
 type Registry struct {
 	Store store.Store
 	Blobs *Blobs
-	Clock Clock
+	Clock clock.Clock
 	Log   *slog.Logger
+	// StaticSigners are the keys given to tetherd with --module-signing-key;
+	// they count as signers next to the registered ones.
+	StaticSigners []ed25519.PublicKey
 }
 
 // PushHeader is what the client declares before the bytes.
 type PushHeader struct {
 	Name, Version, Digest string
 	Size                  int64
-	Signature             []byte
+	// Signature is a raw signature whose signer the registry looks up.
+	Signature  []byte
+	Signatures []SignatureIn
 }
 
-// SignedMessage is what a module signature signs (docs/design.md §5.4).
-func SignedMessage(name, version, digest string) []byte {
-	return []byte("tether-module-v1\n" + name + "\n" + version + "\n" + digest)
-}
-
-// VerifySignature checks sig against any of keys.
-func VerifySignature(keys []ed25519.PublicKey, name, version, digest string, sig []byte) bool {
-	msg := SignedMessage(name, version, digest)
-	for _, k := range keys {
-		if len(sig) == ed25519.SignatureSize && ed25519.Verify(k, msg, sig) {
-			return true
-		}
+func (h PushHeader) signatures() []SignatureIn {
+	out := append([]SignatureIn(nil), h.Signatures...)
+	if len(h.Signature) > 0 {
+		out = append(out, SignatureIn{Signature: h.Signature})
 	}
-	return false
+	return out
 }
 
 // Push streams a module into the blob store and records it. next returns
@@ -72,6 +66,19 @@ func (r *Registry) Push(ctx context.Context, h PushHeader, next func() ([]byte, 
 	}
 	if len(h.Signature) != 0 && len(h.Signature) != ed25519.SignatureSize {
 		return nil, false, fail.Invalid("header.signature", "an Ed25519 signature is %d bytes, got %d", ed25519.SignatureSize, len(h.Signature))
+	}
+	var signers []store.Signer
+	if sigs := h.signatures(); len(sigs) > 0 {
+		var err error
+		if signers, err = r.Signers(ctx); err != nil {
+			return nil, false, err
+		}
+		// With a declared digest, refuse a bad signature before the bytes.
+		if h.Digest != "" {
+			if _, err := verifySignatures(signers, h.Name, h.Version, h.Digest, "header.signatures", sigs, func() store.ModuleSignature { return store.ModuleSignature{} }); err != nil {
+				return nil, false, err
+			}
+		}
 	}
 	// Refuse a known conflict before receiving gigabytes.
 	if existing, err := r.Store.GetModule(ctx, h.Name, h.Version); err == nil && h.Digest != "" && existing.Digest != h.Digest {
@@ -114,16 +121,34 @@ func (r *Registry) Push(ctx context.Context, h PushHeader, next func() ([]byte, 
 		return nil, false, err
 	}
 	now := r.Clock.Now()
-	m := &store.Module{Name: h.Name, Version: h.Version, Digest: digest, Size: up.Size(), Signature: h.Signature, CreatedAt: now}
+	sigs, err := verifySignatures(signers, h.Name, h.Version, digest, "header.signatures", h.signatures(), func() store.ModuleSignature { return store.ModuleSignature{CreatedAt: now} })
+	if err != nil {
+		return nil, false, err
+	}
+	m := &store.Module{Name: h.Name, Version: h.Version, Digest: digest, Size: up.Size(), CreatedAt: now}
 	created := true
 	err = r.Store.Tx(ctx, func(q store.Queries) error {
+		addSigs := func() error {
+			for _, s := range sigs {
+				if err := q.AddModuleSignature(ctx, h.Name, h.Version, s); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
 		existing, err := q.GetModule(ctx, h.Name, h.Version)
 		if err == nil {
 			if existing.Digest != digest {
 				return fail.Exists("module %s:%s already exists with digest %s; this push is %s; modules are immutable, push a new version", h.Name, h.Version, existing.Digest, digest)
 			}
 			m, created = existing, false
-			return nil
+			if err := addSigs(); err != nil {
+				return err
+			}
+			if len(sigs) > 0 {
+				m, err = q.GetModule(ctx, h.Name, h.Version)
+			}
+			return err
 		}
 		if !errors.Is(err, store.ErrNotFound) {
 			return err
@@ -131,6 +156,10 @@ func (r *Registry) Push(ctx context.Context, h PushHeader, next func() ([]byte, 
 		if err := q.CreateModule(ctx, m); err != nil {
 			return err
 		}
+		if err := addSigs(); err != nil {
+			return err
+		}
+		m.Signatures = sigs
 		_, err = events.E{Kind: events.ModulePushed, Message: fmt.Sprintf("module %s:%s pushed (%s, %d bytes)", h.Name, h.Version, digest, m.Size),
 			Payload: map[string]any{"name": h.Name, "version": h.Version, "digest": digest, "size": m.Size}}.Write(ctx, q, now)
 		return err

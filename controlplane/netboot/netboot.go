@@ -10,6 +10,12 @@
 // was served is read from the event log under the instance's row lock, so
 // the rule holds across restarts and replicas. Tokens are never logged:
 // they appear in the response body and nowhere else.
+//
+// Nobody authenticates to this server, so it serves scripts only to
+// instances whose provider netboots them (providers.Netbooter), limits
+// script requests per source address, and coalesces repeated refusals
+// into one event per window. It belongs on a trusted provisioning
+// network all the same.
 package netboot
 
 import (
@@ -23,24 +29,55 @@ import (
 	"net/http"
 	"regexp"
 	"strings"
+	"sync"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tetherfleet/tether/controlplane/events"
 	"github.com/tetherfleet/tether/controlplane/instances"
 	"github.com/tetherfleet/tether/controlplane/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/modules"
+	"github.com/tetherfleet/tether/controlplane/netboot/tftp"
 	"github.com/tetherfleet/tether/controlplane/store"
+	"github.com/tetherfleet/tether/controlplane/throttle"
+	"github.com/tetherfleet/tether/internal/clock"
+	"github.com/tetherfleet/tether/providers"
 )
-
-// Clock is the time source.
-type Clock interface{ Now() time.Time }
 
 // Server serves netboot files over HTTP.
 type Server struct {
 	Store     store.Store
-	Clock     Clock
+	Clock     clock.Clock
 	Log       *slog.Logger
 	Instances *instances.Service
+	// Limiter rate-limits script requests per source address (nil: no
+	// limit); RateLimited, if set, counts the requests it refuses.
+	Limiter     *throttle.Limiter
+	RateLimited prometheus.Counter
+	// Refusals coalesces repeated refusals of one instance to one source
+	// into one event per window (nil: a window of RefusalWindow).
+	Refusals *throttle.Coalescer
+
+	// Loaders, when its Dir is set, serves the iPXE loaders under
+	// /loaders/ for UEFI HTTP Boot (loaders.go).
+	Loaders tftp.Loaders
+
+	recent recentRefusals // coalesces boot-route refusals (boot.go)
+
+	once sync.Once
+}
+
+// RefusalWindow is the default coalescing window of refusal events.
+const RefusalWindow = time.Minute
+
+func (s *Server) refusals() *throttle.Coalescer {
+	s.once.Do(func() {
+		if s.Refusals == nil {
+			s.Refusals = throttle.NewCoalescer(RefusalWindow, 0)
+		}
+	})
+	return s.Refusals
 }
 
 // ScriptPath is where an instance's iPXE script is served; chain to it
@@ -52,6 +89,8 @@ var validID = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
 // Handler returns the HTTP routes.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
+	mux.HandleFunc("GET /ipxe/boot", s.boot)
+	mux.HandleFunc("GET /loaders/{name}", s.loader)
 	mux.HandleFunc("GET /ipxe/{id}", s.script)
 	mux.HandleFunc("GET /artifacts/{digest}", s.artifact)
 	return mux
@@ -65,16 +104,27 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 		// net/http's own error log could quote a request; ours is slog.
 		ErrorLog: log.New(io.Discard, "", 0),
 	}
-	go func() {
-		<-ctx.Done()
+	shutdown := func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		_ = srv.Shutdown(sctx)
+		if err := srv.Shutdown(sctx); err != nil {
+			s.Log.Warn("netboot server shutdown: requests cut", "err", err)
+		}
+	}
+	shut := make(chan struct{})
+	go func() {
+		defer close(shut)
+		<-ctx.Done()
+		shutdown()
 	}()
 	err := srv.Serve(lis)
 	if errors.Is(err, http.ErrServerClosed) {
+		// Serve returns as soon as Shutdown starts; the requests still in
+		// flight use the store, so wait until Shutdown has waited for them.
+		<-shut
 		return nil
 	}
+	shutdown()
 	return err
 }
 
@@ -95,6 +145,34 @@ func (s *Server) script(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "not an instance id", http.StatusBadRequest)
 		return
 	}
+	if !s.allow(w, r) {
+		return
+	}
+	// The machine's address is unknown here: iPXE fills it in from the
+	// interface it booted from.
+	s.serveScript(w, r, id, "BOOTIF=01-${netX/mac:hexhyp}", true)
+}
+
+// allow applies the per-source rate limit of the unauthenticated script
+// routes, answering 429 itself when the source is over it.
+func (s *Server) allow(w http.ResponseWriter, r *http.Request) bool {
+	if s.Limiter.Allow(throttle.SourceKey(r.RemoteAddr)) {
+		return true
+	}
+	if s.RateLimited != nil {
+		s.RateLimited.Inc()
+	}
+	w.Header().Set("Retry-After", "5")
+	http.Error(w, "too many script requests from this address; retry in a few seconds", http.StatusTooManyRequests)
+	return false
+}
+
+// serveScript serves instance id's one-time script; bootIF is the BOOTIF=
+// argument that tells the agent which interface to configure first. byID
+// is the /ipxe/{id} route, which anyone can name an instance on: it serves
+// only instances whose provider boots them over the network. The MAC route
+// is bound to the node's hardware address instead (boot.go).
+func (s *Server) serveScript(w http.ResponseWriter, r *http.Request, id, bootIF string, byID bool) {
 	ctx := r.Context()
 	now := s.Clock.Now()
 	var body string
@@ -106,7 +184,11 @@ func (s *Server) script(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return err
 		}
-		st := lifecycle.State(in.Status)
+		if byID && !providers.Netboots(s.Instances.Machines[in.Provider]) {
+			return &refusal{http.StatusForbidden, fmt.Sprintf("instance %s is booted by the %s provider, which does not boot machines over the network: "+
+				"its iPXE script is not served", id, in.Provider)}
+		}
+		st := in.Status
 		inWindow := false
 		for _, b := range bootWindow {
 			inWindow = inWindow || st == b
@@ -140,7 +222,9 @@ func (s *Server) script(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return err
 		}
-		body = Script(boot.KernelURL, boot.InitramfsURL, boot.KernelArgs, s.Instances.AgentURL, tok, s.Instances.CAFingerprint)
+		// A netbooted machine has no static address: the agent asks DHCP,
+		// on the interface it booted from first.
+		body = Script(boot.KernelURL, boot.InitramfsURL, WithSigners(boot.KernelArgs+" ip=dhcp "+bootIF, boot.Signers), s.Instances.AgentURL, tok, s.Instances.CAFingerprint)
 		_, err = events.E{Kind: events.NetbootServed, InstanceID: id,
 			Message: fmt.Sprintf("iPXE script served to %s (instance %s)", r.RemoteAddr, st),
 			Payload: map[string]any{"remote": r.RemoteAddr, "status": string(st)}}.Write(ctx, q, now)
@@ -149,9 +233,10 @@ func (s *Server) script(w http.ResponseWriter, r *http.Request) {
 	var ref *refusal
 	switch {
 	case errors.As(err, &ref):
-		s.Log.Warn("netboot script refused", "instance", id, "remote", r.RemoteAddr, "status", ref.code, "reason", ref.msg)
-		if ref.code != http.StatusNotFound {
-			s.refused(ctx, id, r.RemoteAddr, ref.msg)
+		if ref.code == http.StatusNotFound {
+			s.Log.Info("netboot script refused", "instance", id, "remote", r.RemoteAddr, "status", ref.code, "reason", ref.msg)
+		} else {
+			s.refused(ctx, id, r.RemoteAddr, ref)
 		}
 		http.Error(w, ref.msg, ref.code)
 		return
@@ -187,19 +272,62 @@ func servedThisBoot(ctx context.Context, q store.Queries, id string) (bool, erro
 	return served > entered, nil
 }
 
+// refusedFetch is what the first refusal of a window recorded, for the
+// summary of the rest.
+type refusedFetch struct {
+	id, remote, reason string
+	status             int
+}
+
 // refused leaves the trail of a refused fetch: a second fetch in one boot
-// may be someone else's attempt at the token.
-func (s *Server) refused(ctx context.Context, id, remote, reason string) {
+// may be someone else's attempt at the token. Refusals of one instance to
+// one source are coalesced: one event per window, then one with the count.
+func (s *Server) refused(ctx context.Context, id, remote string, ref *refusal) {
 	now := s.Clock.Now()
+	write, held := s.refusals().Note(id+"/"+throttle.SourceKey(remote), now, refusedFetch{id, remote, ref.msg, ref.code})
+	if !write {
+		return
+	}
+	s.Log.Warn("netboot script refused", "instance", id, "remote", remote, "status", ref.code, "reason", ref.msg)
 	ctx = context.WithoutCancel(ctx) // the client may have hung up already
+	if held.Count > 0 {
+		s.summary(ctx, held, now)
+	}
+	s.writeRefusal(ctx, id, now, fmt.Sprintf("iPXE script refused to %s: %s", remote, ref.msg),
+		map[string]any{"remote": remote, "reason": ref.msg, "status": ref.code, "count": 1})
+}
+
+// summary writes what a window held back: one event with the count.
+func (s *Server) summary(ctx context.Context, sum throttle.Summary, now time.Time) {
+	f, _ := sum.Info.(refusedFetch)
+	msg := fmt.Sprintf("iPXE script refused to %s %d more times from %s to %s: %s", f.remote, sum.Count,
+		sum.First.UTC().Format(time.RFC3339), sum.Last.UTC().Format(time.RFC3339), f.reason)
+	s.Log.Warn("netboot script refusals coalesced", "instance", f.id, "remote", f.remote, "count", sum.Count, "reason", f.reason)
+	s.writeRefusal(ctx, f.id, now, msg, map[string]any{"remote": f.remote, "reason": f.reason, "status": f.status, "count": sum.Count, "coalesced": true,
+		"first": sum.First.UTC().Format(time.RFC3339Nano), "last": sum.Last.UTC().Format(time.RFC3339Nano)})
+}
+
+func (s *Server) writeRefusal(ctx context.Context, id string, now time.Time, msg string, payload map[string]any) {
+	sev := events.Medium
+	if payload["status"] == http.StatusGone {
+		sev = events.High // a second fetch in one boot may be someone after the token
+	}
 	err := s.Store.Tx(ctx, func(q store.Queries) error {
-		_, err := events.E{Kind: events.NetbootRefused, Severity: events.Medium, InstanceID: id,
-			Message: fmt.Sprintf("iPXE script refused to %s: %s", remote, reason),
-			Payload: map[string]any{"remote": remote, "reason": reason}}.Write(ctx, q, now)
+		_, err := events.E{Kind: events.NetbootRefused, Severity: sev, InstanceID: id, Message: msg, Payload: payload}.Write(ctx, q, now)
 		return err
 	})
 	if err != nil {
 		s.Log.Warn("netboot: record refusal", "instance", id, "err", err)
+	}
+}
+
+// FlushRefusals writes the summaries of the refusal windows that have
+// ended (all of them when final, at shutdown), so that a burst that
+// stopped is still on record with its count.
+func (s *Server) FlushRefusals(ctx context.Context, final bool) {
+	now := s.Clock.Now()
+	for _, sum := range s.refusals().Flush(now, final) {
+		s.summary(ctx, sum, now)
 	}
 }
 

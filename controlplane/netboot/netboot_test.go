@@ -13,6 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/tetherfleet/tether/controlplane/events"
 	"github.com/tetherfleet/tether/controlplane/instances"
 	"github.com/tetherfleet/tether/controlplane/lifecycle"
@@ -20,6 +23,7 @@ import (
 	"github.com/tetherfleet/tether/controlplane/netboot"
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/controlplane/store/sqlite"
+	"github.com/tetherfleet/tether/controlplane/throttle"
 	"github.com/tetherfleet/tether/internal/clock"
 	"github.com/tetherfleet/tether/pki"
 	"github.com/tetherfleet/tether/providers"
@@ -43,12 +47,22 @@ func (l *lockedBuffer) String() string {
 	return l.b.String()
 }
 
+// pxe is the external provider as if its machines netbooted: nothing
+// netboots by instance id today, and the script route serves only
+// instances whose provider does.
+type pxe struct{ providers.Provider }
+
+func (pxe) Name() string   { return "pxe" }
+func (pxe) Netboots() bool { return true }
+
 type fixture struct {
 	ctx    context.Context
 	st     store.Store
 	svc    *instances.Service
 	srv    *httptest.Server
 	logs   *lockedBuffer
+	clk    *clock.Fake
+	nb     *netboot.Server
 	module string // a module's digest: a blob that is not a boot artifact
 }
 
@@ -79,10 +93,10 @@ func setup(t *testing.T) *fixture {
 	logs := &lockedBuffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	svc := &instances.Service{Store: st, Clock: clk, Log: log,
-		Machines:  map[string]providers.Provider{external.Name: external.New()},
+		Machines:  map[string]providers.Provider{external.Name: external.New(), "pxe": pxe{external.New()}},
 		Artifacts: &instances.Artifacts{Blobs: blobs, Kernel: ingest("kernel bytes"), Initramfs: ingest("initramfs bytes"), BaseURL: "http://10.0.2.2:8080"},
 		AgentURL:  "https://10.0.2.2:7443", CAFingerprint: "sha256:" + strings.Repeat("cd", 32)}
-	tpl := &store.Template{Name: "tpl", KernelArgs: "console=ttyS0\nchain http://evil", CreatedAt: t0, UpdatedAt: t0}
+	tpl := &store.Template{Name: "tpl", KernelArgs: "quiet\nchain http://evil", CreatedAt: t0, UpdatedAt: t0}
 	if err := st.CreateTemplate(ctx, tpl); err != nil {
 		t.Fatal(err)
 	}
@@ -93,7 +107,7 @@ func setup(t *testing.T) *fixture {
 	nb := &netboot.Server{Store: st, Clock: clk, Log: log, Instances: svc}
 	srv := httptest.NewServer(nb.Handler())
 	t.Cleanup(srv.Close)
-	return &fixture{ctx: ctx, st: st, svc: svc, srv: srv, logs: logs, module: ingest("an erofs module, say")}
+	return &fixture{ctx: ctx, st: st, svc: svc, srv: srv, logs: logs, clk: clk, nb: nb, module: ingest("an erofs module, say")}
 }
 
 func (f *fixture) get(t *testing.T, path string) (int, string) {
@@ -109,11 +123,30 @@ func (f *fixture) get(t *testing.T, path string) (int, string) {
 
 func (f *fixture) provision(t *testing.T) *store.Instance {
 	t.Helper()
-	res, err := f.svc.Provision(f.ctx, instances.ProvisionParams{Node: "n", Provider: external.Name})
+	return f.provisionWith(t, "pxe")
+}
+
+func (f *fixture) provisionWith(t *testing.T, provider string) *store.Instance {
+	t.Helper()
+	res, err := f.svc.Provision(f.ctx, instances.ProvisionParams{Node: "n", Provider: provider})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return res.Instance
+	if provider == external.Name {
+		return res.Instance
+	}
+	// No worker runs here: do what the provision operation would, and
+	// move the instance into its boot window.
+	var in *store.Instance
+	if err := f.st.Tx(f.ctx, func(q store.Queries) error {
+		if in, err = q.LockInstance(f.ctx, res.Instance.ID); err != nil {
+			return err
+		}
+		return f.svc.TransitionTx(f.ctx, q, in, lifecycle.MarkProvisioning, "test: machine created", t0)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return in
 }
 
 func TestScriptIsServedOncePerBoot(t *testing.T) {
@@ -124,7 +157,7 @@ func TestScriptIsServedOncePerBoot(t *testing.T) {
 		t.Fatalf("%d %q", code, body)
 	}
 	for _, want := range []string{
-		"kernel http://10.0.2.2:8080/artifacts/" + f.svc.Artifacts.Kernel + " initrd=initramfs console=ttyS0 chain http://evil",
+		"kernel http://10.0.2.2:8080/artifacts/" + f.svc.Artifacts.Kernel + " initrd=initramfs console=ttyS0 quiet chain http://evil",
 		"tether.url=https://10.0.2.2:7443", "tether.ca=" + f.svc.CAFingerprint,
 		"initrd --name initramfs http://10.0.2.2:8080/artifacts/" + f.svc.Artifacts.Initramfs, "\nboot\n",
 	} {
@@ -163,7 +196,7 @@ func TestScriptIsServedOncePerBoot(t *testing.T) {
 	}
 	cur, _ := f.st.GetInstance(f.ctx, in.ID)
 	if err := f.st.Tx(f.ctx, func(q store.Queries) error {
-		cur.Status = string(lifecycle.Running)
+		cur.Status = lifecycle.Running
 		return f.svc.TransitionTx(f.ctx, q, cur, lifecycle.Reboot, "test", t0)
 	}); err != nil {
 		t.Fatal(err)
@@ -221,5 +254,93 @@ func TestArtifacts(t *testing.T) {
 	}
 	if code, _ := f.get(t, "/artifacts/"+f.module); code != http.StatusOK {
 		t.Fatalf("a template's kernel: %d", code)
+	}
+}
+
+// Only an instance whose provider netboots gets a script: an external
+// machine is booted by its operator, and a script (a fresh token) served
+// for it would only ever reach someone else.
+func TestScriptOnlyForNetbootingProviders(t *testing.T) {
+	f := setup(t)
+	in := f.provisionWith(t, external.Name)
+	code, body := f.get(t, netboot.ScriptPath(in.ID))
+	if code != http.StatusForbidden || !strings.Contains(body, "external provider") || strings.Contains(body, "tbt_") {
+		t.Fatalf("an external instance's script: %d %q", code, body)
+	}
+	if evs, _ := f.st.ListEvents(f.ctx, store.EventFilter{InstanceID: in.ID, Kind: events.NetbootServed}, store.Page{Limit: 10}); len(evs) != 0 {
+		t.Fatalf("served events: %v", evs)
+	}
+	if evs, _ := f.st.ListEvents(f.ctx, store.EventFilter{InstanceID: in.ID, Kind: events.NetbootRefused}, store.Page{Limit: 10}); len(evs) != 1 {
+		t.Fatalf("%d refusal events, want 1", len(evs))
+	}
+}
+
+// Script requests are limited per source address; what is refused for
+// its rate is answered 429 before any work and counted.
+func TestScriptRateLimit(t *testing.T) {
+	f := setup(t)
+	limited := prometheus.NewCounter(prometheus.CounterOpts{Name: "limited"})
+	f.nb.Limiter, f.nb.RateLimited = throttle.NewLimiter(f.clk, 1, 3, 0), limited
+	in := f.provision(t)
+	got := map[int]int{}
+	for range 10 {
+		code, _ := f.get(t, netboot.ScriptPath(in.ID))
+		got[code]++
+	}
+	if got[http.StatusOK] != 1 || got[http.StatusGone] != 2 || got[http.StatusTooManyRequests] != 7 {
+		t.Fatalf("answers: %v", got)
+	}
+	var m dto.Metric
+	if err := limited.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	if n := m.GetCounter().GetValue(); n != 7 {
+		t.Fatalf("rate-limited counter %v, want 7", n)
+	}
+	f.clk.Advance(2 * time.Second) // two tokens back
+	if code, _ := f.get(t, netboot.ScriptPath(in.ID)); code != http.StatusGone {
+		t.Fatalf("after the refill: %d", code)
+	}
+}
+
+// A flood of refused fetches writes one event per window and source, and
+// one summary with the count when the window ends; retention trims them.
+func TestRefusedFetchesAreCoalesced(t *testing.T) {
+	f := setup(t)
+	in := f.provision(t)
+	if code, _ := f.get(t, netboot.ScriptPath(in.ID)); code != http.StatusOK {
+		t.Fatal(code)
+	}
+	for range 500 {
+		if code, _ := f.get(t, netboot.ScriptPath(in.ID)); code != http.StatusGone {
+			t.Fatal(code)
+		}
+	}
+	refusals := func() []*store.Event {
+		evs, err := f.st.ListEvents(f.ctx, store.EventFilter{InstanceID: in.ID, Kind: events.NetbootRefused}, store.Page{Limit: 100})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return evs
+	}
+	if n := len(refusals()); n != 1 {
+		t.Fatalf("%d events for 500 refusals in one window", n)
+	}
+	f.nb.FlushRefusals(f.ctx, false)
+	if n := len(refusals()); n != 1 {
+		t.Fatalf("a flush inside the window wrote a summary: %d events", n)
+	}
+	f.clk.Advance(netboot.RefusalWindow)
+	f.nb.FlushRefusals(f.ctx, false)
+	evs := refusals()
+	if len(evs) != 2 || !strings.Contains(string(evs[0].Payload), `"count":499`) {
+		t.Fatalf("after the window: %d events, newest %+v", len(evs), evs[0])
+	}
+	now := f.clk.Now()
+	if _, err := f.st.PruneEvents(f.ctx, now.Add(time.Minute), now.Add(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(refusals()); n != 0 {
+		t.Fatalf("%d events survived retention", n)
 	}
 }

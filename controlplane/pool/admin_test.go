@@ -233,7 +233,7 @@ func TestListAndGet(t *testing.T) {
 		t.Fatalf("get: counts %+v deficit %d template %q members %d replenished %v", v.Counts, v.Deficit, v.TemplateName, len(v.Members), v.Pool.LastReplenishedAt)
 	}
 	// Ordered by pool state (ready before claimed), each with its node.
-	if v.Members[0].Instance.PoolState != store.PoolStateReady || v.Members[2].Instance.PoolState != store.PoolStateClaimed ||
+	if v.Members[0].Instance.PoolState != lifecycle.PoolReady || v.Members[2].Instance.PoolState != lifecycle.PoolClaimed ||
 		!strings.HasPrefix(v.Members[0].NodeName, "ci-") {
 		t.Fatalf("roster order: %s %s %q", v.Members[0].Instance.PoolState, v.Members[2].Instance.PoolState, v.Members[0].NodeName)
 	}
@@ -277,8 +277,8 @@ func TestReplenishMembers(t *testing.T) {
 				t.Fatalf("member node %q (template %s)", n.Name, n.TemplateID)
 			}
 			nodes[n.ID] = true
-			if in.PoolState != store.PoolStateWarming || in.PoolWarmingStartedAt == nil || !in.PoolWarmingStartedAt.Equal(t0) ||
-				in.OperationID != "pool/"+p.ID+"/"+n.Name || in.Status != string(lifecycle.Pending) {
+			if in.PoolState != lifecycle.PoolWarming || in.PoolWarmingStartedAt == nil || !in.PoolWarmingStartedAt.Equal(t0) ||
+				in.OperationID != "pool/"+p.ID+"/"+n.Name || in.Status != lifecycle.Pending {
 				t.Fatalf("member: state %s warming %v op %q status %s", in.PoolState, in.PoolWarmingStartedAt, in.OperationID, in.Status)
 			}
 		}

@@ -87,6 +87,9 @@ func (s *Service) Acquire(ctx context.Context, p AcquireParams) (*Claim, error) 
 	if err != nil {
 		return nil, err
 	}
+	// The claim took a ready member out of the target: start its
+	// replacement now rather than on the reaper's next tick.
+	s.Nudge(c.Pool.ID)
 	if n, err := s.Store.GetNodeByID(ctx, c.Instance.NodeID); err == nil {
 		c.NodeName = n.Name
 	}
@@ -189,9 +192,9 @@ func (s *Service) Release(ctx context.Context, instanceID, by string) (*Released
 		switch {
 		case in.PoolID == "":
 			return fail.Precondition("instance %s is not a pool member; release returns a claimed pool member", in.ID)
-		case lifecycle.State(in.Status).Terminal():
+		case in.Status.Terminal():
 			return fail.Precondition("instance %s is terminated; its claim closed when it ended", in.ID)
-		case in.PoolState != store.PoolStateClaimed:
+		case in.PoolState != lifecycle.PoolClaimed:
 			return fail.Precondition("member %s is %s; release is allowed only for a claimed member", in.ID, in.PoolState)
 		}
 		pl, err := q.GetPoolByID(ctx, in.PoolID)
@@ -206,19 +209,19 @@ func (s *Service) Release(ctx context.Context, instanceID, by string) (*Released
 			if _, err := claims.Close(ctx, q, in, claims.Cordoned, "", now); err != nil {
 				return err
 			}
-			in.PoolState = store.PoolStateDraining
-		case pol.ReuseWithoutReset && in.Status == string(lifecycle.Running):
+			in.PoolState = lifecycle.PoolDraining
+		case pol.ReuseWithoutReset && in.Status == lifecycle.Running:
 			out.Disposition = claims.Reused
 			if _, err := claims.Close(ctx, q, in, claims.Reused, "", now); err != nil {
 				return err
 			}
-			in.PoolState, in.PoolReadyAt = store.PoolStateReady, &now
+			in.PoolState, in.PoolReadyAt = lifecycle.PoolReady, &now
 		default:
 			// The claim stays open until the terminate's outcome closes it;
 			// if we die first, the reaper finds a draining member with an
 			// open claim and finishes the job.
 			recycle = true
-			in.PoolState = store.PoolStateDraining
+			in.PoolState = lifecycle.PoolDraining
 		}
 		in.UpdatedAt = now
 		return q.UpdateInstance(ctx, in)
@@ -240,9 +243,14 @@ func (s *Service) Release(ctx context.Context, instanceID, by string) (*Released
 		}
 		// Judge by the row, not by the call: a terminate that failed here
 		// may have been finished by a concurrent one.
-		if terr != nil && !lifecycle.State(out.Instance.Status).Terminal() {
+		if terr != nil && !out.Instance.Status.Terminal() {
 			out.Disposition, out.Err = claims.Errored, terr
 		}
+	}
+	if out.Disposition != claims.Reused {
+		// The member left the claimed count (recycled, fenced or parked):
+		// under a binding max_size that frees room for a replacement.
+		s.Nudge(out.Instance.PoolID)
 	}
 	s.Log.Info("pool member released", "instance", instanceID, "claim", out.ClaimID, "by", by, "disposition", out.Disposition,
 		"held", out.Held.Truncate(time.Second), "err", out.Err)
@@ -266,7 +274,7 @@ func (s *Service) parkErrored(ctx context.Context, id, during string, terr error
 		if err != nil {
 			return err
 		}
-		if lifecycle.State(in.Status).Terminal() || in.TerminateRequestedAt != nil || in.PoolState == store.PoolStateClaimed {
+		if in.Status.Terminal() || in.TerminateRequestedAt != nil || in.PoolState == lifecycle.PoolClaimed {
 			return nil
 		}
 		parked = true
@@ -276,9 +284,9 @@ func (s *Service) parkErrored(ctx context.Context, id, during string, terr error
 				return err
 			}
 		}
-		if in.PoolState != store.PoolStateErrored {
+		if in.PoolState != lifecycle.PoolErrored {
 			next := now.Add(s.backoff(1))
-			in.PoolState, in.PoolTerminateAttempts, in.PoolNextTerminateAt = store.PoolStateErrored, 0, &next
+			in.PoolState, in.PoolTerminateAttempts, in.PoolNextTerminateAt = lifecycle.PoolErrored, 0, &next
 		}
 		if in.ErrorMessage == "" {
 			// A refusal (an ops hold) leaves no message of its own.
@@ -304,13 +312,13 @@ func (s *Service) parkErrored(ctx context.Context, id, during string, terr error
 // A member that carries a cordon marker goes to draining instead: it is
 // not to be handed out.
 func (s *Service) ReadyHook(ctx context.Context, q store.Queries, in *store.Instance) error {
-	if in.PoolID == "" || in.PoolState != store.PoolStateWarming || in.Status != string(lifecycle.Running) {
+	if in.PoolID == "" || in.PoolState != lifecycle.PoolWarming || in.Status != lifecycle.Running {
 		return nil
 	}
 	now := s.Clock.Now()
-	state := store.PoolStateReady
+	state := lifecycle.PoolReady
 	if in.Cordon != nil {
-		state = store.PoolStateDraining
+		state = lifecycle.PoolDraining
 	}
 	in.PoolState, in.PoolReadyAt, in.UpdatedAt = state, &now, now
 	if err := q.UpdateInstance(ctx, in); err != nil {

@@ -128,7 +128,7 @@ func TestClaimRollsBackWhenItsEventFails(t *testing.T) {
 			t.Fatalf("acquire with a broken ledger: %v", err)
 		}
 		in := e.get(seeded.ID)
-		if in.PoolState != store.PoolStateReady || in.ClaimID != "" || in.AcquiredBy != "" || in.PoolAcquiredAt != nil {
+		if in.PoolState != lifecycle.PoolReady || in.ClaimID != "" || in.AcquiredBy != "" || in.PoolAcquiredAt != nil {
 			t.Fatalf("the claim was kept: state %s claim %q by %q", in.PoolState, in.ClaimID, in.AcquiredBy)
 		}
 		// The same for claims that share a batch: none is handed out.
@@ -145,7 +145,7 @@ func TestClaimRollsBackWhenItsEventFails(t *testing.T) {
 		}
 		wg.Wait()
 		for _, m := range append(more, seeded) {
-			if got := e.get(m.ID); got.PoolState != store.PoolStateReady || got.ClaimID != "" {
+			if got := e.get(m.ID); got.PoolState != lifecycle.PoolReady || got.ClaimID != "" {
 				t.Fatalf("member %s kept a claim the ledger did not record: %s", m.ID, got.PoolState)
 			}
 		}
@@ -174,7 +174,7 @@ func TestAcquireSelection(t *testing.T) {
 		t.Fatalf("claim: pool %s member %s id %q node %q addrs %v", c.Pool.Name, c.Instance.ID, c.ID, c.NodeName, c.Instance.Addresses)
 	}
 	in := e.get(c.Instance.ID)
-	if in.PoolState != store.PoolStateClaimed || in.ClaimID != c.ID || in.AcquiredBy != "ci-job-1" || in.AcquiredFor != "build-7" ||
+	if in.PoolState != lifecycle.PoolClaimed || in.ClaimID != c.ID || in.AcquiredBy != "ci-job-1" || in.AcquiredFor != "build-7" ||
 		in.PoolAcquiredAt == nil {
 		t.Fatalf("claimed row: %+v", in)
 	}
@@ -276,14 +276,14 @@ func TestRelease(t *testing.T) {
 		cordon      bool
 		failAlways  bool
 		disposition string
-		poolState   string
+		poolState   lifecycle.PoolState
 		status      lifecycle.State
 	}{
-		{"recycled by default", false, false, false, claims.Recycled, store.PoolStateDraining, lifecycle.Terminated},
-		{"recycled even when cordoned", false, true, false, claims.Recycled, store.PoolStateDraining, lifecycle.Terminated},
-		{"a failed terminate is errored", false, false, true, claims.Errored, store.PoolStateErrored, lifecycle.Running},
-		{"reused", true, false, false, claims.Reused, store.PoolStateReady, lifecycle.Running},
-		{"cordoned", true, true, false, claims.Cordoned, store.PoolStateDraining, lifecycle.Running},
+		{"recycled by default", false, false, false, claims.Recycled, lifecycle.PoolDraining, lifecycle.Terminated},
+		{"recycled even when cordoned", false, true, false, claims.Recycled, lifecycle.PoolDraining, lifecycle.Terminated},
+		{"a failed terminate is errored", false, false, true, claims.Errored, lifecycle.PoolErrored, lifecycle.Running},
+		{"reused", true, false, false, claims.Reused, lifecycle.PoolReady, lifecycle.Running},
+		{"cordoned", true, true, false, claims.Cordoned, lifecycle.PoolDraining, lifecycle.Running},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -304,7 +304,7 @@ func TestRelease(t *testing.T) {
 			r, err := e.svc.Release(e.ctx, c.Instance.ID, "alice")
 			must(t, err)
 			in := e.get(c.Instance.ID)
-			if r.Disposition != tc.disposition || in.PoolState != tc.poolState || in.Status != string(tc.status) || r.ClaimID != c.ID ||
+			if r.Disposition != tc.disposition || in.PoolState != tc.poolState || in.Status != tc.status || r.ClaimID != c.ID ||
 				r.Held != 90*time.Second {
 				t.Fatalf("release: disposition %s state %s status %s claim %s held %s", r.Disposition, in.PoolState, in.Status, r.ClaimID, r.Held)
 			}
@@ -381,7 +381,7 @@ func TestTerminateClaimedMemberClosesTheClaim(t *testing.T) {
 			t.Fatal(err)
 		}
 		in := e.get(c.Instance.ID)
-		if in.PoolState == store.PoolStateClaimed || in.ClaimID != "" || e.counts(p).Claimed != 0 {
+		if in.PoolState == lifecycle.PoolClaimed || in.ClaimID != "" || e.counts(p).Claimed != 0 {
 			t.Fatalf("phantom claim: state %s claim %q counts %+v", in.PoolState, in.ClaimID, e.counts(p))
 		}
 		rel := e.events(events.PoolReleased, store.EventFilter{CorrelationID: c.ID})
@@ -401,7 +401,7 @@ func TestWarmingToReady(t *testing.T) {
 		_, _, err := e.svc.Replenish(e.ctx, "ci")
 		must(t, err)
 		e.work()
-		warming := e.live(p, store.PoolStateWarming)
+		warming := e.live(p, lifecycle.PoolWarming)
 		if len(warming) != 2 {
 			t.Fatalf("%d warming", len(warming))
 		}
@@ -419,7 +419,7 @@ func TestWarmingToReady(t *testing.T) {
 		e.clk.Advance(45 * time.Second)
 		e.ready(warming[0].ID)
 		in := e.get(warming[0].ID)
-		if in.PoolState != store.PoolStateReady || in.Status != string(lifecycle.Running) || in.PoolReadyAt == nil || !in.PoolReadyAt.Equal(e.clk.Now()) {
+		if in.PoolState != lifecycle.PoolReady || in.Status != lifecycle.Running || in.PoolReadyAt == nil || !in.PoolReadyAt.Equal(e.clk.Now()) {
 			t.Fatalf("after ready: %s %s %v", in.PoolState, in.Status, in.PoolReadyAt)
 		}
 		ev := e.events(events.PoolMemberReady, store.EventFilter{InstanceID: in.ID})
@@ -442,10 +442,10 @@ func TestWarmingToReady(t *testing.T) {
 		other.Cordon = &store.Cordon{By: "bob", Reason: "bad rack", At: t0}
 		must(t, e.st.UpdateInstance(e.ctx, other))
 		e.ready(other.ID)
-		if got := e.get(other.ID).PoolState; got != store.PoolStateDraining {
+		if got := e.get(other.ID).PoolState; got != lifecycle.PoolDraining {
 			t.Fatalf("cordoned member is %s", got)
 		}
-		if payload(t, e.events(events.PoolMemberReady, store.EventFilter{InstanceID: other.ID})[0])["pool_state"] != store.PoolStateDraining {
+		if payload(t, e.events(events.PoolMemberReady, store.EventFilter{InstanceID: other.ID})[0])["pool_state"] != string(lifecycle.PoolDraining) {
 			t.Fatal("member_ready must say where the member went")
 		}
 	})

@@ -38,7 +38,7 @@ func (s *Service) Drain(ctx context.Context, name string) (*DrainResult, error) 
 	ctx = context.WithoutCancel(ctx)
 	var ready []string
 	if err := s.eachMember(ctx, p.ID, liveStatuses, func(in *store.Instance) error {
-		if in.PoolState == store.PoolStateReady {
+		if in.PoolState == lifecycle.PoolReady {
 			ready = append(ready, in.ID)
 		}
 		return nil
@@ -48,8 +48,8 @@ func (s *Service) Drain(ctx context.Context, name string) (*DrainResult, error) 
 	var fenced []string
 	for _, id := range ready {
 		// Under the row lock: a member claimed a moment ago stays claimed.
-		ok, err := s.take(ctx, id, func(in *store.Instance) bool { return in.PoolState == store.PoolStateReady },
-			func(_ store.Queries, in *store.Instance) error { in.PoolState = store.PoolStateDraining; return nil })
+		ok, err := s.take(ctx, id, func(in *store.Instance) bool { return in.PoolState == lifecycle.PoolReady },
+			func(_ store.Queries, in *store.Instance) error { in.PoolState = lifecycle.PoolDraining; return nil })
 		if err != nil {
 			return nil, fmt.Errorf("drain pool %s: fence %s: %w", p.Name, id, err)
 		}
@@ -95,7 +95,7 @@ func (s *Service) take(ctx context.Context, id string, ok func(*store.Instance) 
 		if err != nil {
 			return err
 		}
-		if lifecycle.State(in.Status).Terminal() || !ok(in) {
+		if in.Status.Terminal() || !ok(in) {
 			return nil
 		}
 		if err := mutate(q, in); err != nil {
@@ -124,7 +124,7 @@ func (s *Service) terminateMember(ctx context.Context, id, during string, emit b
 		s.Log.Error("record a failed member terminate", "instance", id, "during", during, "terminate_err", terr, "err", err)
 	}
 	in, err := s.Store.GetInstance(ctx, id)
-	if err == nil && lifecycle.State(in.Status).Terminal() {
+	if err == nil && in.Status.Terminal() {
 		return nil // a concurrent terminate finished it
 	}
 	return terr

@@ -89,6 +89,7 @@ func newEnv(t testing.TB, open func(testing.TB) store.Store) *env {
 	t.Helper()
 	f := instancestest.New(t, open(t), instancestest.Options{Owner: "pool-test", ProvisionAttempts: 1, Timeout: 120 * time.Second})
 	svc := &pool.Service{Store: f.Store, Clock: f.Clock, Log: f.Log, Instances: f.Instances}
+	f.Instances.MemberLeft = svc.Nudge // as tetherd wires them
 	return &env{t: t, ctx: f.Ctx, st: f.Store, clk: f.Clock, fake: f.Fake, inst: f.Instances, svc: svc, wk: f.Worker, tpl: f.Template, logs: f.Logs}
 }
 
@@ -127,7 +128,7 @@ func (e *env) work() {
 
 // members lists a pool's members in the given pool states (all if none),
 // terminated ones included.
-func (e *env) members(p *store.Pool, states ...string) []*store.Instance {
+func (e *env) members(p *store.Pool, states ...lifecycle.PoolState) []*store.Instance {
 	e.t.Helper()
 	ins, err := e.st.ListInstances(e.ctx, store.InstanceFilter{PoolID: p.ID, PoolStates: states}, store.Page{Limit: store.MaxPageSize})
 	if err != nil {
@@ -137,10 +138,10 @@ func (e *env) members(p *store.Pool, states ...string) []*store.Instance {
 }
 
 // live lists members that are not terminated.
-func (e *env) live(p *store.Pool, states ...string) []*store.Instance {
+func (e *env) live(p *store.Pool, states ...lifecycle.PoolState) []*store.Instance {
 	var out []*store.Instance
 	for _, in := range e.members(p, states...) {
-		if in.Status != string(lifecycle.Terminated) {
+		if in.Status != lifecycle.Terminated {
 			out = append(out, in)
 		}
 	}
@@ -172,10 +173,10 @@ func (e *env) warm(p *store.Pool) []*store.Instance {
 		e.t.Fatal(err)
 	}
 	e.work()
-	for _, in := range e.live(p, store.PoolStateWarming) {
+	for _, in := range e.live(p, lifecycle.PoolWarming) {
 		e.ready(in.ID)
 	}
-	return e.live(p, store.PoolStateReady)
+	return e.live(p, lifecycle.PoolReady)
 }
 
 // heartbeat records a heartbeat for an instance at the clock's now.
@@ -229,8 +230,8 @@ func seedReady(t testing.TB, ctx context.Context, st store.Store, p *store.Pool,
 				}
 				// Later seeds are younger, so "oldest first" is well defined.
 				w := t0.Add(time.Duration(seq) * time.Millisecond)
-				in := &store.Instance{NodeID: node.ID, Status: string(lifecycle.Running), Provider: fake.Name,
-					CloudInstanceID: fmt.Sprintf("seed-%s-%d", p.Name, i), PoolID: p.ID, PoolState: store.PoolStateReady,
+				in := &store.Instance{NodeID: node.ID, Status: lifecycle.Running, Provider: fake.Name,
+					CloudInstanceID: fmt.Sprintf("seed-%s-%d", p.Name, i), PoolID: p.ID, PoolState: lifecycle.PoolReady,
 					PoolWarmingStartedAt: &w, PoolReadyAt: &w, LastHeartbeatAt: &w, Addresses: []string{fmt.Sprintf("10.1.%d.%d", i/250, i%250)},
 					CreatedAt: w, UpdatedAt: w}
 				if err := q.CreateInstance(ctx, in); err != nil {

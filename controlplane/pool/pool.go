@@ -19,17 +19,16 @@ import (
 
 	"github.com/tetherfleet/tether/controlplane/fail"
 	"github.com/tetherfleet/tether/controlplane/instances"
+	"github.com/tetherfleet/tether/controlplane/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/liveness"
 	"github.com/tetherfleet/tether/controlplane/store"
+	"github.com/tetherfleet/tether/internal/clock"
 )
-
-// Clock is the time source.
-type Clock interface{ Now() time.Time }
 
 // Service is the pool service. Fields left zero take the defaults below.
 type Service struct {
 	Store     store.Store
-	Clock     Clock
+	Clock     clock.Clock
 	Log       *slog.Logger
 	Instances *instances.Service
 
@@ -224,12 +223,12 @@ func (s *Service) view(ctx context.Context, q store.Queries, p *store.Pool, rost
 	}
 	// One query per pool state keeps the roster in (state, warming start)
 	// order without a store method of its own; the cap bounds the work.
-	for _, state := range []string{store.PoolStateWarming, store.PoolStateReady, store.PoolStateClaimed, store.PoolStateDraining, store.PoolStateErrored} {
+	for _, state := range []lifecycle.PoolState{lifecycle.PoolWarming, lifecycle.PoolReady, lifecycle.PoolClaimed, lifecycle.PoolDraining, lifecycle.PoolErrored} {
 		left := RosterCap - len(v.Members)
 		if left <= 0 {
 			break
 		}
-		ins, err := q.ListInstances(ctx, store.InstanceFilter{PoolID: p.ID, PoolStates: []string{state}, Statuses: liveStatuses, OldestFirst: true},
+		ins, err := q.ListInstances(ctx, store.InstanceFilter{PoolID: p.ID, PoolStates: []lifecycle.PoolState{state}, Statuses: liveStatuses, OldestFirst: true},
 			store.Page{Limit: left})
 		if err != nil {
 			return nil, fmt.Errorf("pool %s roster: %w", p.Name, err)
@@ -246,11 +245,14 @@ func (s *Service) view(ctx context.Context, q store.Queries, p *store.Pool, rost
 }
 
 // liveStatuses are the instance states a counted member may be in.
-var liveStatuses = []string{"pending", "provisioning", "starting", "running", "stopping", "stopped", "rebooting", "error"}
+var liveStatuses = []lifecycle.State{lifecycle.Pending, lifecycle.Provisioning, lifecycle.Starting, lifecycle.Running, lifecycle.Stopping,
+	lifecycle.Stopped, lifecycle.Rebooting, lifecycle.Error}
 
 // Nudge asks for a replenish of a pool ("" for every active pool) soon,
-// without waiting for the reaper's tick. It never blocks: a nudge that
-// finds the queue full is dropped, since the tick covers it anyway.
+// without waiting for the reaper's tick: whatever changes a pool's counts
+// (a claim, a release, a member terminated or fenced) calls it. It never
+// blocks: a nudge that finds the queue full is dropped, since the nudges
+// already queued and the reaper's tick cover it anyway.
 func (s *Service) Nudge(poolID string) {
 	select {
 	case s.nudgeCh() <- poolID:
@@ -265,35 +267,53 @@ func (s *Service) nudgeCh() chan string {
 
 // RunNudges replenishes nudged pools until ctx ends. Any replica may run
 // it: a replenish recounts under the pool's row lock for every member it
-// adds, so two replicas replenishing one pool never overshoot.
+// adds, so two replicas replenishing one pool never overshoot (docs/adr/0008).
 func (s *Service) RunNudges(ctx context.Context) {
 	ch := s.nudgeCh()
 	for {
-		var first string
 		select {
 		case <-ctx.Done():
 			return
-		case first = <-ch:
-		}
-		// Coalesce what queued meanwhile: twelve refused claimers need one
-		// replenish, not twelve.
-		pending := map[string]bool{first: true}
-	drain:
-		for {
-			select {
-			case id := <-ch:
-				pending[id] = true
-			default:
-				break drain
-			}
-		}
-		if pending[""] {
-			pending = map[string]bool{"": true}
-		}
-		for id := range pending {
-			s.replenishNudged(ctx, id)
+		case first := <-ch:
+			s.serve(ctx, first)
 		}
 	}
+}
+
+// ServeNudges replenishes the pools nudged so far and returns how many
+// distinct nudges it served, without waiting for more (0: none queued).
+// RunNudges does the same as nudges arrive; tests call this to step it.
+func (s *Service) ServeNudges(ctx context.Context) int {
+	select {
+	case first := <-s.nudgeCh():
+		return s.serve(ctx, first)
+	default:
+		return 0
+	}
+}
+
+// serve replenishes first and whatever queued meanwhile.
+func (s *Service) serve(ctx context.Context, first string) int {
+	ch := s.nudgeCh()
+	// Coalesce what queued meanwhile: twelve claims on one pool need one
+	// replenish, not twelve.
+	pending := map[string]bool{first: true}
+drain:
+	for {
+		select {
+		case id := <-ch:
+			pending[id] = true
+		default:
+			break drain
+		}
+	}
+	if pending[""] {
+		pending = map[string]bool{"": true}
+	}
+	for id := range pending {
+		s.replenishNudged(ctx, id)
+	}
+	return len(pending)
 }
 
 func (s *Service) replenishNudged(ctx context.Context, poolID string) {
@@ -344,7 +364,7 @@ func (s *Service) eachPool(ctx context.Context, fn func(*store.Pool) error) erro
 // eachMember calls fn for every member of a pool in the given instance
 // states (all when none), a page at a time. fn sees a snapshot; whatever
 // it changes it re-reads under the row lock first.
-func (s *Service) eachMember(ctx context.Context, poolID string, statuses []string, fn func(*store.Instance) error) error {
+func (s *Service) eachMember(ctx context.Context, poolID string, statuses []lifecycle.State, fn func(*store.Instance) error) error {
 	page := store.Page{Limit: store.MaxPageSize}
 	for {
 		ins, err := s.Store.ListInstances(ctx, store.InstanceFilter{PoolID: poolID, Statuses: statuses}, page)

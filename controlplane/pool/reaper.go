@@ -126,7 +126,7 @@ func (s *Service) Recycle(ctx context.Context, name string) (*View, RecycleResul
 }
 
 func (s *Service) currentStaleAfter(ctx context.Context) (time.Duration, error) {
-	n, err := s.Store.CountInstances(ctx, store.InstanceFilter{Statuses: []string{string(lifecycle.Running)}})
+	n, err := s.Store.CountInstances(ctx, store.InstanceFilter{Statuses: []lifecycle.State{lifecycle.Running}})
 	if err != nil {
 		return 0, fmt.Errorf("pool reaper: count running instances: %w", err)
 	}
@@ -174,7 +174,7 @@ func prunable(in *store.Instance, pol Policy, now time.Time) bool {
 	if pol.Retention <= 0 || now.Sub(in.UpdatedAt) < pol.Retention {
 		return false
 	}
-	switch lifecycle.State(in.Status) {
+	switch in.Status {
 	case lifecycle.Terminated:
 		return true
 	case lifecycle.Error:
@@ -182,9 +182,9 @@ func prunable(in *store.Instance, pol Policy, now time.Time) bool {
 			return false // a terminate is under way: the reconciler's
 		}
 		switch in.PoolState {
-		case store.PoolStateErrored:
+		case lifecycle.PoolErrored:
 			return abandoned(in, pol)
-		case store.PoolStateDraining:
+		case lifecycle.PoolDraining:
 			return in.Cordon != nil
 		}
 	}
@@ -202,7 +202,7 @@ func (s *Service) recycle(ctx context.Context, p *store.Pool, staleAfter time.Du
 	pol := PolicyOf(p)
 	var terms []termination
 	var errs []error
-	toDraining := func(_ store.Queries, in *store.Instance) error { in.PoolState = store.PoolStateDraining; return nil }
+	toDraining := func(_ store.Queries, in *store.Instance) error { in.PoolState = lifecycle.PoolDraining; return nil }
 	err := s.eachMember(ctx, p.ID, nil, func(in *store.Instance) error {
 		if prunable(in, pol, now) {
 			pruned, nodeGone, err := s.prune(ctx, in.ID, pol)
@@ -217,17 +217,17 @@ func (s *Service) recycle(ctx context.Context, p *store.Pool, staleAfter time.Du
 			}
 			return nil
 		}
-		if lifecycle.State(in.Status).Terminal() {
+		if in.Status.Terminal() {
 			return nil
 		}
-		errored := in.Status == string(lifecycle.Error)
+		errored := in.Status == lifecycle.Error
 		switch in.PoolState {
-		case store.PoolStateWarming:
+		case lifecycle.PoolWarming:
 			if p.Status == store.PoolDraining {
 				// It would only be recycled once ready: no claim can reach a
 				// draining pool, so its machine is spent warming for nothing.
 				terms = append(terms, termination{id: in.ID, during: "recycle: pool draining",
-					ok:     func(c *store.Instance) bool { return c.PoolState == store.PoolStateWarming },
+					ok:     func(c *store.Instance) bool { return c.PoolState == lifecycle.PoolWarming },
 					mutate: toDraining, counts: func(r *RecycleResult) *int { return &r.Recycled }})
 				return nil
 			}
@@ -241,11 +241,11 @@ func (s *Service) recycle(ctx context.Context, p *store.Pool, staleAfter time.Du
 			}
 			terms = append(terms, termination{id: in.ID, during: "recycle: " + why,
 				ok: func(c *store.Instance) bool {
-					return c.PoolState == store.PoolStateWarming && (c.Status == string(lifecycle.Error) ||
+					return c.PoolState == lifecycle.PoolWarming && (c.Status == lifecycle.Error ||
 						(c.PoolWarmingStartedAt != nil && now.Sub(*c.PoolWarmingStartedAt) > pol.WarmingTimeout))
 				},
 				mutate: toDraining, counts: func(r *RecycleResult) *int { return &r.Replaced }})
-		case store.PoolStateReady:
+		case lifecycle.PoolReady:
 			why, stale := s.readyVerdict(p, in, pol, now, staleAfter)
 			if why == "" {
 				return nil
@@ -253,11 +253,11 @@ func (s *Service) recycle(ctx context.Context, p *store.Pool, staleAfter time.Du
 			t := termination{id: in.ID, during: "recycle: " + why, mutate: toDraining, counts: func(r *RecycleResult) *int { return &r.Recycled },
 				ok: func(c *store.Instance) bool {
 					w, _ := s.readyVerdict(p, c, pol, now, staleAfter)
-					return c.PoolState == store.PoolStateReady && w == why
+					return c.PoolState == lifecycle.PoolReady && w == why
 				}}
 			if stale {
 				t.mutate = func(q store.Queries, c *store.Instance) error {
-					c.PoolState = store.PoolStateDraining
+					c.PoolState = lifecycle.PoolDraining
 					_, err := events.E{Kind: events.PoolReadyStaleHeartbeat, Severity: events.Medium, InstanceID: c.ID, PoolID: c.PoolID,
 						Message: fmt.Sprintf("ready member %s: no heartbeat since %s (stale after %s); recycled early",
 							c.ID, heartbeatAnchor(c).UTC().Format(time.RFC3339), staleAfter),
@@ -267,26 +267,26 @@ func (s *Service) recycle(ctx context.Context, p *store.Pool, staleAfter time.Du
 				}
 			}
 			terms = append(terms, t)
-		case store.PoolStateClaimed:
+		case lifecycle.PoolClaimed:
 			n, err := s.flagClaimed(ctx, in, pol, now, staleAfter)
 			r.Flagged += n
 			if err != nil {
 				errs = append(errs, err)
 			}
-		case store.PoolStateDraining:
+		case lifecycle.PoolDraining:
 			// A fenced member is the operator's until they uncordon it; a
 			// terminate under way is the reconciler's. Anything else that
 			// sat draining past the grace is a release or recycle whose
 			// terminate never happened.
 			leftover := func(c *store.Instance) bool {
-				return c.PoolState == store.PoolStateDraining && c.Cordon == nil && c.TerminateRequestedAt == nil &&
+				return c.PoolState == lifecycle.PoolDraining && c.Cordon == nil && c.TerminateRequestedAt == nil &&
 					now.Sub(c.UpdatedAt) >= s.drainingGrace()
 			}
 			if leftover(in) {
 				terms = append(terms, termination{id: in.ID, during: "recycle: draining leftover", ok: leftover,
 					mutate: func(store.Queries, *store.Instance) error { return nil }, counts: func(r *RecycleResult) *int { return &r.Recycled }})
 			}
-		case store.PoolStateErrored:
+		case lifecycle.PoolErrored:
 			if in.TerminateRequestedAt != nil {
 				return nil
 			}
@@ -321,11 +321,11 @@ func (s *Service) readyVerdict(p *store.Pool, in *store.Instance, pol Policy, no
 	switch {
 	case p.Status == store.PoolDraining:
 		return "pool draining", false
-	case in.Status == string(lifecycle.Error):
+	case in.Status == lifecycle.Error:
 		return "instance errored", false
 	case now.Sub(readyAnchor(in)) > pol.ReadyTTL:
 		return "ready ttl", false
-	case in.Status == string(lifecycle.Running) && now.Sub(heartbeatAnchor(in)) > staleAfter:
+	case in.Status == lifecycle.Running && now.Sub(heartbeatAnchor(in)) > staleAfter:
 		return "stale heartbeat", true
 	}
 	return "", false
@@ -336,7 +336,7 @@ func (s *Service) readyVerdict(p *store.Pool, in *store.Instance, pol Policy, no
 // leader cannot retry faster than the ladder allows.
 func (s *Service) retry(id string, pol Policy, now time.Time) termination {
 	due := func(c *store.Instance) bool {
-		return c.PoolState == store.PoolStateErrored && c.TerminateRequestedAt == nil && c.PoolTerminateAttempts < pol.TerminateMaxAttempts &&
+		return c.PoolState == lifecycle.PoolErrored && c.TerminateRequestedAt == nil && c.PoolTerminateAttempts < pol.TerminateMaxAttempts &&
 			(c.PoolNextTerminateAt == nil || !now.Before(*c.PoolNextTerminateAt))
 	}
 	return termination{id: id, during: "retry", ok: due, counts: func(r *RecycleResult) *int { return &r.Retried },
@@ -416,7 +416,7 @@ func (s *Service) abandonIfSpent(ctx context.Context, id string, pol Policy, ter
 func (s *Service) abandon(ctx context.Context, id string, pol Policy, last string) (bool, error) {
 	now := s.Clock.Now()
 	return s.take(ctx, id, func(c *store.Instance) bool {
-		return c.PoolState == store.PoolStateErrored && c.PoolTerminateAttempts >= pol.TerminateMaxAttempts && c.PoolNextTerminateAt != nil
+		return c.PoolState == lifecycle.PoolErrored && c.PoolTerminateAttempts >= pol.TerminateMaxAttempts && c.PoolNextTerminateAt != nil
 	}, func(q store.Queries, c *store.Instance) error {
 		c.PoolNextTerminateAt = nil
 		_, err := events.E{Kind: events.PoolTerminateAbandoned, Severity: events.High, InstanceID: c.ID, PoolID: c.PoolID,
@@ -446,7 +446,7 @@ func (s *Service) flagClaimed(ctx context.Context, in *store.Instance, pol Polic
 	n := 0
 	claim := in.ClaimID
 	_, err := s.take(ctx, in.ID, func(c *store.Instance) bool {
-		return c.PoolState == store.PoolStateClaimed && c.ClaimID == claim && (overdue(c) || silent(c))
+		return c.PoolState == lifecycle.PoolClaimed && c.ClaimID == claim && (overdue(c) || silent(c))
 	}, func(q store.Queries, c *store.Instance) error {
 		pl, err := q.GetPoolByID(ctx, c.PoolID)
 		if err != nil {

@@ -27,7 +27,7 @@ func (e *env) tick() pool.TickResult {
 func (e *env) heartbeatAll(p *store.Pool) {
 	e.t.Helper()
 	for _, in := range e.live(p) {
-		if in.Status == string(lifecycle.Running) {
+		if in.Status == lifecycle.Running {
 			e.heartbeat(in.ID)
 		}
 	}
@@ -40,7 +40,7 @@ func (e *env) terminate(id string) {
 	}
 }
 
-func terminated(in *store.Instance) bool { return in.Status == string(lifecycle.Terminated) }
+func terminated(in *store.Instance) bool { return in.Status == lifecycle.Terminated }
 
 // A member still warming past its timeout is terminated and replaced; so
 // is one whose provision failed.
@@ -52,7 +52,7 @@ func TestReaperReplacesStuckWarmingMembers(t *testing.T) {
 			t.Fatalf("first tick provisioned %d", r.Replenish.Provisioned)
 		}
 		e.work()
-		first := e.live(p, store.PoolStateWarming)
+		first := e.live(p, lifecycle.PoolWarming)
 		e.clk.Advance(299 * time.Second)
 		if r := e.tick(); r.Recycle.Replaced != 0 {
 			t.Fatalf("replaced %d before the timeout", r.Recycle.Replaced)
@@ -74,14 +74,14 @@ func TestReaperReplacesStuckWarmingMembers(t *testing.T) {
 		// A provision that fails leaves the member in error: it is
 		// replaced on the next tick, without waiting for the timeout.
 		e.work()
-		for _, in := range e.live(p, store.PoolStateWarming) {
+		for _, in := range e.live(p, lifecycle.PoolWarming) {
 			e.terminate(in.ID)
 		}
 		e.fake.FailAlways(fake.OpProvision, providers.KindPermanent)
 		e.tick()
 		e.work()
-		broken := e.live(p, store.PoolStateWarming)
-		if len(broken) != 2 || broken[0].Status != string(lifecycle.Error) {
+		broken := e.live(p, lifecycle.PoolWarming)
+		if len(broken) != 2 || broken[0].Status != lifecycle.Error {
 			t.Fatalf("failed provisions: %d, %v", len(broken), broken)
 		}
 		e.fake.ClearFailures()
@@ -111,7 +111,7 @@ func TestReaperRecyclesStaleReadyMembers(t *testing.T) {
 			t.Fatalf("stale heartbeat events: %v", evs)
 		}
 		e.work()
-		for _, in := range e.live(p, store.PoolStateWarming) {
+		for _, in := range e.live(p, lifecycle.PoolWarming) {
 			e.ready(in.ID)
 		}
 		// Past the TTL, heartbeats or not.
@@ -157,7 +157,7 @@ func TestReaperFlagsStaleClaimsOnce(t *testing.T) {
 			t.Fatalf("a claimed member was flagged again or recycled: %+v", r.Recycle)
 		}
 		in := e.get(c.Instance.ID)
-		if in.PoolState != store.PoolStateClaimed || terminated(in) || !in.ClaimedStaleFlagged {
+		if in.PoolState != lifecycle.PoolClaimed || terminated(in) || !in.ClaimedStaleFlagged {
 			t.Fatalf("claimed member: %s %s flagged %v", in.PoolState, in.Status, in.ClaimedStaleFlagged)
 		}
 		if n := len(e.events(events.PoolClaimedStale, store.EventFilter{CorrelationID: c.ID})); n != 1 {
@@ -181,7 +181,7 @@ func TestReaperTerminateLadder(t *testing.T) {
 			e.fake.FailNext(fake.OpTerminate, 1, providers.KindTransient)
 			r, err := e.svc.Drain(e.ctx, "ci")
 			must(t, err)
-			if r.Drained != 0 || r.TerminateFailed != 1 || e.get(in.ID).PoolState != store.PoolStateErrored {
+			if r.Drained != 0 || r.TerminateFailed != 1 || e.get(in.ID).PoolState != lifecycle.PoolErrored {
 				t.Fatalf("drain: %+v", r)
 			}
 			// Not due yet.
@@ -233,7 +233,7 @@ func TestReaperTerminateLadder(t *testing.T) {
 			if len(evs) != 1 || evs[0].Severity != events.High {
 				t.Fatalf("abandoned events: %v", evs)
 			}
-			if got.PoolState != store.PoolStateErrored || got.Status != string(lifecycle.Running) {
+			if got.PoolState != lifecycle.PoolErrored || got.Status != lifecycle.Running {
 				t.Fatalf("abandoned member: %s %s", got.PoolState, got.Status)
 			}
 		})
@@ -306,7 +306,7 @@ func TestReaperFinishesAnInterruptedRelease(t *testing.T) {
 		c, err := e.svc.Acquire(e.ctx, pool.AcquireParams{PoolName: "ci", AcquiredBy: "alice"})
 		must(t, err)
 		in := e.get(c.Instance.ID)
-		in.PoolState = store.PoolStateDraining // what Release commits before it terminates
+		in.PoolState = lifecycle.PoolDraining // what Release commits before it terminates
 		must(t, e.st.UpdateInstance(e.ctx, in))
 		e.heartbeatAll(p)
 		if r := e.tick(); r.Recycle.Recycled != 0 {
@@ -345,7 +345,7 @@ func TestDrainIsTruthful(t *testing.T) {
 			t.Fatalf("drain: drained %d failed %d claimed %d ids %v", r.Drained, r.TerminateFailed, r.ClaimedRemaining, r.FailedIDs)
 		}
 		failed := e.get(r.FailedIDs[0])
-		if failed.PoolState != store.PoolStateErrored || terminated(failed) || failed.ErrorMessage == "" {
+		if failed.PoolState != lifecycle.PoolErrored || terminated(failed) || failed.ErrorMessage == "" {
 			t.Fatalf("failed member: %s %s %q", failed.PoolState, failed.Status, failed.ErrorMessage)
 		}
 		evs := e.events(events.PoolTerminateFailed, store.EventFilter{PoolID: p.ID})
@@ -365,7 +365,7 @@ func TestDrainIsTruthful(t *testing.T) {
 			t.Fatalf("tick on a draining pool: %+v", tr)
 		}
 		// The claimed member runs out its work, then is released.
-		if in := e.get(c.Instance.ID); in.PoolState != store.PoolStateClaimed || terminated(in) {
+		if in := e.get(c.Instance.ID); in.PoolState != lifecycle.PoolClaimed || terminated(in) {
 			t.Fatal("drain touched a claimed member")
 		}
 		rel, err := e.svc.Release(e.ctx, c.Instance.ID, "alice")
@@ -394,7 +394,7 @@ func TestDrainingPoolRecyclesWarmingMembers(t *testing.T) {
 	if r.Drained != 0 {
 		t.Fatalf("drained %d warming members", r.Drained)
 	}
-	e.ready(e.live(p, store.PoolStateWarming)[0].ID) // ready after the drain
+	e.ready(e.live(p, lifecycle.PoolWarming)[0].ID) // ready after the drain
 	tr := e.tick()
 	if tr.Recycle.Recycled != 3 || tr.Replenish.Provisioned != 0 || len(e.live(p)) != 0 {
 		t.Fatalf("tick: %+v, %d live", tr, len(e.live(p)))
@@ -409,7 +409,7 @@ func TestDeadRecordsDoNotAccumulate(t *testing.T) {
 	for day := 0; day < 30; day++ {
 		e.tick()
 		e.work()
-		for _, in := range e.live(p, store.PoolStateWarming) {
+		for _, in := range e.live(p, lifecycle.PoolWarming) {
 			e.ready(in.ID)
 		}
 		for i := 0; i < 2; i++ {

@@ -16,16 +16,14 @@ import (
 	"github.com/tetherfleet/tether/controlplane/instances"
 	"github.com/tetherfleet/tether/controlplane/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/store"
+	"github.com/tetherfleet/tether/internal/clock"
 	"github.com/tetherfleet/tether/providers"
 )
-
-// Clock is the time source.
-type Clock interface{ Now() time.Time }
 
 // Syncer runs the comparison.
 type Syncer struct {
 	Store     store.Store
-	Clock     Clock
+	Clock     clock.Clock
 	Log       *slog.Logger
 	Instances *instances.Service
 	// CallTimeout bounds each provider call (default 1 min).
@@ -119,7 +117,7 @@ func (s *Syncer) syncProvider(ctx context.Context, p providers.Provider, res *Re
 		if err != nil {
 			return err
 		}
-		if lifecycle.State(in.Status).Terminal() {
+		if in.Status.Terminal() {
 			if err := s.guestPresent(ctx, p, in, m, res); err != nil {
 				return err
 			}
@@ -132,7 +130,7 @@ func (s *Syncer) listRunning(ctx context.Context, provider string) ([]*store.Ins
 	var out []*store.Instance
 	page := store.Page{Limit: store.MaxPageSize}
 	for {
-		ins, err := s.Store.ListInstances(ctx, store.InstanceFilter{Provider: provider, Statuses: []string{string(lifecycle.Running)}}, page)
+		ins, err := s.Store.ListInstances(ctx, store.InstanceFilter{Provider: provider, Statuses: []lifecycle.State{lifecycle.Running}}, page)
 		if err != nil {
 			return nil, err
 		}
@@ -166,7 +164,7 @@ func (s *Syncer) machineGone(ctx context.Context, p providers.Provider, in *stor
 		if err != nil {
 			return err
 		}
-		if lifecycle.State(cur.Status) != lifecycle.Running || cur.TerminateRequestedAt != nil {
+		if cur.Status != lifecycle.Running || cur.TerminateRequestedAt != nil {
 			return nil
 		}
 		reason := fmt.Sprintf("machine gone: provider %s no longer has machine %s", p.Name(), cur.CloudInstanceID)

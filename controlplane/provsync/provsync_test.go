@@ -36,7 +36,7 @@ func setup(t *testing.T) *fixture {
 // instance adds an instance in status with a machine on provider.
 func (f *fixture) instance(t *testing.T, provider string, status lifecycle.State) *store.Instance {
 	t.Helper()
-	in := &store.Instance{NodeID: f.nodeID, Status: string(status), Provider: provider, CreatedAt: t0, UpdatedAt: t0}
+	in := &store.Instance{NodeID: f.nodeID, Status: status, Provider: provider, CreatedAt: t0, UpdatedAt: t0}
 	if err := f.st.CreateInstance(f.ctx, in); err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +86,7 @@ func TestRunningRowWithoutAMachineGoesToError(t *testing.T) {
 	if res.Errored != 1 || !slices.Contains(res.Skipped, external.Name) {
 		t.Fatalf("result %+v", res)
 	}
-	if got := f.get(t, lost.ID); got.Status != string(lifecycle.Error) || got.ErrorMessage == "" {
+	if got := f.get(t, lost.ID); got.Status != lifecycle.Error || got.ErrorMessage == "" {
 		t.Fatalf("lost machine's row: %s %q", got.Status, got.ErrorMessage)
 	}
 	if len(f.events(t, lost.ID, events.InstanceErrored)) != 1 {
@@ -95,7 +95,7 @@ func TestRunningRowWithoutAMachineGoesToError(t *testing.T) {
 	// The live machine's row and the external one (whose provider cannot
 	// list) are left alone.
 	for _, id := range []string{alive.ID, ext.ID} {
-		if got := f.get(t, id); got.Status != string(lifecycle.Running) {
+		if got := f.get(t, id); got.Status != lifecycle.Running {
 			t.Fatalf("%s went %s", id, got.Status)
 		}
 	}
@@ -145,7 +145,7 @@ func TestListFailureConcludesNothing(t *testing.T) {
 	if err == nil || res.Errored != 0 {
 		t.Fatalf("%+v %v", res, err)
 	}
-	if got := f.get(t, in.ID); got.Status != string(lifecycle.Running) {
+	if got := f.get(t, in.ID); got.Status != lifecycle.Running {
 		t.Fatalf("errored on a failed list: %s", got.Status)
 	}
 }

@@ -2,7 +2,10 @@ package store
 
 import (
 	"encoding/json"
+	"fmt"
 	"time"
+
+	"github.com/tetherfleet/tether/controlplane/lifecycle"
 )
 
 // Template is what a node boots.
@@ -10,13 +13,37 @@ type Template struct {
 	ID   string
 	Name string
 	// RootModules are bottom first.
-	RootModules          []ModuleRef
-	ExtensionModules     []ModuleRef
-	KernelDigest         string
-	InitramfsDigest      string
-	KernelArgs           string
+	RootModules      []ModuleRef
+	ExtensionModules []ModuleRef
+	KernelDigest     string
+	InitramfsDigest  string
+	KernelArgs       string
+	// Console is the console= value, "none", or "" for DefaultConsole.
+	Console              string
 	RequireSignedModules bool
+	// RequiredSigners are signer fingerprints (sha256:HEX); every module
+	// needs a valid signature by at least one of them.
+	RequiredSigners      []string
 	CreatedAt, UpdatedAt time.Time
+}
+
+// DefaultConsole is a template's console unless it names another: the
+// first serial port, so that a netbooted machine's console is never silent.
+const DefaultConsole = "ttyS0"
+
+// ConsoleNone asks for no console= parameter at all.
+const ConsoleNone = "none"
+
+// ConsoleArg is the kernel parameter for the template's console, "" for
+// ConsoleNone.
+func (t *Template) ConsoleArg() string {
+	switch t.Console {
+	case ConsoleNone:
+		return ""
+	case "":
+		return "console=" + DefaultConsole
+	}
+	return "console=" + t.Console
 }
 
 // ModuleRef names a module version.
@@ -27,12 +54,63 @@ type ModuleRef struct {
 
 // Module is an immutable, content-addressed erofs image.
 type Module struct {
-	Name      string
-	Version   string
-	Digest    string // sha256:<hex>
-	Size      int64
+	Name    string
+	Version string
+	Digest  string // sha256:<hex>
+	Size    int64
+	// Signature is the single unverified signature older versions stored;
+	// new pushes record verified Signatures instead.
 	Signature []byte
 	CreatedAt time.Time
+	// Signatures are verified at push or at sign time, one per signer.
+	Signatures []ModuleSignature
+}
+
+// ModuleSignature is one signer's signature over a module.
+type ModuleSignature struct {
+	Signer     string // sha256:HEX over PublicKey
+	SignerName string
+	PublicKey  []byte
+	Signature  []byte
+	CreatedAt  time.Time
+}
+
+// Signer is a registered module signing key.
+type Signer struct {
+	Name        string
+	Fingerprint string
+	PublicKey   []byte
+	CreatedAt   time.Time
+}
+
+// AdminIdentity is an operator identity minted by the control plane.
+type AdminIdentity struct {
+	Name      string
+	Role      string
+	Serial    string // the current certificate
+	NotAfter  time.Time
+	CreatedAt time.Time
+	RevokedAt time.Time // zero while active
+}
+
+// AuditRecord is who did what to which target, and how it ended.
+type AuditRecord struct {
+	ID       int64
+	At       time.Time
+	Identity string
+	Role     string
+	Serial   string
+	Method   string
+	Target   string
+	Code     string
+}
+
+// AuditFilter narrows ListAudit.
+type AuditFilter struct {
+	Identity string
+	Since    time.Time
+	AfterID  int64
+	Limit    int
 }
 
 // Node is a logical host; it outlives its instances.
@@ -43,8 +121,32 @@ type Node struct {
 	Enabled       bool
 	Config        json.RawMessage // a JSON object
 	PublicAddress string
-	CreatedAt     time.Time
-	UpdatedAt     time.Time
+	// MACs are the hardware addresses of the machine's NICs, normalised
+	// (macaddr.Normalize); each belongs to one node at most.
+	MACs      []string
+	CreatedAt time.Time
+	UpdatedAt time.Time
+}
+
+// MACInUseError is the ErrAlreadyExists a node write gets when one of its
+// hardware addresses belongs to another node.
+type MACInUseError struct {
+	MAC, Node string
+}
+
+func (e *MACInUseError) Error() string {
+	return fmt.Sprintf("hardware address %s already belongs to node %q", e.MAC, e.Node)
+}
+
+// Is makes errors.Is(err, ErrAlreadyExists) hold.
+func (e *MACInUseError) Is(target error) bool { return target == ErrAlreadyExists }
+
+// DHCPLease is an address tetherd's DHCP server leased to a machine.
+type DHCPLease struct {
+	IP        string // dotted IPv4
+	MAC       string // normalised
+	ExpiresAt time.Time
+	UpdatedAt time.Time
 }
 
 // NodeFilter narrows ListNodes.
@@ -52,29 +154,19 @@ type NodeFilter struct {
 	TemplateID string
 }
 
-// Instance statuses are the lifecycle package's states, stored as text.
-// Pool states of members.
-const (
-	PoolStateWarming  = "warming"
-	PoolStateReady    = "ready"
-	PoolStateClaimed  = "claimed"
-	PoolStateDraining = "draining"
-	PoolStateErrored  = "errored"
-)
-
 // Cordon is the marker cordon writes (docs/design.md §2.9).
 type Cordon struct {
 	By              string
 	Reason          string
 	At              time.Time
-	PoolStateBefore string
+	PoolStateBefore lifecycle.PoolState
 }
 
 // Instance is one machine incarnation of a node.
 type Instance struct {
 	ID              string
 	NodeID          string
-	Status          string
+	Status          lifecycle.State
 	Provider        string
 	Region          string
 	InstanceType    string
@@ -82,7 +174,7 @@ type Instance struct {
 	OperationID     string
 
 	PoolID               string
-	PoolState            string
+	PoolState            lifecycle.PoolState
 	PoolWarmingStartedAt *time.Time
 	// PoolReadyAt anchors the ready TTL; reuse resets it.
 	PoolReadyAt    *time.Time
@@ -125,8 +217,8 @@ type InstanceFilter struct {
 	NodeID     string
 	PoolID     string
 	Provider   string
-	Statuses   []string
-	PoolStates []string
+	Statuses   []lifecycle.State
+	PoolStates []lifecycle.PoolState
 	// HeartbeatBefore matches instances whose last heartbeat (or, with
 	// none yet, creation) is older than the time.
 	HeartbeatBefore *time.Time

@@ -110,10 +110,37 @@ type Queries interface {
 	DeleteModule(ctx context.Context, name, version string) error
 	// CountModulesWithDigest tells whether a blob is still referenced.
 	CountModulesWithDigest(ctx context.Context, digest string) (int, error)
+	// AddModuleSignature records a signature (one per signer: a second
+	// one by the same signer replaces the first).
+	AddModuleSignature(ctx context.Context, name, version string, sig ModuleSignature) error
 
+	CreateSigner(ctx context.Context, s *Signer) error
+	ListSigners(ctx context.Context) ([]*Signer, error)
+	// DeleteSigner removes a signer by name or fingerprint.
+	DeleteSigner(ctx context.Context, nameOrFingerprint string) error
+
+	// CreateAdminIdentity records a new identity, or replaces the
+	// certificate of an existing one (renewal).
+	PutAdminIdentity(ctx context.Context, id *AdminIdentity) error
+	GetAdminIdentity(ctx context.Context, name string) (*AdminIdentity, error)
+	ListAdminIdentities(ctx context.Context) ([]*AdminIdentity, error)
+
+	AppendAudit(ctx context.Context, r *AuditRecord) error
+	ListAudit(ctx context.Context, f AuditFilter) ([]*AuditRecord, error)
+	// DeleteAuditBefore trims the audit trail, as event retention does.
+	DeleteAuditBefore(ctx context.Context, before time.Time) (int, error)
+
+	// CreateNode and UpdateNode write n.MACs too (UpdateNode replaces the
+	// set); an address of another node is a *MACInUseError. Call them in a
+	// transaction when n has MACs, so a refused address leaves nothing.
 	CreateNode(ctx context.Context, n *Node) error
 	GetNode(ctx context.Context, name string) (*Node, error)
 	GetNodeByID(ctx context.Context, id string) (*Node, error)
+	// NodeNames maps node ids to names in one query, for lists that show
+	// a name beside each row; an id with no node is absent from the map.
+	NodeNames(ctx context.Context, ids []string) (map[string]string, error)
+	// GetNodeByMAC finds the node owning a normalised hardware address.
+	GetNodeByMAC(ctx context.Context, mac string) (*Node, error)
 	ListNodes(ctx context.Context, f NodeFilter, p Page) ([]*Node, error)
 	UpdateNode(ctx context.Context, n *Node) error
 	// DeleteNode refuses (ErrConflict) while a non-terminated instance of it exists.
@@ -196,6 +223,22 @@ type Queries interface {
 	PruneRecords(ctx context.Context, tasksBefore, tokensBefore, certsBefore time.Time) (Pruned, error)
 
 	PoolQueries
+	DHCPQueries
+}
+
+// DHCPQueries keep the leases of tetherd's own DHCP server (full mode).
+// The store refuses (ErrAlreadyExists) a second lease of an address or a
+// second address for a machine, so replicas racing cannot lease one twice.
+type DHCPQueries interface {
+	GetDHCPLeaseByMAC(ctx context.Context, mac string) (*DHCPLease, error)
+	GetDHCPLeaseByIP(ctx context.Context, ip string) (*DHCPLease, error)
+	// ListDHCPLeases lists every lease, expired ones too, by address.
+	ListDHCPLeases(ctx context.Context) ([]*DHCPLease, error)
+	CreateDHCPLease(ctx context.Context, l *DHCPLease) error
+	// UpdateDHCPLease sets the expiry of mac's lease of l.IP.
+	UpdateDHCPLease(ctx context.Context, l *DHCPLease) error
+	// DeleteDHCPLease removes the lease of ip, if any.
+	DeleteDHCPLease(ctx context.Context, ip string) error
 }
 
 // Pruned counts what PruneRecords deleted.

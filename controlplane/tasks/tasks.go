@@ -14,7 +14,9 @@ import (
 
 	"github.com/tetherfleet/tether/controlplane/events"
 	"github.com/tetherfleet/tether/controlplane/fail"
+	"github.com/tetherfleet/tether/controlplane/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/store"
+	"github.com/tetherfleet/tether/internal/clock"
 )
 
 // Defaults and bounds.
@@ -41,13 +43,10 @@ const (
 // AgentKinds are the kinds an agent executes.
 var AgentKinds = []string{KindExec, KindReboot, KindPoweroff, KindModuleSync, KindRenewCertificate}
 
-// Clock is the time source.
-type Clock interface{ Now() time.Time }
-
 // Service manages tasks.
 type Service struct {
 	Store          store.Store
-	Clock          Clock
+	Clock          clock.Clock
 	Log            *slog.Logger
 	Lease          time.Duration // zero: DefaultLease
 	MaxOutputBytes int           // zero: DefaultMaxOutputBytes
@@ -114,10 +113,10 @@ func (s *Service) CreateAgentTask(ctx context.Context, instanceID, kind string, 
 		if err != nil {
 			return err
 		}
-		if in.Status == "terminated" {
+		if in.Status == lifecycle.Terminated {
 			return fail.Precondition("instance %s is terminated; it runs no tasks", instanceID)
 		}
-		if in.PoolState == store.PoolStateWarming {
+		if in.PoolState == lifecycle.PoolWarming {
 			return fail.Precondition("instance %s is a warming pool member; it leases no tasks until it is ready", instanceID)
 		}
 		if err := q.CreateTask(ctx, t); err != nil {
@@ -212,7 +211,7 @@ func (s *Service) LeaseNext(ctx context.Context, instanceID string) (*store.Task
 		if err != nil {
 			return err
 		}
-		if in.PoolState == store.PoolStateWarming {
+		if in.PoolState == lifecycle.PoolWarming {
 			return errWarming
 		}
 		return nil

@@ -21,6 +21,7 @@ import (
 
 	"github.com/tetherfleet/tether/controlplane/events"
 	"github.com/tetherfleet/tether/controlplane/store"
+	"github.com/tetherfleet/tether/internal/clock"
 )
 
 // Channel wakes workers: Enqueue notifies it when a task is created. A
@@ -43,9 +44,6 @@ var ErrLeaseLost = errors.New("task lease lost")
 // ErrCancelled means an operator cancelled the task while it ran.
 var ErrCancelled = errors.New("task cancelled")
 
-// Clock is the time source.
-type Clock interface{ Now() time.Time }
-
 // Handler runs one task. It may end the task itself inside its own
 // transaction (with Finish), so that the task's outcome commits together
 // with the state change it caused; a task the handler left open is
@@ -55,7 +53,7 @@ type Handler func(ctx context.Context, t *store.Task) error
 // Worker leases and runs worker tasks.
 type Worker struct {
 	Store store.Store
-	Clock Clock
+	Clock clock.Clock
 	Log   *slog.Logger
 	// Owner names this worker in task leases; unique per replica.
 	Owner       string
@@ -199,7 +197,7 @@ func (w *Worker) run(ctx context.Context, t *store.Task) {
 // the lease every third of its length and cancels fn's context when the
 // lease is lost or the task is cancelled. It returns fn's error, joined
 // with ErrLeaseLost or ErrCancelled when that is why fn was stopped.
-func Hold(ctx context.Context, st store.Store, clk Clock, t *store.Task, lease time.Duration, fn func(context.Context) error) error {
+func Hold(ctx context.Context, st store.Store, clk clock.Clock, t *store.Task, lease time.Duration, fn func(context.Context) error) error {
 	lease = orDefault(lease, DefaultLease)
 	hctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -240,7 +238,7 @@ func Hold(ctx context.Context, st store.Store, clk Clock, t *store.Task, lease t
 }
 
 // renew extends t's lease if it is still ours, and marks it running.
-func renew(ctx context.Context, st store.Store, clk Clock, t *store.Task, lease time.Duration) error {
+func renew(ctx context.Context, st store.Store, clk clock.Clock, t *store.Task, lease time.Duration) error {
 	return st.Tx(ctx, func(q store.Queries) error {
 		cur, err := q.LockTask(ctx, t.ID)
 		if err != nil {
@@ -320,7 +318,7 @@ func Finish(ctx context.Context, q store.Queries, t *store.Task, herr error, now
 }
 
 // FinishTx is Finish in its own transaction.
-func FinishTx(ctx context.Context, st store.Store, clk Clock, t *store.Task, herr error) (bool, error) {
+func FinishTx(ctx context.Context, st store.Store, clk clock.Clock, t *store.Task, herr error) (bool, error) {
 	var ended bool
 	err := st.Tx(ctx, func(q store.Queries) error {
 		var err error

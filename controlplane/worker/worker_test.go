@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tetherfleet/tether/controlplane/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/controlplane/store/sqlite"
 	"github.com/tetherfleet/tether/controlplane/worker"
@@ -36,7 +37,7 @@ func setup(t *testing.T, clk clock.Clock) fixture {
 	now := clk.Now()
 	tpl := &store.Template{Name: "tpl", CreatedAt: now, UpdatedAt: now}
 	node := &store.Node{Name: "n", Enabled: true, Config: []byte("{}"), CreatedAt: now, UpdatedAt: now}
-	in := &store.Instance{ID: "i1", Status: "pending", Provider: "fake", CreatedAt: now, UpdatedAt: now}
+	in := &store.Instance{ID: "i1", Status: lifecycle.Pending, Provider: "fake", CreatedAt: now, UpdatedAt: now}
 	if err := st.CreateTemplate(ctx, tpl); err != nil {
 		t.Fatal(err)
 	}

@@ -65,7 +65,11 @@ func With(f func(*daemon.ServeOptions)) Option { return Option(f) }
 // Start inits a data dir (unless one is given) and serves it.
 func Start(t testing.TB, opts ...Option) *ControlPlane {
 	t.Helper()
-	o := daemon.ServeOptions{Log: slog.New(slog.NewTextHandler(io.Discard, nil)), HeartbeatFlush: 50 * time.Millisecond, LoopEvery: 200 * time.Millisecond}
+	// Every test client and benchmark enrolls from loopback: the
+	// per-source limit on unauthenticated requests is off unless a test
+	// sets it.
+	o := daemon.ServeOptions{Log: slog.New(slog.NewTextHandler(io.Discard, nil)), HeartbeatFlush: 50 * time.Millisecond, LoopEvery: 200 * time.Millisecond,
+		UnauthenticatedRate: -1}
 	for _, f := range opts {
 		f(&o)
 	}
@@ -85,6 +89,11 @@ func (cp *ControlPlane) serve() {
 	t := cp.t
 	// A restart comes back on the same address: agents were told it.
 	addr := "127.0.0.1:0"
+	if cp.opts.Listen != "" {
+		// A test inside its own network namespace listens where its
+		// machines reach it.
+		addr = cp.opts.Listen
+	}
 	if cp.Addr != "" {
 		addr = cp.Addr
 	}

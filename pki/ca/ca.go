@@ -32,6 +32,7 @@ import (
 	"github.com/smallstep/certificates/authority/provisioner"
 	"go.step.sm/crypto/x509util"
 
+	"github.com/tetherfleet/tether/internal/clock"
 	"github.com/tetherfleet/tether/pki"
 )
 
@@ -39,7 +40,7 @@ import (
 const (
 	DefaultNodeLifetime  = 24 * time.Hour
 	MaxNodeLifetime      = 7 * 24 * time.Hour
-	DefaultAdminLifetime = 365 * 24 * time.Hour
+	DefaultAdminLifetime = 90 * 24 * time.Hour
 	ServerLifetime       = 5 * 365 * 24 * time.Hour
 	caLifetime           = 10 * 365 * 24 * time.Hour
 	// backdate absorbs clock skew between the control plane and nodes.
@@ -52,9 +53,6 @@ const (
 	KeyFile  = "ca.key"
 )
 
-// Clock is the time source.
-type Clock interface{ Now() time.Time }
-
 // ErrExists is returned by Create when a CA is already there.
 var ErrExists = errors.New("a CA already exists")
 
@@ -63,12 +61,12 @@ type CA struct {
 	cert  *x509.Certificate
 	key   crypto.Signer
 	auth  *authority.Authority
-	clock Clock
+	clock clock.Clock
 	pool  *x509.CertPool
 }
 
 // Create makes a new CA in dir and refuses to overwrite one.
-func Create(dir, name string, clock Clock) (*CA, error) {
+func Create(dir, name string, clock clock.Clock) (*CA, error) {
 	certPath, keyPath := filepath.Join(dir, CertFile), filepath.Join(dir, KeyFile)
 	for _, p := range []string{certPath, keyPath} {
 		if _, err := os.Stat(p); err == nil {
@@ -115,7 +113,7 @@ func Create(dir, name string, clock Clock) (*CA, error) {
 }
 
 // Load opens the CA in dir.
-func Load(dir string, clock Clock) (*CA, error) {
+func Load(dir string, clock clock.Clock) (*CA, error) {
 	certPEM, err := os.ReadFile(filepath.Join(dir, CertFile))
 	if err != nil {
 		return nil, fmt.Errorf("load CA certificate: %w", err)
@@ -144,7 +142,7 @@ func Load(dir string, clock Clock) (*CA, error) {
 }
 
 // New builds a CA from a certificate and key (tests use it directly).
-func New(cert *x509.Certificate, key crypto.Signer, clock Clock) (*CA, error) {
+func New(cert *x509.Certificate, key crypto.Signer, clock clock.Clock) (*CA, error) {
 	cfg := &config.Config{
 		AuthorityConfig: &config.AuthConfig{
 			Backdate: &provisioner.Duration{Duration: backdate},

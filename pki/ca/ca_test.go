@@ -20,18 +20,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tetherfleet/tether/internal/clock"
 	"github.com/tetherfleet/tether/pki"
 	"github.com/tetherfleet/tether/pki/ca"
 )
 
-type fixedClock struct{ t time.Time }
-
-func (c *fixedClock) Now() time.Time { return c.t }
-
-func newCA(t *testing.T) (*ca.CA, string, *fixedClock) {
+func newCA(t *testing.T) (*ca.CA, string, *clock.Fake) {
 	t.Helper()
 	dir := t.TempDir()
-	clk := &fixedClock{t: time.Now()}
+	clk := clock.NewFake(time.Now())
 	c, err := ca.Create(dir, "Tether test CA", clk)
 	if err != nil {
 		t.Fatal(err)
@@ -119,7 +116,7 @@ func TestSignNode(t *testing.T) {
 				t.Fatalf("identity %+v", got)
 			}
 			// Certificates carry whole seconds.
-			if d := cert.NotAfter.Sub(clk.t); d <= ca.DefaultNodeLifetime-time.Second || d > ca.DefaultNodeLifetime {
+			if d := cert.NotAfter.Sub(clk.Now()); d <= ca.DefaultNodeLifetime-time.Second || d > ca.DefaultNodeLifetime {
 				t.Fatalf("lifetime %v, want 24h", d)
 			}
 			if len(cert.ExtKeyUsage) != 1 || cert.ExtKeyUsage[0] != x509.ExtKeyUsageClientAuth {
@@ -148,7 +145,7 @@ func TestVerifyExpiredAndForeign(t *testing.T) {
 	if _, err := other.Verify(cert, x509.ExtKeyUsageClientAuth); err == nil {
 		t.Fatal("a certificate from another CA verified")
 	}
-	clk.t = clk.t.Add(2 * time.Hour)
+	clk.Advance(2 * time.Hour)
 	_, err = c.Verify(cert, x509.ExtKeyUsageClientAuth)
 	if err == nil || !strings.Contains(err.Error(), "expired") {
 		t.Fatalf("expired certificate: %v", err)

@@ -8,13 +8,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tetherfleet/tether/internal/clock"
 	"github.com/tetherfleet/tether/pki/ca"
 )
 
 // BenchmarkSignNode is the CPU cost of one node certificate: policy,
 // CSR signature check, template, name policy, ECDSA P-256 signature.
 func BenchmarkSignNode(b *testing.B) {
-	c, err := ca.Create(b.TempDir(), "bench", &fixedClock{t: time.Now()})
+	c, err := ca.Create(b.TempDir(), "bench", clock.NewFake(time.Now()))
 	if err != nil {
 		b.Fatal(err)
 	}

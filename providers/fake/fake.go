@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tetherfleet/tether/internal/clock"
 	"github.com/tetherfleet/tether/providers"
 )
 
@@ -36,13 +37,6 @@ const (
 func Ops() []Op {
 	return []Op{OpProvision, OpStart, OpStop, OpReboot, OpTerminate, OpStatus, OpList}
 }
-
-// Clock is the time source for call records.
-type Clock interface{ Now() time.Time }
-
-type realClock struct{}
-
-func (realClock) Now() time.Time { return time.Now() }
 
 // Call is one recorded provider call. Spec and Boot are copies (with the
 // token: this is a test double, and tests assert the token was handed over).
@@ -82,7 +76,7 @@ type machine struct {
 
 // Provider is the fake. The zero value is not usable; call New.
 type Provider struct {
-	clock Clock
+	clock clock.Clock
 
 	mu       sync.Mutex
 	machines map[string]*machine
@@ -99,12 +93,12 @@ type Provider struct {
 type Option func(*Provider)
 
 // WithClock sets the clock used to stamp calls.
-func WithClock(c Clock) Option { return func(p *Provider) { p.clock = c } }
+func WithClock(c clock.Clock) Option { return func(p *Provider) { p.clock = c } }
 
 // New returns an empty fake provider.
 func New(opts ...Option) *Provider {
 	p := &Provider{
-		clock:     realClock{},
+		clock:     clock.Real{},
 		machines:  map[string]*machine{},
 		graveyard: map[string]*machine{},
 		faults:    map[Op]*fault{},

@@ -8,12 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tetherfleet/tether/internal/clock"
 	"github.com/tetherfleet/tether/providers"
 )
-
-type fixedClock struct{ t time.Time }
-
-func (c fixedClock) Now() time.Time { return c.t }
 
 func boot(token string) providers.Boot {
 	return providers.Boot{
@@ -285,7 +282,7 @@ func TestDrift(t *testing.T) {
 func TestCallRecords(t *testing.T) {
 	ctx := context.Background()
 	at := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
-	p := New(WithClock(fixedClock{at}))
+	p := New(WithClock(clock.NewFake(at)))
 	m := provision(t, p, "i1", "tok1")
 	_, _ = p.Stop(ctx, m.ID)
 	_, _ = p.Start(ctx, m.ID, boot("tok2"))

@@ -18,13 +18,25 @@ const (
 	// first answer: QEMU reads fw_cfg files at start-up, and a token in argv
 	// would be visible to every user through ps.
 	tokenFile = "fw_cfg-token"
+	// macFile remembers a netbooting VM's hardware address for its later
+	// boots (Start and Reboot get no Spec).
+	macFile = "mac"
+	// ovmfVarsFile is the VM's own UEFI variable store.
+	ovmfVarsFile = "OVMF_VARS.fd"
 )
+
+// BootScriptPath is the control plane's boot route for a hardware address
+// (what tetherd's DHCP hands iPXE, and what QEMU's user-mode DHCP hands it
+// here).
+func BootScriptPath(mac string) string { return "/ipxe/boot?mac=" + mac }
 
 // fw_cfg names the agent reads (docs/design.md §3.2).
 const (
 	fwCfgURL   = "opt/tether/url"
 	fwCfgToken = "opt/tether/token"
 	fwCfgCA    = "opt/tether/ca"
+	// fwCfgSigners is the node's signer anchor, comma-separated fingerprints.
+	fwCfgSigners = "opt/tether/signers"
 )
 
 // networkKernelArg lets the agent configure the network statically: with
@@ -56,18 +68,20 @@ func checkID(op, id string) error {
 
 // instancePaths are the files of one instance.
 type instancePaths struct {
-	dir, console, qmp, pid, qemuLog, token string
+	dir, console, qmp, pid, qemuLog, token, mac, ovmfVars string
 }
 
 func pathsFor(stateDir, id string) instancePaths {
 	dir := filepath.Join(stateDir, id)
 	return instancePaths{
-		dir:     dir,
-		console: filepath.Join(dir, consoleLogFile),
-		qmp:     filepath.Join(dir, qmpSocketFile),
-		pid:     filepath.Join(dir, pidFile),
-		qemuLog: filepath.Join(dir, qemuLogFile),
-		token:   filepath.Join(dir, tokenFile),
+		dir:      dir,
+		console:  filepath.Join(dir, consoleLogFile),
+		qmp:      filepath.Join(dir, qmpSocketFile),
+		pid:      filepath.Join(dir, pidFile),
+		qemuLog:  filepath.Join(dir, qemuLogFile),
+		token:    filepath.Join(dir, tokenFile),
+		mac:      filepath.Join(dir, macFile),
+		ovmfVars: filepath.Join(dir, ovmfVarsFile),
 	}
 }
 
@@ -91,8 +105,20 @@ type launchSpec struct {
 	KernelArgs string
 	URL        string
 	CA         string
+	Signers    []string
 	// WithToken adds the fw_cfg token entry, read from Paths.token.
 	WithToken bool
+
+	// Boot is direct, bios or uefi. In bios and uefi the VM gets no
+	// kernel, initramfs, command line or fw_cfg entry: its firmware's iPXE
+	// fetches everything.
+	Boot BootMode
+	MAC  string // the NIC's address; empty: QEMU's default
+	// Tap is the tap device of the NIC; empty: user-mode networking,
+	// whose DHCP hands iPXE BootFile.
+	Tap      string
+	BootFile string
+	OVMFCode string // uefi: firmware (read-only); its store is Paths.ovmfVars
 }
 
 // buildArgv returns the full QEMU command line, argv[0] included. It never
@@ -108,27 +134,46 @@ func buildArgv(s launchSpec) []string {
 		"-nodefaults",
 		"-nographic",
 		"-no-reboot",
-		"-netdev", "user,id=n0",
-		"-device", "virtio-net-pci,netdev=n0",
+		"-netdev", netdevArg(s),
+		"-device", nicArg(s),
 		// Host entropy for the guest: without it the kernel's CRNG takes
 		// ~1.5 s to initialise under TCG, and the agent's first
 		// getrandom (its Ed25519 key) blocks until then.
 		"-device", "virtio-rng-pci",
-		"-kernel", s.Kernel,
-		"-initrd", s.Initramfs,
-		"-append", kernelCommandLine(s.KernelArgs),
+	}
+	switch s.Boot {
+	case BootBIOS:
+		argv = append(argv, "-boot", "n")
+	case BootUEFI:
+		argv = append(argv,
+			"-drive", "if=pflash,format=raw,unit=0,readonly=on,file="+optEscape(s.OVMFCode),
+			"-drive", "if=pflash,format=raw,unit=1,file="+optEscape(s.Paths.ovmfVars),
+			"-boot", "n")
+	default:
+		argv = append(argv,
+			"-kernel", s.Kernel,
+			"-initrd", s.Initramfs,
+			"-append", kernelCommandLine(s.KernelArgs))
+	}
+	argv = append(argv,
 		// append=on keeps the console history of earlier boots of the
 		// same instance, which is what an operator debugging a reboot
 		// loop wants to read.
-		"-chardev", "file,id=ser0,path=" + optEscape(s.Paths.console) + ",append=on",
+		"-chardev", "file,id=ser0,path="+optEscape(s.Paths.console)+",append=on",
 		"-serial", "chardev:ser0",
 		"-qmp", s.Paths.qmpArg(),
+	)
+	if s.Boot.Netboot() {
+		return argv
 	}
 	if s.URL != "" {
 		argv = append(argv, "-fw_cfg", "name="+fwCfgURL+",string="+optEscape(s.URL))
 	}
 	if s.CA != "" {
 		argv = append(argv, "-fw_cfg", "name="+fwCfgCA+",string="+optEscape(s.CA))
+	}
+	if len(s.Signers) > 0 {
+		argv = append(argv, "-fw_cfg", "name="+fwCfgSigners+",string="+optEscape(strings.Join(s.Signers, ",")))
 	}
 	if s.WithToken {
 		argv = append(argv, "-fw_cfg", "name="+fwCfgToken+",file="+optEscape(s.Paths.token))
@@ -167,4 +212,23 @@ func redact(argv []string, secrets ...string) []string {
 		out[i] = a
 	}
 	return out
+}
+
+// netdevArg is the VM's network: a tap on a bridge, or QEMU's user-mode
+// network, whose built-in DHCP points a netbooting iPXE at BootFile.
+func netdevArg(s launchSpec) string {
+	if s.Tap != "" {
+		return "tap,id=n0,ifname=" + optEscape(s.Tap) + ",script=no,downscript=no"
+	}
+	if s.Boot.Netboot() && s.BootFile != "" {
+		return "user,id=n0,bootfile=" + optEscape(s.BootFile)
+	}
+	return "user,id=n0"
+}
+
+func nicArg(s launchSpec) string {
+	if s.MAC != "" {
+		return "virtio-net-pci,netdev=n0,mac=" + s.MAC
+	}
+	return "virtio-net-pci,netdev=n0"
 }

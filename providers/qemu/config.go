@@ -3,7 +3,10 @@ package qemu
 import (
 	"fmt"
 	"log/slog"
+	"regexp"
 	"time"
+
+	"github.com/tetherfleet/tether/internal/clock"
 )
 
 // Name is the provider's registered name.
@@ -32,19 +35,46 @@ func ParseMode(s string) (Mode, error) {
 	return "", fmt.Errorf("qemu: unknown mode %q (want real, recorder or disabled)", s)
 }
 
+// BootMode is how a VM boots (--qemu-boot).
+type BootMode string
+
+const (
+	// BootDirect hands QEMU the kernel, the initramfs and the token
+	// (fw_cfg): the fastest boot, and no firmware involved.
+	BootDirect BootMode = "direct"
+	// BootBIOS boots SeaBIOS and the NIC's iPXE option ROM, which fetches
+	// everything over the network, as a bare-metal machine does.
+	BootBIOS BootMode = "bios"
+	// BootUEFI is BootBIOS with OVMF (UEFI) firmware.
+	BootUEFI BootMode = "uefi"
+)
+
+// ParseBootMode parses a --qemu-boot value.
+func ParseBootMode(s string) (BootMode, error) {
+	switch m := BootMode(s); m {
+	case BootDirect, BootBIOS, BootUEFI:
+		return m, nil
+	case "":
+		return BootDirect, nil
+	}
+	return "", fmt.Errorf("qemu: unknown boot mode %q (want direct, bios or uefi)", s)
+}
+
+// Netboot reports whether VMs boot from their firmware over the network.
+func (m BootMode) Netboot() bool { return m == BootBIOS || m == BootUEFI }
+
+// Debian's ovmf package.
+const (
+	defaultOVMFCode = "/usr/share/OVMF/OVMF_CODE.fd"
+	defaultOVMFVars = "/usr/share/OVMF/OVMF_VARS.fd"
+)
+
 // Accelerator choices for Config.Accel.
 const (
 	AccelAuto = "auto"
 	AccelKVM  = "kvm"
 	AccelTCG  = "tcg"
 )
-
-// Clock is the provider's time source (recorder timestamps, log headers).
-type Clock interface{ Now() time.Time }
-
-type realClock struct{}
-
-func (realClock) Now() time.Time { return time.Now() }
 
 // Config configures the provider. Zero values take the defaults below.
 type Config struct {
@@ -80,8 +110,17 @@ type Config struct {
 	// first (default 1000), so a long-running recorder does not grow
 	// without bound.
 	RecorderLimit int
-	Logger        *slog.Logger
-	Clock         Clock
+	// Boot is direct (default), bios or uefi.
+	Boot BootMode
+	// Tap, when set, puts the VM's NIC on this tap device (a bridge's
+	// port, where tetherd's DHCP answers) instead of QEMU's user-mode
+	// network. One tap carries one VM at a time.
+	Tap string
+	// OVMFCode and OVMFVars are the UEFI firmware and its variable store
+	// template (each VM gets its own copy of the store); default Debian's.
+	OVMFCode, OVMFVars string
+	Logger             *slog.Logger
+	Clock              clock.Clock
 }
 
 const (
@@ -97,7 +136,8 @@ const (
 
 // withDefaults validates c and fills in defaults.
 func (c Config) withDefaults() (Config, error) {
-	if _, err := ParseMode(string(c.Mode)); err != nil {
+	var err error
+	if _, err = ParseMode(string(c.Mode)); err != nil {
 		return c, err
 	}
 	if c.Binary == "" {
@@ -135,6 +175,18 @@ func (c Config) withDefaults() (Config, error) {
 	if c.RecorderLimit == 0 {
 		c.RecorderLimit = defaultRecorderLimit
 	}
+	if c.Boot, err = ParseBootMode(string(c.Boot)); err != nil {
+		return c, err
+	}
+	if c.Tap != "" && !validTap.MatchString(c.Tap) {
+		return c, fmt.Errorf("qemu: tap %q is not an interface name (1-15 of [A-Za-z0-9_.-])", c.Tap)
+	}
+	if c.OVMFCode == "" {
+		c.OVMFCode = defaultOVMFCode
+	}
+	if c.OVMFVars == "" {
+		c.OVMFVars = defaultOVMFVars
+	}
 	if c.Mode != ModeDisabled && c.StateDir == "" {
 		return c, fmt.Errorf("qemu: StateDir is required in %s mode", c.Mode)
 	}
@@ -142,7 +194,9 @@ func (c Config) withDefaults() (Config, error) {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	if c.Clock == nil {
-		c.Clock = realClock{}
+		c.Clock = clock.Real{}
 	}
 	return c, nil
 }
+
+var validTap = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,15}$`)

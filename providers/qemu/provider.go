@@ -89,6 +89,12 @@ func (p *Provider) ConsoleLogPath(id string) string {
 	return consolePath(p.cfg.StateDir, id)
 }
 
+// Netboots reports whether VMs boot from their firmware over the network
+// (--qemu-boot bios or uefi): providers.Netbooter.
+func (p *Provider) Netboots() bool { return p.cfg.Mode != ModeDisabled && p.cfg.Boot.Netboot() }
+
+var _ providers.Netbooter = (*Provider)(nil)
+
 // Recorded returns what recorder mode would have done, oldest first; nil in
 // the other modes.
 func (p *Provider) Recorded() []Entry {

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tetherfleet/tether/internal/clock"
 	"github.com/tetherfleet/tether/providers"
 )
 
@@ -25,10 +26,6 @@ func testBoot(token string) providers.Boot {
 		},
 	}
 }
-
-type fixedClock struct{ t time.Time }
-
-func (c fixedClock) Now() time.Time { return c.t }
 
 func noKVM() (bool, string)  { return false, "test: no kvm" }
 func yesKVM() (bool, string) { return true, "test: kvm" }
@@ -280,7 +277,7 @@ func TestDisabledRefusesEverything(t *testing.T) {
 func TestRecorder(t *testing.T) {
 	ctx := context.Background()
 	at := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
-	p, err := newProvider(Config{Mode: ModeRecorder, StateDir: "/var/lib/tether/qemu", StopGrace: 2 * time.Second, Clock: fixedClock{at}}, noKVM)
+	p, err := newProvider(Config{Mode: ModeRecorder, StateDir: "/var/lib/tether/qemu", StopGrace: 2 * time.Second, Clock: clock.NewFake(at)}, noKVM)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -90,7 +92,7 @@ func (r *realDriver) Provision(ctx context.Context, spec providers.Spec) (provid
 	if err := checkID(opProvision, id); err != nil {
 		return providers.Machine{}, err
 	}
-	if err := checkBoot(opProvision, id, spec.Boot); err != nil {
+	if err := checkBoot(r.cfg, opProvision, id, spec.Boot); err != nil {
 		return providers.Machine{}, err
 	}
 	unlock, err := r.locks.lock(ctx, id)
@@ -116,6 +118,15 @@ func (r *realDriver) Provision(ctx context.Context, spec providers.Spec) (provid
 	}
 	if err := os.MkdirAll(p.dir, 0o700); err != nil {
 		return providers.Machine{}, permanent(opProvision, id, fmt.Errorf("instance dir: %w", err))
+	}
+	if r.cfg.Boot.Netboot() {
+		if err := checkMAC(opProvision, id, spec.MAC); err != nil {
+			_ = os.RemoveAll(p.dir)
+			return providers.Machine{}, err
+		}
+		if err := os.WriteFile(p.mac, []byte(spec.MAC), 0o600); err != nil {
+			return providers.Machine{}, transient(opProvision, id, fmt.Errorf("record the MAC: %w", err))
+		}
 	}
 	m, err := r.launch(ctx, opProvision, id, spec.Boot)
 	if err != nil {
@@ -146,7 +157,7 @@ func (r *realDriver) boot(ctx context.Context, op, id string, boot providers.Boo
 	if err := checkID(op, id); err != nil {
 		return providers.Machine{}, err
 	}
-	if err := checkBoot(op, id, boot); err != nil {
+	if err := checkBoot(r.cfg, op, id, boot); err != nil {
 		return providers.Machine{}, err
 	}
 	unlock, err := r.locks.lock(ctx, id)
@@ -327,12 +338,31 @@ func (r *realDriver) launch(ctx context.Context, op, id string, boot providers.B
 	if err != nil {
 		return providers.Machine{}, permanent(op, id, fmt.Errorf("qemu binary %q not found (install the qemu-system-x86 package): %w", r.cfg.Binary, err))
 	}
-	for _, f := range []struct{ what, path string }{{"kernel", boot.KernelPath}, {"initramfs", boot.InitramfsPath}} {
-		if _, err := os.Stat(f.path); err != nil {
-			return providers.Machine{}, permanent(op, id, fmt.Errorf("%s: %w", f.what, err))
+	p := r.paths(id)
+	var mac string
+	if r.cfg.Boot.Netboot() {
+		b, err := os.ReadFile(p.mac)
+		if err != nil {
+			return providers.Machine{}, permanent(op, id, fmt.Errorf("the VM's recorded MAC: %w", err))
+		}
+		mac = string(b)
+		if r.cfg.Boot == BootUEFI {
+			if err := ovmfVars(r.cfg.OVMFVars, p.ovmfVars); err != nil {
+				return providers.Machine{}, permanent(op, id, err)
+			}
+			if _, err := os.Stat(r.cfg.OVMFCode); err != nil {
+				return providers.Machine{}, permanent(op, id, fmt.Errorf("UEFI firmware (install the ovmf package): %w", err))
+			}
+		}
+		// No kernel, no initramfs, no token: the firmware fetches them.
+		boot.Enrollment.Token = ""
+	} else {
+		for _, f := range []struct{ what, path string }{{"kernel", boot.KernelPath}, {"initramfs", boot.InitramfsPath}} {
+			if _, err := os.Stat(f.path); err != nil {
+				return providers.Machine{}, permanent(op, id, fmt.Errorf("%s: %w", f.what, err))
+			}
 		}
 	}
-	p := r.paths(id)
 	if len(p.qmp) > maxSocketPath {
 		return providers.Machine{}, permanent(op, id, fmt.Errorf("QMP socket path %s is too long for a unix socket", p.qmp))
 	}
@@ -348,7 +378,7 @@ func (r *realDriver) launch(ctx context.Context, op, id string, boot providers.B
 	// A socket file left by a dead QEMU would make us talk to nobody.
 	removeQuietly(p.qmp)
 
-	argv := buildArgv(launchSpec{
+	ls := launchSpec{
 		Binary:     bin,
 		InstanceID: id,
 		Accel:      r.accel,
@@ -360,8 +390,13 @@ func (r *realDriver) launch(ctx context.Context, op, id string, boot providers.B
 		KernelArgs: boot.KernelArgs,
 		URL:        boot.Enrollment.ControlPlaneURL,
 		CA:         boot.Enrollment.CAFingerprint,
+		Signers:    boot.Signers,
 		WithToken:  withToken,
-	})
+	}
+	if err := netbootLaunch(r.cfg, &ls, boot, mac); err != nil {
+		return providers.Machine{}, permanent(op, id, err)
+	}
+	argv := buildArgv(ls)
 
 	logf, err := os.OpenFile(p.qemuLog, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
@@ -470,10 +505,60 @@ func (r *realDriver) abort(pr *proc) {
 }
 
 // checkBoot refuses a boot that cannot work, before anything is created.
-func checkBoot(op, id string, b providers.Boot) error {
+func checkBoot(cfg Config, op, id string, b providers.Boot) error {
+	if cfg.Boot.Netboot() {
+		if cfg.Tap == "" {
+			if _, err := bootFileURL(b, "00:00:00:00:00:00"); err != nil {
+				return permanent(op, id, err)
+			}
+		}
+		return nil
+	}
 	if b.KernelPath == "" || b.InitramfsPath == "" {
 		return permanent(op, id, errors.New("boot needs a kernel path and an initramfs path (direct kernel boot)"))
 	}
+	return nil
+}
+
+// bootFileURL is what QEMU's user-mode DHCP hands the VM's iPXE: the
+// boot route on the server that serves the kernel (the guest reaches the
+// host as 10.0.2.2, which is how the control plane writes its URLs).
+func bootFileURL(b providers.Boot, mac string) (string, error) {
+	u, err := url.Parse(b.KernelURL)
+	if err != nil || b.KernelURL == "" || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return "", fmt.Errorf("netboot over QEMU's user-mode network needs the netboot server's URL (kernel URL %q); start tetherd with its netboot server", b.KernelURL)
+	}
+	return u.Scheme + "://" + u.Host + BootScriptPath(mac), nil
+}
+
+// checkMAC validates a VM's hardware address: QEMU takes six
+// colon-separated hex bytes, and a multicast address cannot be a NIC's.
+func checkMAC(op, id, mac string) error {
+	hw, err := net.ParseMAC(mac)
+	if err != nil || len(hw) != 6 || hw[0]&1 != 0 || strings.ContainsAny(mac, "-.") {
+		return permanent(op, id, fmt.Errorf("hardware address %q is not a unicast MAC in colon form", mac))
+	}
+	return nil
+}
+
+// netbootLaunch fills in the netboot fields of a launch: the MAC, the
+// network and, for UEFI, the firmware.
+func netbootLaunch(cfg Config, s *launchSpec, b providers.Boot, mac string) error {
+	s.Boot, s.Tap, s.MAC = cfg.Boot, cfg.Tap, mac
+	if !cfg.Boot.Netboot() {
+		return nil
+	}
+	if mac == "" {
+		return errors.New("a netbooting VM needs a hardware address (the node's MAC), and none was given")
+	}
+	if cfg.Tap == "" {
+		u, err := bootFileURL(b, mac)
+		if err != nil {
+			return err
+		}
+		s.BootFile = u
+	}
+	s.OVMFCode = cfg.OVMFCode
 	return nil
 }
 
@@ -533,4 +618,20 @@ func consolePath(stateDir, id string) string {
 		return ""
 	}
 	return filepath.Join(stateDir, id, consoleLogFile)
+}
+
+// ovmfVars gives the VM its own UEFI variable store, copied from the
+// package's template on its first boot: the firmware writes to it.
+func ovmfVars(template, path string) error {
+	if _, err := os.Stat(path); err == nil {
+		return nil
+	}
+	b, err := os.ReadFile(template)
+	if err != nil {
+		return fmt.Errorf("UEFI variable store template (install the ovmf package): %w", err)
+	}
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		return fmt.Errorf("UEFI variable store: %w", err)
+	}
+	return nil
 }

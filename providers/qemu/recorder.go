@@ -35,11 +35,12 @@ type recorder struct {
 
 	mu       sync.Mutex
 	machines map[string]providers.MachineState
+	macs     map[string]string // netboot: each VM's hardware address
 	entries  []Entry
 }
 
 func newRecorder(cfg Config, accel string) *recorder {
-	return &recorder{cfg: cfg, accel: accel, machines: map[string]providers.MachineState{}}
+	return &recorder{cfg: cfg, accel: accel, machines: map[string]providers.MachineState{}, macs: map[string]string{}}
 }
 
 func (r *recorder) record(e Entry) {
@@ -63,10 +64,13 @@ func (r *recorder) entriesCopy() []Entry {
 	return out
 }
 
-func (r *recorder) launchEntry(op, id string, boot providers.Boot) Entry {
+func (r *recorder) launchEntry(op, id string, boot providers.Boot) (Entry, error) {
 	p := pathsFor(r.cfg.StateDir, id)
+	if r.cfg.Boot.Netboot() {
+		boot.Enrollment.Token = ""
+	}
 	withToken := boot.Enrollment.Token != ""
-	argv := buildArgv(launchSpec{
+	ls := launchSpec{
 		Binary:     r.cfg.Binary,
 		InstanceID: id,
 		Accel:      r.accel,
@@ -78,8 +82,13 @@ func (r *recorder) launchEntry(op, id string, boot providers.Boot) Entry {
 		KernelArgs: boot.KernelArgs,
 		URL:        boot.Enrollment.ControlPlaneURL,
 		CA:         boot.Enrollment.CAFingerprint,
+		Signers:    boot.Signers,
 		WithToken:  withToken,
-	})
+	}
+	if err := netbootLaunch(r.cfg, &ls, boot, r.macs[id]); err != nil {
+		return Entry{}, permanent(op, id, err)
+	}
+	argv := buildArgv(ls)
 	var steps []string
 	if op == opProvision {
 		steps = append(steps, "mkdir "+p.dir+" 0700")
@@ -91,7 +100,7 @@ func (r *recorder) launchEntry(op, id string, boot providers.Boot) Entry {
 	if withToken {
 		steps = append(steps, "remove "+p.token)
 	}
-	return Entry{Op: op, InstanceID: id, Argv: redact(argv, boot.Enrollment.Token), QMP: []string{"query-status"}, Steps: steps, Result: providers.StateRunning}
+	return Entry{Op: op, InstanceID: id, Argv: redact(argv, boot.Enrollment.Token), QMP: []string{"query-status"}, Steps: steps, Result: providers.StateRunning}, nil
 }
 
 func (r *recorder) Provision(_ context.Context, spec providers.Spec) (providers.Machine, error) {
@@ -99,7 +108,7 @@ func (r *recorder) Provision(_ context.Context, spec providers.Spec) (providers.
 	if err := checkID(opProvision, id); err != nil {
 		return providers.Machine{}, err
 	}
-	if err := checkBoot(opProvision, id, spec.Boot); err != nil {
+	if err := checkBoot(r.cfg, opProvision, id, spec.Boot); err != nil {
 		return providers.Machine{}, err
 	}
 	r.mu.Lock()
@@ -107,7 +116,18 @@ func (r *recorder) Provision(_ context.Context, spec providers.Spec) (providers.
 	if st, ok := r.machines[id]; ok {
 		return r.machine(id, st), nil
 	}
-	r.record(r.launchEntry(opProvision, id, spec.Boot))
+	if r.cfg.Boot.Netboot() {
+		if err := checkMAC(opProvision, id, spec.MAC); err != nil {
+			return providers.Machine{}, err
+		}
+		r.macs[id] = spec.MAC
+	}
+	e, err := r.launchEntry(opProvision, id, spec.Boot)
+	if err != nil {
+		delete(r.macs, id)
+		return providers.Machine{}, err
+	}
+	r.record(e)
 	r.machines[id] = providers.StateRunning
 	return r.machine(id, providers.StateRunning), nil
 }
@@ -124,7 +144,7 @@ func (r *recorder) boot(op, id string, boot providers.Boot) (providers.Machine, 
 	if err := checkID(op, id); err != nil {
 		return providers.Machine{}, err
 	}
-	if err := checkBoot(op, id, boot); err != nil {
+	if err := checkBoot(r.cfg, op, id, boot); err != nil {
 		return providers.Machine{}, err
 	}
 	r.mu.Lock()
@@ -136,7 +156,10 @@ func (r *recorder) boot(op, id string, boot providers.Boot) (providers.Machine, 
 	if st == providers.StateRunning && op == opStart {
 		return r.machine(id, st), nil
 	}
-	e := r.launchEntry(op, id, boot)
+	e, err := r.launchEntry(op, id, boot)
+	if err != nil {
+		return providers.Machine{}, err
+	}
 	if st == providers.StateRunning {
 		e.QMP = append([]string{"quit"}, e.QMP...)
 		e.Steps = append([]string{"wait for exit, SIGKILL after " + r.cfg.KillTimeout.String()}, e.Steps...)
@@ -186,6 +209,7 @@ func (r *recorder) Terminate(_ context.Context, id string) error {
 	e.Steps = append(e.Steps, "remove "+pathsFor(r.cfg.StateDir, id).dir)
 	r.record(e)
 	delete(r.machines, id)
+	delete(r.macs, id)
 	return nil
 }
 

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tetherfleet/tether/controlplane/events"
+	"github.com/tetherfleet/tether/controlplane/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/store"
 )
 
@@ -32,7 +33,7 @@ const (
 // Open reports whether in carries a claim that has not been closed: it is
 // claimed, or its release began (claim id still set) and did not finish.
 func Open(in *store.Instance) bool {
-	return in.PoolID != "" && (in.PoolState == store.PoolStateClaimed || in.ClaimID != "")
+	return in.PoolID != "" && (in.PoolState == lifecycle.PoolClaimed || in.ClaimID != "")
 }
 
 // Attribution is the payload pool.claimed carries and pool.released

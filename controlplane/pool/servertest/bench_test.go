@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/tetherfleet/tether/controlplane/daemon"
+	"github.com/tetherfleet/tether/controlplane/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/controlplane/store/postgres"
 	"github.com/tetherfleet/tether/controlplane/store/sqlite"
@@ -132,8 +133,8 @@ func seedBench(b *testing.B, ctx context.Context, st store.Store, p *v1.Pool, n 
 					return err
 				}
 				w := t0.Add(time.Duration(i) * time.Millisecond)
-				if err := q.CreateInstance(ctx, &store.Instance{NodeID: node.ID, Status: "running", Provider: "qemu",
-					CloudInstanceID: node.Name, PoolID: p.Id, PoolState: store.PoolStateReady, PoolWarmingStartedAt: &w, PoolReadyAt: &w,
+				if err := q.CreateInstance(ctx, &store.Instance{NodeID: node.ID, Status: lifecycle.Running, Provider: "qemu",
+					CloudInstanceID: node.Name, PoolID: p.Id, PoolState: lifecycle.PoolReady, PoolWarmingStartedAt: &w, PoolReadyAt: &w,
 					LastHeartbeatAt: &w, Addresses: []string{"10.9.0.1"}, CreatedAt: w, UpdatedAt: w}); err != nil {
 					return err
 				}

@@ -3,10 +3,13 @@ package sqlstore
 import (
 	"database/sql"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/tetherfleet/tether/controlplane/lifecycle"
 )
 
 // Times are stored as BIGINT microseconds since the epoch: the same type on
@@ -39,21 +42,87 @@ func nstr(s string) any {
 	return s
 }
 
+// Instance and pool member states are stored by their names. These four
+// functions are the only place a state crosses the database boundary; a name
+// the lifecycle does not know is refused on the way in and on the way out,
+// so a bad row fails loudly instead of flowing upward as a state nobody
+// handles.
+
+func storedState(s lifecycle.State) (string, error) {
+	if !s.Valid() {
+		return "", fmt.Errorf("store instance state: %w %q", lifecycle.ErrUnknownState, s)
+	}
+	return string(s), nil
+}
+
+func parseStoredState(name string) (lifecycle.State, error) {
+	s, err := lifecycle.ParseState(name)
+	if err != nil {
+		return "", fmt.Errorf("read instance state: %w", err)
+	}
+	return s, nil
+}
+
+func storedPoolState(s lifecycle.PoolState) (string, error) {
+	if _, err := lifecycle.ParsePoolState(string(s)); err != nil {
+		return "", fmt.Errorf("store pool member state: %w", err)
+	}
+	return string(s), nil
+}
+
+func parseStoredPoolState(name string) (lifecycle.PoolState, error) {
+	s, err := lifecycle.ParsePoolState(name)
+	if err != nil {
+		return lifecycle.NoPool, fmt.Errorf("read pool member state: %w", err)
+	}
+	return s, nil
+}
+
+// storedStates converts a filter's states to query arguments.
+func storedStates[S ~string](states []S, stored func(S) (string, error)) ([]any, error) {
+	out := make([]any, len(states))
+	for i, s := range states {
+		name, err := stored(s)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = name
+	}
+	return out, nil
+}
+
 func jsonList(ss []string) string {
 	if len(ss) == 0 {
 		return "[]"
 	}
-	b, _ := json.Marshal(ss)
+	b, err := json.Marshal(ss)
+	if err != nil {
+		// Marshalling a []string cannot fail; if it ever does, the
+		// stored value must not silently become something else.
+		panic(fmt.Sprintf("encode a string list: %v", err))
+	}
 	return string(b)
 }
 
-func parseList(s string) []string {
+// parseList reads a JSON string list column. A value that does not parse
+// is an error naming the column, never an empty list: an instance whose
+// addresses silently read as none looks like one that reported none.
+func parseList(column, s string) ([]string, error) {
 	var out []string
 	if s == "" || s == "[]" {
-		return nil
+		return nil, nil
 	}
-	_ = json.Unmarshal([]byte(s), &out)
-	return out
+	if err := json.Unmarshal([]byte(s), &out); err != nil {
+		return nil, fmt.Errorf("column %s holds %q, not a JSON string list: %w", column, clip(s, 64), err)
+	}
+	return out, nil
+}
+
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
 }
 
 func jsonObject(raw json.RawMessage) string {

@@ -23,10 +23,10 @@ func scanInstance(s scanner) (*store.Instance, error) {
 	var opID, poolID sql.NullString
 	var warming, ready, acquired, nextTerm, cordonAt, hb, silent, termReq sql.NullInt64
 	var cordonBy, cordonReason, cordonBefore sql.NullString
-	var modules, addrs string
+	var status, poolState, modules, addrs string
 	var created, updated int64
-	err := s.Scan(&in.ID, &in.NodeID, &in.Status, &in.Provider, &in.Region, &in.InstanceType, &in.CloudInstanceID, &opID,
-		&poolID, &in.PoolState, &warming, &ready, &acquired, &in.ClaimID, &in.AcquiredBy, &in.AcquiredFor,
+	err := s.Scan(&in.ID, &in.NodeID, &status, &in.Provider, &in.Region, &in.InstanceType, &in.CloudInstanceID, &opID,
+		&poolID, &poolState, &warming, &ready, &acquired, &in.ClaimID, &in.AcquiredBy, &in.AcquiredFor,
 		&in.PoolTerminateAttempts, &nextTerm, &in.ClaimedStaleFlagged, &in.HeartbeatStaleFlagged,
 		&in.Hold, &in.HoldReason, &cordonBy, &cordonReason, &cordonAt, &cordonBefore,
 		&hb, &in.AgentPhase, &in.AgentVersion, &modules, &in.AgentError, &addrs, &in.BootID, &silent,
@@ -34,30 +34,57 @@ func scanInstance(s scanner) (*store.Instance, error) {
 	if err != nil {
 		return nil, err
 	}
+	if in.Status, err = parseStoredState(status); err != nil {
+		return nil, fmt.Errorf("instance %s: %w", in.ID, err)
+	}
+	if in.PoolState, err = parseStoredPoolState(poolState); err != nil {
+		return nil, fmt.Errorf("instance %s: %w", in.ID, err)
+	}
 	in.OperationID, in.PoolID = opID.String, poolID.String
 	in.PoolWarmingStartedAt, in.PoolReadyAt, in.PoolAcquiredAt = fromNTS(warming), fromNTS(ready), fromNTS(acquired)
 	in.PoolNextTerminateAt = fromNTS(nextTerm)
 	if cordonAt.Valid {
-		in.Cordon = &store.Cordon{By: cordonBy.String, Reason: cordonReason.String, At: fromTS(cordonAt.Int64), PoolStateBefore: cordonBefore.String}
+		before, err := parseStoredPoolState(cordonBefore.String)
+		if err != nil {
+			return nil, fmt.Errorf("instance %s cordon: %w", in.ID, err)
+		}
+		in.Cordon = &store.Cordon{By: cordonBy.String, Reason: cordonReason.String, At: fromTS(cordonAt.Int64), PoolStateBefore: before}
 	}
 	in.LastHeartbeatAt, in.SilentSince, in.TerminateRequestedAt = fromNTS(hb), fromNTS(silent), fromNTS(termReq)
-	in.RunningModules, in.Addresses = parseList(modules), parseList(addrs)
+	if in.RunningModules, err = parseList("running_modules", modules); err != nil {
+		return nil, fmt.Errorf("instance %s: %w", in.ID, err)
+	}
+	if in.Addresses, err = parseList("addresses", addrs); err != nil {
+		return nil, fmt.Errorf("instance %s: %w", in.ID, err)
+	}
 	in.CreatedAt, in.UpdatedAt = fromTS(created), fromTS(updated)
 	return &in, nil
 }
 
-func instanceArgs(in *store.Instance) []any {
+func instanceArgs(in *store.Instance) ([]any, error) {
 	var cordonBy, cordonReason, cordonBefore any
 	var cordonAt any
 	if c := in.Cordon; c != nil {
-		cordonBy, cordonReason, cordonAt, cordonBefore = c.By, c.Reason, ts(c.At), c.PoolStateBefore
+		before, err := storedPoolState(c.PoolStateBefore)
+		if err != nil {
+			return nil, fmt.Errorf("instance %s cordon: %w", in.ID, err)
+		}
+		cordonBy, cordonReason, cordonAt, cordonBefore = c.By, c.Reason, ts(c.At), before
 	}
-	return []any{in.ID, in.NodeID, in.Status, in.Provider, in.Region, in.InstanceType, in.CloudInstanceID, nstr(in.OperationID),
-		nstr(in.PoolID), in.PoolState, nts(in.PoolWarmingStartedAt), nts(in.PoolReadyAt), nts(in.PoolAcquiredAt), in.ClaimID, in.AcquiredBy, in.AcquiredFor,
+	status, err := storedState(in.Status)
+	if err != nil {
+		return nil, fmt.Errorf("instance %s: %w", in.ID, err)
+	}
+	poolState, err := storedPoolState(in.PoolState)
+	if err != nil {
+		return nil, fmt.Errorf("instance %s: %w", in.ID, err)
+	}
+	return []any{in.ID, in.NodeID, status, in.Provider, in.Region, in.InstanceType, in.CloudInstanceID, nstr(in.OperationID),
+		nstr(in.PoolID), poolState, nts(in.PoolWarmingStartedAt), nts(in.PoolReadyAt), nts(in.PoolAcquiredAt), in.ClaimID, in.AcquiredBy, in.AcquiredFor,
 		in.PoolTerminateAttempts, nts(in.PoolNextTerminateAt), in.ClaimedStaleFlagged, in.HeartbeatStaleFlagged,
 		in.Hold, in.HoldReason, cordonBy, cordonReason, cordonAt, cordonBefore,
 		nts(in.LastHeartbeatAt), in.AgentPhase, in.AgentVersion, jsonList(in.RunningModules), in.AgentError, jsonList(in.Addresses), in.BootID, nts(in.SilentSince),
-		in.ErrorMessage, nts(in.TerminateRequestedAt), ts(in.CreatedAt), ts(in.UpdatedAt)}
+		in.ErrorMessage, nts(in.TerminateRequestedAt), ts(in.CreatedAt), ts(in.UpdatedAt)}, nil
 }
 
 var instanceInsert = `INSERT INTO instances (` + instanceCols + `) VALUES (` + strings.TrimSuffix(strings.Repeat("?,", instanceColCount), ",") + `)`
@@ -79,7 +106,11 @@ func (q *queries) CreateInstance(ctx context.Context, in *store.Instance) error 
 	if in.ID == "" {
 		in.ID = newID()
 	}
-	if _, err := q.exec(ctx, instanceInsert, instanceArgs(in)...); err != nil {
+	args, err := instanceArgs(in)
+	if err != nil {
+		return fmt.Errorf("create instance: %w", err)
+	}
+	if _, err := q.exec(ctx, instanceInsert, args...); err != nil {
 		return fmt.Errorf("create instance: %w", err)
 	}
 	return nil
@@ -109,7 +140,7 @@ func (q *queries) GetInstanceByOperationID(ctx context.Context, operationID stri
 	return in, nil
 }
 
-func instanceWhere(f store.InstanceFilter) (string, []any) {
+func instanceWhere(f store.InstanceFilter) (string, []any, error) {
 	conds := []string{"1 = 1"}
 	var args []any
 	if f.NodeID != "" {
@@ -122,10 +153,18 @@ func instanceWhere(f store.InstanceFilter) (string, []any) {
 		conds, args = append(conds, "provider = ?"), append(args, f.Provider)
 	}
 	if len(f.Statuses) > 0 {
-		conds, args = append(conds, "status "+in(len(f.Statuses))), append(args, anySlice(f.Statuses)...)
+		names, err := storedStates(f.Statuses, storedState)
+		if err != nil {
+			return "", nil, err
+		}
+		conds, args = append(conds, "status "+in(len(names))), append(args, names...)
 	}
 	if len(f.PoolStates) > 0 {
-		conds, args = append(conds, "pool_state "+in(len(f.PoolStates))), append(args, anySlice(f.PoolStates)...)
+		names, err := storedStates(f.PoolStates, storedPoolState)
+		if err != nil {
+			return "", nil, err
+		}
+		conds, args = append(conds, "pool_state "+in(len(names))), append(args, names...)
 	}
 	if f.HeartbeatBefore != nil {
 		conds, args = append(conds, "COALESCE(last_heartbeat_at, created_at) < ?"), append(args, ts(*f.HeartbeatBefore))
@@ -133,12 +172,15 @@ func instanceWhere(f store.InstanceFilter) (string, []any) {
 	if f.TerminateRequested {
 		conds = append(conds, "terminate_requested_at IS NOT NULL")
 	}
-	return strings.Join(conds, " AND "), args
+	return strings.Join(conds, " AND "), args, nil
 }
 
 func (q *queries) ListInstances(ctx context.Context, f store.InstanceFilter, p store.Page) ([]*store.Instance, error) {
 	p = p.Normalize()
-	where, args := instanceWhere(f)
+	where, args, err := instanceWhere(f)
+	if err != nil {
+		return nil, fmt.Errorf("list instances: %w", err)
+	}
 	order := "id"
 	if f.OldestFirst {
 		order = "created_at, id"
@@ -157,7 +199,10 @@ func (q *queries) ListInstances(ctx context.Context, f store.InstanceFilter, p s
 }
 
 func (q *queries) CountInstances(ctx context.Context, f store.InstanceFilter) (int, error) {
-	where, args := instanceWhere(f)
+	where, args, err := instanceWhere(f)
+	if err != nil {
+		return 0, fmt.Errorf("count instances: %w", err)
+	}
 	var n int
 	if err := q.row(ctx, `SELECT COUNT(*) FROM instances WHERE `+where, args...).Scan(&n); err != nil {
 		return 0, fmt.Errorf("count instances: %w", q.db.classify(err))
@@ -166,7 +211,10 @@ func (q *queries) CountInstances(ctx context.Context, f store.InstanceFilter) (i
 }
 
 func (q *queries) UpdateInstance(ctx context.Context, in *store.Instance) error {
-	args := instanceArgs(in)
+	args, err := instanceArgs(in)
+	if err != nil {
+		return fmt.Errorf("update instance: %w", err)
+	}
 	// instanceArgs is in column order: drop id (first) and created_at
 	// (second to last), then key the WHERE on id.
 	upd := make([]any, 0, len(args))

@@ -38,13 +38,12 @@ func (q *queries) GetModule(ctx context.Context, name, version string) (*store.M
 	if err != nil {
 		return nil, notFound(q.db.classify(err), "module", name+":"+version)
 	}
-	return m, nil
+	return m, q.loadModuleSignatures(ctx, []*store.Module{m})
 }
 
 func (q *queries) ListModules(ctx context.Context, name string, p store.Page) ([]*store.Module, error) {
 	p = p.Normalize()
-	// The cursor is "name\x00version" so that pages follow (name, version) order.
-	afterName, afterVersion, _ := strings.Cut(p.After, "\x00")
+	afterName, afterVersion := store.SplitModuleCursor(p.After)
 	where := `(name > ? OR (name = ? AND version > ?))`
 	args := []any{afterName, afterName, afterVersion}
 	if name != "" {
@@ -60,11 +59,8 @@ func (q *queries) ListModules(ctx context.Context, name string, p store.Page) ([
 	if err != nil {
 		return nil, fmt.Errorf("list modules: %w", err)
 	}
-	return out, nil
+	return out, q.loadModuleSignatures(ctx, out)
 }
-
-// ModuleCursor is the page cursor after m.
-func ModuleCursor(m *store.Module) string { return m.Name + "\x00" + m.Version }
 
 func (q *queries) DeleteModule(ctx context.Context, name, version string) error {
 	rows, err := q.query(ctx, `SELECT DISTINCT t.name FROM template_modules tm JOIN templates t ON t.id = tm.template_id
@@ -78,6 +74,9 @@ func (q *queries) DeleteModule(ctx context.Context, name, version string) error 
 	}
 	if len(users) > 0 {
 		return store.Errorf(store.ErrConflict, "module %s:%s is referenced by template %s", name, version, strings.Join(users, ", "))
+	}
+	if _, err := q.exec(ctx, `DELETE FROM module_signatures WHERE module_name = ? AND module_version = ?`, name, version); err != nil {
+		return fmt.Errorf("delete module %s:%s signatures: %w", name, version, err)
 	}
 	res, err := q.exec(ctx, `DELETE FROM modules WHERE name = ? AND version = ?`, name, version)
 	return mustAffect(res, err, "module", name+":"+version)

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tetherfleet/tether/controlplane/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/store"
 )
 
@@ -109,21 +110,25 @@ func (q *queries) CountPoolMembers(ctx context.Context, poolID string) (store.Po
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var state string
+		var name string
 		var n int
-		if err := rows.Scan(&state, &n); err != nil {
+		if err := rows.Scan(&name, &n); err != nil {
 			return c, fmt.Errorf("count pool members: %w", err)
 		}
+		state, err := parseStoredPoolState(name)
+		if err != nil {
+			return c, fmt.Errorf("count pool members of %s: %w", poolID, err)
+		}
 		switch state {
-		case store.PoolStateWarming:
+		case lifecycle.PoolWarming:
 			c.Warming = n
-		case store.PoolStateReady:
+		case lifecycle.PoolReady:
 			c.Ready = n
-		case store.PoolStateClaimed:
+		case lifecycle.PoolClaimed:
 			c.Claimed = n
-		case store.PoolStateDraining:
+		case lifecycle.PoolDraining:
 			c.Draining = n
-		case store.PoolStateErrored:
+		case lifecycle.PoolErrored:
 			c.Errored = n
 		}
 	}
@@ -195,7 +200,11 @@ func (q *queries) ClaimPoolMembers(ctx context.Context, poolID, class string, cl
 		b.WriteString(" END")
 		return b.String()
 	}
-	args := []any{store.PoolStateClaimed, ts(at), ts(at), false, false}
+	claimed, err := storedPoolState(lifecycle.PoolClaimed)
+	if err != nil {
+		return nil, fmt.Errorf("claim pool members: %w", err)
+	}
+	args := []any{claimed, ts(at), ts(at), false, false}
 	sets := []string{
 		cases("claim_id", func(c store.PoolClaim) string { return c.ClaimID }, &args),
 		cases("acquired_by", func(c store.PoolClaim) string { return c.AcquiredBy }, &args),
@@ -217,7 +226,7 @@ func (q *queries) ClaimPoolMembers(ctx context.Context, poolID, class string, cl
 	for i, in := range ins {
 		c := claims[i]
 		t := at
-		in.PoolState, in.PoolAcquiredAt, in.UpdatedAt = store.PoolStateClaimed, &t, at
+		in.PoolState, in.PoolAcquiredAt, in.UpdatedAt = lifecycle.PoolClaimed, &t, at
 		in.ClaimID, in.AcquiredBy, in.AcquiredFor = c.ClaimID, c.AcquiredBy, c.AcquiredFor
 		in.ClaimedStaleFlagged, in.HeartbeatStaleFlagged = false, false
 	}

@@ -9,13 +9,17 @@ import (
 	"github.com/tetherfleet/tether/controlplane/store"
 )
 
-const templateCols = `id, name, kernel_digest, initramfs_digest, kernel_args, require_signed, created_at, updated_at`
+const templateCols = `id, name, kernel_digest, initramfs_digest, kernel_args, require_signed, required_signers, created_at, updated_at, console`
 
 func scanTemplate(s scanner) (*store.Template, error) {
 	var t store.Template
 	var created, updated int64
-	if err := s.Scan(&t.ID, &t.Name, &t.KernelDigest, &t.InitramfsDigest, &t.KernelArgs, &t.RequireSignedModules, &created, &updated); err != nil {
+	var signers string
+	if err := s.Scan(&t.ID, &t.Name, &t.KernelDigest, &t.InitramfsDigest, &t.KernelArgs, &t.RequireSignedModules, &signers, &created, &updated, &t.Console); err != nil {
 		return nil, err
+	}
+	if signers != "" {
+		t.RequiredSigners = strings.Split(signers, ",")
 	}
 	t.CreatedAt, t.UpdatedAt = fromTS(created), fromTS(updated)
 	return &t, nil
@@ -25,8 +29,8 @@ func (q *queries) CreateTemplate(ctx context.Context, t *store.Template) error {
 	if t.ID == "" {
 		t.ID = newID()
 	}
-	_, err := q.exec(ctx, `INSERT INTO templates (`+templateCols+`) VALUES (?,?,?,?,?,?,?,?)`,
-		t.ID, t.Name, t.KernelDigest, t.InitramfsDigest, t.KernelArgs, t.RequireSignedModules, ts(t.CreatedAt), ts(t.UpdatedAt))
+	_, err := q.exec(ctx, `INSERT INTO templates (`+templateCols+`) VALUES (?,?,?,?,?,?,?,?,?,?)`,
+		t.ID, t.Name, t.KernelDigest, t.InitramfsDigest, t.KernelArgs, t.RequireSignedModules, strings.Join(t.RequiredSigners, ","), ts(t.CreatedAt), ts(t.UpdatedAt), t.Console)
 	if err != nil {
 		return fmt.Errorf("create template %q: %w", t.Name, err)
 	}
@@ -117,8 +121,8 @@ func (q *queries) ListTemplates(ctx context.Context, p store.Page) ([]*store.Tem
 }
 
 func (q *queries) UpdateTemplate(ctx context.Context, t *store.Template) error {
-	res, err := q.exec(ctx, `UPDATE templates SET kernel_digest = ?, initramfs_digest = ?, kernel_args = ?, require_signed = ?, updated_at = ? WHERE id = ?`,
-		t.KernelDigest, t.InitramfsDigest, t.KernelArgs, t.RequireSignedModules, ts(t.UpdatedAt), t.ID)
+	res, err := q.exec(ctx, `UPDATE templates SET kernel_digest = ?, initramfs_digest = ?, kernel_args = ?, require_signed = ?, required_signers = ?, updated_at = ?, console = ? WHERE id = ?`,
+		t.KernelDigest, t.InitramfsDigest, t.KernelArgs, t.RequireSignedModules, strings.Join(t.RequiredSigners, ","), ts(t.UpdatedAt), t.Console, t.ID)
 	if err := mustAffect(res, err, "template", t.Name); err != nil {
 		return err
 	}

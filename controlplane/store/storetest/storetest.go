@@ -10,10 +10,12 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/tetherfleet/tether/controlplane/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/store"
 )
 
@@ -29,6 +31,9 @@ func Run(t *testing.T, newStore Factory) {
 		{"Templates", testTemplates},
 		{"Modules", testModules},
 		{"Nodes", testNodes},
+		{"NodeMACs", testNodeMACs},
+		{"DHCPLeases", testDHCPLeases},
+		{"DHCPLeaseRace", testDHCPLeaseRace},
 		{"Instances", testInstances},
 		{"Heartbeats", testHeartbeats},
 		{"Tokens", testTokens},
@@ -46,6 +51,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"Notifications", testNotifications},
 		{"Elector", testElector},
 		{"PruneRecords", testPruneRecords},
+		{"Trust", testTrust},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -102,7 +108,7 @@ func ref(name, version string) store.ModuleRef {
 	return store.ModuleRef{Name: name, Version: version}
 }
 
-func newInstance(nodeID, status string) *store.Instance {
+func newInstance(nodeID string, status lifecycle.State) *store.Instance {
 	return &store.Instance{NodeID: nodeID, Status: status, Provider: "fake", CreatedAt: t0, UpdatedAt: t0}
 }
 
@@ -115,7 +121,7 @@ func testTemplates(t *testing.T, s store.Store) {
 		Name:             "web",
 		RootModules:      []store.ModuleRef{ref("base", "1"), ref("tools", "1")},
 		ExtensionModules: []store.ModuleRef{ref("base", "2")},
-		KernelArgs:       "quiet", CreatedAt: t0, UpdatedAt: t0,
+		KernelArgs:       "quiet", Console: "ttyS1,115200n8", CreatedAt: t0, UpdatedAt: t0,
 	}
 	must(t, s.CreateTemplate(c, tpl))
 	if tpl.ID == "" {
@@ -128,7 +134,7 @@ func testTemplates(t *testing.T, s store.Store) {
 	if len(got.RootModules) != 2 || got.RootModules[0] != (ref("base", "1")) || got.RootModules[1] != (ref("tools", "1")) {
 		t.Fatalf("root modules out of order: %+v", got.RootModules)
 	}
-	if len(got.ExtensionModules) != 1 || got.KernelArgs != "quiet" || !got.CreatedAt.Equal(t0) {
+	if len(got.ExtensionModules) != 1 || got.KernelArgs != "quiet" || got.Console != "ttyS1,115200n8" || !got.CreatedAt.Equal(t0) {
 		t.Fatalf("template read back wrong: %+v", got)
 	}
 	byID, err := s.GetTemplateByID(c, tpl.ID)
@@ -149,10 +155,11 @@ func testTemplates(t *testing.T, s store.Store) {
 	got.RootModules = []store.ModuleRef{ref("base", "2")}
 	got.ExtensionModules = nil
 	got.KernelArgs = "debug"
+	got.Console = "none"
 	must(t, s.UpdateTemplate(c, got))
 	got2, err := s.GetTemplate(c, "web")
 	must(t, err)
-	if len(got2.RootModules) != 1 || got2.RootModules[0].Version != "2" || len(got2.ExtensionModules) != 0 || got2.KernelArgs != "debug" {
+	if len(got2.RootModules) != 1 || got2.RootModules[0].Version != "2" || len(got2.ExtensionModules) != 0 || got2.KernelArgs != "debug" || got2.Console != "none" {
 		t.Fatalf("update not applied: %+v", got2)
 	}
 
@@ -239,15 +246,123 @@ func testNodes(t *testing.T, s store.Store) {
 	if len(list) != 1 {
 		t.Fatalf("ListNodes = %d", len(list))
 	}
+	// NodeNames answers many ids at once (more than one chunk) and leaves
+	// unknown ones out.
+	ids := []string{n.ID, "no-such-node"}
+	for i := 0; i < 600; i++ {
+		extra := &store.Node{Name: fmt.Sprintf("bulk-%03d", i), TemplateID: tpl.ID, Config: []byte(`{}`), CreatedAt: t0, UpdatedAt: t0}
+		must(t, s.CreateNode(c, extra))
+		ids = append(ids, extra.ID)
+	}
+	names, err := s.NodeNames(c, ids)
+	must(t, err)
+	if len(names) != 601 || names[n.ID] != "edge-1" || names[ids[len(ids)-1]] != "bulk-599" {
+		t.Fatalf("NodeNames: %d names, edge-1=%q, last=%q", len(names), names[n.ID], names[ids[len(ids)-1]])
+	}
+	if _, ok := names["no-such-node"]; ok {
+		t.Fatal("NodeNames invented a name for an unknown id")
+	}
+	if empty, err := s.NodeNames(c, nil); err != nil || len(empty) != 0 {
+		t.Fatalf("NodeNames(nil) = %v, %v", empty, err)
+	}
 
 	// A node with a live instance cannot be deleted; once it is terminated it can.
-	in := newInstance(n.ID, "running")
+	in := newInstance(n.ID, lifecycle.Running)
 	must(t, s.CreateInstance(c, in))
 	wantErr(t, s.DeleteNode(c, "edge-1"), store.ErrConflict)
-	in.Status = "terminated"
+	in.Status = lifecycle.Terminated
 	must(t, s.UpdateInstance(c, in))
 	must(t, s.DeleteNode(c, "edge-1"))
 	_, err = s.GetInstance(c, in.ID)
+	wantErr(t, err, store.ErrNotFound)
+}
+
+func testNodeMACs(t *testing.T, s store.Store) {
+	c := ctx(t)
+	tpl := seedTemplate(t, s, "tpl")
+	a := &store.Node{Name: "rack1-07", TemplateID: tpl.ID, MACs: []string{"52:54:00:00:00:02", "52:54:00:00:00:01"}, CreatedAt: t0, UpdatedAt: t0}
+	must(t, s.Tx(c, func(q store.Queries) error { return q.CreateNode(c, a) }))
+	got, err := s.GetNodeByMAC(c, "52:54:00:00:00:01")
+	must(t, err)
+	if got.ID != a.ID || strings.Join(got.MACs, ",") != "52:54:00:00:00:02,52:54:00:00:00:01" {
+		t.Fatalf("GetNodeByMAC = %+v, want rack1-07 with its addresses in order", got)
+	}
+	_, err = s.GetNodeByMAC(c, "52:54:00:00:00:09")
+	wantErr(t, err, store.ErrNotFound)
+
+	// An address of another node is refused, names that node, and leaves nothing behind.
+	b := &store.Node{Name: "rack1-08", TemplateID: tpl.ID, MACs: []string{"52:54:00:00:00:03", "52:54:00:00:00:02"}, CreatedAt: t0, UpdatedAt: t0}
+	err = s.Tx(c, func(q store.Queries) error { return q.CreateNode(c, b) })
+	wantErr(t, err, store.ErrAlreadyExists)
+	var inUse *store.MACInUseError
+	if !errors.As(err, &inUse) || inUse.Node != "rack1-07" || inUse.MAC != "52:54:00:00:00:02" {
+		t.Fatalf("CreateNode with a taken address: %v, want MACInUseError naming rack1-07", err)
+	}
+	_, err = s.GetNode(c, "rack1-08")
+	wantErr(t, err, store.ErrNotFound)
+	_, err = s.GetNodeByMAC(c, "52:54:00:00:00:03")
+	wantErr(t, err, store.ErrNotFound)
+
+	// Without addresses, then given some: UpdateNode replaces the set.
+	b.MACs = nil
+	must(t, s.CreateNode(c, b))
+	b.MACs = []string{"52:54:00:00:00:01"}
+	err = s.Tx(c, func(q store.Queries) error { return q.UpdateNode(c, b) })
+	if !errors.As(err, &inUse) || inUse.Node != "rack1-07" {
+		t.Fatalf("UpdateNode with a taken address: %v", err)
+	}
+	a.MACs = []string{"52:54:00:00:00:02"}
+	must(t, s.Tx(c, func(q store.Queries) error { return q.UpdateNode(c, a) }))
+	must(t, s.Tx(c, func(q store.Queries) error { return q.UpdateNode(c, b) }))
+	got, err = s.GetNodeByMAC(c, "52:54:00:00:00:01")
+	must(t, err)
+	if got.Name != "rack1-08" {
+		t.Fatalf("address moved to %q, want rack1-08", got.Name)
+	}
+	// A node keeps its own addresses across an update of other fields.
+	must(t, s.Tx(c, func(q store.Queries) error { return q.UpdateNode(c, a) }))
+	list, err := s.ListNodes(c, store.NodeFilter{}, store.Page{})
+	must(t, err)
+	if len(list) != 2 || strings.Join(list[0].MACs, ",") != "52:54:00:00:00:02" || strings.Join(list[1].MACs, ",") != "52:54:00:00:00:01" {
+		t.Fatalf("ListNodes addresses wrong: %+v %+v", list[0], list[1])
+	}
+	// Deleting a node frees its addresses.
+	must(t, s.Tx(c, func(q store.Queries) error { return q.DeleteNode(c, "rack1-08") }))
+	_, err = s.GetNodeByMAC(c, "52:54:00:00:00:01")
+	wantErr(t, err, store.ErrNotFound)
+	b2 := &store.Node{Name: "rack1-09", TemplateID: tpl.ID, MACs: []string{"52:54:00:00:00:01"}, CreatedAt: t0, UpdatedAt: t0}
+	must(t, s.Tx(c, func(q store.Queries) error { return q.CreateNode(c, b2) }))
+}
+
+func testDHCPLeases(t *testing.T, s store.Store) {
+	c := ctx(t)
+	l := &store.DHCPLease{IP: "10.213.0.10", MAC: "52:54:00:00:00:01", ExpiresAt: t0.Add(time.Hour), UpdatedAt: t0}
+	must(t, s.CreateDHCPLease(c, l))
+	// One address per machine, one machine per address.
+	wantErr(t, s.CreateDHCPLease(c, &store.DHCPLease{IP: "10.213.0.10", MAC: "52:54:00:00:00:02", ExpiresAt: t0, UpdatedAt: t0}), store.ErrAlreadyExists)
+	wantErr(t, s.CreateDHCPLease(c, &store.DHCPLease{IP: "10.213.0.11", MAC: "52:54:00:00:00:01", ExpiresAt: t0, UpdatedAt: t0}), store.ErrAlreadyExists)
+	l.ExpiresAt = t0.Add(2 * time.Hour)
+	must(t, s.UpdateDHCPLease(c, l))
+	got, err := s.GetDHCPLeaseByMAC(c, l.MAC)
+	must(t, err)
+	if got.IP != l.IP || !got.ExpiresAt.Equal(l.ExpiresAt) {
+		t.Fatalf("lease read back wrong: %+v", got)
+	}
+	if byIP, err := s.GetDHCPLeaseByIP(c, l.IP); err != nil || byIP.MAC != l.MAC {
+		t.Fatalf("GetDHCPLeaseByIP = %+v, %v", byIP, err)
+	}
+	_, err = s.GetDHCPLeaseByIP(c, "10.213.0.99")
+	wantErr(t, err, store.ErrNotFound)
+	// An update must name the lease's own machine.
+	wantErr(t, s.UpdateDHCPLease(c, &store.DHCPLease{IP: l.IP, MAC: "52:54:00:00:00:02", ExpiresAt: t0, UpdatedAt: t0}), store.ErrNotFound)
+	must(t, s.CreateDHCPLease(c, &store.DHCPLease{IP: "10.213.0.11", MAC: "52:54:00:00:00:02", ExpiresAt: t0, UpdatedAt: t0}))
+	all, err := s.ListDHCPLeases(c)
+	must(t, err)
+	if len(all) != 2 || all[0].IP != "10.213.0.10" {
+		t.Fatalf("ListDHCPLeases = %+v", all)
+	}
+	must(t, s.DeleteDHCPLease(c, "10.213.0.10"))
+	_, err = s.GetDHCPLeaseByMAC(c, l.MAC)
 	wantErr(t, err, store.ErrNotFound)
 }
 
@@ -256,8 +371,8 @@ func testInstances(t *testing.T, s store.Store) {
 	n := seedNode(t, s, "n")
 	hb := t0.Add(time.Minute)
 	in := &store.Instance{
-		NodeID: n.ID, Status: "pending", Provider: "qemu", Region: "local", InstanceType: "small", OperationID: "op-1",
-		Hold: true, HoldReason: "ops", Cordon: &store.Cordon{By: "alice", Reason: "disk", At: t0, PoolStateBefore: "ready"},
+		NodeID: n.ID, Status: lifecycle.Pending, Provider: "qemu", Region: "local", InstanceType: "small", OperationID: "op-1",
+		Hold: true, HoldReason: "ops", Cordon: &store.Cordon{By: "alice", Reason: "disk", At: t0, PoolStateBefore: lifecycle.PoolReady},
 		LastHeartbeatAt: &hb, AgentPhase: "pulling", RunningModules: []string{"sha256:aa", "sha256:bb"}, Addresses: []string{"10.0.2.15"},
 		CreatedAt: t0, UpdatedAt: t0,
 	}
@@ -269,11 +384,11 @@ func testInstances(t *testing.T, s store.Store) {
 		t.Fatalf("instance read back wrong: %+v", got)
 	}
 	// operation_id is unique; instances without one do not collide.
-	dup := newInstance(n.ID, "pending")
+	dup := newInstance(n.ID, lifecycle.Pending)
 	dup.OperationID = "op-1"
 	wantErr(t, s.CreateInstance(c, dup), store.ErrAlreadyExists)
-	must(t, s.CreateInstance(c, newInstance(n.ID, "pending")))
-	must(t, s.CreateInstance(c, newInstance(n.ID, "running")))
+	must(t, s.CreateInstance(c, newInstance(n.ID, lifecycle.Pending)))
+	must(t, s.CreateInstance(c, newInstance(n.ID, lifecycle.Running)))
 	byOp, err := s.GetInstanceByOperationID(c, "op-1")
 	must(t, err)
 	if byOp.ID != in.ID {
@@ -285,7 +400,7 @@ func testInstances(t *testing.T, s store.Store) {
 		if err != nil {
 			return err
 		}
-		locked.Status = "provisioning"
+		locked.Status = lifecycle.Provisioning
 		locked.Cordon = nil
 		locked.TerminateRequestedAt = &hb
 		locked.UpdatedAt = hb
@@ -293,11 +408,11 @@ func testInstances(t *testing.T, s store.Store) {
 	}))
 	got, err = s.GetInstance(c, in.ID)
 	must(t, err)
-	if got.Status != "provisioning" || got.Cordon != nil || got.TerminateRequestedAt == nil || !got.CreatedAt.Equal(t0) {
+	if got.Status != lifecycle.Provisioning || got.Cordon != nil || got.TerminateRequestedAt == nil || !got.CreatedAt.Equal(t0) {
 		t.Fatalf("update not applied: %+v", got)
 	}
 
-	pending, err := s.ListInstances(c, store.InstanceFilter{Statuses: []string{"pending"}}, store.Page{})
+	pending, err := s.ListInstances(c, store.InstanceFilter{Statuses: []lifecycle.State{lifecycle.Pending}}, store.Page{})
 	must(t, err)
 	if len(pending) != 1 {
 		t.Fatalf("ListInstances(pending) = %d, want 1", len(pending))
@@ -314,13 +429,24 @@ func testInstances(t *testing.T, s store.Store) {
 	}
 	_, err = s.GetInstance(c, "missing")
 	wantErr(t, err, store.ErrNotFound)
-	wantErr(t, s.UpdateInstance(c, &store.Instance{ID: "missing", NodeID: n.ID}), store.ErrNotFound)
+	wantErr(t, s.UpdateInstance(c, &store.Instance{ID: "missing", NodeID: n.ID, Status: lifecycle.Running}), store.ErrNotFound)
+	// A state outside the lifecycle is refused before it reaches a row.
+	bad := *in
+	bad.Status = "exploded"
+	wantErr(t, s.UpdateInstance(c, &bad), lifecycle.ErrUnknownState)
+	bad.Status, bad.PoolState = lifecycle.Running, "floating"
+	wantErr(t, s.UpdateInstance(c, &bad), lifecycle.ErrUnknownPoolState)
+	bad.ID, bad.PoolState = "", lifecycle.NoPool
+	bad.Status = "exploded"
+	wantErr(t, s.CreateInstance(c, &bad), lifecycle.ErrUnknownState)
+	_, err = s.ListInstances(c, store.InstanceFilter{Statuses: []lifecycle.State{"exploded"}}, store.Page{})
+	wantErr(t, err, lifecycle.ErrUnknownState)
 }
 
 func testHeartbeats(t *testing.T, s store.Store) {
 	c := ctx(t)
 	n := seedNode(t, s, "n")
-	a, b := newInstance(n.ID, "running"), newInstance(n.ID, "running")
+	a, b := newInstance(n.ID, lifecycle.Running), newInstance(n.ID, lifecycle.Running)
 	silent := t0
 	a.SilentSince = &silent
 	must(t, s.CreateInstance(c, a))
@@ -390,6 +516,43 @@ func testTokens(t *testing.T, s store.Store) {
 }
 
 // testTokenRace: many concurrent consumers of one token, exactly one wins.
+// testDHCPLeaseRace: replicas that both saw an address free and both
+// lease it: exactly one lease is kept, the other writer is told.
+func testDHCPLeaseRace(t *testing.T, s store.Store) {
+	c := ctx(t)
+	var wins, lost int
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for i := 0; i < 16; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := s.Tx(c, func(q store.Queries) error {
+				if _, err := q.GetDHCPLeaseByIP(c, "10.213.0.10"); !errors.Is(err, store.ErrNotFound) {
+					return store.Errorf(store.ErrAlreadyExists, "seen taken: %v", err)
+				}
+				return q.CreateDHCPLease(c, &store.DHCPLease{IP: "10.213.0.10", MAC: fmt.Sprintf("52:54:00:00:01:%02x", i), ExpiresAt: t0, UpdatedAt: t0})
+			})
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				wins++
+			case errors.Is(err, store.ErrAlreadyExists):
+				lost++
+			default:
+				t.Errorf("unexpected error: %v", err)
+			}
+		}()
+	}
+	wg.Wait()
+	all, err := s.ListDHCPLeases(c)
+	must(t, err)
+	if wins != 1 || lost != 15 || len(all) != 1 {
+		t.Fatalf("wins=%d lost=%d leases=%d, want 1, 15 and 1", wins, lost, len(all))
+	}
+}
+
 func testTokenRace(t *testing.T, s store.Store) {
 	c := ctx(t)
 	must(t, s.CreateToken(c, &store.Token{Hash: "race", InstanceID: "i1", ExpiresAt: t0.Add(time.Hour), CreatedAt: t0}))
@@ -722,10 +885,10 @@ func seedPool(t *testing.T, s store.Store, name string) *store.Pool {
 	return p
 }
 
-func addMembers(t *testing.T, s store.Store, p *store.Pool, nodeID string, state string, n int) []*store.Instance {
+func addMembers(t *testing.T, s store.Store, p *store.Pool, nodeID string, state lifecycle.PoolState, n int) []*store.Instance {
 	var out []*store.Instance
 	for i := 0; i < n; i++ {
-		in := newInstance(nodeID, "running")
+		in := newInstance(nodeID, lifecycle.Running)
 		in.PoolID, in.PoolState = p.ID, state
 		w := t0.Add(time.Duration(i) * time.Second)
 		in.PoolWarmingStartedAt = &w
@@ -760,11 +923,11 @@ func testPools(t *testing.T, s store.Store) {
 	}
 
 	n := seedNode(t, s, "member")
-	addMembers(t, s, p, n.ID, store.PoolStateReady, 2)
-	addMembers(t, s, p, n.ID, store.PoolStateWarming, 1)
-	addMembers(t, s, p, n.ID, store.PoolStateErrored, 1)
-	gone := addMembers(t, s, p, n.ID, store.PoolStateReady, 1)[0]
-	gone.Status = "terminated"
+	addMembers(t, s, p, n.ID, lifecycle.PoolReady, 2)
+	addMembers(t, s, p, n.ID, lifecycle.PoolWarming, 1)
+	addMembers(t, s, p, n.ID, lifecycle.PoolErrored, 1)
+	gone := addMembers(t, s, p, n.ID, lifecycle.PoolReady, 1)[0]
+	gone.Status = lifecycle.Terminated
 	must(t, s.UpdateInstance(c, gone))
 	counts, err := s.CountPoolMembers(c, p.ID)
 	must(t, err)
@@ -802,7 +965,7 @@ func testPoolBatchClaim(t *testing.T, s store.Store) {
 	c := ctx(t)
 	p := seedPool(t, s, "batch")
 	n := seedNode(t, s, "member")
-	ready := addMembers(t, s, p, n.ID, store.PoolStateReady, 3)
+	ready := addMembers(t, s, p, n.ID, lifecycle.PoolReady, 3)
 	at := t0.Add(time.Hour)
 	cs := []store.PoolClaim{{ClaimID: "c1", AcquiredBy: "a"}, {ClaimID: "c2", AcquiredBy: "b", AcquiredFor: "x"}}
 	var got []*store.Instance
@@ -821,7 +984,7 @@ func testPoolBatchClaim(t *testing.T, s store.Store) {
 	for i, want := range cs {
 		back, err := s.GetInstance(c, got[i].ID)
 		must(t, err)
-		if back.PoolState != store.PoolStateClaimed || back.ClaimID != want.ClaimID || back.AcquiredBy != want.AcquiredBy ||
+		if back.PoolState != lifecycle.PoolClaimed || back.ClaimID != want.ClaimID || back.AcquiredBy != want.AcquiredBy ||
 			back.AcquiredFor != want.AcquiredFor || back.PoolAcquiredAt == nil || !back.PoolAcquiredAt.Equal(at) {
 			t.Fatalf("claimed member %d read back: %+v", i, back)
 		}
@@ -845,7 +1008,7 @@ func testPoolClaimRace(t *testing.T, s store.Store) {
 	c := ctx(t)
 	p := seedPool(t, s, "race")
 	n := seedNode(t, s, "member")
-	addMembers(t, s, p, n.ID, store.PoolStateReady, 20)
+	addMembers(t, s, p, n.ID, lifecycle.PoolReady, 20)
 	var mu sync.Mutex
 	claimed := map[string]bool{}
 	exhausted := 0
@@ -860,7 +1023,7 @@ func testPoolClaimRace(t *testing.T, s store.Store) {
 				if err != nil {
 					return err
 				}
-				m.PoolState = store.PoolStateClaimed
+				m.PoolState = lifecycle.PoolClaimed
 				id = m.ID
 				return q.UpdateInstance(c, m)
 			})

@@ -32,6 +32,8 @@ func main() {
 	flag.StringVar(&modules, "modules", modules, "kernel modules to ship (their dependencies are added)")
 	flag.StringVar(&skip, "skip", skip, "modules never to ship")
 	flag.BoolVar(&verbose, "v", false, "show mkuimage's messages")
+	var signers string
+	flag.StringVar(&signers, "signers", "", "signer public key files to bake in as the node's signer anchor (comma-separated)")
 	flag.Parse()
 	if opts.Agent == "" || flag.NArg() > 0 {
 		flag.Usage()
@@ -50,6 +52,9 @@ func main() {
 	}
 	opts.Modules = splitList(modules)
 	opts.Skip = splitList(skip)
+	if signers != "" {
+		opts.Signers = splitList(signers)
+	}
 	level := slog.LevelWarn
 	if verbose {
 		level = slog.LevelInfo

@@ -32,8 +32,13 @@ type CreateTemplateRequest struct {
 	InitramfsDigest      string                 `protobuf:"bytes,5,opt,name=initramfs_digest,json=initramfsDigest,proto3" json:"initramfs_digest,omitempty"`
 	KernelArgs           string                 `protobuf:"bytes,6,opt,name=kernel_args,json=kernelArgs,proto3" json:"kernel_args,omitempty"`
 	RequireSignedModules bool                   `protobuf:"varint,7,opt,name=require_signed_modules,json=requireSignedModules,proto3" json:"require_signed_modules,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// Empty means "ttyS0" (see Template.console).
+	Console string `protobuf:"bytes,8,opt,name=console,proto3" json:"console,omitempty"`
+	// Signer fingerprints (sha256:HEX); each module must carry a valid
+	// signature by at least one of them.
+	RequiredSigners []string `protobuf:"bytes,9,rep,name=required_signers,json=requiredSigners,proto3" json:"required_signers,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *CreateTemplateRequest) Reset() {
@@ -113,6 +118,20 @@ func (x *CreateTemplateRequest) GetRequireSignedModules() bool {
 		return x.RequireSignedModules
 	}
 	return false
+}
+
+func (x *CreateTemplateRequest) GetConsole() string {
+	if x != nil {
+		return x.Console
+	}
+	return ""
+}
+
+func (x *CreateTemplateRequest) GetRequiredSigners() []string {
+	if x != nil {
+		return x.RequiredSigners
+	}
+	return nil
 }
 
 type GetTemplateRequest struct {
@@ -274,8 +293,11 @@ type UpdateTemplateRequest struct {
 	InitramfsDigest      string       `protobuf:"bytes,6,opt,name=initramfs_digest,json=initramfsDigest,proto3" json:"initramfs_digest,omitempty"`
 	KernelArgs           string       `protobuf:"bytes,7,opt,name=kernel_args,json=kernelArgs,proto3" json:"kernel_args,omitempty"`
 	RequireSignedModules bool         `protobuf:"varint,8,opt,name=require_signed_modules,json=requireSignedModules,proto3" json:"require_signed_modules,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// Empty means "ttyS0" (see Template.console).
+	Console         string   `protobuf:"bytes,9,opt,name=console,proto3" json:"console,omitempty"`
+	RequiredSigners []string `protobuf:"bytes,10,rep,name=required_signers,json=requiredSigners,proto3" json:"required_signers,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *UpdateTemplateRequest) Reset() {
@@ -362,6 +384,20 @@ func (x *UpdateTemplateRequest) GetRequireSignedModules() bool {
 		return x.RequireSignedModules
 	}
 	return false
+}
+
+func (x *UpdateTemplateRequest) GetConsole() string {
+	if x != nil {
+		return x.Console
+	}
+	return ""
+}
+
+func (x *UpdateTemplateRequest) GetRequiredSigners() []string {
+	if x != nil {
+		return x.RequiredSigners
+	}
+	return nil
 }
 
 type DeleteTemplateRequest struct {
@@ -531,9 +567,12 @@ type PushModuleHeader struct {
 	Name    string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	Version string                 `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
 	// The digest the client computed (sha256:<hex>); the server refuses a mismatch.
-	Digest        string `protobuf:"bytes,3,opt,name=digest,proto3" json:"digest,omitempty"`
-	Size          int64  `protobuf:"varint,4,opt,name=size,proto3" json:"size,omitempty"`
-	Signature     []byte `protobuf:"bytes,5,opt,name=signature,proto3" json:"signature,omitempty"`
+	Digest string `protobuf:"bytes,3,opt,name=digest,proto3" json:"digest,omitempty"`
+	Size   int64  `protobuf:"varint,4,opt,name=size,proto3" json:"size,omitempty"`
+	// A raw Ed25519 signature; the server finds its signer among the
+	// registered signers and refuses one that verifies with none.
+	Signature     []byte             `protobuf:"bytes,5,opt,name=signature,proto3" json:"signature,omitempty"`
+	Signatures    []*ModuleSignature `protobuf:"bytes,6,rep,name=signatures,proto3" json:"signatures,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -599,6 +638,13 @@ func (x *PushModuleHeader) GetSize() int64 {
 func (x *PushModuleHeader) GetSignature() []byte {
 	if x != nil {
 		return x.Signature
+	}
+	return nil
+}
+
+func (x *PushModuleHeader) GetSignatures() []*ModuleSignature {
+	if x != nil {
+		return x.Signatures
 	}
 	return nil
 }
@@ -863,6 +909,8 @@ type CreateNodeRequest struct {
 	Enabled       *bool            `protobuf:"varint,3,opt,name=enabled,proto3,oneof" json:"enabled,omitempty"`
 	Config        *structpb.Struct `protobuf:"bytes,4,opt,name=config,proto3" json:"config,omitempty"`
 	PublicAddress string           `protobuf:"bytes,5,opt,name=public_address,json=publicAddress,proto3" json:"public_address,omitempty"`
+	// Hardware addresses (any case, ':' or '-' separated); unique across nodes.
+	Macs          []string `protobuf:"bytes,6,rep,name=macs,proto3" json:"macs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -930,6 +978,13 @@ func (x *CreateNodeRequest) GetPublicAddress() string {
 		return x.PublicAddress
 	}
 	return ""
+}
+
+func (x *CreateNodeRequest) GetMacs() []string {
+	if x != nil {
+		return x.Macs
+	}
+	return nil
 }
 
 type GetNodeRequest struct {
@@ -1096,6 +1151,8 @@ type UpdateNodeRequest struct {
 	Enabled       bool                   `protobuf:"varint,4,opt,name=enabled,proto3" json:"enabled,omitempty"`
 	Config        *structpb.Struct       `protobuf:"bytes,5,opt,name=config,proto3" json:"config,omitempty"`
 	PublicAddress string                 `protobuf:"bytes,6,opt,name=public_address,json=publicAddress,proto3" json:"public_address,omitempty"`
+	// With "macs" in update_mask: the node's whole set of hardware addresses.
+	Macs          []string `protobuf:"bytes,7,rep,name=macs,proto3" json:"macs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1170,6 +1227,13 @@ func (x *UpdateNodeRequest) GetPublicAddress() string {
 		return x.PublicAddress
 	}
 	return ""
+}
+
+func (x *UpdateNodeRequest) GetMacs() []string {
+	if x != nil {
+		return x.Macs
+	}
+	return nil
 }
 
 type DeleteNodeRequest struct {
@@ -3869,11 +3933,704 @@ func (x *WatchEventsRequest) GetMinSeverity() Severity {
 	return Severity_SEVERITY_UNSPECIFIED
 }
 
+type AddSignerRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Raw 32-byte Ed25519 public key.
+	PublicKey     []byte `protobuf:"bytes,2,opt,name=public_key,json=publicKey,proto3" json:"public_key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AddSignerRequest) Reset() {
+	*x = AddSignerRequest{}
+	mi := &file_tether_v1_admin_proto_msgTypes[64]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AddSignerRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AddSignerRequest) ProtoMessage() {}
+
+func (x *AddSignerRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_admin_proto_msgTypes[64]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AddSignerRequest.ProtoReflect.Descriptor instead.
+func (*AddSignerRequest) Descriptor() ([]byte, []int) {
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{64}
+}
+
+func (x *AddSignerRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *AddSignerRequest) GetPublicKey() []byte {
+	if x != nil {
+		return x.PublicKey
+	}
+	return nil
+}
+
+type ListSignersRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSignersRequest) Reset() {
+	*x = ListSignersRequest{}
+	mi := &file_tether_v1_admin_proto_msgTypes[65]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSignersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSignersRequest) ProtoMessage() {}
+
+func (x *ListSignersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_admin_proto_msgTypes[65]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSignersRequest.ProtoReflect.Descriptor instead.
+func (*ListSignersRequest) Descriptor() ([]byte, []int) {
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{65}
+}
+
+type ListSignersResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Signers       []*Signer              `protobuf:"bytes,1,rep,name=signers,proto3" json:"signers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSignersResponse) Reset() {
+	*x = ListSignersResponse{}
+	mi := &file_tether_v1_admin_proto_msgTypes[66]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSignersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSignersResponse) ProtoMessage() {}
+
+func (x *ListSignersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_admin_proto_msgTypes[66]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSignersResponse.ProtoReflect.Descriptor instead.
+func (*ListSignersResponse) Descriptor() ([]byte, []int) {
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{66}
+}
+
+func (x *ListSignersResponse) GetSigners() []*Signer {
+	if x != nil {
+		return x.Signers
+	}
+	return nil
+}
+
+type RemoveSignerRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A signer name or its fingerprint.
+	Signer        string `protobuf:"bytes,1,opt,name=signer,proto3" json:"signer,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveSignerRequest) Reset() {
+	*x = RemoveSignerRequest{}
+	mi := &file_tether_v1_admin_proto_msgTypes[67]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveSignerRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveSignerRequest) ProtoMessage() {}
+
+func (x *RemoveSignerRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_admin_proto_msgTypes[67]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveSignerRequest.ProtoReflect.Descriptor instead.
+func (*RemoveSignerRequest) Descriptor() ([]byte, []int) {
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{67}
+}
+
+func (x *RemoveSignerRequest) GetSigner() string {
+	if x != nil {
+		return x.Signer
+	}
+	return ""
+}
+
+type RemoveSignerResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveSignerResponse) Reset() {
+	*x = RemoveSignerResponse{}
+	mi := &file_tether_v1_admin_proto_msgTypes[68]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveSignerResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveSignerResponse) ProtoMessage() {}
+
+func (x *RemoveSignerResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_admin_proto_msgTypes[68]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveSignerResponse.ProtoReflect.Descriptor instead.
+func (*RemoveSignerResponse) Descriptor() ([]byte, []int) {
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{68}
+}
+
+type SignModuleRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Version       string                 `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
+	Signature     *ModuleSignature       `protobuf:"bytes,3,opt,name=signature,proto3" json:"signature,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SignModuleRequest) Reset() {
+	*x = SignModuleRequest{}
+	mi := &file_tether_v1_admin_proto_msgTypes[69]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SignModuleRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SignModuleRequest) ProtoMessage() {}
+
+func (x *SignModuleRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_admin_proto_msgTypes[69]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SignModuleRequest.ProtoReflect.Descriptor instead.
+func (*SignModuleRequest) Descriptor() ([]byte, []int) {
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{69}
+}
+
+func (x *SignModuleRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *SignModuleRequest) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+func (x *SignModuleRequest) GetSignature() *ModuleSignature {
+	if x != nil {
+		return x.Signature
+	}
+	return nil
+}
+
+type CreateIdentityRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Role  string                 `protobuf:"bytes,2,opt,name=role,proto3" json:"role,omitempty"`
+	// The identity's own key stays with the client: it sends a CSR.
+	CsrPem string `protobuf:"bytes,3,opt,name=csr_pem,json=csrPem,proto3" json:"csr_pem,omitempty"`
+	// Zero means the default (90 days).
+	TtlSeconds    int64 `protobuf:"varint,4,opt,name=ttl_seconds,json=ttlSeconds,proto3" json:"ttl_seconds,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateIdentityRequest) Reset() {
+	*x = CreateIdentityRequest{}
+	mi := &file_tether_v1_admin_proto_msgTypes[70]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateIdentityRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateIdentityRequest) ProtoMessage() {}
+
+func (x *CreateIdentityRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_admin_proto_msgTypes[70]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateIdentityRequest.ProtoReflect.Descriptor instead.
+func (*CreateIdentityRequest) Descriptor() ([]byte, []int) {
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{70}
+}
+
+func (x *CreateIdentityRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *CreateIdentityRequest) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *CreateIdentityRequest) GetCsrPem() string {
+	if x != nil {
+		return x.CsrPem
+	}
+	return ""
+}
+
+func (x *CreateIdentityRequest) GetTtlSeconds() int64 {
+	if x != nil {
+		return x.TtlSeconds
+	}
+	return 0
+}
+
+type IdentityCertificate struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Identity       *AdminIdentity         `protobuf:"bytes,1,opt,name=identity,proto3" json:"identity,omitempty"`
+	CertificatePem string                 `protobuf:"bytes,2,opt,name=certificate_pem,json=certificatePem,proto3" json:"certificate_pem,omitempty"`
+	CaPem          string                 `protobuf:"bytes,3,opt,name=ca_pem,json=caPem,proto3" json:"ca_pem,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *IdentityCertificate) Reset() {
+	*x = IdentityCertificate{}
+	mi := &file_tether_v1_admin_proto_msgTypes[71]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *IdentityCertificate) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*IdentityCertificate) ProtoMessage() {}
+
+func (x *IdentityCertificate) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_admin_proto_msgTypes[71]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use IdentityCertificate.ProtoReflect.Descriptor instead.
+func (*IdentityCertificate) Descriptor() ([]byte, []int) {
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{71}
+}
+
+func (x *IdentityCertificate) GetIdentity() *AdminIdentity {
+	if x != nil {
+		return x.Identity
+	}
+	return nil
+}
+
+func (x *IdentityCertificate) GetCertificatePem() string {
+	if x != nil {
+		return x.CertificatePem
+	}
+	return ""
+}
+
+func (x *IdentityCertificate) GetCaPem() string {
+	if x != nil {
+		return x.CaPem
+	}
+	return ""
+}
+
+type ListIdentitiesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListIdentitiesRequest) Reset() {
+	*x = ListIdentitiesRequest{}
+	mi := &file_tether_v1_admin_proto_msgTypes[72]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListIdentitiesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListIdentitiesRequest) ProtoMessage() {}
+
+func (x *ListIdentitiesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_admin_proto_msgTypes[72]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListIdentitiesRequest.ProtoReflect.Descriptor instead.
+func (*ListIdentitiesRequest) Descriptor() ([]byte, []int) {
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{72}
+}
+
+type ListIdentitiesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Identities    []*AdminIdentity       `protobuf:"bytes,1,rep,name=identities,proto3" json:"identities,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListIdentitiesResponse) Reset() {
+	*x = ListIdentitiesResponse{}
+	mi := &file_tether_v1_admin_proto_msgTypes[73]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListIdentitiesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListIdentitiesResponse) ProtoMessage() {}
+
+func (x *ListIdentitiesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_admin_proto_msgTypes[73]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListIdentitiesResponse.ProtoReflect.Descriptor instead.
+func (*ListIdentitiesResponse) Descriptor() ([]byte, []int) {
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{73}
+}
+
+func (x *ListIdentitiesResponse) GetIdentities() []*AdminIdentity {
+	if x != nil {
+		return x.Identities
+	}
+	return nil
+}
+
+type RevokeIdentityRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RevokeIdentityRequest) Reset() {
+	*x = RevokeIdentityRequest{}
+	mi := &file_tether_v1_admin_proto_msgTypes[74]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RevokeIdentityRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RevokeIdentityRequest) ProtoMessage() {}
+
+func (x *RevokeIdentityRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_admin_proto_msgTypes[74]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RevokeIdentityRequest.ProtoReflect.Descriptor instead.
+func (*RevokeIdentityRequest) Descriptor() ([]byte, []int) {
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{74}
+}
+
+func (x *RevokeIdentityRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type RenewIdentityRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	CsrPem        string                 `protobuf:"bytes,1,opt,name=csr_pem,json=csrPem,proto3" json:"csr_pem,omitempty"`
+	TtlSeconds    int64                  `protobuf:"varint,2,opt,name=ttl_seconds,json=ttlSeconds,proto3" json:"ttl_seconds,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RenewIdentityRequest) Reset() {
+	*x = RenewIdentityRequest{}
+	mi := &file_tether_v1_admin_proto_msgTypes[75]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RenewIdentityRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RenewIdentityRequest) ProtoMessage() {}
+
+func (x *RenewIdentityRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_admin_proto_msgTypes[75]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RenewIdentityRequest.ProtoReflect.Descriptor instead.
+func (*RenewIdentityRequest) Descriptor() ([]byte, []int) {
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{75}
+}
+
+func (x *RenewIdentityRequest) GetCsrPem() string {
+	if x != nil {
+		return x.CsrPem
+	}
+	return ""
+}
+
+func (x *RenewIdentityRequest) GetTtlSeconds() int64 {
+	if x != nil {
+		return x.TtlSeconds
+	}
+	return 0
+}
+
+type ListAuditRequest struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Identity string                 `protobuf:"bytes,1,opt,name=identity,proto3" json:"identity,omitempty"`
+	Since    *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=since,proto3" json:"since,omitempty"`
+	// Records with an id above after_id (for following the trail).
+	AfterId       int64 `protobuf:"varint,3,opt,name=after_id,json=afterId,proto3" json:"after_id,omitempty"`
+	PageSize      int32 `protobuf:"varint,4,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListAuditRequest) Reset() {
+	*x = ListAuditRequest{}
+	mi := &file_tether_v1_admin_proto_msgTypes[76]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListAuditRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListAuditRequest) ProtoMessage() {}
+
+func (x *ListAuditRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_admin_proto_msgTypes[76]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListAuditRequest.ProtoReflect.Descriptor instead.
+func (*ListAuditRequest) Descriptor() ([]byte, []int) {
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{76}
+}
+
+func (x *ListAuditRequest) GetIdentity() string {
+	if x != nil {
+		return x.Identity
+	}
+	return ""
+}
+
+func (x *ListAuditRequest) GetSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Since
+	}
+	return nil
+}
+
+func (x *ListAuditRequest) GetAfterId() int64 {
+	if x != nil {
+		return x.AfterId
+	}
+	return 0
+}
+
+func (x *ListAuditRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+type ListAuditResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Records       []*AuditRecord         `protobuf:"bytes,1,rep,name=records,proto3" json:"records,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListAuditResponse) Reset() {
+	*x = ListAuditResponse{}
+	mi := &file_tether_v1_admin_proto_msgTypes[77]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListAuditResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListAuditResponse) ProtoMessage() {}
+
+func (x *ListAuditResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_admin_proto_msgTypes[77]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListAuditResponse.ProtoReflect.Descriptor instead.
+func (*ListAuditResponse) Descriptor() ([]byte, []int) {
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{77}
+}
+
+func (x *ListAuditResponse) GetRecords() []*AuditRecord {
+	if x != nil {
+		return x.Records
+	}
+	return nil
+}
+
 var File_tether_v1_admin_proto protoreflect.FileDescriptor
 
 const file_tether_v1_admin_proto_rawDesc = "" +
 	"\n" +
-	"\x15tether/v1/admin.proto\x12\ttether.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15tether/v1/types.proto\"\xce\x02\n" +
+	"\x15tether/v1/admin.proto\x12\ttether.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15tether/v1/types.proto\"\x93\x03\n" +
 	"\x15CreateTemplateRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x127\n" +
 	"\froot_modules\x18\x02 \x03(\v2\x14.tether.v1.ModuleRefR\vrootModules\x12A\n" +
@@ -3882,7 +4639,9 @@ const file_tether_v1_admin_proto_rawDesc = "" +
 	"\x10initramfs_digest\x18\x05 \x01(\tR\x0finitramfsDigest\x12\x1f\n" +
 	"\vkernel_args\x18\x06 \x01(\tR\n" +
 	"kernelArgs\x124\n" +
-	"\x16require_signed_modules\x18\a \x01(\bR\x14requireSignedModules\"(\n" +
+	"\x16require_signed_modules\x18\a \x01(\bR\x14requireSignedModules\x12\x18\n" +
+	"\aconsole\x18\b \x01(\tR\aconsole\x12)\n" +
+	"\x10required_signers\x18\t \x03(\tR\x0frequiredSigners\"(\n" +
 	"\x12GetTemplateRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"R\n" +
 	"\x14ListTemplatesRequest\x12\x1b\n" +
@@ -3891,7 +4650,7 @@ const file_tether_v1_admin_proto_rawDesc = "" +
 	"page_token\x18\x02 \x01(\tR\tpageToken\"r\n" +
 	"\x15ListTemplatesResponse\x121\n" +
 	"\ttemplates\x18\x01 \x03(\v2\x13.tether.v1.TemplateR\ttemplates\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xef\x02\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xb4\x03\n" +
 	"\x15UpdateTemplateRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1f\n" +
 	"\vupdate_mask\x18\x02 \x03(\tR\n" +
@@ -3902,20 +4661,26 @@ const file_tether_v1_admin_proto_rawDesc = "" +
 	"\x10initramfs_digest\x18\x06 \x01(\tR\x0finitramfsDigest\x12\x1f\n" +
 	"\vkernel_args\x18\a \x01(\tR\n" +
 	"kernelArgs\x124\n" +
-	"\x16require_signed_modules\x18\b \x01(\bR\x14requireSignedModules\"+\n" +
+	"\x16require_signed_modules\x18\b \x01(\bR\x14requireSignedModules\x12\x18\n" +
+	"\aconsole\x18\t \x01(\tR\aconsole\x12)\n" +
+	"\x10required_signers\x18\n" +
+	" \x03(\tR\x0frequiredSigners\"+\n" +
 	"\x15DeleteTemplateRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"\x18\n" +
 	"\x16DeleteTemplateResponse\"i\n" +
 	"\x11PushModuleRequest\x125\n" +
 	"\x06header\x18\x01 \x01(\v2\x1b.tether.v1.PushModuleHeaderH\x00R\x06header\x12\x16\n" +
 	"\x05chunk\x18\x02 \x01(\fH\x00R\x05chunkB\x05\n" +
-	"\x03msg\"\x8a\x01\n" +
+	"\x03msg\"\xc6\x01\n" +
 	"\x10PushModuleHeader\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x16\n" +
 	"\x06digest\x18\x03 \x01(\tR\x06digest\x12\x12\n" +
 	"\x04size\x18\x04 \x01(\x03R\x04size\x12\x1c\n" +
-	"\tsignature\x18\x05 \x01(\fR\tsignature\"@\n" +
+	"\tsignature\x18\x05 \x01(\fR\tsignature\x12:\n" +
+	"\n" +
+	"signatures\x18\x06 \x03(\v2\x1a.tether.v1.ModuleSignatureR\n" +
+	"signatures\"@\n" +
 	"\x10GetModuleRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\"d\n" +
@@ -3930,13 +4695,14 @@ const file_tether_v1_admin_proto_rawDesc = "" +
 	"\x13DeleteModuleRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\"\x16\n" +
-	"\x14DeleteModuleResponse\"\xc6\x01\n" +
+	"\x14DeleteModuleResponse\"\xda\x01\n" +
 	"\x11CreateNodeRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
 	"\btemplate\x18\x02 \x01(\tR\btemplate\x12\x1d\n" +
 	"\aenabled\x18\x03 \x01(\bH\x00R\aenabled\x88\x01\x01\x12/\n" +
 	"\x06config\x18\x04 \x01(\v2\x17.google.protobuf.StructR\x06config\x12%\n" +
-	"\x0epublic_address\x18\x05 \x01(\tR\rpublicAddressB\n" +
+	"\x0epublic_address\x18\x05 \x01(\tR\rpublicAddress\x12\x12\n" +
+	"\x04macs\x18\x06 \x03(\tR\x04macsB\n" +
 	"\n" +
 	"\b_enabled\"$\n" +
 	"\x0eGetNodeRequest\x12\x12\n" +
@@ -3948,7 +4714,7 @@ const file_tether_v1_admin_proto_rawDesc = "" +
 	"page_token\x18\x03 \x01(\tR\tpageToken\"b\n" +
 	"\x11ListNodesResponse\x12%\n" +
 	"\x05nodes\x18\x01 \x03(\v2\x0f.tether.v1.NodeR\x05nodes\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xd6\x01\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xea\x01\n" +
 	"\x11UpdateNodeRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1f\n" +
 	"\vupdate_mask\x18\x02 \x03(\tR\n" +
@@ -3956,7 +4722,8 @@ const file_tether_v1_admin_proto_rawDesc = "" +
 	"\btemplate\x18\x03 \x01(\tR\btemplate\x12\x18\n" +
 	"\aenabled\x18\x04 \x01(\bR\aenabled\x12/\n" +
 	"\x06config\x18\x05 \x01(\v2\x17.google.protobuf.StructR\x06config\x12%\n" +
-	"\x0epublic_address\x18\x06 \x01(\tR\rpublicAddress\"'\n" +
+	"\x0epublic_address\x18\x06 \x01(\tR\rpublicAddress\x12\x12\n" +
+	"\x04macs\x18\a \x03(\tR\x04macs\"'\n" +
 	"\x11DeleteNodeRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"\x14\n" +
 	"\x12DeleteNodeResponse\"\xaa\x01\n" +
@@ -4156,7 +4923,49 @@ const file_tether_v1_admin_proto_rawDesc = "" +
 	"instanceId\x12\x17\n" +
 	"\apool_id\x18\x03 \x01(\tR\x06poolId\x12%\n" +
 	"\x0ecorrelation_id\x18\x04 \x01(\tR\rcorrelationId\x126\n" +
-	"\fmin_severity\x18\x05 \x01(\x0e2\x13.tether.v1.SeverityR\vminSeverity2\xd2\x1c\n" +
+	"\fmin_severity\x18\x05 \x01(\x0e2\x13.tether.v1.SeverityR\vminSeverity\"E\n" +
+	"\x10AddSignerRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1d\n" +
+	"\n" +
+	"public_key\x18\x02 \x01(\fR\tpublicKey\"\x14\n" +
+	"\x12ListSignersRequest\"B\n" +
+	"\x13ListSignersResponse\x12+\n" +
+	"\asigners\x18\x01 \x03(\v2\x11.tether.v1.SignerR\asigners\"-\n" +
+	"\x13RemoveSignerRequest\x12\x16\n" +
+	"\x06signer\x18\x01 \x01(\tR\x06signer\"\x16\n" +
+	"\x14RemoveSignerResponse\"{\n" +
+	"\x11SignModuleRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
+	"\aversion\x18\x02 \x01(\tR\aversion\x128\n" +
+	"\tsignature\x18\x03 \x01(\v2\x1a.tether.v1.ModuleSignatureR\tsignature\"y\n" +
+	"\x15CreateIdentityRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04role\x18\x02 \x01(\tR\x04role\x12\x17\n" +
+	"\acsr_pem\x18\x03 \x01(\tR\x06csrPem\x12\x1f\n" +
+	"\vttl_seconds\x18\x04 \x01(\x03R\n" +
+	"ttlSeconds\"\x8b\x01\n" +
+	"\x13IdentityCertificate\x124\n" +
+	"\bidentity\x18\x01 \x01(\v2\x18.tether.v1.AdminIdentityR\bidentity\x12'\n" +
+	"\x0fcertificate_pem\x18\x02 \x01(\tR\x0ecertificatePem\x12\x15\n" +
+	"\x06ca_pem\x18\x03 \x01(\tR\x05caPem\"\x17\n" +
+	"\x15ListIdentitiesRequest\"R\n" +
+	"\x16ListIdentitiesResponse\x128\n" +
+	"\n" +
+	"identities\x18\x01 \x03(\v2\x18.tether.v1.AdminIdentityR\n" +
+	"identities\"+\n" +
+	"\x15RevokeIdentityRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"P\n" +
+	"\x14RenewIdentityRequest\x12\x17\n" +
+	"\acsr_pem\x18\x01 \x01(\tR\x06csrPem\x12\x1f\n" +
+	"\vttl_seconds\x18\x02 \x01(\x03R\n" +
+	"ttlSeconds\"\x98\x01\n" +
+	"\x10ListAuditRequest\x12\x1a\n" +
+	"\bidentity\x18\x01 \x01(\tR\bidentity\x120\n" +
+	"\x05since\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x12\x19\n" +
+	"\bafter_id\x18\x03 \x01(\x03R\aafterId\x12\x1b\n" +
+	"\tpage_size\x18\x04 \x01(\x05R\bpageSize\"E\n" +
+	"\x11ListAuditResponse\x120\n" +
+	"\arecords\x18\x01 \x03(\v2\x16.tether.v1.AuditRecordR\arecords2\x80\"\n" +
 	"\fAdminService\x12G\n" +
 	"\x0eCreateTemplate\x12 .tether.v1.CreateTemplateRequest\x1a\x13.tether.v1.Template\x12A\n" +
 	"\vGetTemplate\x12\x1d.tether.v1.GetTemplateRequest\x1a\x13.tether.v1.Template\x12R\n" +
@@ -4216,7 +5025,17 @@ const file_tether_v1_admin_proto_rawDesc = "" +
 	"\x11ReleasePoolMember\x12#.tether.v1.ReleasePoolMemberRequest\x1a$.tether.v1.ReleasePoolMemberResponse\x12I\n" +
 	"\n" +
 	"ListEvents\x12\x1c.tether.v1.ListEventsRequest\x1a\x1d.tether.v1.ListEventsResponse\x12E\n" +
-	"\vWatchEvents\x12\x1d.tether.v1.WatchEventsRequest\x1a\x15.tether.v1.FleetEvent0\x01B8Z6github.com/tetherfleet/tether/proto/tether/v1;tetherv1b\x06proto3"
+	"\vWatchEvents\x12\x1d.tether.v1.WatchEventsRequest\x1a\x15.tether.v1.FleetEvent0\x01\x12;\n" +
+	"\tAddSigner\x12\x1b.tether.v1.AddSignerRequest\x1a\x11.tether.v1.Signer\x12L\n" +
+	"\vListSigners\x12\x1d.tether.v1.ListSignersRequest\x1a\x1e.tether.v1.ListSignersResponse\x12O\n" +
+	"\fRemoveSigner\x12\x1e.tether.v1.RemoveSignerRequest\x1a\x1f.tether.v1.RemoveSignerResponse\x12=\n" +
+	"\n" +
+	"SignModule\x12\x1c.tether.v1.SignModuleRequest\x1a\x11.tether.v1.Module\x12R\n" +
+	"\x0eCreateIdentity\x12 .tether.v1.CreateIdentityRequest\x1a\x1e.tether.v1.IdentityCertificate\x12U\n" +
+	"\x0eListIdentities\x12 .tether.v1.ListIdentitiesRequest\x1a!.tether.v1.ListIdentitiesResponse\x12L\n" +
+	"\x0eRevokeIdentity\x12 .tether.v1.RevokeIdentityRequest\x1a\x18.tether.v1.AdminIdentity\x12P\n" +
+	"\rRenewIdentity\x12\x1f.tether.v1.RenewIdentityRequest\x1a\x1e.tether.v1.IdentityCertificate\x12F\n" +
+	"\tListAudit\x12\x1b.tether.v1.ListAuditRequest\x1a\x1c.tether.v1.ListAuditResponseB8Z6github.com/tetherfleet/tether/proto/tether/v1;tetherv1b\x06proto3"
 
 var (
 	file_tether_v1_admin_proto_rawDescOnce sync.Once
@@ -4230,7 +5049,7 @@ func file_tether_v1_admin_proto_rawDescGZIP() []byte {
 	return file_tether_v1_admin_proto_rawDescData
 }
 
-var file_tether_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 64)
+var file_tether_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 78)
 var file_tether_v1_admin_proto_goTypes = []any{
 	(*CreateTemplateRequest)(nil),        // 0: tether.v1.CreateTemplateRequest
 	(*GetTemplateRequest)(nil),           // 1: tether.v1.GetTemplateRequest
@@ -4296,167 +5115,210 @@ var file_tether_v1_admin_proto_goTypes = []any{
 	(*ListEventsRequest)(nil),            // 61: tether.v1.ListEventsRequest
 	(*ListEventsResponse)(nil),           // 62: tether.v1.ListEventsResponse
 	(*WatchEventsRequest)(nil),           // 63: tether.v1.WatchEventsRequest
-	(*ModuleRef)(nil),                    // 64: tether.v1.ModuleRef
-	(*Template)(nil),                     // 65: tether.v1.Template
-	(*Module)(nil),                       // 66: tether.v1.Module
-	(*structpb.Struct)(nil),              // 67: google.protobuf.Struct
-	(*Node)(nil),                         // 68: tether.v1.Node
-	(*Instance)(nil),                     // 69: tether.v1.Instance
-	(InstanceStatus)(0),                  // 70: tether.v1.InstanceStatus
-	(*timestamppb.Timestamp)(nil),        // 71: google.protobuf.Timestamp
-	(*Certificate)(nil),                  // 72: tether.v1.Certificate
-	(TaskKind)(0),                        // 73: tether.v1.TaskKind
-	(*ExecPayload)(nil),                  // 74: tether.v1.ExecPayload
-	(TaskTarget)(0),                      // 75: tether.v1.TaskTarget
-	(TaskStatus)(0),                      // 76: tether.v1.TaskStatus
-	(*Task)(nil),                         // 77: tether.v1.Task
-	(LifecycleClass)(0),                  // 78: tether.v1.LifecycleClass
-	(*PoolMetadata)(nil),                 // 79: tether.v1.PoolMetadata
-	(*Pool)(nil),                         // 80: tether.v1.Pool
-	(Severity)(0),                        // 81: tether.v1.Severity
-	(*FleetEvent)(nil),                   // 82: tether.v1.FleetEvent
+	(*AddSignerRequest)(nil),             // 64: tether.v1.AddSignerRequest
+	(*ListSignersRequest)(nil),           // 65: tether.v1.ListSignersRequest
+	(*ListSignersResponse)(nil),          // 66: tether.v1.ListSignersResponse
+	(*RemoveSignerRequest)(nil),          // 67: tether.v1.RemoveSignerRequest
+	(*RemoveSignerResponse)(nil),         // 68: tether.v1.RemoveSignerResponse
+	(*SignModuleRequest)(nil),            // 69: tether.v1.SignModuleRequest
+	(*CreateIdentityRequest)(nil),        // 70: tether.v1.CreateIdentityRequest
+	(*IdentityCertificate)(nil),          // 71: tether.v1.IdentityCertificate
+	(*ListIdentitiesRequest)(nil),        // 72: tether.v1.ListIdentitiesRequest
+	(*ListIdentitiesResponse)(nil),       // 73: tether.v1.ListIdentitiesResponse
+	(*RevokeIdentityRequest)(nil),        // 74: tether.v1.RevokeIdentityRequest
+	(*RenewIdentityRequest)(nil),         // 75: tether.v1.RenewIdentityRequest
+	(*ListAuditRequest)(nil),             // 76: tether.v1.ListAuditRequest
+	(*ListAuditResponse)(nil),            // 77: tether.v1.ListAuditResponse
+	(*ModuleRef)(nil),                    // 78: tether.v1.ModuleRef
+	(*Template)(nil),                     // 79: tether.v1.Template
+	(*ModuleSignature)(nil),              // 80: tether.v1.ModuleSignature
+	(*Module)(nil),                       // 81: tether.v1.Module
+	(*structpb.Struct)(nil),              // 82: google.protobuf.Struct
+	(*Node)(nil),                         // 83: tether.v1.Node
+	(*Instance)(nil),                     // 84: tether.v1.Instance
+	(InstanceStatus)(0),                  // 85: tether.v1.InstanceStatus
+	(*timestamppb.Timestamp)(nil),        // 86: google.protobuf.Timestamp
+	(*Certificate)(nil),                  // 87: tether.v1.Certificate
+	(TaskKind)(0),                        // 88: tether.v1.TaskKind
+	(*ExecPayload)(nil),                  // 89: tether.v1.ExecPayload
+	(TaskTarget)(0),                      // 90: tether.v1.TaskTarget
+	(TaskStatus)(0),                      // 91: tether.v1.TaskStatus
+	(*Task)(nil),                         // 92: tether.v1.Task
+	(LifecycleClass)(0),                  // 93: tether.v1.LifecycleClass
+	(*PoolMetadata)(nil),                 // 94: tether.v1.PoolMetadata
+	(*Pool)(nil),                         // 95: tether.v1.Pool
+	(Severity)(0),                        // 96: tether.v1.Severity
+	(*FleetEvent)(nil),                   // 97: tether.v1.FleetEvent
+	(*Signer)(nil),                       // 98: tether.v1.Signer
+	(*AdminIdentity)(nil),                // 99: tether.v1.AdminIdentity
+	(*AuditRecord)(nil),                  // 100: tether.v1.AuditRecord
 }
 var file_tether_v1_admin_proto_depIdxs = []int32{
-	64, // 0: tether.v1.CreateTemplateRequest.root_modules:type_name -> tether.v1.ModuleRef
-	64, // 1: tether.v1.CreateTemplateRequest.extension_modules:type_name -> tether.v1.ModuleRef
-	65, // 2: tether.v1.ListTemplatesResponse.templates:type_name -> tether.v1.Template
-	64, // 3: tether.v1.UpdateTemplateRequest.root_modules:type_name -> tether.v1.ModuleRef
-	64, // 4: tether.v1.UpdateTemplateRequest.extension_modules:type_name -> tether.v1.ModuleRef
-	8,  // 5: tether.v1.PushModuleRequest.header:type_name -> tether.v1.PushModuleHeader
-	66, // 6: tether.v1.ListModulesResponse.modules:type_name -> tether.v1.Module
-	67, // 7: tether.v1.CreateNodeRequest.config:type_name -> google.protobuf.Struct
-	68, // 8: tether.v1.ListNodesResponse.nodes:type_name -> tether.v1.Node
-	67, // 9: tether.v1.UpdateNodeRequest.config:type_name -> google.protobuf.Struct
-	69, // 10: tether.v1.ProvisionInstanceResponse.instance:type_name -> tether.v1.Instance
-	70, // 11: tether.v1.ListInstancesRequest.status:type_name -> tether.v1.InstanceStatus
-	69, // 12: tether.v1.ListInstancesResponse.instances:type_name -> tether.v1.Instance
-	69, // 13: tether.v1.CordonInstanceResponse.instance:type_name -> tether.v1.Instance
-	69, // 14: tether.v1.UncordonInstanceResponse.instance:type_name -> tether.v1.Instance
-	69, // 15: tether.v1.DrainInstanceResponse.instance:type_name -> tether.v1.Instance
-	71, // 16: tether.v1.CreateBootstrapTokenResponse.expires_at:type_name -> google.protobuf.Timestamp
-	72, // 17: tether.v1.ListCertificatesResponse.certificates:type_name -> tether.v1.Certificate
-	73, // 18: tether.v1.CreateTaskRequest.kind:type_name -> tether.v1.TaskKind
-	74, // 19: tether.v1.CreateTaskRequest.exec:type_name -> tether.v1.ExecPayload
-	75, // 20: tether.v1.ListTasksRequest.target:type_name -> tether.v1.TaskTarget
-	76, // 21: tether.v1.ListTasksRequest.status:type_name -> tether.v1.TaskStatus
-	77, // 22: tether.v1.ListTasksResponse.tasks:type_name -> tether.v1.Task
-	78, // 23: tether.v1.CreatePoolRequest.lifecycle_class:type_name -> tether.v1.LifecycleClass
-	79, // 24: tether.v1.CreatePoolRequest.metadata:type_name -> tether.v1.PoolMetadata
-	80, // 25: tether.v1.ListPoolsResponse.pools:type_name -> tether.v1.Pool
-	78, // 26: tether.v1.UpdatePoolRequest.lifecycle_class:type_name -> tether.v1.LifecycleClass
-	79, // 27: tether.v1.UpdatePoolRequest.metadata:type_name -> tether.v1.PoolMetadata
-	80, // 28: tether.v1.DrainPoolResponse.pool:type_name -> tether.v1.Pool
-	80, // 29: tether.v1.ReplenishPoolResponse.pool:type_name -> tether.v1.Pool
-	80, // 30: tether.v1.RecyclePoolResponse.pool:type_name -> tether.v1.Pool
-	78, // 31: tether.v1.AcquirePoolMemberRequest.lifecycle_class:type_name -> tether.v1.LifecycleClass
-	69, // 32: tether.v1.AcquirePoolMemberResponse.instance:type_name -> tether.v1.Instance
-	69, // 33: tether.v1.ReleasePoolMemberResponse.instance:type_name -> tether.v1.Instance
-	81, // 34: tether.v1.ListEventsRequest.min_severity:type_name -> tether.v1.Severity
-	82, // 35: tether.v1.ListEventsResponse.events:type_name -> tether.v1.FleetEvent
-	81, // 36: tether.v1.WatchEventsRequest.min_severity:type_name -> tether.v1.Severity
-	0,  // 37: tether.v1.AdminService.CreateTemplate:input_type -> tether.v1.CreateTemplateRequest
-	1,  // 38: tether.v1.AdminService.GetTemplate:input_type -> tether.v1.GetTemplateRequest
-	2,  // 39: tether.v1.AdminService.ListTemplates:input_type -> tether.v1.ListTemplatesRequest
-	4,  // 40: tether.v1.AdminService.UpdateTemplate:input_type -> tether.v1.UpdateTemplateRequest
-	5,  // 41: tether.v1.AdminService.DeleteTemplate:input_type -> tether.v1.DeleteTemplateRequest
-	7,  // 42: tether.v1.AdminService.PushModule:input_type -> tether.v1.PushModuleRequest
-	9,  // 43: tether.v1.AdminService.GetModule:input_type -> tether.v1.GetModuleRequest
-	10, // 44: tether.v1.AdminService.ListModules:input_type -> tether.v1.ListModulesRequest
-	12, // 45: tether.v1.AdminService.DeleteModule:input_type -> tether.v1.DeleteModuleRequest
-	14, // 46: tether.v1.AdminService.CreateNode:input_type -> tether.v1.CreateNodeRequest
-	15, // 47: tether.v1.AdminService.GetNode:input_type -> tether.v1.GetNodeRequest
-	16, // 48: tether.v1.AdminService.ListNodes:input_type -> tether.v1.ListNodesRequest
-	18, // 49: tether.v1.AdminService.UpdateNode:input_type -> tether.v1.UpdateNodeRequest
-	19, // 50: tether.v1.AdminService.DeleteNode:input_type -> tether.v1.DeleteNodeRequest
-	21, // 51: tether.v1.AdminService.ProvisionInstance:input_type -> tether.v1.ProvisionInstanceRequest
-	23, // 52: tether.v1.AdminService.GetInstance:input_type -> tether.v1.GetInstanceRequest
-	24, // 53: tether.v1.AdminService.ListInstances:input_type -> tether.v1.ListInstancesRequest
-	26, // 54: tether.v1.AdminService.StartInstance:input_type -> tether.v1.InstanceActionRequest
-	26, // 55: tether.v1.AdminService.StopInstance:input_type -> tether.v1.InstanceActionRequest
-	26, // 56: tether.v1.AdminService.RebootInstance:input_type -> tether.v1.InstanceActionRequest
-	26, // 57: tether.v1.AdminService.TerminateInstance:input_type -> tether.v1.InstanceActionRequest
-	27, // 58: tether.v1.AdminService.HoldInstance:input_type -> tether.v1.HoldInstanceRequest
-	26, // 59: tether.v1.AdminService.UnholdInstance:input_type -> tether.v1.InstanceActionRequest
-	28, // 60: tether.v1.AdminService.CordonInstance:input_type -> tether.v1.CordonInstanceRequest
-	26, // 61: tether.v1.AdminService.UncordonInstance:input_type -> tether.v1.InstanceActionRequest
-	31, // 62: tether.v1.AdminService.DrainInstance:input_type -> tether.v1.DrainInstanceRequest
-	33, // 63: tether.v1.AdminService.GetInstanceConsole:input_type -> tether.v1.GetInstanceConsoleRequest
-	35, // 64: tether.v1.AdminService.CreateSeedISO:input_type -> tether.v1.CreateSeedISORequest
-	37, // 65: tether.v1.AdminService.CreateBootstrapToken:input_type -> tether.v1.CreateBootstrapTokenRequest
-	39, // 66: tether.v1.AdminService.ListCertificates:input_type -> tether.v1.ListCertificatesRequest
-	41, // 67: tether.v1.AdminService.RevokeCertificate:input_type -> tether.v1.RevokeCertificateRequest
-	42, // 68: tether.v1.AdminService.CreateTask:input_type -> tether.v1.CreateTaskRequest
-	43, // 69: tether.v1.AdminService.GetTask:input_type -> tether.v1.GetTaskRequest
-	44, // 70: tether.v1.AdminService.ListTasks:input_type -> tether.v1.ListTasksRequest
-	46, // 71: tether.v1.AdminService.CancelTask:input_type -> tether.v1.CancelTaskRequest
-	47, // 72: tether.v1.AdminService.CreatePool:input_type -> tether.v1.CreatePoolRequest
-	48, // 73: tether.v1.AdminService.GetPool:input_type -> tether.v1.GetPoolRequest
-	49, // 74: tether.v1.AdminService.ListPools:input_type -> tether.v1.ListPoolsRequest
-	51, // 75: tether.v1.AdminService.UpdatePool:input_type -> tether.v1.UpdatePoolRequest
-	52, // 76: tether.v1.AdminService.PausePool:input_type -> tether.v1.PoolActionRequest
-	52, // 77: tether.v1.AdminService.ActivatePool:input_type -> tether.v1.PoolActionRequest
-	52, // 78: tether.v1.AdminService.DrainPool:input_type -> tether.v1.PoolActionRequest
-	52, // 79: tether.v1.AdminService.DeletePool:input_type -> tether.v1.PoolActionRequest
-	52, // 80: tether.v1.AdminService.ReplenishPool:input_type -> tether.v1.PoolActionRequest
-	52, // 81: tether.v1.AdminService.RecyclePool:input_type -> tether.v1.PoolActionRequest
-	57, // 82: tether.v1.AdminService.AcquirePoolMember:input_type -> tether.v1.AcquirePoolMemberRequest
-	59, // 83: tether.v1.AdminService.ReleasePoolMember:input_type -> tether.v1.ReleasePoolMemberRequest
-	61, // 84: tether.v1.AdminService.ListEvents:input_type -> tether.v1.ListEventsRequest
-	63, // 85: tether.v1.AdminService.WatchEvents:input_type -> tether.v1.WatchEventsRequest
-	65, // 86: tether.v1.AdminService.CreateTemplate:output_type -> tether.v1.Template
-	65, // 87: tether.v1.AdminService.GetTemplate:output_type -> tether.v1.Template
-	3,  // 88: tether.v1.AdminService.ListTemplates:output_type -> tether.v1.ListTemplatesResponse
-	65, // 89: tether.v1.AdminService.UpdateTemplate:output_type -> tether.v1.Template
-	6,  // 90: tether.v1.AdminService.DeleteTemplate:output_type -> tether.v1.DeleteTemplateResponse
-	66, // 91: tether.v1.AdminService.PushModule:output_type -> tether.v1.Module
-	66, // 92: tether.v1.AdminService.GetModule:output_type -> tether.v1.Module
-	11, // 93: tether.v1.AdminService.ListModules:output_type -> tether.v1.ListModulesResponse
-	13, // 94: tether.v1.AdminService.DeleteModule:output_type -> tether.v1.DeleteModuleResponse
-	68, // 95: tether.v1.AdminService.CreateNode:output_type -> tether.v1.Node
-	68, // 96: tether.v1.AdminService.GetNode:output_type -> tether.v1.Node
-	17, // 97: tether.v1.AdminService.ListNodes:output_type -> tether.v1.ListNodesResponse
-	68, // 98: tether.v1.AdminService.UpdateNode:output_type -> tether.v1.Node
-	20, // 99: tether.v1.AdminService.DeleteNode:output_type -> tether.v1.DeleteNodeResponse
-	22, // 100: tether.v1.AdminService.ProvisionInstance:output_type -> tether.v1.ProvisionInstanceResponse
-	69, // 101: tether.v1.AdminService.GetInstance:output_type -> tether.v1.Instance
-	25, // 102: tether.v1.AdminService.ListInstances:output_type -> tether.v1.ListInstancesResponse
-	69, // 103: tether.v1.AdminService.StartInstance:output_type -> tether.v1.Instance
-	69, // 104: tether.v1.AdminService.StopInstance:output_type -> tether.v1.Instance
-	69, // 105: tether.v1.AdminService.RebootInstance:output_type -> tether.v1.Instance
-	69, // 106: tether.v1.AdminService.TerminateInstance:output_type -> tether.v1.Instance
-	69, // 107: tether.v1.AdminService.HoldInstance:output_type -> tether.v1.Instance
-	69, // 108: tether.v1.AdminService.UnholdInstance:output_type -> tether.v1.Instance
-	29, // 109: tether.v1.AdminService.CordonInstance:output_type -> tether.v1.CordonInstanceResponse
-	30, // 110: tether.v1.AdminService.UncordonInstance:output_type -> tether.v1.UncordonInstanceResponse
-	32, // 111: tether.v1.AdminService.DrainInstance:output_type -> tether.v1.DrainInstanceResponse
-	34, // 112: tether.v1.AdminService.GetInstanceConsole:output_type -> tether.v1.ConsoleChunk
-	36, // 113: tether.v1.AdminService.CreateSeedISO:output_type -> tether.v1.CreateSeedISOResponse
-	38, // 114: tether.v1.AdminService.CreateBootstrapToken:output_type -> tether.v1.CreateBootstrapTokenResponse
-	40, // 115: tether.v1.AdminService.ListCertificates:output_type -> tether.v1.ListCertificatesResponse
-	72, // 116: tether.v1.AdminService.RevokeCertificate:output_type -> tether.v1.Certificate
-	77, // 117: tether.v1.AdminService.CreateTask:output_type -> tether.v1.Task
-	77, // 118: tether.v1.AdminService.GetTask:output_type -> tether.v1.Task
-	45, // 119: tether.v1.AdminService.ListTasks:output_type -> tether.v1.ListTasksResponse
-	77, // 120: tether.v1.AdminService.CancelTask:output_type -> tether.v1.Task
-	80, // 121: tether.v1.AdminService.CreatePool:output_type -> tether.v1.Pool
-	80, // 122: tether.v1.AdminService.GetPool:output_type -> tether.v1.Pool
-	50, // 123: tether.v1.AdminService.ListPools:output_type -> tether.v1.ListPoolsResponse
-	80, // 124: tether.v1.AdminService.UpdatePool:output_type -> tether.v1.Pool
-	80, // 125: tether.v1.AdminService.PausePool:output_type -> tether.v1.Pool
-	80, // 126: tether.v1.AdminService.ActivatePool:output_type -> tether.v1.Pool
-	53, // 127: tether.v1.AdminService.DrainPool:output_type -> tether.v1.DrainPoolResponse
-	54, // 128: tether.v1.AdminService.DeletePool:output_type -> tether.v1.DeletePoolResponse
-	55, // 129: tether.v1.AdminService.ReplenishPool:output_type -> tether.v1.ReplenishPoolResponse
-	56, // 130: tether.v1.AdminService.RecyclePool:output_type -> tether.v1.RecyclePoolResponse
-	58, // 131: tether.v1.AdminService.AcquirePoolMember:output_type -> tether.v1.AcquirePoolMemberResponse
-	60, // 132: tether.v1.AdminService.ReleasePoolMember:output_type -> tether.v1.ReleasePoolMemberResponse
-	62, // 133: tether.v1.AdminService.ListEvents:output_type -> tether.v1.ListEventsResponse
-	82, // 134: tether.v1.AdminService.WatchEvents:output_type -> tether.v1.FleetEvent
-	86, // [86:135] is the sub-list for method output_type
-	37, // [37:86] is the sub-list for method input_type
-	37, // [37:37] is the sub-list for extension type_name
-	37, // [37:37] is the sub-list for extension extendee
-	0,  // [0:37] is the sub-list for field type_name
+	78,  // 0: tether.v1.CreateTemplateRequest.root_modules:type_name -> tether.v1.ModuleRef
+	78,  // 1: tether.v1.CreateTemplateRequest.extension_modules:type_name -> tether.v1.ModuleRef
+	79,  // 2: tether.v1.ListTemplatesResponse.templates:type_name -> tether.v1.Template
+	78,  // 3: tether.v1.UpdateTemplateRequest.root_modules:type_name -> tether.v1.ModuleRef
+	78,  // 4: tether.v1.UpdateTemplateRequest.extension_modules:type_name -> tether.v1.ModuleRef
+	8,   // 5: tether.v1.PushModuleRequest.header:type_name -> tether.v1.PushModuleHeader
+	80,  // 6: tether.v1.PushModuleHeader.signatures:type_name -> tether.v1.ModuleSignature
+	81,  // 7: tether.v1.ListModulesResponse.modules:type_name -> tether.v1.Module
+	82,  // 8: tether.v1.CreateNodeRequest.config:type_name -> google.protobuf.Struct
+	83,  // 9: tether.v1.ListNodesResponse.nodes:type_name -> tether.v1.Node
+	82,  // 10: tether.v1.UpdateNodeRequest.config:type_name -> google.protobuf.Struct
+	84,  // 11: tether.v1.ProvisionInstanceResponse.instance:type_name -> tether.v1.Instance
+	85,  // 12: tether.v1.ListInstancesRequest.status:type_name -> tether.v1.InstanceStatus
+	84,  // 13: tether.v1.ListInstancesResponse.instances:type_name -> tether.v1.Instance
+	84,  // 14: tether.v1.CordonInstanceResponse.instance:type_name -> tether.v1.Instance
+	84,  // 15: tether.v1.UncordonInstanceResponse.instance:type_name -> tether.v1.Instance
+	84,  // 16: tether.v1.DrainInstanceResponse.instance:type_name -> tether.v1.Instance
+	86,  // 17: tether.v1.CreateBootstrapTokenResponse.expires_at:type_name -> google.protobuf.Timestamp
+	87,  // 18: tether.v1.ListCertificatesResponse.certificates:type_name -> tether.v1.Certificate
+	88,  // 19: tether.v1.CreateTaskRequest.kind:type_name -> tether.v1.TaskKind
+	89,  // 20: tether.v1.CreateTaskRequest.exec:type_name -> tether.v1.ExecPayload
+	90,  // 21: tether.v1.ListTasksRequest.target:type_name -> tether.v1.TaskTarget
+	91,  // 22: tether.v1.ListTasksRequest.status:type_name -> tether.v1.TaskStatus
+	92,  // 23: tether.v1.ListTasksResponse.tasks:type_name -> tether.v1.Task
+	93,  // 24: tether.v1.CreatePoolRequest.lifecycle_class:type_name -> tether.v1.LifecycleClass
+	94,  // 25: tether.v1.CreatePoolRequest.metadata:type_name -> tether.v1.PoolMetadata
+	95,  // 26: tether.v1.ListPoolsResponse.pools:type_name -> tether.v1.Pool
+	93,  // 27: tether.v1.UpdatePoolRequest.lifecycle_class:type_name -> tether.v1.LifecycleClass
+	94,  // 28: tether.v1.UpdatePoolRequest.metadata:type_name -> tether.v1.PoolMetadata
+	95,  // 29: tether.v1.DrainPoolResponse.pool:type_name -> tether.v1.Pool
+	95,  // 30: tether.v1.ReplenishPoolResponse.pool:type_name -> tether.v1.Pool
+	95,  // 31: tether.v1.RecyclePoolResponse.pool:type_name -> tether.v1.Pool
+	93,  // 32: tether.v1.AcquirePoolMemberRequest.lifecycle_class:type_name -> tether.v1.LifecycleClass
+	84,  // 33: tether.v1.AcquirePoolMemberResponse.instance:type_name -> tether.v1.Instance
+	84,  // 34: tether.v1.ReleasePoolMemberResponse.instance:type_name -> tether.v1.Instance
+	96,  // 35: tether.v1.ListEventsRequest.min_severity:type_name -> tether.v1.Severity
+	97,  // 36: tether.v1.ListEventsResponse.events:type_name -> tether.v1.FleetEvent
+	96,  // 37: tether.v1.WatchEventsRequest.min_severity:type_name -> tether.v1.Severity
+	98,  // 38: tether.v1.ListSignersResponse.signers:type_name -> tether.v1.Signer
+	80,  // 39: tether.v1.SignModuleRequest.signature:type_name -> tether.v1.ModuleSignature
+	99,  // 40: tether.v1.IdentityCertificate.identity:type_name -> tether.v1.AdminIdentity
+	99,  // 41: tether.v1.ListIdentitiesResponse.identities:type_name -> tether.v1.AdminIdentity
+	86,  // 42: tether.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
+	100, // 43: tether.v1.ListAuditResponse.records:type_name -> tether.v1.AuditRecord
+	0,   // 44: tether.v1.AdminService.CreateTemplate:input_type -> tether.v1.CreateTemplateRequest
+	1,   // 45: tether.v1.AdminService.GetTemplate:input_type -> tether.v1.GetTemplateRequest
+	2,   // 46: tether.v1.AdminService.ListTemplates:input_type -> tether.v1.ListTemplatesRequest
+	4,   // 47: tether.v1.AdminService.UpdateTemplate:input_type -> tether.v1.UpdateTemplateRequest
+	5,   // 48: tether.v1.AdminService.DeleteTemplate:input_type -> tether.v1.DeleteTemplateRequest
+	7,   // 49: tether.v1.AdminService.PushModule:input_type -> tether.v1.PushModuleRequest
+	9,   // 50: tether.v1.AdminService.GetModule:input_type -> tether.v1.GetModuleRequest
+	10,  // 51: tether.v1.AdminService.ListModules:input_type -> tether.v1.ListModulesRequest
+	12,  // 52: tether.v1.AdminService.DeleteModule:input_type -> tether.v1.DeleteModuleRequest
+	14,  // 53: tether.v1.AdminService.CreateNode:input_type -> tether.v1.CreateNodeRequest
+	15,  // 54: tether.v1.AdminService.GetNode:input_type -> tether.v1.GetNodeRequest
+	16,  // 55: tether.v1.AdminService.ListNodes:input_type -> tether.v1.ListNodesRequest
+	18,  // 56: tether.v1.AdminService.UpdateNode:input_type -> tether.v1.UpdateNodeRequest
+	19,  // 57: tether.v1.AdminService.DeleteNode:input_type -> tether.v1.DeleteNodeRequest
+	21,  // 58: tether.v1.AdminService.ProvisionInstance:input_type -> tether.v1.ProvisionInstanceRequest
+	23,  // 59: tether.v1.AdminService.GetInstance:input_type -> tether.v1.GetInstanceRequest
+	24,  // 60: tether.v1.AdminService.ListInstances:input_type -> tether.v1.ListInstancesRequest
+	26,  // 61: tether.v1.AdminService.StartInstance:input_type -> tether.v1.InstanceActionRequest
+	26,  // 62: tether.v1.AdminService.StopInstance:input_type -> tether.v1.InstanceActionRequest
+	26,  // 63: tether.v1.AdminService.RebootInstance:input_type -> tether.v1.InstanceActionRequest
+	26,  // 64: tether.v1.AdminService.TerminateInstance:input_type -> tether.v1.InstanceActionRequest
+	27,  // 65: tether.v1.AdminService.HoldInstance:input_type -> tether.v1.HoldInstanceRequest
+	26,  // 66: tether.v1.AdminService.UnholdInstance:input_type -> tether.v1.InstanceActionRequest
+	28,  // 67: tether.v1.AdminService.CordonInstance:input_type -> tether.v1.CordonInstanceRequest
+	26,  // 68: tether.v1.AdminService.UncordonInstance:input_type -> tether.v1.InstanceActionRequest
+	31,  // 69: tether.v1.AdminService.DrainInstance:input_type -> tether.v1.DrainInstanceRequest
+	33,  // 70: tether.v1.AdminService.GetInstanceConsole:input_type -> tether.v1.GetInstanceConsoleRequest
+	35,  // 71: tether.v1.AdminService.CreateSeedISO:input_type -> tether.v1.CreateSeedISORequest
+	37,  // 72: tether.v1.AdminService.CreateBootstrapToken:input_type -> tether.v1.CreateBootstrapTokenRequest
+	39,  // 73: tether.v1.AdminService.ListCertificates:input_type -> tether.v1.ListCertificatesRequest
+	41,  // 74: tether.v1.AdminService.RevokeCertificate:input_type -> tether.v1.RevokeCertificateRequest
+	42,  // 75: tether.v1.AdminService.CreateTask:input_type -> tether.v1.CreateTaskRequest
+	43,  // 76: tether.v1.AdminService.GetTask:input_type -> tether.v1.GetTaskRequest
+	44,  // 77: tether.v1.AdminService.ListTasks:input_type -> tether.v1.ListTasksRequest
+	46,  // 78: tether.v1.AdminService.CancelTask:input_type -> tether.v1.CancelTaskRequest
+	47,  // 79: tether.v1.AdminService.CreatePool:input_type -> tether.v1.CreatePoolRequest
+	48,  // 80: tether.v1.AdminService.GetPool:input_type -> tether.v1.GetPoolRequest
+	49,  // 81: tether.v1.AdminService.ListPools:input_type -> tether.v1.ListPoolsRequest
+	51,  // 82: tether.v1.AdminService.UpdatePool:input_type -> tether.v1.UpdatePoolRequest
+	52,  // 83: tether.v1.AdminService.PausePool:input_type -> tether.v1.PoolActionRequest
+	52,  // 84: tether.v1.AdminService.ActivatePool:input_type -> tether.v1.PoolActionRequest
+	52,  // 85: tether.v1.AdminService.DrainPool:input_type -> tether.v1.PoolActionRequest
+	52,  // 86: tether.v1.AdminService.DeletePool:input_type -> tether.v1.PoolActionRequest
+	52,  // 87: tether.v1.AdminService.ReplenishPool:input_type -> tether.v1.PoolActionRequest
+	52,  // 88: tether.v1.AdminService.RecyclePool:input_type -> tether.v1.PoolActionRequest
+	57,  // 89: tether.v1.AdminService.AcquirePoolMember:input_type -> tether.v1.AcquirePoolMemberRequest
+	59,  // 90: tether.v1.AdminService.ReleasePoolMember:input_type -> tether.v1.ReleasePoolMemberRequest
+	61,  // 91: tether.v1.AdminService.ListEvents:input_type -> tether.v1.ListEventsRequest
+	63,  // 92: tether.v1.AdminService.WatchEvents:input_type -> tether.v1.WatchEventsRequest
+	64,  // 93: tether.v1.AdminService.AddSigner:input_type -> tether.v1.AddSignerRequest
+	65,  // 94: tether.v1.AdminService.ListSigners:input_type -> tether.v1.ListSignersRequest
+	67,  // 95: tether.v1.AdminService.RemoveSigner:input_type -> tether.v1.RemoveSignerRequest
+	69,  // 96: tether.v1.AdminService.SignModule:input_type -> tether.v1.SignModuleRequest
+	70,  // 97: tether.v1.AdminService.CreateIdentity:input_type -> tether.v1.CreateIdentityRequest
+	72,  // 98: tether.v1.AdminService.ListIdentities:input_type -> tether.v1.ListIdentitiesRequest
+	74,  // 99: tether.v1.AdminService.RevokeIdentity:input_type -> tether.v1.RevokeIdentityRequest
+	75,  // 100: tether.v1.AdminService.RenewIdentity:input_type -> tether.v1.RenewIdentityRequest
+	76,  // 101: tether.v1.AdminService.ListAudit:input_type -> tether.v1.ListAuditRequest
+	79,  // 102: tether.v1.AdminService.CreateTemplate:output_type -> tether.v1.Template
+	79,  // 103: tether.v1.AdminService.GetTemplate:output_type -> tether.v1.Template
+	3,   // 104: tether.v1.AdminService.ListTemplates:output_type -> tether.v1.ListTemplatesResponse
+	79,  // 105: tether.v1.AdminService.UpdateTemplate:output_type -> tether.v1.Template
+	6,   // 106: tether.v1.AdminService.DeleteTemplate:output_type -> tether.v1.DeleteTemplateResponse
+	81,  // 107: tether.v1.AdminService.PushModule:output_type -> tether.v1.Module
+	81,  // 108: tether.v1.AdminService.GetModule:output_type -> tether.v1.Module
+	11,  // 109: tether.v1.AdminService.ListModules:output_type -> tether.v1.ListModulesResponse
+	13,  // 110: tether.v1.AdminService.DeleteModule:output_type -> tether.v1.DeleteModuleResponse
+	83,  // 111: tether.v1.AdminService.CreateNode:output_type -> tether.v1.Node
+	83,  // 112: tether.v1.AdminService.GetNode:output_type -> tether.v1.Node
+	17,  // 113: tether.v1.AdminService.ListNodes:output_type -> tether.v1.ListNodesResponse
+	83,  // 114: tether.v1.AdminService.UpdateNode:output_type -> tether.v1.Node
+	20,  // 115: tether.v1.AdminService.DeleteNode:output_type -> tether.v1.DeleteNodeResponse
+	22,  // 116: tether.v1.AdminService.ProvisionInstance:output_type -> tether.v1.ProvisionInstanceResponse
+	84,  // 117: tether.v1.AdminService.GetInstance:output_type -> tether.v1.Instance
+	25,  // 118: tether.v1.AdminService.ListInstances:output_type -> tether.v1.ListInstancesResponse
+	84,  // 119: tether.v1.AdminService.StartInstance:output_type -> tether.v1.Instance
+	84,  // 120: tether.v1.AdminService.StopInstance:output_type -> tether.v1.Instance
+	84,  // 121: tether.v1.AdminService.RebootInstance:output_type -> tether.v1.Instance
+	84,  // 122: tether.v1.AdminService.TerminateInstance:output_type -> tether.v1.Instance
+	84,  // 123: tether.v1.AdminService.HoldInstance:output_type -> tether.v1.Instance
+	84,  // 124: tether.v1.AdminService.UnholdInstance:output_type -> tether.v1.Instance
+	29,  // 125: tether.v1.AdminService.CordonInstance:output_type -> tether.v1.CordonInstanceResponse
+	30,  // 126: tether.v1.AdminService.UncordonInstance:output_type -> tether.v1.UncordonInstanceResponse
+	32,  // 127: tether.v1.AdminService.DrainInstance:output_type -> tether.v1.DrainInstanceResponse
+	34,  // 128: tether.v1.AdminService.GetInstanceConsole:output_type -> tether.v1.ConsoleChunk
+	36,  // 129: tether.v1.AdminService.CreateSeedISO:output_type -> tether.v1.CreateSeedISOResponse
+	38,  // 130: tether.v1.AdminService.CreateBootstrapToken:output_type -> tether.v1.CreateBootstrapTokenResponse
+	40,  // 131: tether.v1.AdminService.ListCertificates:output_type -> tether.v1.ListCertificatesResponse
+	87,  // 132: tether.v1.AdminService.RevokeCertificate:output_type -> tether.v1.Certificate
+	92,  // 133: tether.v1.AdminService.CreateTask:output_type -> tether.v1.Task
+	92,  // 134: tether.v1.AdminService.GetTask:output_type -> tether.v1.Task
+	45,  // 135: tether.v1.AdminService.ListTasks:output_type -> tether.v1.ListTasksResponse
+	92,  // 136: tether.v1.AdminService.CancelTask:output_type -> tether.v1.Task
+	95,  // 137: tether.v1.AdminService.CreatePool:output_type -> tether.v1.Pool
+	95,  // 138: tether.v1.AdminService.GetPool:output_type -> tether.v1.Pool
+	50,  // 139: tether.v1.AdminService.ListPools:output_type -> tether.v1.ListPoolsResponse
+	95,  // 140: tether.v1.AdminService.UpdatePool:output_type -> tether.v1.Pool
+	95,  // 141: tether.v1.AdminService.PausePool:output_type -> tether.v1.Pool
+	95,  // 142: tether.v1.AdminService.ActivatePool:output_type -> tether.v1.Pool
+	53,  // 143: tether.v1.AdminService.DrainPool:output_type -> tether.v1.DrainPoolResponse
+	54,  // 144: tether.v1.AdminService.DeletePool:output_type -> tether.v1.DeletePoolResponse
+	55,  // 145: tether.v1.AdminService.ReplenishPool:output_type -> tether.v1.ReplenishPoolResponse
+	56,  // 146: tether.v1.AdminService.RecyclePool:output_type -> tether.v1.RecyclePoolResponse
+	58,  // 147: tether.v1.AdminService.AcquirePoolMember:output_type -> tether.v1.AcquirePoolMemberResponse
+	60,  // 148: tether.v1.AdminService.ReleasePoolMember:output_type -> tether.v1.ReleasePoolMemberResponse
+	62,  // 149: tether.v1.AdminService.ListEvents:output_type -> tether.v1.ListEventsResponse
+	97,  // 150: tether.v1.AdminService.WatchEvents:output_type -> tether.v1.FleetEvent
+	98,  // 151: tether.v1.AdminService.AddSigner:output_type -> tether.v1.Signer
+	66,  // 152: tether.v1.AdminService.ListSigners:output_type -> tether.v1.ListSignersResponse
+	68,  // 153: tether.v1.AdminService.RemoveSigner:output_type -> tether.v1.RemoveSignerResponse
+	81,  // 154: tether.v1.AdminService.SignModule:output_type -> tether.v1.Module
+	71,  // 155: tether.v1.AdminService.CreateIdentity:output_type -> tether.v1.IdentityCertificate
+	73,  // 156: tether.v1.AdminService.ListIdentities:output_type -> tether.v1.ListIdentitiesResponse
+	99,  // 157: tether.v1.AdminService.RevokeIdentity:output_type -> tether.v1.AdminIdentity
+	71,  // 158: tether.v1.AdminService.RenewIdentity:output_type -> tether.v1.IdentityCertificate
+	77,  // 159: tether.v1.AdminService.ListAudit:output_type -> tether.v1.ListAuditResponse
+	102, // [102:160] is the sub-list for method output_type
+	44,  // [44:102] is the sub-list for method input_type
+	44,  // [44:44] is the sub-list for extension type_name
+	44,  // [44:44] is the sub-list for extension extendee
+	0,   // [0:44] is the sub-list for field type_name
 }
 
 func init() { file_tether_v1_admin_proto_init() }
@@ -4477,7 +5339,7 @@ func file_tether_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tether_v1_admin_proto_rawDesc), len(file_tether_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   64,
+			NumMessages:   78,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

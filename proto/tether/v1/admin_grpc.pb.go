@@ -68,6 +68,15 @@ const (
 	AdminService_ReleasePoolMember_FullMethodName    = "/tether.v1.AdminService/ReleasePoolMember"
 	AdminService_ListEvents_FullMethodName           = "/tether.v1.AdminService/ListEvents"
 	AdminService_WatchEvents_FullMethodName          = "/tether.v1.AdminService/WatchEvents"
+	AdminService_AddSigner_FullMethodName            = "/tether.v1.AdminService/AddSigner"
+	AdminService_ListSigners_FullMethodName          = "/tether.v1.AdminService/ListSigners"
+	AdminService_RemoveSigner_FullMethodName         = "/tether.v1.AdminService/RemoveSigner"
+	AdminService_SignModule_FullMethodName           = "/tether.v1.AdminService/SignModule"
+	AdminService_CreateIdentity_FullMethodName       = "/tether.v1.AdminService/CreateIdentity"
+	AdminService_ListIdentities_FullMethodName       = "/tether.v1.AdminService/ListIdentities"
+	AdminService_RevokeIdentity_FullMethodName       = "/tether.v1.AdminService/RevokeIdentity"
+	AdminService_RenewIdentity_FullMethodName        = "/tether.v1.AdminService/RenewIdentity"
+	AdminService_ListAudit_FullMethodName            = "/tether.v1.AdminService/ListAudit"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -135,6 +144,20 @@ type AdminServiceClient interface {
 	// Fleet events.
 	ListEvents(ctx context.Context, in *ListEventsRequest, opts ...grpc.CallOption) (*ListEventsResponse, error)
 	WatchEvents(ctx context.Context, in *WatchEventsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[FleetEvent], error)
+	// Module signers: the public keys a signature is checked against at push.
+	AddSigner(ctx context.Context, in *AddSignerRequest, opts ...grpc.CallOption) (*Signer, error)
+	ListSigners(ctx context.Context, in *ListSignersRequest, opts ...grpc.CallOption) (*ListSignersResponse, error)
+	RemoveSigner(ctx context.Context, in *RemoveSignerRequest, opts ...grpc.CallOption) (*RemoveSignerResponse, error)
+	// SignModule attaches a signature to a pushed module (one per signer).
+	SignModule(ctx context.Context, in *SignModuleRequest, opts ...grpc.CallOption) (*Module, error)
+	// Admin identities (roles viewer, operator, admin).
+	CreateIdentity(ctx context.Context, in *CreateIdentityRequest, opts ...grpc.CallOption) (*IdentityCertificate, error)
+	ListIdentities(ctx context.Context, in *ListIdentitiesRequest, opts ...grpc.CallOption) (*ListIdentitiesResponse, error)
+	RevokeIdentity(ctx context.Context, in *RevokeIdentityRequest, opts ...grpc.CallOption) (*AdminIdentity, error)
+	// RenewIdentity renews the caller's own certificate.
+	RenewIdentity(ctx context.Context, in *RenewIdentityRequest, opts ...grpc.CallOption) (*IdentityCertificate, error)
+	// Audit trail.
+	ListAudit(ctx context.Context, in *ListAuditRequest, opts ...grpc.CallOption) (*ListAuditResponse, error)
 }
 
 type adminServiceClient struct {
@@ -656,6 +679,96 @@ func (c *adminServiceClient) WatchEvents(ctx context.Context, in *WatchEventsReq
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type AdminService_WatchEventsClient = grpc.ServerStreamingClient[FleetEvent]
 
+func (c *adminServiceClient) AddSigner(ctx context.Context, in *AddSignerRequest, opts ...grpc.CallOption) (*Signer, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Signer)
+	err := c.cc.Invoke(ctx, AdminService_AddSigner_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) ListSigners(ctx context.Context, in *ListSignersRequest, opts ...grpc.CallOption) (*ListSignersResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListSignersResponse)
+	err := c.cc.Invoke(ctx, AdminService_ListSigners_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) RemoveSigner(ctx context.Context, in *RemoveSignerRequest, opts ...grpc.CallOption) (*RemoveSignerResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RemoveSignerResponse)
+	err := c.cc.Invoke(ctx, AdminService_RemoveSigner_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) SignModule(ctx context.Context, in *SignModuleRequest, opts ...grpc.CallOption) (*Module, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Module)
+	err := c.cc.Invoke(ctx, AdminService_SignModule_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) CreateIdentity(ctx context.Context, in *CreateIdentityRequest, opts ...grpc.CallOption) (*IdentityCertificate, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(IdentityCertificate)
+	err := c.cc.Invoke(ctx, AdminService_CreateIdentity_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) ListIdentities(ctx context.Context, in *ListIdentitiesRequest, opts ...grpc.CallOption) (*ListIdentitiesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListIdentitiesResponse)
+	err := c.cc.Invoke(ctx, AdminService_ListIdentities_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) RevokeIdentity(ctx context.Context, in *RevokeIdentityRequest, opts ...grpc.CallOption) (*AdminIdentity, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AdminIdentity)
+	err := c.cc.Invoke(ctx, AdminService_RevokeIdentity_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) RenewIdentity(ctx context.Context, in *RenewIdentityRequest, opts ...grpc.CallOption) (*IdentityCertificate, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(IdentityCertificate)
+	err := c.cc.Invoke(ctx, AdminService_RenewIdentity_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) ListAudit(ctx context.Context, in *ListAuditRequest, opts ...grpc.CallOption) (*ListAuditResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListAuditResponse)
+	err := c.cc.Invoke(ctx, AdminService_ListAudit_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
@@ -721,6 +834,20 @@ type AdminServiceServer interface {
 	// Fleet events.
 	ListEvents(context.Context, *ListEventsRequest) (*ListEventsResponse, error)
 	WatchEvents(*WatchEventsRequest, grpc.ServerStreamingServer[FleetEvent]) error
+	// Module signers: the public keys a signature is checked against at push.
+	AddSigner(context.Context, *AddSignerRequest) (*Signer, error)
+	ListSigners(context.Context, *ListSignersRequest) (*ListSignersResponse, error)
+	RemoveSigner(context.Context, *RemoveSignerRequest) (*RemoveSignerResponse, error)
+	// SignModule attaches a signature to a pushed module (one per signer).
+	SignModule(context.Context, *SignModuleRequest) (*Module, error)
+	// Admin identities (roles viewer, operator, admin).
+	CreateIdentity(context.Context, *CreateIdentityRequest) (*IdentityCertificate, error)
+	ListIdentities(context.Context, *ListIdentitiesRequest) (*ListIdentitiesResponse, error)
+	RevokeIdentity(context.Context, *RevokeIdentityRequest) (*AdminIdentity, error)
+	// RenewIdentity renews the caller's own certificate.
+	RenewIdentity(context.Context, *RenewIdentityRequest) (*IdentityCertificate, error)
+	// Audit trail.
+	ListAudit(context.Context, *ListAuditRequest) (*ListAuditResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -877,6 +1004,33 @@ func (UnimplementedAdminServiceServer) ListEvents(context.Context, *ListEventsRe
 }
 func (UnimplementedAdminServiceServer) WatchEvents(*WatchEventsRequest, grpc.ServerStreamingServer[FleetEvent]) error {
 	return status.Error(codes.Unimplemented, "method WatchEvents not implemented")
+}
+func (UnimplementedAdminServiceServer) AddSigner(context.Context, *AddSignerRequest) (*Signer, error) {
+	return nil, status.Error(codes.Unimplemented, "method AddSigner not implemented")
+}
+func (UnimplementedAdminServiceServer) ListSigners(context.Context, *ListSignersRequest) (*ListSignersResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListSigners not implemented")
+}
+func (UnimplementedAdminServiceServer) RemoveSigner(context.Context, *RemoveSignerRequest) (*RemoveSignerResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RemoveSigner not implemented")
+}
+func (UnimplementedAdminServiceServer) SignModule(context.Context, *SignModuleRequest) (*Module, error) {
+	return nil, status.Error(codes.Unimplemented, "method SignModule not implemented")
+}
+func (UnimplementedAdminServiceServer) CreateIdentity(context.Context, *CreateIdentityRequest) (*IdentityCertificate, error) {
+	return nil, status.Error(codes.Unimplemented, "method CreateIdentity not implemented")
+}
+func (UnimplementedAdminServiceServer) ListIdentities(context.Context, *ListIdentitiesRequest) (*ListIdentitiesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListIdentities not implemented")
+}
+func (UnimplementedAdminServiceServer) RevokeIdentity(context.Context, *RevokeIdentityRequest) (*AdminIdentity, error) {
+	return nil, status.Error(codes.Unimplemented, "method RevokeIdentity not implemented")
+}
+func (UnimplementedAdminServiceServer) RenewIdentity(context.Context, *RenewIdentityRequest) (*IdentityCertificate, error) {
+	return nil, status.Error(codes.Unimplemented, "method RenewIdentity not implemented")
+}
+func (UnimplementedAdminServiceServer) ListAudit(context.Context, *ListAuditRequest) (*ListAuditResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListAudit not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -1756,6 +1910,168 @@ func _AdminService_WatchEvents_Handler(srv interface{}, stream grpc.ServerStream
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type AdminService_WatchEventsServer = grpc.ServerStreamingServer[FleetEvent]
 
+func _AdminService_AddSigner_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AddSignerRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).AddSigner(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_AddSigner_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).AddSigner(ctx, req.(*AddSignerRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_ListSigners_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListSignersRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ListSigners(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ListSigners_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ListSigners(ctx, req.(*ListSignersRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_RemoveSigner_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RemoveSignerRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).RemoveSigner(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_RemoveSigner_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).RemoveSigner(ctx, req.(*RemoveSignerRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_SignModule_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SignModuleRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).SignModule(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_SignModule_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).SignModule(ctx, req.(*SignModuleRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_CreateIdentity_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CreateIdentityRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).CreateIdentity(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_CreateIdentity_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).CreateIdentity(ctx, req.(*CreateIdentityRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_ListIdentities_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListIdentitiesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ListIdentities(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ListIdentities_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ListIdentities(ctx, req.(*ListIdentitiesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_RevokeIdentity_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RevokeIdentityRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).RevokeIdentity(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_RevokeIdentity_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).RevokeIdentity(ctx, req.(*RevokeIdentityRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_RenewIdentity_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RenewIdentityRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).RenewIdentity(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_RenewIdentity_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).RenewIdentity(ctx, req.(*RenewIdentityRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_ListAudit_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListAuditRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ListAudit(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ListAudit_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ListAudit(ctx, req.(*ListAuditRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1946,6 +2262,42 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListEvents",
 			Handler:    _AdminService_ListEvents_Handler,
+		},
+		{
+			MethodName: "AddSigner",
+			Handler:    _AdminService_AddSigner_Handler,
+		},
+		{
+			MethodName: "ListSigners",
+			Handler:    _AdminService_ListSigners_Handler,
+		},
+		{
+			MethodName: "RemoveSigner",
+			Handler:    _AdminService_RemoveSigner_Handler,
+		},
+		{
+			MethodName: "SignModule",
+			Handler:    _AdminService_SignModule_Handler,
+		},
+		{
+			MethodName: "CreateIdentity",
+			Handler:    _AdminService_CreateIdentity_Handler,
+		},
+		{
+			MethodName: "ListIdentities",
+			Handler:    _AdminService_ListIdentities_Handler,
+		},
+		{
+			MethodName: "RevokeIdentity",
+			Handler:    _AdminService_RevokeIdentity_Handler,
+		},
+		{
+			MethodName: "RenewIdentity",
+			Handler:    _AdminService_RenewIdentity_Handler,
+		},
+		{
+			MethodName: "ListAudit",
+			Handler:    _AdminService_ListAudit_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

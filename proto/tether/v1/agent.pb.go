@@ -170,9 +170,12 @@ type Assignment struct {
 	ExtensionModules     []*Module `protobuf:"bytes,3,rep,name=extension_modules,json=extensionModules,proto3" json:"extension_modules,omitempty"`
 	RequireSignedModules bool      `protobuf:"varint,4,opt,name=require_signed_modules,json=requireSignedModules,proto3" json:"require_signed_modules,omitempty"`
 	// Ed25519 public keys (raw 32 bytes) that may sign modules.
-	SigningKeys   [][]byte `protobuf:"bytes,5,rep,name=signing_keys,json=signingKeys,proto3" json:"signing_keys,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	SigningKeys [][]byte `protobuf:"bytes,5,rep,name=signing_keys,json=signingKeys,proto3" json:"signing_keys,omitempty"`
+	// Signer fingerprints the template requires (one must have signed each
+	// module). A node's own anchor applies on top: this can add, never remove.
+	RequiredSigners []string `protobuf:"bytes,6,rep,name=required_signers,json=requiredSigners,proto3" json:"required_signers,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Assignment) Reset() {
@@ -236,6 +239,13 @@ func (x *Assignment) GetRequireSignedModules() bool {
 func (x *Assignment) GetSigningKeys() [][]byte {
 	if x != nil {
 		return x.SigningKeys
+	}
+	return nil
+}
+
+func (x *Assignment) GetRequiredSigners() []string {
+	if x != nil {
+		return x.RequiredSigners
 	}
 	return nil
 }
@@ -890,7 +900,7 @@ const file_tether_v1_agent_proto_rawDesc = "" +
 	"\x0fcertificate_pem\x18\x01 \x01(\tR\x0ecertificatePem\x12\x15\n" +
 	"\x06ca_pem\x18\x02 \x01(\tR\x05caPem\x127\n" +
 	"\tnot_after\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\bnotAfter\"\x16\n" +
-	"\x14GetAssignmentRequest\"\xfc\x01\n" +
+	"\x14GetAssignmentRequest\"\xa7\x02\n" +
 	"\n" +
 	"Assignment\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
@@ -898,7 +908,8 @@ const file_tether_v1_agent_proto_rawDesc = "" +
 	"\froot_modules\x18\x02 \x03(\v2\x11.tether.v1.ModuleR\vrootModules\x12>\n" +
 	"\x11extension_modules\x18\x03 \x03(\v2\x11.tether.v1.ModuleR\x10extensionModules\x124\n" +
 	"\x16require_signed_modules\x18\x04 \x01(\bR\x14requireSignedModules\x12!\n" +
-	"\fsigning_keys\x18\x05 \x03(\fR\vsigningKeys\"D\n" +
+	"\fsigning_keys\x18\x05 \x03(\fR\vsigningKeys\x12)\n" +
+	"\x10required_signers\x18\x06 \x03(\tR\x0frequiredSigners\"D\n" +
 	"\x12FetchModuleRequest\x12\x16\n" +
 	"\x06digest\x18\x01 \x01(\tR\x06digest\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x03R\x06offset\"M\n" +

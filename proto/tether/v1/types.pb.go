@@ -692,8 +692,14 @@ type Template struct {
 	RequireSignedModules bool                   `protobuf:"varint,8,opt,name=require_signed_modules,json=requireSignedModules,proto3" json:"require_signed_modules,omitempty"`
 	CreatedAt            *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
 	UpdatedAt            *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// The kernel console: a console= value such as "ttyS0" or
+	// "ttyS1,115200n8", or "none" for no console= parameter. Serial (ttyS0)
+	// unless set, so a netbooted machine's console is never silent.
+	Console string `protobuf:"bytes,11,opt,name=console,proto3" json:"console,omitempty"`
+	// Signer fingerprints; each module needs a signature by one of them.
+	RequiredSigners []string `protobuf:"bytes,12,rep,name=required_signers,json=requiredSigners,proto3" json:"required_signers,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Template) Reset() {
@@ -796,6 +802,20 @@ func (x *Template) GetUpdatedAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Template) GetConsole() string {
+	if x != nil {
+		return x.Console
+	}
+	return ""
+}
+
+func (x *Template) GetRequiredSigners() []string {
+	if x != nil {
+		return x.RequiredSigners
+	}
+	return nil
+}
+
 type Module struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Name    string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -803,8 +823,10 @@ type Module struct {
 	Digest  string                 `protobuf:"bytes,3,opt,name=digest,proto3" json:"digest,omitempty"`
 	Size    int64                  `protobuf:"varint,4,opt,name=size,proto3" json:"size,omitempty"`
 	// Optional Ed25519 signature over "tether-module-v1\n" + name + "\n" + version + "\n" + digest.
-	Signature     []byte                 `protobuf:"bytes,5,opt,name=signature,proto3" json:"signature,omitempty"`
-	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	Signature []byte                 `protobuf:"bytes,5,opt,name=signature,proto3" json:"signature,omitempty"`
+	CreatedAt *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	// Verified signatures, one per signer.
+	Signatures    []*ModuleSignature `protobuf:"bytes,7,rep,name=signatures,proto3" json:"signatures,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -881,6 +903,345 @@ func (x *Module) GetCreatedAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Module) GetSignatures() []*ModuleSignature {
+	if x != nil {
+		return x.Signatures
+	}
+	return nil
+}
+
+// ModuleSignature is one signer's Ed25519 signature over
+// "tether-module-v1\n" + name + "\n" + version + "\n" + digest.
+type ModuleSignature struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// sha256:HEX over the raw public key.
+	Signer        string                 `protobuf:"bytes,1,opt,name=signer,proto3" json:"signer,omitempty"`
+	PublicKey     []byte                 `protobuf:"bytes,2,opt,name=public_key,json=publicKey,proto3" json:"public_key,omitempty"`
+	Signature     []byte                 `protobuf:"bytes,3,opt,name=signature,proto3" json:"signature,omitempty"`
+	SignerName    string                 `protobuf:"bytes,4,opt,name=signer_name,json=signerName,proto3" json:"signer_name,omitempty"`
+	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ModuleSignature) Reset() {
+	*x = ModuleSignature{}
+	mi := &file_tether_v1_types_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ModuleSignature) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ModuleSignature) ProtoMessage() {}
+
+func (x *ModuleSignature) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_types_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ModuleSignature.ProtoReflect.Descriptor instead.
+func (*ModuleSignature) Descriptor() ([]byte, []int) {
+	return file_tether_v1_types_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ModuleSignature) GetSigner() string {
+	if x != nil {
+		return x.Signer
+	}
+	return ""
+}
+
+func (x *ModuleSignature) GetPublicKey() []byte {
+	if x != nil {
+		return x.PublicKey
+	}
+	return nil
+}
+
+func (x *ModuleSignature) GetSignature() []byte {
+	if x != nil {
+		return x.Signature
+	}
+	return nil
+}
+
+func (x *ModuleSignature) GetSignerName() string {
+	if x != nil {
+		return x.SignerName
+	}
+	return ""
+}
+
+func (x *ModuleSignature) GetCreatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAt
+	}
+	return nil
+}
+
+type Signer struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Fingerprint   string                 `protobuf:"bytes,2,opt,name=fingerprint,proto3" json:"fingerprint,omitempty"`
+	PublicKey     []byte                 `protobuf:"bytes,3,opt,name=public_key,json=publicKey,proto3" json:"public_key,omitempty"`
+	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Signer) Reset() {
+	*x = Signer{}
+	mi := &file_tether_v1_types_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Signer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Signer) ProtoMessage() {}
+
+func (x *Signer) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_types_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Signer.ProtoReflect.Descriptor instead.
+func (*Signer) Descriptor() ([]byte, []int) {
+	return file_tether_v1_types_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *Signer) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Signer) GetFingerprint() string {
+	if x != nil {
+		return x.Fingerprint
+	}
+	return ""
+}
+
+func (x *Signer) GetPublicKey() []byte {
+	if x != nil {
+		return x.PublicKey
+	}
+	return nil
+}
+
+func (x *Signer) GetCreatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAt
+	}
+	return nil
+}
+
+type AdminIdentity struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Role          string                 `protobuf:"bytes,2,opt,name=role,proto3" json:"role,omitempty"`
+	Serial        string                 `protobuf:"bytes,3,opt,name=serial,proto3" json:"serial,omitempty"`
+	NotAfter      *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=not_after,json=notAfter,proto3" json:"not_after,omitempty"`
+	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	RevokedAt     *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=revoked_at,json=revokedAt,proto3" json:"revoked_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AdminIdentity) Reset() {
+	*x = AdminIdentity{}
+	mi := &file_tether_v1_types_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AdminIdentity) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AdminIdentity) ProtoMessage() {}
+
+func (x *AdminIdentity) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_types_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AdminIdentity.ProtoReflect.Descriptor instead.
+func (*AdminIdentity) Descriptor() ([]byte, []int) {
+	return file_tether_v1_types_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *AdminIdentity) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *AdminIdentity) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *AdminIdentity) GetSerial() string {
+	if x != nil {
+		return x.Serial
+	}
+	return ""
+}
+
+func (x *AdminIdentity) GetNotAfter() *timestamppb.Timestamp {
+	if x != nil {
+		return x.NotAfter
+	}
+	return nil
+}
+
+func (x *AdminIdentity) GetCreatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAt
+	}
+	return nil
+}
+
+func (x *AdminIdentity) GetRevokedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.RevokedAt
+	}
+	return nil
+}
+
+type AuditRecord struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Id       int64                  `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	At       *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=at,proto3" json:"at,omitempty"`
+	Identity string                 `protobuf:"bytes,3,opt,name=identity,proto3" json:"identity,omitempty"`
+	Role     string                 `protobuf:"bytes,4,opt,name=role,proto3" json:"role,omitempty"`
+	Serial   string                 `protobuf:"bytes,5,opt,name=serial,proto3" json:"serial,omitempty"`
+	Method   string                 `protobuf:"bytes,6,opt,name=method,proto3" json:"method,omitempty"`
+	Target   string                 `protobuf:"bytes,7,opt,name=target,proto3" json:"target,omitempty"`
+	// The gRPC status code name ("OK", "PermissionDenied").
+	Code          string `protobuf:"bytes,8,opt,name=code,proto3" json:"code,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AuditRecord) Reset() {
+	*x = AuditRecord{}
+	mi := &file_tether_v1_types_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AuditRecord) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AuditRecord) ProtoMessage() {}
+
+func (x *AuditRecord) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_types_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AuditRecord.ProtoReflect.Descriptor instead.
+func (*AuditRecord) Descriptor() ([]byte, []int) {
+	return file_tether_v1_types_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *AuditRecord) GetId() int64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *AuditRecord) GetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
+func (x *AuditRecord) GetIdentity() string {
+	if x != nil {
+		return x.Identity
+	}
+	return ""
+}
+
+func (x *AuditRecord) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *AuditRecord) GetSerial() string {
+	if x != nil {
+		return x.Serial
+	}
+	return ""
+}
+
+func (x *AuditRecord) GetMethod() string {
+	if x != nil {
+		return x.Method
+	}
+	return ""
+}
+
+func (x *AuditRecord) GetTarget() string {
+	if x != nil {
+		return x.Target
+	}
+	return ""
+}
+
+func (x *AuditRecord) GetCode() string {
+	if x != nil {
+		return x.Code
+	}
+	return ""
+}
+
 type Node struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -892,13 +1253,17 @@ type Node struct {
 	PublicAddress string                 `protobuf:"bytes,7,opt,name=public_address,json=publicAddress,proto3" json:"public_address,omitempty"`
 	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
 	UpdatedAt     *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
+	// Hardware addresses of the machine's NICs, lower-case colon form. A
+	// netbooting machine is matched to its node by these; each belongs to
+	// one node at most.
+	Macs          []string `protobuf:"bytes,10,rep,name=macs,proto3" json:"macs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Node) Reset() {
 	*x = Node{}
-	mi := &file_tether_v1_types_proto_msgTypes[3]
+	mi := &file_tether_v1_types_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -910,7 +1275,7 @@ func (x *Node) String() string {
 func (*Node) ProtoMessage() {}
 
 func (x *Node) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_types_proto_msgTypes[3]
+	mi := &file_tether_v1_types_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -923,7 +1288,7 @@ func (x *Node) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Node.ProtoReflect.Descriptor instead.
 func (*Node) Descriptor() ([]byte, []int) {
-	return file_tether_v1_types_proto_rawDescGZIP(), []int{3}
+	return file_tether_v1_types_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Node) GetId() string {
@@ -989,6 +1354,13 @@ func (x *Node) GetUpdatedAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Node) GetMacs() []string {
+	if x != nil {
+		return x.Macs
+	}
+	return nil
+}
+
 type CordonMarker struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	By              string                 `protobuf:"bytes,1,opt,name=by,proto3" json:"by,omitempty"`
@@ -1001,7 +1373,7 @@ type CordonMarker struct {
 
 func (x *CordonMarker) Reset() {
 	*x = CordonMarker{}
-	mi := &file_tether_v1_types_proto_msgTypes[4]
+	mi := &file_tether_v1_types_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1013,7 +1385,7 @@ func (x *CordonMarker) String() string {
 func (*CordonMarker) ProtoMessage() {}
 
 func (x *CordonMarker) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_types_proto_msgTypes[4]
+	mi := &file_tether_v1_types_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1026,7 +1398,7 @@ func (x *CordonMarker) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CordonMarker.ProtoReflect.Descriptor instead.
 func (*CordonMarker) Descriptor() ([]byte, []int) {
-	return file_tether_v1_types_proto_rawDescGZIP(), []int{4}
+	return file_tether_v1_types_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *CordonMarker) GetBy() string {
@@ -1096,7 +1468,7 @@ type Instance struct {
 
 func (x *Instance) Reset() {
 	*x = Instance{}
-	mi := &file_tether_v1_types_proto_msgTypes[5]
+	mi := &file_tether_v1_types_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1108,7 +1480,7 @@ func (x *Instance) String() string {
 func (*Instance) ProtoMessage() {}
 
 func (x *Instance) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_types_proto_msgTypes[5]
+	mi := &file_tether_v1_types_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1121,7 +1493,7 @@ func (x *Instance) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Instance.ProtoReflect.Descriptor instead.
 func (*Instance) Descriptor() ([]byte, []int) {
-	return file_tether_v1_types_proto_rawDescGZIP(), []int{5}
+	return file_tether_v1_types_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Instance) GetId() string {
@@ -1343,7 +1715,7 @@ type Certificate struct {
 
 func (x *Certificate) Reset() {
 	*x = Certificate{}
-	mi := &file_tether_v1_types_proto_msgTypes[6]
+	mi := &file_tether_v1_types_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1355,7 +1727,7 @@ func (x *Certificate) String() string {
 func (*Certificate) ProtoMessage() {}
 
 func (x *Certificate) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_types_proto_msgTypes[6]
+	mi := &file_tether_v1_types_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1368,7 +1740,7 @@ func (x *Certificate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Certificate.ProtoReflect.Descriptor instead.
 func (*Certificate) Descriptor() ([]byte, []int) {
-	return file_tether_v1_types_proto_rawDescGZIP(), []int{6}
+	return file_tether_v1_types_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Certificate) GetSerial() string {
@@ -1438,7 +1810,7 @@ type ExecPayload struct {
 
 func (x *ExecPayload) Reset() {
 	*x = ExecPayload{}
-	mi := &file_tether_v1_types_proto_msgTypes[7]
+	mi := &file_tether_v1_types_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1450,7 +1822,7 @@ func (x *ExecPayload) String() string {
 func (*ExecPayload) ProtoMessage() {}
 
 func (x *ExecPayload) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_types_proto_msgTypes[7]
+	mi := &file_tether_v1_types_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1463,7 +1835,7 @@ func (x *ExecPayload) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecPayload.ProtoReflect.Descriptor instead.
 func (*ExecPayload) Descriptor() ([]byte, []int) {
-	return file_tether_v1_types_proto_rawDescGZIP(), []int{7}
+	return file_tether_v1_types_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ExecPayload) GetArgv() []string {
@@ -1491,7 +1863,7 @@ type TaskResult struct {
 
 func (x *TaskResult) Reset() {
 	*x = TaskResult{}
-	mi := &file_tether_v1_types_proto_msgTypes[8]
+	mi := &file_tether_v1_types_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1503,7 +1875,7 @@ func (x *TaskResult) String() string {
 func (*TaskResult) ProtoMessage() {}
 
 func (x *TaskResult) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_types_proto_msgTypes[8]
+	mi := &file_tether_v1_types_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1516,7 +1888,7 @@ func (x *TaskResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TaskResult.ProtoReflect.Descriptor instead.
 func (*TaskResult) Descriptor() ([]byte, []int) {
-	return file_tether_v1_types_proto_rawDescGZIP(), []int{8}
+	return file_tether_v1_types_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *TaskResult) GetExitCode() int32 {
@@ -1563,7 +1935,7 @@ type Task struct {
 
 func (x *Task) Reset() {
 	*x = Task{}
-	mi := &file_tether_v1_types_proto_msgTypes[9]
+	mi := &file_tether_v1_types_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1575,7 +1947,7 @@ func (x *Task) String() string {
 func (*Task) ProtoMessage() {}
 
 func (x *Task) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_types_proto_msgTypes[9]
+	mi := &file_tether_v1_types_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1588,7 +1960,7 @@ func (x *Task) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Task.ProtoReflect.Descriptor instead.
 func (*Task) Descriptor() ([]byte, []int) {
-	return file_tether_v1_types_proto_rawDescGZIP(), []int{9}
+	return file_tether_v1_types_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Task) GetId() string {
@@ -1713,7 +2085,7 @@ type PoolMetadata struct {
 
 func (x *PoolMetadata) Reset() {
 	*x = PoolMetadata{}
-	mi := &file_tether_v1_types_proto_msgTypes[10]
+	mi := &file_tether_v1_types_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1725,7 +2097,7 @@ func (x *PoolMetadata) String() string {
 func (*PoolMetadata) ProtoMessage() {}
 
 func (x *PoolMetadata) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_types_proto_msgTypes[10]
+	mi := &file_tether_v1_types_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1738,7 +2110,7 @@ func (x *PoolMetadata) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolMetadata.ProtoReflect.Descriptor instead.
 func (*PoolMetadata) Descriptor() ([]byte, []int) {
-	return file_tether_v1_types_proto_rawDescGZIP(), []int{10}
+	return file_tether_v1_types_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *PoolMetadata) GetWarmingTimeoutSeconds() int32 {
@@ -1797,7 +2169,7 @@ type PoolCounts struct {
 
 func (x *PoolCounts) Reset() {
 	*x = PoolCounts{}
-	mi := &file_tether_v1_types_proto_msgTypes[11]
+	mi := &file_tether_v1_types_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1809,7 +2181,7 @@ func (x *PoolCounts) String() string {
 func (*PoolCounts) ProtoMessage() {}
 
 func (x *PoolCounts) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_types_proto_msgTypes[11]
+	mi := &file_tether_v1_types_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1822,7 +2194,7 @@ func (x *PoolCounts) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolCounts.ProtoReflect.Descriptor instead.
 func (*PoolCounts) Descriptor() ([]byte, []int) {
-	return file_tether_v1_types_proto_rawDescGZIP(), []int{11}
+	return file_tether_v1_types_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PoolCounts) GetReady() int32 {
@@ -1881,7 +2253,7 @@ type PoolMember struct {
 
 func (x *PoolMember) Reset() {
 	*x = PoolMember{}
-	mi := &file_tether_v1_types_proto_msgTypes[12]
+	mi := &file_tether_v1_types_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1893,7 +2265,7 @@ func (x *PoolMember) String() string {
 func (*PoolMember) ProtoMessage() {}
 
 func (x *PoolMember) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_types_proto_msgTypes[12]
+	mi := &file_tether_v1_types_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1906,7 +2278,7 @@ func (x *PoolMember) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolMember.ProtoReflect.Descriptor instead.
 func (*PoolMember) Descriptor() ([]byte, []int) {
-	return file_tether_v1_types_proto_rawDescGZIP(), []int{12}
+	return file_tether_v1_types_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *PoolMember) GetInstanceId() string {
@@ -1978,7 +2350,7 @@ type Pool struct {
 
 func (x *Pool) Reset() {
 	*x = Pool{}
-	mi := &file_tether_v1_types_proto_msgTypes[13]
+	mi := &file_tether_v1_types_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1990,7 +2362,7 @@ func (x *Pool) String() string {
 func (*Pool) ProtoMessage() {}
 
 func (x *Pool) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_types_proto_msgTypes[13]
+	mi := &file_tether_v1_types_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2003,7 +2375,7 @@ func (x *Pool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Pool.ProtoReflect.Descriptor instead.
 func (*Pool) Descriptor() ([]byte, []int) {
-	return file_tether_v1_types_proto_rawDescGZIP(), []int{13}
+	return file_tether_v1_types_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Pool) GetId() string {
@@ -2149,7 +2521,7 @@ type FleetEvent struct {
 
 func (x *FleetEvent) Reset() {
 	*x = FleetEvent{}
-	mi := &file_tether_v1_types_proto_msgTypes[14]
+	mi := &file_tether_v1_types_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2161,7 +2533,7 @@ func (x *FleetEvent) String() string {
 func (*FleetEvent) ProtoMessage() {}
 
 func (x *FleetEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_types_proto_msgTypes[14]
+	mi := &file_tether_v1_types_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2174,7 +2546,7 @@ func (x *FleetEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FleetEvent.ProtoReflect.Descriptor instead.
 func (*FleetEvent) Descriptor() ([]byte, []int) {
-	return file_tether_v1_types_proto_rawDescGZIP(), []int{14}
+	return file_tether_v1_types_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *FleetEvent) GetId() string {
@@ -2249,7 +2621,7 @@ const file_tether_v1_types_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x16\n" +
 	"\x06digest\x18\x03 \x01(\tR\x06digest\x12\x12\n" +
-	"\x04size\x18\x04 \x01(\x03R\x04size\"\xc7\x03\n" +
+	"\x04size\x18\x04 \x01(\x03R\x04size\"\x8c\x04\n" +
 	"\bTemplate\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x127\n" +
@@ -2264,7 +2636,9 @@ const file_tether_v1_types_proto_rawDesc = "" +
 	"created_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x129\n" +
 	"\n" +
 	"updated_at\x18\n" +
-	" \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\"\xbb\x01\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x12\x18\n" +
+	"\aconsole\x18\v \x01(\tR\aconsole\x12)\n" +
+	"\x10required_signers\x18\f \x03(\tR\x0frequiredSigners\"\xf7\x01\n" +
 	"\x06Module\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x16\n" +
@@ -2272,7 +2646,44 @@ const file_tether_v1_types_proto_rawDesc = "" +
 	"\x04size\x18\x04 \x01(\x03R\x04size\x12\x1c\n" +
 	"\tsignature\x18\x05 \x01(\fR\tsignature\x129\n" +
 	"\n" +
-	"created_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\"\xd8\x02\n" +
+	"created_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12:\n" +
+	"\n" +
+	"signatures\x18\a \x03(\v2\x1a.tether.v1.ModuleSignatureR\n" +
+	"signatures\"\xc2\x01\n" +
+	"\x0fModuleSignature\x12\x16\n" +
+	"\x06signer\x18\x01 \x01(\tR\x06signer\x12\x1d\n" +
+	"\n" +
+	"public_key\x18\x02 \x01(\fR\tpublicKey\x12\x1c\n" +
+	"\tsignature\x18\x03 \x01(\fR\tsignature\x12\x1f\n" +
+	"\vsigner_name\x18\x04 \x01(\tR\n" +
+	"signerName\x129\n" +
+	"\n" +
+	"created_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\"\x98\x01\n" +
+	"\x06Signer\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12 \n" +
+	"\vfingerprint\x18\x02 \x01(\tR\vfingerprint\x12\x1d\n" +
+	"\n" +
+	"public_key\x18\x03 \x01(\fR\tpublicKey\x129\n" +
+	"\n" +
+	"created_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\"\xfe\x01\n" +
+	"\rAdminIdentity\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04role\x18\x02 \x01(\tR\x04role\x12\x16\n" +
+	"\x06serial\x18\x03 \x01(\tR\x06serial\x127\n" +
+	"\tnot_after\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\bnotAfter\x129\n" +
+	"\n" +
+	"created_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x129\n" +
+	"\n" +
+	"revoked_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\trevokedAt\"\xd5\x01\n" +
+	"\vAuditRecord\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x03R\x02id\x12*\n" +
+	"\x02at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x1a\n" +
+	"\bidentity\x18\x03 \x01(\tR\bidentity\x12\x12\n" +
+	"\x04role\x18\x04 \x01(\tR\x04role\x12\x16\n" +
+	"\x06serial\x18\x05 \x01(\tR\x06serial\x12\x16\n" +
+	"\x06method\x18\x06 \x01(\tR\x06method\x12\x16\n" +
+	"\x06target\x18\a \x01(\tR\x06target\x12\x12\n" +
+	"\x04code\x18\b \x01(\tR\x04code\"\xec\x02\n" +
 	"\x04Node\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1f\n" +
@@ -2285,7 +2696,9 @@ const file_tether_v1_types_proto_rawDesc = "" +
 	"\n" +
 	"created_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x129\n" +
 	"\n" +
-	"updated_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\"\xa4\x01\n" +
+	"updated_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x12\x12\n" +
+	"\x04macs\x18\n" +
+	" \x03(\tR\x04macs\"\xa4\x01\n" +
 	"\fCordonMarker\x12\x0e\n" +
 	"\x02by\x18\x01 \x01(\tR\x02by\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12*\n" +
@@ -2522,7 +2935,7 @@ func file_tether_v1_types_proto_rawDescGZIP() []byte {
 }
 
 var file_tether_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 10)
-var file_tether_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_tether_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_tether_v1_types_proto_goTypes = []any{
 	(InstanceStatus)(0),           // 0: tether.v1.InstanceStatus
 	(AgentPhase)(0),               // 1: tether.v1.AgentPhase
@@ -2537,76 +2950,87 @@ var file_tether_v1_types_proto_goTypes = []any{
 	(*ModuleRef)(nil),             // 10: tether.v1.ModuleRef
 	(*Template)(nil),              // 11: tether.v1.Template
 	(*Module)(nil),                // 12: tether.v1.Module
-	(*Node)(nil),                  // 13: tether.v1.Node
-	(*CordonMarker)(nil),          // 14: tether.v1.CordonMarker
-	(*Instance)(nil),              // 15: tether.v1.Instance
-	(*Certificate)(nil),           // 16: tether.v1.Certificate
-	(*ExecPayload)(nil),           // 17: tether.v1.ExecPayload
-	(*TaskResult)(nil),            // 18: tether.v1.TaskResult
-	(*Task)(nil),                  // 19: tether.v1.Task
-	(*PoolMetadata)(nil),          // 20: tether.v1.PoolMetadata
-	(*PoolCounts)(nil),            // 21: tether.v1.PoolCounts
-	(*PoolMember)(nil),            // 22: tether.v1.PoolMember
-	(*Pool)(nil),                  // 23: tether.v1.Pool
-	(*FleetEvent)(nil),            // 24: tether.v1.FleetEvent
-	(*timestamppb.Timestamp)(nil), // 25: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),       // 26: google.protobuf.Struct
+	(*ModuleSignature)(nil),       // 13: tether.v1.ModuleSignature
+	(*Signer)(nil),                // 14: tether.v1.Signer
+	(*AdminIdentity)(nil),         // 15: tether.v1.AdminIdentity
+	(*AuditRecord)(nil),           // 16: tether.v1.AuditRecord
+	(*Node)(nil),                  // 17: tether.v1.Node
+	(*CordonMarker)(nil),          // 18: tether.v1.CordonMarker
+	(*Instance)(nil),              // 19: tether.v1.Instance
+	(*Certificate)(nil),           // 20: tether.v1.Certificate
+	(*ExecPayload)(nil),           // 21: tether.v1.ExecPayload
+	(*TaskResult)(nil),            // 22: tether.v1.TaskResult
+	(*Task)(nil),                  // 23: tether.v1.Task
+	(*PoolMetadata)(nil),          // 24: tether.v1.PoolMetadata
+	(*PoolCounts)(nil),            // 25: tether.v1.PoolCounts
+	(*PoolMember)(nil),            // 26: tether.v1.PoolMember
+	(*Pool)(nil),                  // 27: tether.v1.Pool
+	(*FleetEvent)(nil),            // 28: tether.v1.FleetEvent
+	(*timestamppb.Timestamp)(nil), // 29: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),       // 30: google.protobuf.Struct
 }
 var file_tether_v1_types_proto_depIdxs = []int32{
 	10, // 0: tether.v1.Template.root_modules:type_name -> tether.v1.ModuleRef
 	10, // 1: tether.v1.Template.extension_modules:type_name -> tether.v1.ModuleRef
-	25, // 2: tether.v1.Template.created_at:type_name -> google.protobuf.Timestamp
-	25, // 3: tether.v1.Template.updated_at:type_name -> google.protobuf.Timestamp
-	25, // 4: tether.v1.Module.created_at:type_name -> google.protobuf.Timestamp
-	26, // 5: tether.v1.Node.config:type_name -> google.protobuf.Struct
-	25, // 6: tether.v1.Node.created_at:type_name -> google.protobuf.Timestamp
-	25, // 7: tether.v1.Node.updated_at:type_name -> google.protobuf.Timestamp
-	25, // 8: tether.v1.CordonMarker.at:type_name -> google.protobuf.Timestamp
-	2,  // 9: tether.v1.CordonMarker.pool_state_before:type_name -> tether.v1.PoolState
-	0,  // 10: tether.v1.Instance.status:type_name -> tether.v1.InstanceStatus
-	2,  // 11: tether.v1.Instance.pool_state:type_name -> tether.v1.PoolState
-	25, // 12: tether.v1.Instance.pool_warming_started_at:type_name -> google.protobuf.Timestamp
-	25, // 13: tether.v1.Instance.pool_ready_at:type_name -> google.protobuf.Timestamp
-	25, // 14: tether.v1.Instance.pool_acquired_at:type_name -> google.protobuf.Timestamp
-	14, // 15: tether.v1.Instance.cordon:type_name -> tether.v1.CordonMarker
-	25, // 16: tether.v1.Instance.last_heartbeat_at:type_name -> google.protobuf.Timestamp
-	1,  // 17: tether.v1.Instance.agent_phase:type_name -> tether.v1.AgentPhase
-	25, // 18: tether.v1.Instance.created_at:type_name -> google.protobuf.Timestamp
-	25, // 19: tether.v1.Instance.updated_at:type_name -> google.protobuf.Timestamp
-	25, // 20: tether.v1.Instance.terminate_requested_at:type_name -> google.protobuf.Timestamp
-	25, // 21: tether.v1.Instance.silent_since:type_name -> google.protobuf.Timestamp
-	9,  // 22: tether.v1.Certificate.kind:type_name -> tether.v1.CertificateKind
-	25, // 23: tether.v1.Certificate.not_before:type_name -> google.protobuf.Timestamp
-	25, // 24: tether.v1.Certificate.not_after:type_name -> google.protobuf.Timestamp
-	25, // 25: tether.v1.Certificate.revoked_at:type_name -> google.protobuf.Timestamp
-	5,  // 26: tether.v1.Task.target:type_name -> tether.v1.TaskTarget
-	6,  // 27: tether.v1.Task.kind:type_name -> tether.v1.TaskKind
-	17, // 28: tether.v1.Task.exec:type_name -> tether.v1.ExecPayload
-	7,  // 29: tether.v1.Task.status:type_name -> tether.v1.TaskStatus
-	25, // 30: tether.v1.Task.lease_expires_at:type_name -> google.protobuf.Timestamp
-	18, // 31: tether.v1.Task.result:type_name -> tether.v1.TaskResult
-	25, // 32: tether.v1.Task.created_at:type_name -> google.protobuf.Timestamp
-	25, // 33: tether.v1.Task.updated_at:type_name -> google.protobuf.Timestamp
-	2,  // 34: tether.v1.PoolMember.pool_state:type_name -> tether.v1.PoolState
-	0,  // 35: tether.v1.PoolMember.status:type_name -> tether.v1.InstanceStatus
-	25, // 36: tether.v1.PoolMember.pool_warming_started_at:type_name -> google.protobuf.Timestamp
-	25, // 37: tether.v1.PoolMember.pool_acquired_at:type_name -> google.protobuf.Timestamp
-	4,  // 38: tether.v1.Pool.lifecycle_class:type_name -> tether.v1.LifecycleClass
-	3,  // 39: tether.v1.Pool.status:type_name -> tether.v1.PoolStatus
-	20, // 40: tether.v1.Pool.metadata:type_name -> tether.v1.PoolMetadata
-	21, // 41: tether.v1.Pool.counts:type_name -> tether.v1.PoolCounts
-	25, // 42: tether.v1.Pool.last_replenished_at:type_name -> google.protobuf.Timestamp
-	22, // 43: tether.v1.Pool.members:type_name -> tether.v1.PoolMember
-	25, // 44: tether.v1.Pool.created_at:type_name -> google.protobuf.Timestamp
-	25, // 45: tether.v1.Pool.updated_at:type_name -> google.protobuf.Timestamp
-	8,  // 46: tether.v1.FleetEvent.severity:type_name -> tether.v1.Severity
-	26, // 47: tether.v1.FleetEvent.payload:type_name -> google.protobuf.Struct
-	25, // 48: tether.v1.FleetEvent.created_at:type_name -> google.protobuf.Timestamp
-	49, // [49:49] is the sub-list for method output_type
-	49, // [49:49] is the sub-list for method input_type
-	49, // [49:49] is the sub-list for extension type_name
-	49, // [49:49] is the sub-list for extension extendee
-	0,  // [0:49] is the sub-list for field type_name
+	29, // 2: tether.v1.Template.created_at:type_name -> google.protobuf.Timestamp
+	29, // 3: tether.v1.Template.updated_at:type_name -> google.protobuf.Timestamp
+	29, // 4: tether.v1.Module.created_at:type_name -> google.protobuf.Timestamp
+	13, // 5: tether.v1.Module.signatures:type_name -> tether.v1.ModuleSignature
+	29, // 6: tether.v1.ModuleSignature.created_at:type_name -> google.protobuf.Timestamp
+	29, // 7: tether.v1.Signer.created_at:type_name -> google.protobuf.Timestamp
+	29, // 8: tether.v1.AdminIdentity.not_after:type_name -> google.protobuf.Timestamp
+	29, // 9: tether.v1.AdminIdentity.created_at:type_name -> google.protobuf.Timestamp
+	29, // 10: tether.v1.AdminIdentity.revoked_at:type_name -> google.protobuf.Timestamp
+	29, // 11: tether.v1.AuditRecord.at:type_name -> google.protobuf.Timestamp
+	30, // 12: tether.v1.Node.config:type_name -> google.protobuf.Struct
+	29, // 13: tether.v1.Node.created_at:type_name -> google.protobuf.Timestamp
+	29, // 14: tether.v1.Node.updated_at:type_name -> google.protobuf.Timestamp
+	29, // 15: tether.v1.CordonMarker.at:type_name -> google.protobuf.Timestamp
+	2,  // 16: tether.v1.CordonMarker.pool_state_before:type_name -> tether.v1.PoolState
+	0,  // 17: tether.v1.Instance.status:type_name -> tether.v1.InstanceStatus
+	2,  // 18: tether.v1.Instance.pool_state:type_name -> tether.v1.PoolState
+	29, // 19: tether.v1.Instance.pool_warming_started_at:type_name -> google.protobuf.Timestamp
+	29, // 20: tether.v1.Instance.pool_ready_at:type_name -> google.protobuf.Timestamp
+	29, // 21: tether.v1.Instance.pool_acquired_at:type_name -> google.protobuf.Timestamp
+	18, // 22: tether.v1.Instance.cordon:type_name -> tether.v1.CordonMarker
+	29, // 23: tether.v1.Instance.last_heartbeat_at:type_name -> google.protobuf.Timestamp
+	1,  // 24: tether.v1.Instance.agent_phase:type_name -> tether.v1.AgentPhase
+	29, // 25: tether.v1.Instance.created_at:type_name -> google.protobuf.Timestamp
+	29, // 26: tether.v1.Instance.updated_at:type_name -> google.protobuf.Timestamp
+	29, // 27: tether.v1.Instance.terminate_requested_at:type_name -> google.protobuf.Timestamp
+	29, // 28: tether.v1.Instance.silent_since:type_name -> google.protobuf.Timestamp
+	9,  // 29: tether.v1.Certificate.kind:type_name -> tether.v1.CertificateKind
+	29, // 30: tether.v1.Certificate.not_before:type_name -> google.protobuf.Timestamp
+	29, // 31: tether.v1.Certificate.not_after:type_name -> google.protobuf.Timestamp
+	29, // 32: tether.v1.Certificate.revoked_at:type_name -> google.protobuf.Timestamp
+	5,  // 33: tether.v1.Task.target:type_name -> tether.v1.TaskTarget
+	6,  // 34: tether.v1.Task.kind:type_name -> tether.v1.TaskKind
+	21, // 35: tether.v1.Task.exec:type_name -> tether.v1.ExecPayload
+	7,  // 36: tether.v1.Task.status:type_name -> tether.v1.TaskStatus
+	29, // 37: tether.v1.Task.lease_expires_at:type_name -> google.protobuf.Timestamp
+	22, // 38: tether.v1.Task.result:type_name -> tether.v1.TaskResult
+	29, // 39: tether.v1.Task.created_at:type_name -> google.protobuf.Timestamp
+	29, // 40: tether.v1.Task.updated_at:type_name -> google.protobuf.Timestamp
+	2,  // 41: tether.v1.PoolMember.pool_state:type_name -> tether.v1.PoolState
+	0,  // 42: tether.v1.PoolMember.status:type_name -> tether.v1.InstanceStatus
+	29, // 43: tether.v1.PoolMember.pool_warming_started_at:type_name -> google.protobuf.Timestamp
+	29, // 44: tether.v1.PoolMember.pool_acquired_at:type_name -> google.protobuf.Timestamp
+	4,  // 45: tether.v1.Pool.lifecycle_class:type_name -> tether.v1.LifecycleClass
+	3,  // 46: tether.v1.Pool.status:type_name -> tether.v1.PoolStatus
+	24, // 47: tether.v1.Pool.metadata:type_name -> tether.v1.PoolMetadata
+	25, // 48: tether.v1.Pool.counts:type_name -> tether.v1.PoolCounts
+	29, // 49: tether.v1.Pool.last_replenished_at:type_name -> google.protobuf.Timestamp
+	26, // 50: tether.v1.Pool.members:type_name -> tether.v1.PoolMember
+	29, // 51: tether.v1.Pool.created_at:type_name -> google.protobuf.Timestamp
+	29, // 52: tether.v1.Pool.updated_at:type_name -> google.protobuf.Timestamp
+	8,  // 53: tether.v1.FleetEvent.severity:type_name -> tether.v1.Severity
+	30, // 54: tether.v1.FleetEvent.payload:type_name -> google.protobuf.Struct
+	29, // 55: tether.v1.FleetEvent.created_at:type_name -> google.protobuf.Timestamp
+	56, // [56:56] is the sub-list for method output_type
+	56, // [56:56] is the sub-list for method input_type
+	56, // [56:56] is the sub-list for extension type_name
+	56, // [56:56] is the sub-list for extension extendee
+	0,  // [0:56] is the sub-list for field type_name
 }
 
 func init() { file_tether_v1_types_proto_init() }
@@ -2614,14 +3038,14 @@ func file_tether_v1_types_proto_init() {
 	if File_tether_v1_types_proto != nil {
 		return
 	}
-	file_tether_v1_types_proto_msgTypes[10].OneofWrappers = []any{}
+	file_tether_v1_types_proto_msgTypes[14].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tether_v1_types_proto_rawDesc), len(file_tether_v1_types_proto_rawDesc)),
 			NumEnums:      10,
-			NumMessages:   15,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

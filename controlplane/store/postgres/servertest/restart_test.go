@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/tetherfleet/tether/internal/apierr"
 	"github.com/tetherfleet/tether/internal/pgtest"
 	"github.com/tetherfleet/tether/internal/testcp"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
@@ -94,6 +95,10 @@ func TestPostgresRestartThroughTheAPI(t *testing.T) {
 	_, err := cp.Admin.GetInstance(ctx, &v1.GetInstanceRequest{Id: ag.instance})
 	if status.Code(err) != codes.Unavailable || !strings.Contains(status.Convert(err).Message(), "database is unavailable") {
 		t.Fatalf("a read during the outage: got %v, want Unavailable saying the database is unavailable", err)
+	}
+	// Clients (tetherctl) recognise the outage by this reason, not the words.
+	if got := apierr.Reason(err); got != apierr.DatabaseUnavailable {
+		t.Fatalf("a read during the outage carries reason %q, want %q", got, apierr.DatabaseUnavailable)
 	}
 	t.Logf("during the outage: %v", err)
 	time.Sleep(1500 * time.Millisecond) // several failed heartbeat flushes (every 50 ms in testcp)

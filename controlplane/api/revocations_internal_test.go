@@ -1,0 +1,81 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/grpc/codes"
+
+	"github.com/tetherfleet/tether/controlplane/fail"
+	"github.com/tetherfleet/tether/controlplane/store"
+)
+
+// revokedStore answers ListRevokedSerials with serials, or fails while
+// down is set; nothing else of the store is used.
+type revokedStore struct {
+	store.Store
+	serials []string
+	down    bool
+}
+
+func (s *revokedStore) ListRevokedSerials(context.Context, time.Time) ([]string, error) {
+	if s.down {
+		return nil, errors.New("database is locked")
+	}
+	return s.serials, nil
+}
+
+// A failing periodic reload is logged and counted, never dropped; after
+// StaleAfterReloads failures in a row every certificate is refused (the
+// list may be missing a revocation) until a reload succeeds.
+func TestRevocationReloadFailuresAreLoudAndFailClosed(t *testing.T) {
+	ctx := context.Background()
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	st := &revokedStore{serials: []string{"01"}}
+	r := NewRevocations()
+	if err := r.Load(ctx, st, now); err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	failures := NewReloadFailures(nil)
+
+	steps := []struct {
+		down     bool
+		reloads  int
+		failures float64
+		code     codes.Code // for serial "02", never revoked
+	}{
+		{false, 1, 0, codes.OK},
+		{true, StaleAfterReloads - 1, StaleAfterReloads - 1, codes.OK},
+		{true, 1, StaleAfterReloads, codes.Unavailable},
+		{false, 1, StaleAfterReloads, codes.OK},
+	}
+	for i, s := range steps {
+		st.down = s.down
+		for range s.reloads {
+			r.reload(ctx, st, now, log, failures)
+		}
+		if got := testutil.ToFloat64(failures); got != s.failures {
+			t.Fatalf("step %d: %v failures counted, want %v", i, got, s.failures)
+		}
+		if got := fail.Code(r.check("02")); got != s.code {
+			t.Fatalf("step %d: a good certificate got %v, want %v", i, got, s.code)
+		}
+		if got := fail.Code(r.check("01")); got == codes.OK {
+			t.Fatalf("step %d: the revoked certificate was let in", i)
+		}
+	}
+	if n := strings.Count(logs.String(), "certificate revocation list reload failed"); n != StaleAfterReloads {
+		t.Fatalf("%d failures logged, want %d:\n%s", n, StaleAfterReloads, logs.String())
+	}
+	if !strings.Contains(logs.String(), "database is locked") || !strings.Contains(logs.String(), "level=ERROR") {
+		t.Fatalf("the log does not carry the error at Error level:\n%s", logs.String())
+	}
+}

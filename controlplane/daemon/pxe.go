@@ -1,0 +1,56 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+
+	"github.com/tetherfleet/tether/controlplane/netboot/pxe"
+	"github.com/tetherfleet/tether/controlplane/store"
+)
+
+// pxeURL is the netboot URL's default when tetherd serves DHCP: the
+// interface's own address, which is how machines on that link reach it.
+func (o *ServeOptions) pxeURL(netLis net.Listener) error {
+	if err := o.PXE.CheckFlags(); err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
+	if !o.PXE.Enabled() {
+		return nil
+	}
+	if netLis == nil {
+		return fmt.Errorf("serve: --dhcp-interface needs --netboot-listen: DHCP points machines at the netboot HTTP server")
+	}
+	if err := o.PXE.Loaders().Check(); err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
+	if o.NetbootURL == "" {
+		ip, _, err := pxe.InterfaceAddr(o.PXE.Interface)
+		if err != nil {
+			return fmt.Errorf("serve: %w", err)
+		}
+		_, port, _ := net.SplitHostPort(netLis.Addr().String())
+		o.NetbootURL = "http://" + net.JoinHostPort(ip.String(), port)
+	}
+	return nil
+}
+
+// pxeService builds the DHCP, TFTP and router-advertisement service, or
+// nil when --dhcp-interface is not given.
+func (o *ServeOptions) pxeService(st store.Store, log *slog.Logger) (*pxe.Service, error) {
+	if !o.PXE.Enabled() {
+		return nil, nil
+	}
+	cfg, err := o.PXE.Config(o.NetbootURL)
+	if err != nil {
+		return nil, fmt.Errorf("serve: %w", err)
+	}
+	return &pxe.Service{Options: o.PXE, Config: cfg, Store: st, Clock: o.Clock, Log: log.With("component", "pxe")}, nil
+}
+
+func runPXE(ctx context.Context, svc *pxe.Service, log *slog.Logger) {
+	if err := svc.Run(ctx); err != nil {
+		log.Error("netboot DHCP/TFTP stopped", "err", err)
+	}
+}

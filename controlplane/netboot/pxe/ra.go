@@ -1,0 +1,76 @@
+package pxe
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/netip"
+	"time"
+
+	"github.com/mdlayher/ndp"
+)
+
+// raEvery is how often an unsolicited advertisement goes out; a router
+// solicitation is answered at once.
+const raEvery = 10 * time.Second
+
+// openRA opens the router-advertisement socket on the interface, or
+// returns nil (logged) when it cannot: DHCP works without it, iPXE just
+// waits for IPv6 longer.
+func (s *Service) openRA() (*ndp.Conn, *net.Interface) {
+	log := s.Log.With("component", "ra")
+	ifi, err := net.InterfaceByName(s.Options.Interface)
+	if err != nil {
+		log.Warn("router advertisements off", "err", err)
+		return nil, nil
+	}
+	c, _, err := ndp.Listen(ifi, ndp.LinkLocal)
+	if err != nil {
+		log.Warn("router advertisements off: the interface has no IPv6 link-local address; iPXE may wait 16 s for IPv6", "err", err)
+		return nil, nil
+	}
+	return c, ifi
+}
+
+// advertise sends IPv6 router advertisements on c until ctx ends. They
+// carry no prefix, no default route (lifetime 0) and neither the managed
+// nor the other flag: they only tell iPXE that the link has no IPv6
+// configuration to wait for, so its autoconfiguration ends at once.
+func (s *Service) advertise(ctx context.Context, c *ndp.Conn, ifi *net.Interface) {
+	log := s.Log.With("component", "ra")
+	stop := context.AfterFunc(ctx, func() { c.Close() })
+	defer stop()
+	ra := &ndp.RouterAdvertisement{CurrentHopLimit: 64,
+		Options: []ndp.Option{&ndp.LinkLayerAddress{Direction: ndp.Source, Addr: ifi.HardwareAddr}}}
+	send := func() {
+		if err := c.WriteTo(ra, nil, netip.IPv6LinkLocalAllNodes()); err != nil && ctx.Err() == nil {
+			log.Debug("router advertisement", "err", err)
+		}
+	}
+	if err := c.JoinGroup(netip.MustParseAddr("ff02::2")); err != nil {
+		log.Debug("join all-routers group", "err", err)
+	}
+	send()
+	next := time.Now().Add(raEvery)
+	for ctx.Err() == nil {
+		_ = c.SetReadDeadline(next)
+		m, _, _, err := c.ReadFrom()
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err == nil:
+			if _, ok := m.(*ndp.RouterSolicitation); ok {
+				send()
+			}
+		default:
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				send()
+				next = time.Now().Add(raEvery)
+				continue
+			}
+			log.Warn("router advertisements stopped", "err", err)
+			return
+		}
+	}
+}

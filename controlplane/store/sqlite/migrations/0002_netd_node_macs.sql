@@ -1,0 +1,8 @@
+-- Hardware addresses bind a netbooting machine to its node. The primary key
+-- makes an address belong to one node at most, across every replica.
+CREATE TABLE node_macs (
+    mac      TEXT NOT NULL PRIMARY KEY,
+    node_id  TEXT NOT NULL REFERENCES nodes (id),
+    position INTEGER NOT NULL
+);
+CREATE INDEX node_macs_node ON node_macs (node_id);

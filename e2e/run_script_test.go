@@ -1,0 +1,204 @@
+package e2e
+
+import (
+	"bytes"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// `make run` is what a newcomer runs first, and Ctrl-C is how they stop
+// it. These tests run scripts/run.sh in its own process group, as a
+// terminal would, wait for the instance to run, and deliver SIGINT to the
+// whole group. Nothing of the run may remain: no QEMU, no tetherd.
+func TestRunScriptCtrlCStopsEverything(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// before runs just ahead of the Ctrl-C.
+		before   func(t *testing.T, r *scriptRun)
+		wantSaid string
+		// A crashed tetherd makes the run fail, whether the script or the
+		// Ctrl-C notices first.
+		mayFail bool
+	}{
+		{"ctrl-c", func(*testing.T, *scriptRun) {}, "terminated ", false},
+		{"tetherd died first", func(t *testing.T, r *scriptRun) {
+			// A crash: tetherd is gone before the cleanup can ask it for
+			// anything, and the VMs (in their own session) live on.
+			if err := syscall.Kill(r.tetherd, syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			waitGone(t, []int{r.tetherd}, time.Minute)
+		}, "is still running; stopping it", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := startRunScript(t)
+			tc.before(t, r)
+			if err := syscall.Kill(-r.cmd.Process.Pid, syscall.SIGINT); err != nil {
+				t.Fatal(err)
+			}
+			exited := make(chan error, 1)
+			go func() { exited <- r.cmd.Wait() }()
+			select {
+			case err := <-exited:
+				if err != nil && !tc.mayFail {
+					t.Fatalf("run.sh after Ctrl-C: %v\n%s", err, r.out.String())
+				}
+			case <-time.After(2 * time.Minute):
+				t.Fatalf("run.sh did not stop within 2 minutes of Ctrl-C:\n%s", r.out.String())
+			}
+			out := r.out.String()
+			if !strings.Contains(out, tc.wantSaid) || !strings.Contains(out, "==> stopped") {
+				t.Fatalf("run.sh output lacks %q and \"stopped\":\n%s", tc.wantSaid, out)
+			}
+			if left := processesMentioning(r.machines); len(left) > 0 {
+				t.Fatalf("QEMU of this run still alive after Ctrl-C: pids %v\n%s", left, out)
+			}
+			if alive(r.tetherd) {
+				t.Fatalf("tetherd (pid %d) still alive after Ctrl-C\n%s", r.tetherd, out)
+			}
+		})
+	}
+}
+
+type scriptRun struct {
+	cmd      *exec.Cmd
+	out      *syncBuffer
+	tetherd  int
+	machines string
+}
+
+// startRunScript starts scripts/run.sh on a temp data dir and a free port,
+// and returns once it says the instance runs.
+func startRunScript(t *testing.T) *scriptRun {
+	t.Helper()
+	requireVM(t)
+	if _, err := exec.LookPath("setsid"); err != nil {
+		t.Skip("SKIP (real-VM e2e): setsid (util-linux) is not installed; scripts/run.sh needs it")
+	}
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := filepath.Join(t.TempDir(), "data")
+	r := &scriptRun{out: &syncBuffer{}}
+	r.cmd = exec.Command("bash", filepath.Join(root, "scripts", "run.sh"))
+	r.cmd.Dir = root
+	r.cmd.Env = append(os.Environ(), "TETHER_RUN_DATA="+data, "TETHER_RUN_ADDR="+freeAddr(t))
+	r.cmd.Stdout, r.cmd.Stderr = r.out, r.out
+	// Its own process group, as a terminal's foreground job.
+	r.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := r.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// Whatever happens, nothing of this run outlives the test.
+	t.Cleanup(func() {
+		_ = syscall.Kill(-r.cmd.Process.Pid, syscall.SIGKILL)
+		pids := processesMentioning(data)
+		if r.machines != "" {
+			pids = append(pids, processesMentioning(r.machines)...)
+		}
+		for _, pid := range pids {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	})
+
+	// Polling an external process, with a deadline: the script builds,
+	// boots a VM under TCG and then prints this line.
+	deadline := time.Now().Add(bootTimeout + 5*time.Minute)
+	for !strings.Contains(r.out.String(), " is running. Try") {
+		if time.Now().After(deadline) {
+			t.Fatalf("run.sh did not report a running instance:\n%s", r.out.String())
+		}
+		if r.cmd.ProcessState != nil || !alive(r.cmd.Process.Pid) {
+			t.Fatalf("run.sh exited early:\n%s", r.out.String())
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	for _, pid := range processesMentioning(data) {
+		args := cmdline(pid)
+		if len(args) > 1 && filepath.Base(args[0]) == "tetherd" && args[1] == "serve" {
+			r.tetherd = pid
+			for i, a := range args {
+				if a == "--qemu-state-dir" && i+1 < len(args) {
+					r.machines = args[i+1]
+				}
+			}
+		}
+	}
+	if r.tetherd == 0 || r.machines == "" {
+		t.Fatalf("no tetherd serve of this run (data %s) found", data)
+	}
+	if len(processesMentioning(r.machines)) == 0 {
+		t.Fatalf("no QEMU of this run is alive before Ctrl-C: the test would prove nothing\n%s", r.out.String())
+	}
+	return r
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// processesMentioning lists the pids whose command line contains s.
+func processesMentioning(s string) []int {
+	entries, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		for _, a := range cmdline(pid) {
+			if strings.Contains(a, s) {
+				pids = append(pids, pid)
+				break
+			}
+		}
+	}
+	return pids
+}
+
+func cmdline(pid int) []string {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+	if err != nil {
+		return nil
+	}
+	return strings.Split(string(bytes.TrimRight(b, "\x00")), "\x00")
+}
+
+// alive is true while pid exists and is not a zombie.
+func alive(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	if i := bytes.LastIndexByte(b, ')'); i > 0 && i+2 < len(b) {
+		return b[i+2] != 'Z'
+	}
+	return true
+}
+
+func waitGone(t *testing.T, pids []int, limit time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for _, pid := range pids {
+		for alive(pid) {
+			if time.Now().After(deadline) {
+				t.Fatalf("pid %d still alive after %s", pid, limit)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+}

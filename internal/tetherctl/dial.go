@@ -1,0 +1,96 @@
+package tetherctl
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"gopkg.in/yaml.v3"
+
+	v1 "github.com/tetherfleet/tether/proto/tether/v1"
+)
+
+type clientConfig struct {
+	Endpoint string `yaml:"endpoint"`
+	CA       string `yaml:"ca"`
+	Cert     string `yaml:"cert"`
+	Key      string `yaml:"key"`
+}
+
+func (a *App) configPath() (string, string) {
+	if a.ConfigPath != "" {
+		return a.ConfigPath, "--config"
+	}
+	if p := os.Getenv("TETHERCONFIG"); p != "" {
+		return p, "$TETHERCONFIG"
+	}
+	home, _ := os.UserHomeDir()
+	return filepath.Join(home, ".config", "tether", "config.yaml"), "the default location"
+}
+
+// dial connects once per process.
+func (a *App) dial() (v1.AdminServiceClient, error) {
+	if a.client != nil {
+		return a.client, nil
+	}
+	path, src := a.configPath()
+	a.cfgSrc = fmt.Sprintf("%s (from %s)", path, src)
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read client config %s: %w\n  hint: `tetherd init --data-dir DIR` writes one to DIR/admin/tetherconfig.yaml; pass it with --config or $TETHERCONFIG", a.cfgSrc, err)
+	}
+	var cfg clientConfig
+	if err := yaml.Unmarshal(raw, &cfg); err != nil {
+		return nil, fmt.Errorf("parse client config %s: %w", a.cfgSrc, err)
+	}
+	rel := func(p string) string {
+		if p == "" || filepath.IsAbs(p) {
+			return p
+		}
+		return filepath.Join(filepath.Dir(path), p)
+	}
+	for _, f := range []struct{ name, v string }{{"ca", cfg.CA}, {"cert", cfg.Cert}, {"key", cfg.Key}} {
+		if f.v == "" {
+			return nil, fmt.Errorf("client config %s: %q is not set", a.cfgSrc, f.name)
+		}
+	}
+	caPEM, err := os.ReadFile(rel(cfg.CA))
+	if err != nil {
+		return nil, fmt.Errorf("client config %s: CA certificate: %w", a.cfgSrc, err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(caPEM) {
+		return nil, fmt.Errorf("client config %s: %s holds no PEM certificate", a.cfgSrc, rel(cfg.CA))
+	}
+	cert, err := tls.LoadX509KeyPair(rel(cfg.Cert), rel(cfg.Key))
+	if err != nil {
+		return nil, fmt.Errorf("client config %s: client certificate %s / key %s: %w", a.cfgSrc, rel(cfg.Cert), rel(cfg.Key), err)
+	}
+	if a.leaf, err = x509.ParseCertificate(cert.Certificate[0]); err != nil {
+		return nil, fmt.Errorf("client config %s: client certificate %s: %w", a.cfgSrc, rel(cfg.Cert), err)
+	}
+	a.target = cfg.Endpoint
+	if a.Endpoint != "" {
+		a.target = a.Endpoint
+	}
+	if a.target == "" {
+		return nil, fmt.Errorf("no endpoint: set endpoint in %s or pass --endpoint HOST:PORT", a.cfgSrc)
+	}
+	host, _, err := net.SplitHostPort(a.target)
+	if err != nil {
+		return nil, fmt.Errorf("endpoint %q: want HOST:PORT", a.target)
+	}
+	tlsCfg := &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{cert}, ServerName: host, MinVersion: tls.VersionTLS13}
+	conn, err := grpc.NewClient(a.target, grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg)),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20)))
+	if err != nil {
+		return nil, fmt.Errorf("connect to %s: %w", a.target, err)
+	}
+	a.conn, a.client = conn, v1.NewAdminServiceClient(conn)
+	return a.client, nil
+}

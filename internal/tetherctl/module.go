@@ -1,0 +1,239 @@
+package tetherctl
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"text/tabwriter"
+	"time"
+
+	erofs "github.com/erofs/go-erofs"
+	"github.com/spf13/cobra"
+
+	v1 "github.com/tetherfleet/tether/proto/tether/v1"
+)
+
+func moduleTable(w *tabwriter.Writer, ms []*v1.Module) {
+	row(w, "NAME", "VERSION", "DIGEST", "SIZE", "SIGNED", "CREATED")
+	for _, m := range ms {
+		row(w, m.Name, m.Version, m.Digest, humanBytes(m.Size), signedColumn(m), when(m.CreatedAt))
+	}
+}
+
+func (a *App) moduleCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "module", Short: "Manage erofs modules"}
+	var sigFile string
+	push := &cobra.Command{
+		Use: "push NAME:VERSION FILE", Short: "Upload an erofs image", Args: cobra.ExactArgs(2),
+		RunE: func(_ *cobra.Command, args []string) error {
+			return a.pushModule(args[0], args[1], sigFile)
+		},
+	}
+	push.Flags().StringVar(&sigFile, "signature", "", "file with the raw 64-byte Ed25519 signature over the module")
+	push.Flags().StringArrayVar(&a.signWith, "sign-with", nil, "sign with this signer key (signer.key) before pushing; repeatable")
+	var buildSig string
+	var keep string
+	build := &cobra.Command{
+		Use: "build DIR NAME:VERSION", Short: "Build an uncompressed erofs image from a folder and push it", Args: cobra.ExactArgs(2),
+		RunE: func(_ *cobra.Command, args []string) error {
+			out := keep
+			if out == "" {
+				f, err := os.CreateTemp("", "tether-module-*.erofs")
+				if err != nil {
+					return err
+				}
+				out = f.Name()
+				f.Close()
+				defer os.Remove(out)
+			}
+			if err := BuildErofs(args[0], out); err != nil {
+				return err
+			}
+			return a.pushModule(args[1], out, buildSig)
+		},
+	}
+	build.Flags().StringVar(&buildSig, "signature", "", "file with the raw 64-byte Ed25519 signature over the module")
+	build.Flags().StringArrayVar(&a.signWith, "sign-with", nil, "sign with this signer key (signer.key) before pushing; repeatable")
+	build.Flags().StringVar(&keep, "keep", "", "also keep the built image at this path")
+	var name string
+	var pg paging
+	listCmd := &cobra.Command{Use: "list", Short: "List modules", Args: cobra.NoArgs, RunE: func(*cobra.Command, []string) error {
+		return list(a, v1.AdminServiceClient.ListModules, &v1.ListModulesRequest{Name: name}, pg,
+			func(w *tabwriter.Writer, r *v1.ListModulesResponse) { moduleTable(w, r.Modules) })
+	}}
+	listCmd.Flags().StringVar(&name, "name", "", "only versions of this module")
+	pg.flags(listCmd.Flags(), 0, "modules")
+	get := &cobra.Command{Use: "get NAME:VERSION", Short: "Show a module", Args: cobra.ExactArgs(1), RunE: func(_ *cobra.Command, args []string) error {
+		n, v, err := splitRef(args[0])
+		if err != nil {
+			return err
+		}
+		return call(a, v1.AdminServiceClient.GetModule, &v1.GetModuleRequest{Name: n, Version: v},
+			func(w *tabwriter.Writer, m *v1.Module) { a.moduleDetail(m)(w) })
+	}}
+	del := &cobra.Command{Use: "delete NAME:VERSION", Short: "Delete a module no template references", Args: cobra.ExactArgs(1), RunE: func(_ *cobra.Command, args []string) error {
+		n, v, err := splitRef(args[0])
+		if err != nil {
+			return err
+		}
+		return call(a, v1.AdminServiceClient.DeleteModule, &v1.DeleteModuleRequest{Name: n, Version: v}, deleted[*v1.DeleteModuleResponse]("module", args[0]))
+	}}
+	cmd.AddCommand(push, build, listCmd, get, del, a.moduleSignCmd())
+	return cmd
+}
+
+// pushModule hashes the file first (so the server can refuse a corrupted
+// transfer), then streams it with a progress line on stderr.
+func (a *App) pushModule(ref, path, sigFile string) error {
+	n, v, err := splitRef(ref)
+	if err != nil {
+		return err
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return fmt.Errorf("hash %s: %w", path, err)
+	}
+	digest := "sha256:" + hex.EncodeToString(h.Sum(nil))
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return err
+	}
+	var sig []byte
+	if sigFile != "" {
+		if sig, err = os.ReadFile(sigFile); err != nil {
+			return fmt.Errorf("--signature: %w", err)
+		}
+	}
+	sigs, err := moduleSignatures("--sign-with", a.signWith, n, v, digest)
+	if err != nil {
+		return err
+	}
+	c, err := a.dial()
+	if err != nil {
+		return err
+	}
+	// A stream has no --timeout deadline (a big module takes long); an
+	// interrupt still ends it.
+	stream, err := c.PushModule(a.base)
+	if err != nil {
+		return err
+	}
+	if err := stream.Send(&v1.PushModuleRequest{Msg: &v1.PushModuleRequest_Header{Header: &v1.PushModuleHeader{
+		Name: n, Version: v, Digest: digest, Size: st.Size(), Signature: sig, Signatures: sigs}}}); err != nil {
+		return a.streamErr(stream.CloseAndRecv())
+	}
+	prog := newProgress(a.Stderr, "push "+ref, st.Size(), a.Output == "table")
+	buf := make([]byte, 1<<20)
+	for {
+		k, rerr := f.Read(buf)
+		if k > 0 {
+			if err := stream.Send(&v1.PushModuleRequest{Msg: &v1.PushModuleRequest_Chunk{Chunk: buf[:k]}}); err != nil {
+				prog.done()
+				return a.streamErr(stream.CloseAndRecv())
+			}
+			prog.add(int64(k))
+		}
+		if errors.Is(rerr, io.EOF) {
+			break
+		}
+		if rerr != nil {
+			prog.done()
+			return fmt.Errorf("read %s: %w", path, rerr)
+		}
+	}
+	prog.done()
+	m, err := stream.CloseAndRecv()
+	if err != nil {
+		return err
+	}
+	return a.print(m, a.moduleDetail(m))
+}
+
+func (a *App) streamErr(_ any, err error) error {
+	if err == nil {
+		return errors.New("the server closed the upload early")
+	}
+	return err
+}
+
+// progress prints "push base:1  42.0 MiB / 65.0 MiB  64%  38.2 MiB/s" to stderr.
+type progress struct {
+	w        io.Writer
+	label    string
+	total, n int64
+	start    time.Time
+	last     time.Time
+	on       bool
+}
+
+func newProgress(w io.Writer, label string, total int64, on bool) *progress {
+	return &progress{w: w, label: label, total: total, start: time.Now(), on: on}
+}
+
+func (p *progress) add(n int64) {
+	p.n += n
+	if !p.on || time.Since(p.last) < 200*time.Millisecond {
+		return
+	}
+	p.last = time.Now()
+	p.print("\r")
+}
+
+func (p *progress) print(prefix string) {
+	secs := time.Since(p.start).Seconds()
+	rate := 0.0
+	if secs > 0 {
+		rate = float64(p.n) / secs
+	}
+	pct := 100.0
+	if p.total > 0 {
+		pct = float64(p.n) * 100 / float64(p.total)
+	}
+	fmt.Fprintf(p.w, "%s%s  %s / %s  %3.0f%%  %s/s   ", prefix, p.label, humanBytes(p.n), humanBytes(p.total), pct, humanBytes(int64(rate)))
+}
+
+func (p *progress) done() {
+	if p.on {
+		p.print("\r")
+		fmt.Fprintln(p.w)
+	}
+}
+
+// BuildErofs writes an uncompressed erofs image of dir to out with a fixed
+// build time, so the same folder gives the same digest. go-erofs follows
+// symlinks and stores them as regular files.
+func BuildErofs(dir, out string) error {
+	st, err := os.Stat(dir)
+	if err != nil {
+		return fmt.Errorf("module build: %w", err)
+	}
+	if !st.IsDir() {
+		return fmt.Errorf("module build: %s is not a folder", dir)
+	}
+	f, err := os.Create(out)
+	if err != nil {
+		return fmt.Errorf("module build: %w", err)
+	}
+	w := erofs.Create(f, erofs.WithBuildTime(0, 0), erofs.WithTempDir(filepath.Dir(out)))
+	if err := w.CopyFrom(os.DirFS(dir)); err != nil {
+		f.Close()
+		return fmt.Errorf("module build: copy %s: %w", dir, err)
+	}
+	if err := w.Close(); err != nil {
+		f.Close()
+		return fmt.Errorf("module build: %w", err)
+	}
+	return f.Close()
+}

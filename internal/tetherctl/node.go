@@ -1,0 +1,96 @@
+package tetherctl
+
+import (
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	v1 "github.com/tetherfleet/tether/proto/tether/v1"
+)
+
+func nodeTable(w *tabwriter.Writer, ns []*v1.Node) {
+	row(w, "NAME", "TEMPLATE", "ENABLED", "PUBLIC ADDRESS", "MACS", "CREATED")
+	for _, n := range ns {
+		row(w, n.Name, n.TemplateName, n.Enabled, dash(n.PublicAddress), dash(strings.Join(n.Macs, ",")), when(n.CreatedAt))
+	}
+}
+
+func parseConfig(s string) (*structpb.Struct, error) {
+	if s == "" {
+		return nil, nil
+	}
+	var m map[string]any
+	if err := json.Unmarshal([]byte(s), &m); err != nil {
+		return nil, fmt.Errorf("--config-json: want a JSON object: %w", err)
+	}
+	return structpb.NewStruct(m)
+}
+
+func (a *App) nodeCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "node", Short: "Manage nodes (logical hosts)"}
+	var createReq v1.CreateNodeRequest
+	var createCfg string
+	var disabled bool
+	create := &cobra.Command{Use: "create NAME --template TEMPLATE", Short: "Create a node", Args: cobra.ExactArgs(1), RunE: func(_ *cobra.Command, args []string) error {
+		var err error
+		createReq.Name = args[0]
+		if createReq.Config, err = parseConfig(createCfg); err != nil {
+			return err
+		}
+		enabled := !disabled
+		createReq.Enabled = &enabled
+		return call(a, v1.AdminServiceClient.CreateNode, &createReq, one(nodeTable))
+	}}
+	create.Flags().StringVar(&createReq.Template, "template", "", "template the node boots (required)")
+	create.Flags().StringVar(&createCfg, "config-json", "", "free-form JSON object")
+	create.Flags().StringVar(&createReq.PublicAddress, "public-address", "", "public address")
+	create.Flags().StringArrayVar(&createReq.Macs, "mac", nil, "hardware address of a NIC the machine netboots from (repeatable)")
+	create.Flags().BoolVar(&disabled, "disabled", false, "create the node disabled")
+	_ = create.MarkFlagRequired("template")
+
+	var updateReq v1.UpdateNodeRequest
+	var updateCfg string
+	update := &cobra.Command{Use: "update NAME [--template T] [--enabled=BOOL] [--config-json J] [--public-address A] [--mac MAC...]", Short: "Change a node", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var err error
+			updateReq.Name = args[0]
+			for flag, field := range map[string]string{"template": "template", "enabled": "enabled", "config-json": "config", "public-address": "public_address", "mac": "macs"} {
+				if cmd.Flags().Changed(flag) {
+					updateReq.UpdateMask = append(updateReq.UpdateMask, field)
+				}
+			}
+			// --mac "" clears the set: an empty address means none.
+			updateReq.Macs = slices.DeleteFunc(updateReq.Macs, func(m string) bool { return m == "" })
+			if updateReq.Config, err = parseConfig(updateCfg); err != nil {
+				return err
+			}
+			return call(a, v1.AdminServiceClient.UpdateNode, &updateReq, one(nodeTable))
+		}}
+	update.Flags().StringVar(&updateReq.Template, "template", "", "template")
+	update.Flags().BoolVar(&updateReq.Enabled, "enabled", true, "enable or disable provisioning")
+	update.Flags().StringVar(&updateCfg, "config-json", "", "free-form JSON object")
+	update.Flags().StringVar(&updateReq.PublicAddress, "public-address", "", "public address")
+	update.Flags().StringArrayVar(&updateReq.Macs, "mac", nil, "the node's hardware addresses, replacing the current set (repeatable; --mac \"\" clears)")
+
+	var tpl string
+	var pg paging
+	listCmd := &cobra.Command{Use: "list", Short: "List nodes", Args: cobra.NoArgs, RunE: func(*cobra.Command, []string) error {
+		return list(a, v1.AdminServiceClient.ListNodes, &v1.ListNodesRequest{Template: tpl}, pg,
+			func(w *tabwriter.Writer, r *v1.ListNodesResponse) { nodeTable(w, r.Nodes) })
+	}}
+	listCmd.Flags().StringVar(&tpl, "template", "", "only nodes of this template")
+	pg.flags(listCmd.Flags(), 0, "nodes")
+	get := &cobra.Command{Use: "get NAME", Short: "Show a node", Args: cobra.ExactArgs(1), RunE: func(_ *cobra.Command, args []string) error {
+		return call(a, v1.AdminServiceClient.GetNode, &v1.GetNodeRequest{Name: args[0]}, one(nodeTable))
+	}}
+	del := &cobra.Command{Use: "delete NAME", Short: "Delete a node with no live instance", Args: cobra.ExactArgs(1), RunE: func(_ *cobra.Command, args []string) error {
+		return call(a, v1.AdminServiceClient.DeleteNode, &v1.DeleteNodeRequest{Name: args[0]}, deleted[*v1.DeleteNodeResponse]("node", args[0]))
+	}}
+	cmd.AddCommand(create, update, listCmd, get, del)
+	return cmd
+}
