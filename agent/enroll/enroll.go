@@ -86,7 +86,8 @@ func (id *Identity) Expired(now time.Time) bool { return !now.Before(id.Cert.Not
 type Config struct {
 	// StateDir holds key, certificate, CA and identity.json.
 	StateDir string
-	// URL is the control plane, https://HOST:PORT.
+	// URL is the control plane, https://HOST:PORT, or several separated
+	// by commas: connections go to the first that answers (Failover).
 	URL string
 	// CAFingerprint is the pinned CA, "sha256:<hex>".
 	CAFingerprint string
@@ -106,6 +107,8 @@ type Manager struct {
 	store  store
 	pin    *Pin
 	target string
+	// failover is set when the URL names several control planes.
+	failover *Failover
 
 	current atomic.Pointer[Identity]
 	// renewMu serialises enrollments and renewals.
@@ -127,20 +130,24 @@ func New(cfg Config) (*Manager, error) {
 	if cfg.Delay == nil {
 		cfg.Delay = defaultDelay
 	}
-	target, host, err := SplitURL(cfg.URL)
+	eps, err := SplitURLs(cfg.URL)
 	if err != nil {
 		return nil, fmt.Errorf("enroll: %w", err)
 	}
-	pin, err := NewPin(cfg.CAFingerprint, host, cfg.Clock.Now)
+	pin, err := NewPin(cfg.CAFingerprint, eps[0].Host, cfg.Clock.Now)
 	if err != nil {
 		return nil, fmt.Errorf("enroll: %w", err)
 	}
-	return &Manager{
+	m := &Manager{
 		cfg:    cfg,
 		store:  store{Dir: cfg.StateDir},
 		pin:    pin,
-		target: target,
-	}, nil
+		target: eps[0].Target,
+	}
+	if len(eps) > 1 {
+		m.failover = &Failover{Endpoints: eps, Logf: cfg.Logf}
+	}
+	return m, nil
 }
 
 func defaultDelay(n int) time.Duration {
@@ -187,12 +194,18 @@ func (m *Manager) Dial(clientCert bool) (*grpc.ClientConn, error) {
 	if clientCert {
 		cfg = m.TLSConfig()
 	}
-	opts := append([]grpc.DialOption{
+	opts := []grpc.DialOption{
 		grpc.WithTransportCredentials(credentials.NewTLS(cfg)),
 		// tls.Conn buffers what it reads already; gRPC's 32 KiB read buffer
 		// in front of it would only copy every module byte once more.
 		grpc.WithReadBufferSize(0),
-	}, m.cfg.DialOptions...)
+	}
+	if m.failover != nil {
+		// Several control planes: each connection goes to the first that
+		// answers, and its handshake checks that one's name.
+		opts = append(opts, grpc.WithTransportCredentials(m.failover.Credentials(cfg, m.pin)), grpc.WithContextDialer(m.failover.DialContext))
+	}
+	opts = append(opts, m.cfg.DialOptions...)
 	// passthrough: the target is HOST:PORT handed to the dialer as is; an
 	// initramfs has no resolv.conf for grpc's DNS resolver to read.
 	conn, err := grpc.NewClient("passthrough:///"+m.target, opts...)

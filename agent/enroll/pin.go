@@ -115,7 +115,11 @@ func (p *Pin) TLSConfig(getCert func() *tls.Certificate) *tls.Config {
 // verify accepts the connection only if one of the presented certificates
 // (or the CA saved at enrollment) has the pinned fingerprint and the leaf
 // chains to it and names serverName.
-func (p *Pin) verify(cs tls.ConnectionState) error {
+func (p *Pin) verify(cs tls.ConnectionState) error { return p.verifyName(cs, p.serverName) }
+
+// verifyName is verify for a connection to serverName: with several
+// control planes, the one the connection reached.
+func (p *Pin) verifyName(cs tls.ConnectionState, serverName string) error {
 	certs := cs.PeerCertificates
 	if len(certs) == 0 {
 		return errors.New("control plane presented no certificate")
@@ -153,7 +157,7 @@ func (p *Pin) verify(cs tls.ConnectionState) error {
 	_, err := certs[0].Verify(x509.VerifyOptions{
 		Roots:         roots,
 		Intermediates: inter,
-		DNSName:       p.serverName,
+		DNSName:       serverName,
 		CurrentTime:   p.now(),
 		KeyUsages:     []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 	})

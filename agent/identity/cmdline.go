@@ -238,11 +238,35 @@ func placeholder(key string) string {
 	}
 }
 
-var errNotHTTPS = errors.New("want https://HOST:PORT")
+var errNotHTTPS = errors.New("want https://HOST:PORT[,https://HOST:PORT...]")
 
-// CheckURL validates a control plane URL and returns it normalised (no
-// trailing slash).
+// CheckURL validates a control plane URL, or several separated by commas
+// (replicas the agent moves between when one refuses or is down), and
+// returns them normalised (no trailing slash, no blanks, no repeats).
 func CheckURL(s string) (string, error) {
+	if !strings.Contains(s, ",") {
+		return checkOneURL(s)
+	}
+	var out []string
+	seen := map[string]bool{}
+	for i, part := range strings.Split(s, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			return "", fmt.Errorf("%q: URL %d of the list is empty (%w)", s, i+1, errNotHTTPS)
+		}
+		u, err := checkOneURL(part)
+		if err != nil {
+			return "", fmt.Errorf("URL %d of the list: %w", i+1, err)
+		}
+		if !seen[u] {
+			seen[u] = true
+			out = append(out, u)
+		}
+	}
+	return strings.Join(out, ","), nil
+}
+
+func checkOneURL(s string) (string, error) {
 	u, err := url.Parse(s)
 	if err != nil {
 		return "", fmt.Errorf("%q is not a URL: %w", s, errNotHTTPS)

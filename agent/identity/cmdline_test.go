@@ -69,6 +69,13 @@ func TestParseTetherCmdline(t *testing.T) {
 			in:   `tether.url="https://cp.example:7443/" tether.ca=` + strings.ToUpper(testCA[7:]) + " tether.debug=1",
 			want: Cmdline{Fields: Fields{URL: "https://cp.example:7443", CA: testCA}, Debug: true},
 		},
+		{
+			name: "several control planes, normalised, repeats dropped",
+			in:   "tether.url=https://cp-a:7443/,https://10.0.2.3:7443,https://cp-a:7443",
+			want: Cmdline{Fields: Fields{URL: "https://cp-a:7443,https://10.0.2.3:7443"}},
+		},
+		{name: "bad second url", in: "tether.url=https://a:1,http://b:1", wantParam: "tether.url", wantErr: "URL 2 of the list"},
+		{name: "empty url in list", in: "tether.url=https://a:1,,https://b:1", wantParam: "tether.url", wantErr: "URL 2 of the list is empty"},
 		{name: "bare debug", in: "tether.debug", want: Cmdline{Debug: true}},
 		{name: "unknown kept as warning", in: "tether.future=1", want: Cmdline{Unknown: []string{"tether.future"}}},
 		{name: "same value twice is fine", in: "tether.debug=0 tether.debug=0", want: Cmdline{}},

@@ -11,7 +11,7 @@ import (
 // one-time token, and the pinned CA fingerprint. Any of them may be empty
 // when a source holds only part of it.
 type Fields struct {
-	URL   string // https://HOST:PORT, normalised by CheckURL
+	URL   string // https://HOST:PORT[,https://HOST:PORT...], normalised by CheckURL
 	Token string
 	CA    string // "sha256:<hex>", normalised by pki.ParseFingerprint
 }

@@ -32,7 +32,7 @@ func main() {
 	log.SetOutput(io.Discard)
 	pid1 := os.Getpid() == 1
 	fs := flag.NewFlagSet("tether-agent", flag.ContinueOnError)
-	cp := fs.String("control-plane", "", "control plane URL, https://HOST:PORT (default: discovered)")
+	cp := fs.String("control-plane", "", "control plane URL, https://HOST:PORT, or several separated by commas to move between (default: discovered)")
 	token := fs.String("token", "", "one-time bootstrap token (default: discovered)")
 	ca := fs.String("ca-sha256", "", "SHA-256 fingerprint of the control plane's CA certificate, sha256:HEX (default: discovered)")
 	stateDir := fs.String("state-dir", agent.DefaultStateDir, "directory for the key, certificate and module cache")

@@ -212,9 +212,10 @@ func (a *agentServer) Connect(stream v1.AgentService_ConnectServer) error {
 	recvErr := make(chan error, 1)
 	go func() { recvErr <- a.receive(ctx, id, stream) }()
 
+	// No per-stream poll: work arrives by notification, and the hub's one
+	// sweep query (AgentHub.SweepWork) wakes the streams whose
+	// notification was lost. An idle stream costs no CPU.
 	sentCancel := map[string]bool{}
-	poll := time.NewTicker(15 * time.Second) // a missed notification costs at most this
-	defer poll.Stop()
 	for {
 		if err := a.push(ctx, id, stream, sentCancel); err != nil {
 			return err
@@ -234,7 +235,6 @@ func (a *agentServer) Connect(stream v1.AgentService_ConnectServer) error {
 				return fail.Unauthenticated("certificate %s was revoked", serial)
 			}
 		case <-conn.wake:
-		case <-poll.C:
 		}
 	}
 }

@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -17,13 +18,22 @@ type AgentHub struct {
 	Store store.Store
 	Log   *slog.Logger
 	// Flush is the heartbeat write interval.
-	Flush   time.Duration
+	Flush time.Duration
+	// Sweep is how often Run looks, in one query for every stream, for
+	// work whose notification was lost (a dropped LISTEN connection, a
+	// full subscriber buffer). Zero means DefaultSweep.
+	Sweep   time.Duration
 	Metrics *Metrics
 
 	mu      sync.Mutex
 	streams map[string]*agentConn
 	pending map[string]store.Heartbeat
 }
+
+// DefaultSweep bounds how late a task whose notification was lost reaches
+// its stream. Streams do not poll on their own: an idle fleet costs one
+// query per sweep, not one per stream.
+const DefaultSweep = 20 * time.Second
 
 type agentConn struct {
 	wake chan struct{}
@@ -43,6 +53,12 @@ func (h *AgentHub) Run(ctx context.Context) {
 	defer stop()
 	t := time.NewTicker(h.Flush)
 	defer t.Stop()
+	every := h.Sweep
+	if every <= 0 {
+		every = DefaultSweep
+	}
+	sweep := time.NewTicker(every)
+	defer sweep.Stop()
 	for {
 		select {
 		case <-ctx.Done():
@@ -54,6 +70,10 @@ func (h *AgentHub) Run(ctx context.Context) {
 			h.Wake(id)
 		case <-t.C:
 			h.FlushHeartbeats(ctx)
+		case <-sweep.C:
+			if _, err := h.SweepWork(ctx); err != nil && ctx.Err() == nil {
+				h.Log.Warn("agent work sweep failed; the next one retries", "err", err)
+			}
 		}
 	}
 }
@@ -91,17 +111,42 @@ func (h *AgentHub) unregister(id string, c *agentConn) {
 }
 
 // Wake nudges an instance's stream to look for tasks and cancellations.
-func (h *AgentHub) Wake(instanceID string) {
+// It reports whether this replica holds that stream.
+func (h *AgentHub) Wake(instanceID string) bool {
 	h.mu.Lock()
 	c := h.streams[instanceID]
 	h.mu.Unlock()
 	if c == nil {
-		return
+		return false
 	}
 	select {
 	case c.wake <- struct{}{}:
 	default:
 	}
+	return true
+}
+
+// SweepWork wakes the connected streams whose instance has a pending task
+// or a cancellation to relay, found in one query, and returns how many it
+// woke. It is the safety net under notifications, which are best effort.
+func (h *AgentHub) SweepWork(ctx context.Context) (int, error) {
+	h.mu.Lock()
+	idle := len(h.streams) == 0
+	h.mu.Unlock()
+	if idle {
+		return 0, nil // nothing here to wake: spare the query
+	}
+	ids, err := h.Store.ListInstancesWithAgentWork(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("agent work sweep: %w", err)
+	}
+	woke := 0
+	for _, id := range ids {
+		if h.Wake(id) {
+			woke++
+		}
+	}
+	return woke, nil
 }
 
 // Heartbeat queues a heartbeat for the next batch.

@@ -24,6 +24,12 @@ type Metrics struct {
 	HeartbeatWrites prometheus.Histogram
 	TasksPushed     prometheus.Counter
 	Enrollments     *prometheus.CounterVec
+	// ConnectionsRefused counts connections closed at accept time, by
+	// reason (connlimit's reasons); HandshakeFailures counts TLS
+	// handshakes that failed or ran past their deadline.
+	ConnectionsRefused *prometheus.CounterVec
+	OpenConnections    prometheus.Gauge
+	HandshakeFailures  prometheus.Counter
 	// RateLimited counts unauthenticated requests refused for their
 	// source's rate, by route (enroll, netboot).
 	RateLimited *prometheus.CounterVec
@@ -42,11 +48,17 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Buckets: prometheus.ExponentialBuckets(1, 4, 10)}),
 		TasksPushed: prometheus.NewCounter(prometheus.CounterOpts{Name: "tether_tasks_pushed_total", Help: "Agent tasks pushed over Connect streams."}),
 		Enrollments: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tether_enrollments_total", Help: "Enrollments by result."}, []string{"result"}),
+		ConnectionsRefused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tether_connections_refused_total",
+			Help: "Connections closed at accept time, by reason: max_connections or unauthenticated_per_source."}, []string{"reason"}),
+		OpenConnections: prometheus.NewGauge(prometheus.GaugeOpts{Name: "tether_open_connections", Help: "Connections open on the gRPC port."}),
+		HandshakeFailures: prometheus.NewCounter(prometheus.CounterOpts{Name: "tether_tls_handshake_failures_total",
+			Help: "TLS handshakes on the gRPC port that failed or ran past the handshake deadline."}),
 		RateLimited: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tether_rate_limited_total",
 			Help: "Unauthenticated requests refused because their source passed its rate limit, by route."}, []string{"route"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.RPCs, m.RPCLatency, m.ConnectedAgents, m.Heartbeats, m.HeartbeatWrites, m.TasksPushed, m.Enrollments, m.RateLimited)
+		reg.MustRegister(m.RPCs, m.RPCLatency, m.ConnectedAgents, m.Heartbeats, m.HeartbeatWrites, m.TasksPushed, m.Enrollments,
+			m.ConnectionsRefused, m.OpenConnections, m.HandshakeFailures, m.RateLimited)
 	}
 	return m
 }

@@ -23,6 +23,7 @@ import (
 
 	"github.com/tetherfleet/tether/controlplane/catalog"
 	"github.com/tetherfleet/tether/controlplane/certificates"
+	"github.com/tetherfleet/tether/controlplane/connlimit"
 	"github.com/tetherfleet/tether/controlplane/enroll"
 	"github.com/tetherfleet/tether/controlplane/fail"
 	"github.com/tetherfleet/tether/controlplane/instances"
@@ -66,6 +67,8 @@ type Config struct {
 	ReadyHooks []instances.ReadyHook
 	// Pools serves the pool RPCs.
 	Pools *pool.Service
+	// Limits bound the connections the gRPC port holds.
+	Limits Limits
 	// EnrollLimiter rate-limits Enroll per source address (nil: no
 	// limit). Enroll needs no credential, and each refusal costs a
 	// database read.
@@ -77,6 +80,24 @@ type Config struct {
 	// DisableAudit turns the audit trail off (only to measure its cost).
 	DisableAudit bool
 }
+
+// Limits keep the gRPC port from spending the descriptors the store,
+// listeners and providers need. Zero caps mean no cap.
+type Limits struct {
+	// MaxConnections caps the connections open at once.
+	MaxConnections int
+	// MaxUnauthenticatedPerSource caps, per source address, connections
+	// that have not finished their TLS handshake.
+	MaxUnauthenticatedPerSource int
+	// HandshakeTimeout ends a connection whose TLS and HTTP/2 handshakes
+	// take longer (zero: DefaultHandshakeTimeout).
+	HandshakeTimeout time.Duration
+}
+
+// DefaultHandshakeTimeout replaces gRPC's 120 s: an agent on a slow link
+// completes a handshake in well under a second, and every connection
+// still handshaking holds a descriptor anyone who reaches the port can spend.
+const DefaultHandshakeTimeout = 5 * time.Second
 
 // Server is a configured gRPC server.
 type Server struct {
@@ -115,8 +136,13 @@ func New(cfg Config) *Server {
 		ClientAuth: tls.RequestClientCert,
 		MinVersion: tls.VersionTLS13,
 	}
+	handshake := cfg.Limits.HandshakeTimeout
+	if handshake <= 0 {
+		handshake = DefaultHandshakeTimeout
+	}
 	g := grpc.NewServer(
-		grpc.Creds(credentials.NewTLS(tlsCfg)),
+		grpc.Creds(connlimit.Credentials(credentials.NewTLS(tlsCfg), m.HandshakeFailures)),
+		grpc.ConnectionTimeout(handshake),
 		grpc.MaxRecvMsgSize(MaxRecvMsgSize),
 		// Most connections are idle agents. gRPC's 32 KiB per-connection
 		// read buffer was over half of the heap with 2,000 agents; frame
@@ -148,8 +174,13 @@ func New(cfg Config) *Server {
 	return s
 }
 
-// Serve accepts connections on lis until Stop.
-func (s *Server) Serve(lis net.Listener) error { return s.GRPC.Serve(lis) }
+// Serve accepts connections on lis until Stop, within the configured limits.
+func (s *Server) Serve(lis net.Listener) error {
+	return s.GRPC.Serve(connlimit.Wrap(lis, connlimit.Options{
+		MaxConns: s.cfg.Limits.MaxConnections, MaxPendingPerSource: s.cfg.Limits.MaxUnauthenticatedPerSource,
+		Refused: s.Metrics.ConnectionsRefused, Open: s.Metrics.OpenConnections, Log: s.cfg.Log, Clock: s.cfg.Clock,
+	}))
+}
 
 // Stop drains: health goes NOT_SERVING, long-lived streams end (agents
 // reconnect elsewhere or later), in-flight unary calls finish, and

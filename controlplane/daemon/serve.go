@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -94,7 +95,22 @@ type ServeOptions struct {
 	SelfInstanceIDs []string
 
 	HeartbeatFlush time.Duration // default 1 s
-	LoopEvery      time.Duration // default 5 s
+	// MaxAgentConnections caps the connections the gRPC port holds;
+	// zero means the descriptor limit minus FDReserve, negative no cap.
+	MaxAgentConnections int
+	// FDReserve is the descriptors kept for the store, the listeners, the
+	// providers and module files (default DefaultFDReserve).
+	FDReserve int
+	// MaxUnauthenticatedPerSource caps connections per source address that
+	// have not finished their TLS handshake (default 128; negative: no cap).
+	MaxUnauthenticatedPerSource int
+	// HandshakeTimeout bounds a connection's TLS and HTTP/2 handshakes
+	// (default api.DefaultHandshakeTimeout).
+	HandshakeTimeout time.Duration
+	// AgentSweep is how often one query looks for agent work whose
+	// notification was lost (default api.DefaultSweep).
+	AgentSweep time.Duration
+	LoopEvery  time.Duration // default 5 s
 	// SilentAfter and PresumedDeadAfter are the liveness thresholds for a
 	// small fleet (defaults 3 and 10 minutes); both stretch with its size.
 	SilentAfter, PresumedDeadAfter time.Duration
@@ -270,6 +286,7 @@ func build(ctx context.Context, o ServeOptions) (_ *daemon, err error) {
 		StaleHeartbeatAfter: o.SilentAfter, MaxHeartbeatsPerSecond: api.MaxHeartbeatsPerSecond}
 	d.instSvc.MemberLeft = d.pools.Nudge
 	d.hub = api.NewAgentHub(st, log, o.HeartbeatFlush)
+	d.hub.Sweep = o.AgentSweep
 	d.enrollSvc = &enroll.Service{Store: st, CA: authority, Clock: o.Clock, Log: log}
 	d.srv = api.New(api.Config{
 		Store: st, CA: authority, ServerCert: serverCert, Clock: o.Clock, Log: log, Registerer: reg,
@@ -278,7 +295,11 @@ func build(ctx context.Context, o ServeOptions) (_ *daemon, err error) {
 		Registry: &modules.Registry{Store: st, Blobs: blobs, Clock: o.Clock, Log: log, StaticSigners: edKeys(keys)},
 		Revoked:  d.revoked, Agents: d.hub, AgentURL: o.AgentURL, SigningKeys: keys,
 		ReadyHooks: []instances.ReadyHook{d.pools.ReadyHook}, Pools: d.pools, DisableAudit: o.DisableAudit,
+		Limits: api.Limits{MaxConnections: max(o.MaxAgentConnections, 0), MaxUnauthenticatedPerSource: max(o.MaxUnauthenticatedPerSource, 0),
+			HandshakeTimeout: o.HandshakeTimeout},
 	})
+	log.Info("connection budget", "max_agent_connections", o.MaxAgentConnections, "fd_reserve", o.FDReserve,
+		"max_unauthenticated_per_source", o.MaxUnauthenticatedPerSource)
 	d.hub.Metrics = d.srv.Metrics
 	if d.netLis != nil {
 		d.netboot = &netboot.Server{Store: st, Clock: o.Clock, Log: log.With("component", "netboot"), Instances: d.instSvc,
@@ -514,6 +535,9 @@ func (o *ServeOptions) defaults() error {
 	if o.Log == nil {
 		o.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	}
+	if err := o.connectionBudget(); err != nil {
+		return err
+	}
 	if o.HeartbeatFlush <= 0 {
 		o.HeartbeatFlush = time.Second
 	}
@@ -638,6 +662,47 @@ func prune(ctx context.Context, st store.Store, log *slog.Logger, o ServeOptions
 	}
 	if n+p.Tasks+p.Tokens+p.Certificates > 0 {
 		log.Info("pruned records past retention", "events", n, "tasks", p.Tasks, "tokens", p.Tokens, "certificates", p.Certificates)
+	}
+	return nil
+}
+
+// DefaultFDReserve is what the connection budget leaves for everything
+// that is not an agent connection: the store's pool (SQLite's WAL and
+// shared memory files, or PostgreSQL connections and the listener), the
+// gRPC, metrics and netboot listeners, QEMU's sockets and module blobs
+// being served. With this machine's limit of 20,000 descriptors that
+// leaves 18,976 agent connections.
+const DefaultFDReserve = 1024
+
+// DefaultMaxUnauthenticatedPerSource lets a NAT gateway's agents reconnect
+// together while one address cannot hold more descriptors than this in
+// unfinished handshakes.
+const DefaultMaxUnauthenticatedPerSource = 128
+
+// connectionBudget derives the agent connection cap from the descriptor
+// limit (Go raises the soft limit to the hard one at start-up), so that
+// agents can never take the descriptors an internal write needs.
+func (o *ServeOptions) connectionBudget() error {
+	if o.FDReserve <= 0 {
+		o.FDReserve = DefaultFDReserve
+	}
+	if o.MaxUnauthenticatedPerSource == 0 {
+		o.MaxUnauthenticatedPerSource = DefaultMaxUnauthenticatedPerSource
+	}
+	if o.MaxAgentConnections != 0 {
+		return nil
+	}
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		return fmt.Errorf("serve: read the descriptor limit for --max-agent-connections: %w", err)
+	}
+	if lim.Cur > 1<<30 { // unlimited, in effect
+		o.MaxAgentConnections = -1
+		return nil
+	}
+	o.MaxAgentConnections = int(lim.Cur) - o.FDReserve
+	if o.MaxAgentConnections < 1 {
+		return fmt.Errorf("serve: the descriptor limit %d leaves no agent connections after --fd-reserve %d; raise the limit (ulimit -n) or lower the reserve", lim.Cur, o.FDReserve)
 	}
 	return nil
 }

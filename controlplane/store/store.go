@@ -193,6 +193,11 @@ type Queries interface {
 	// to pending (attempts+1) or, past max_attempts, to failed. It returns
 	// the tasks it changed, as changed.
 	ExpireTaskLeases(ctx context.Context, now time.Time) ([]*Task, error)
+	// ListInstancesWithAgentWork lists, once each, the instances that have
+	// something for their agent's stream: a pending agent task, or a
+	// leased or running one asked to cancel. It is the safety-net sweep
+	// behind task notifications: one query for every stream of a replica.
+	ListInstancesWithAgentWork(ctx context.Context) ([]string, error)
 
 	// AppendEvent assigns e.ID and notifies ChannelEvents on commit.
 	AppendEvent(ctx context.Context, e *Event) error

@@ -152,3 +152,19 @@ func (q *queries) ExpireTaskLeases(ctx context.Context, now time.Time) ([]*store
 	}
 	return expired, nil
 }
+
+func (q *queries) ListInstancesWithAgentWork(ctx context.Context) ([]string, error) {
+	rows, err := q.query(ctx, `SELECT DISTINCT instance_id FROM tasks WHERE target = ?
+		AND (status = 'pending' OR (status IN ('leased', 'running') AND cancel_requested = ?))`, store.TaskTargetAgent, true)
+	if err != nil {
+		return nil, fmt.Errorf("list instances with agent work: %w", err)
+	}
+	ids, err := collect(q, rows, func(s scanner) (string, error) {
+		var id string
+		return id, s.Scan(&id)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list instances with agent work: %w", err)
+	}
+	return ids, nil
+}

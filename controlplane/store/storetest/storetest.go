@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -41,6 +42,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"Tasks", testTasks},
 		{"TaskClaimRace", testTaskClaimRace},
 		{"TaskLeaseExpiry", testTaskLeaseExpiry},
+		{"InstancesWithAgentWork", testInstancesWithAgentWork},
 		{"Events", testEvents},
 		{"Pools", testPools},
 		{"PoolClaimRace", testPoolClaimRace},
@@ -681,6 +683,40 @@ func testTasks(t *testing.T, s store.Store) {
 	must(t, err)
 	if len(list) != 2 {
 		t.Fatalf("ListTasks(pending) = %d", len(list))
+	}
+}
+
+// testInstancesWithAgentWork: the sweep lists each instance with a pending
+// agent task or a cancellation to relay, once, and nothing else.
+func testInstancesWithAgentWork(t *testing.T, s store.Store) {
+	c := ctx(t)
+	add := func(instance, target, status string, cancel bool) {
+		tk := newTask(instance, target, t0)
+		tk.Status, tk.CancelRequested = status, cancel
+		if status == store.TaskLeased || status == store.TaskRunning {
+			until := t0.Add(time.Minute)
+			tk.LeaseOwner, tk.LeaseExpiresAt = "agent:"+instance, &until
+		}
+		must(t, s.CreateTask(c, tk))
+	}
+	got, err := s.ListInstancesWithAgentWork(c)
+	must(t, err)
+	if len(got) != 0 {
+		t.Fatalf("no tasks, yet %v have work", got)
+	}
+	add("pending", store.TaskTargetAgent, store.TaskPending, false)
+	add("pending-twice", store.TaskTargetAgent, store.TaskPending, false)
+	add("pending-twice", store.TaskTargetAgent, store.TaskPending, false)
+	add("worker-only", store.TaskTargetWorker, store.TaskPending, false)
+	add("leased", store.TaskTargetAgent, store.TaskLeased, false)
+	add("running-cancel", store.TaskTargetAgent, store.TaskRunning, true)
+	add("leased-cancel", store.TaskTargetAgent, store.TaskLeased, true)
+	add("done", store.TaskTargetAgent, store.TaskSucceeded, false)
+	got, err = s.ListInstancesWithAgentWork(c)
+	must(t, err)
+	slices.Sort(got)
+	if want := []string{"leased-cancel", "pending", "pending-twice", "running-cancel"}; !slices.Equal(got, want) {
+		t.Fatalf("instances with agent work = %v, want %v", got, want)
 	}
 }
 

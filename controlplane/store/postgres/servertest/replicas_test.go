@@ -8,6 +8,9 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/tetherfleet/tether/controlplane/daemon"
+	"github.com/tetherfleet/tether/controlplane/store"
+	"github.com/tetherfleet/tether/controlplane/store/postgres"
 	"github.com/tetherfleet/tether/internal/pgtest"
 	"github.com/tetherfleet/tether/internal/testcp"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
@@ -116,7 +119,44 @@ func TestTaskCreatedOnAReachesAgentOnB(t *testing.T) {
 		}
 		t.Logf("task created on A reached the agent on B after %s", time.Since(start).Round(time.Millisecond))
 	case <-time.After(5 * time.Second):
-		t.Fatal("the task created on A did not reach the agent on B within 5s (B polls every 15s: the notification was lost)")
+		t.Fatal("the task created on A did not reach the agent on B within 5s (streams do not poll: the notification was lost)")
+	}
+}
+
+// A task whose notification never went out (written straight to the
+// database, as a lost LISTEN connection would leave it) still reaches the
+// agent on B: B's one sweep query finds it, with no per-stream poll.
+func TestLostNotificationReachesAgentBySweep(t *testing.T) {
+	ctx := ctxT(t, 90*time.Second)
+	dsn := pg.DSN(t)
+	a := testcp.Start(t, testcp.WithStore(dsn))
+	b := testcp.Start(t, testcp.WithStore(dsn), testcp.WithDataDir(a.DataDir),
+		testcp.With(func(o *daemon.ServeOptions) { o.AgentSweep = 100 * time.Millisecond }))
+	fleet := a.SeedFleet(ctx, "edge")
+	ag := enrollAgent(t, ctx, a, b, fleet.Node)
+
+	raw, err := postgres.Open(ctx, dsn, postgres.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	now := time.Now()
+	task := &store.Task{Target: store.TaskTargetAgent, InstanceID: ag.instance, Kind: "reboot", Payload: []byte(`{}`),
+		Status: store.TaskPending, MaxAttempts: 1, CreatedAt: now, UpdatedAt: now}
+	if err := raw.CreateTask(ctx, task); err != nil { // no Notify: the hint is lost
+		t.Fatal(err)
+	}
+	for {
+		msg, err := ag.stream.Recv()
+		if err != nil {
+			t.Fatalf("B's stream ended before the sweep delivered the task: %v", err)
+		}
+		if ta := msg.GetTask(); ta != nil {
+			if ta.TaskId != task.ID {
+				t.Fatalf("B pushed task %s, want %s", ta.TaskId, task.ID)
+			}
+			return
+		}
 	}
 }
 

@@ -1,0 +1,165 @@
+package enroll
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"net"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc/credentials"
+)
+
+// Endpoint is one control plane address: the dial target and the name its
+// certificate must carry.
+type Endpoint struct {
+	Target, Host string
+}
+
+// SplitURLs splits a comma-separated list of control plane URLs.
+func SplitURLs(raw string) ([]Endpoint, error) {
+	var out []Endpoint
+	for _, u := range strings.Split(raw, ",") {
+		target, host, err := SplitURL(strings.TrimSpace(u))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, Endpoint{Target: target, Host: host})
+	}
+	return out, nil
+}
+
+// maxFailoverPause bounds the random pause before trying the next control
+// plane: the agents of a replica that went away spread over the others
+// instead of arriving in the same instant.
+const maxFailoverPause = time.Second
+
+// Failover dials the first control plane that answers, starting with the
+// one that answered last. When a dial fails, or a TLS handshake fails on
+// what it dialled (a control plane refusing connections past its budget
+// closes them at once), the next dial moves to the next endpoint after a
+// jittered pause.
+type Failover struct {
+	Endpoints []Endpoint
+	// Dial opens a TCP connection (default: a net.Dialer).
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// Pause is the wait before trying the next endpoint (default: random
+	// up to maxFailoverPause).
+	Pause func() time.Duration
+	Logf  func(format string, args ...any)
+
+	next atomic.Int64
+}
+
+// endpointConn remembers which endpoint a connection reached, so the
+// handshake verifies that endpoint's name.
+type endpointConn struct {
+	net.Conn
+	index int
+	ep    Endpoint
+}
+
+// DialContext is a grpc.WithContextDialer dialer; it ignores gRPC's
+// target, which names only the first endpoint.
+func (f *Failover) DialContext(ctx context.Context, _ string) (net.Conn, error) {
+	dial := f.Dial
+	if dial == nil {
+		var d net.Dialer
+		dial = d.DialContext
+	}
+	n := len(f.Endpoints)
+	start := int(f.next.Load()) % n
+	var errs []error
+	for i := 0; i < n; i++ {
+		k := (start + i) % n
+		if i > 0 {
+			if err := f.pause(ctx); err != nil {
+				return nil, errors.Join(append(errs, err)...)
+			}
+		}
+		c, err := dial(ctx, "tcp", f.Endpoints[k].Target)
+		if err == nil {
+			f.next.Store(int64(k))
+			return &endpointConn{Conn: c, index: k, ep: f.Endpoints[k]}, nil
+		}
+		errs = append(errs, fmt.Errorf("control plane %s: %w", f.Endpoints[k].Target, err))
+		if n > 1 {
+			f.logf("control plane %s is unreachable (%v); trying %s next", f.Endpoints[k].Target, err, f.Endpoints[(k+1)%n].Target)
+		}
+	}
+	f.next.Store(int64((start + 1) % n)) // none answered: the next round starts further on
+	return nil, errors.Join(errs...)
+}
+
+func (f *Failover) pause(ctx context.Context) error {
+	d := time.Duration(mrand.Int64N(int64(maxFailoverPause)))
+	if f.Pause != nil {
+		d = f.Pause()
+	}
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// refused moves the next dial past endpoint k, unless another dial has
+// already moved it.
+func (f *Failover) refused(k int) {
+	next := (k + 1) % len(f.Endpoints)
+	if f.next.CompareAndSwap(int64(k), int64(next)) {
+		f.logf("control plane %s refused the connection; trying %s next", f.Endpoints[k].Target, f.Endpoints[next].Target)
+	}
+}
+
+func (f *Failover) logf(format string, args ...any) {
+	if f.Logf != nil {
+		f.Logf(format, args...)
+	}
+}
+
+// Credentials wraps base (a pinned TLS configuration) so each handshake
+// verifies the name of the endpoint it reached, and a failed handshake
+// moves the next dial on.
+func (f *Failover) Credentials(base *tls.Config, pin *Pin) credentials.TransportCredentials {
+	return &failoverCreds{TransportCredentials: credentials.NewTLS(base), base: base, pin: pin, f: f}
+}
+
+type failoverCreds struct {
+	credentials.TransportCredentials
+	base *tls.Config
+	pin  *Pin
+	f    *Failover
+}
+
+func (c *failoverCreds) ClientHandshake(ctx context.Context, authority string, raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	ec, ok := raw.(*endpointConn)
+	if !ok {
+		return c.TransportCredentials.ClientHandshake(ctx, authority, raw)
+	}
+	cfg := c.base.Clone()
+	cfg.ServerName = ec.ep.Host
+	// Go sends no server name for an IP address, so the pin is told which
+	// endpoint to check rather than reading it from the handshake.
+	host := ec.ep.Host
+	cfg.VerifyConnection = func(cs tls.ConnectionState) error { return c.pin.verifyName(cs, host) }
+	conn, info, err := credentials.NewTLS(cfg).ClientHandshake(ctx, ec.ep.Host, raw)
+	if err != nil {
+		c.f.refused(ec.index)
+	}
+	return conn, info, err
+}
+
+func (c *failoverCreds) Clone() credentials.TransportCredentials {
+	return &failoverCreds{TransportCredentials: c.TransportCredentials.Clone(), base: c.base.Clone(), pin: c.pin, f: c.f}
+}

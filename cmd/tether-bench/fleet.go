@@ -1,0 +1,394 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"gopkg.in/yaml.v3"
+
+	"github.com/tetherfleet/tether/internal/bench"
+	v1 "github.com/tetherfleet/tether/proto/tether/v1"
+)
+
+// fleetReport is what `fleet` prints; with -o json, as one JSON object last.
+type fleetReport struct {
+	Agents            int     `json:"agents"`
+	Procs             int     `json:"procs"`
+	Sources           int     `json:"source_addresses"`
+	HeartbeatInterval string  `json:"heartbeat_interval"`
+	EnrollSeconds     float64 `json:"enroll_seconds"`
+	HoldSeconds       float64 `json:"hold_seconds"`
+	Connected         int64   `json:"connected_at_end"`
+	Errors            int64   `json:"errors"`
+	Reconnects        int64   `json:"reconnects"`
+	HeartbeatsPerSec  float64 `json:"heartbeats_ingested_per_second"`
+	// Server figures from /proc/PID: RSS before any agent and at the end
+	// of the hold, and CPU over the hold.
+	RSSBaseMiB        float64  `json:"server_rss_base_mib"`
+	RSSEndMiB         float64  `json:"server_rss_end_mib"`
+	RSSPerAgentKiB    float64  `json:"server_rss_per_agent_kib"`
+	RSSHoldGrowthMiB  float64  `json:"server_rss_growth_during_hold_mib"`
+	GoInUsePerAgentKB float64  `json:"server_go_heap_stack_per_agent_kib,omitempty"`
+	CPUPercentOfCore  float64  `json:"server_cpu_percent_of_a_core"`
+	CPUPerHeartbeatUS float64  `json:"server_cpu_us_per_heartbeat"`
+	CPUPerAgentUSPerS float64  `json:"server_cpu_us_per_agent_per_second"`
+	FirstErrors       []string `json:"first_errors,omitempty"`
+}
+
+// shard is one part of the fleet: in this process or in a child.
+type shard interface {
+	// connected blocks until the shard has tried every agent and says how
+	// many are connected.
+	connected() (int, error)
+	// stop ends the shard and returns its counts.
+	stop() (bench.FleetStats, error)
+}
+
+func fleet(args []string) error {
+	fs := flag.NewFlagSet("fleet", flag.ExitOnError)
+	cfgPath := fs.String("config", "", "tetherctl config written by tetherd init")
+	pid := fs.Int("server-pid", 0, "tetherd's pid (RSS and CPU from /proc)")
+	metrics := fs.String("metrics", "", "tetherd's metrics URL (heartbeats ingested)")
+	agents := fs.Int("agents", 1000, "simulated agents in the whole fleet")
+	rate := fs.Float64("enroll-rate", 200, "enrollments per second over the whole fleet (0: unbounded)")
+	hold := fs.Duration("hold", 2*time.Minute, "how long to hold the fleet once connected (the measured phase)")
+	settle := fs.Duration("settle", 10*time.Second, "wait after the last agent connects before measuring")
+	interval := fs.Duration("heartbeat", 30*time.Second, "heartbeat interval per agent, jittered ±10% (0: only the first: an idle fleet)")
+	sources := fs.Int("sources", 1, "loopback source addresses to spread agents over, from --source-base (0: the kernel's choice)")
+	base := fs.String("source-base", "127.0.0.2", "first loopback source address")
+	procs := fs.Int("procs", 1, "processes to split the fleet over (this one re-execs itself); each may hold ~19,000 descriptors")
+	shardSpec := fs.String("shard", "", "internal: i/n, run shard i of n and talk to the parent on stdin/stdout")
+	node := fs.String("node", "", "node to provision from (default: a fresh one)")
+	out := fs.String("o", "table", "table or json")
+	_ = fs.Parse(args)
+
+	srcs, err := sourceAddrs(*base, *sources)
+	if err != nil {
+		return err
+	}
+	tg, err := connectFleetTarget(*cfgPath)
+	if err != nil {
+		return err
+	}
+	ctx := context.Background()
+	if *shardSpec != "" {
+		return runChildShard(ctx, tg, *shardSpec, *agents, *rate, *interval, srcs, *node)
+	}
+	if *pid == 0 || *metrics == "" {
+		return fmt.Errorf("--server-pid and --metrics are required")
+	}
+	if *procs < 1 {
+		return fmt.Errorf("--procs %d: want at least 1", *procs)
+	}
+	if *node == "" {
+		if *node, err = tg.seedNode(ctx); err != nil {
+			return err
+		}
+	}
+	progress := os.Stderr
+	rss0, err := bench.ProcessRSS(*pid)
+	if err != nil {
+		return err
+	}
+	live0, _ := goInUse(*metrics)
+
+	start := time.Now()
+	var shards []shard
+	if *procs == 1 {
+		shards = append(shards, startLocalShard(ctx, tg, 0, 1, *agents, *rate, *interval, srcs, *node))
+	} else {
+		self, err := os.Executable()
+		if err != nil {
+			return err
+		}
+		for i := 0; i < *procs; i++ {
+			c, err := startChildShard(self, i, *procs, fs, *node)
+			if err != nil {
+				return err
+			}
+			shards = append(shards, c)
+		}
+	}
+	total := 0
+	for _, s := range shards {
+		n, err := s.connected()
+		if err != nil {
+			return err
+		}
+		total += n
+	}
+	enrollSecs := time.Since(start).Seconds()
+	fmt.Fprintf(progress, "fleet: %d of %d agents connected in %.0f s; settling %s\n", total, *agents, enrollSecs, *settle)
+	time.Sleep(*settle)
+
+	rss1, err := bench.ProcessRSS(*pid)
+	if err != nil {
+		return err
+	}
+	hb0, err := counter(*metrics, "tether_heartbeats_total")
+	if err != nil {
+		return err
+	}
+	cpu0, err := bench.ProcessCPU(*pid)
+	if err != nil {
+		return err
+	}
+	holdStart := time.Now()
+	for deadline := holdStart.Add(*hold); time.Now().Before(deadline); {
+		time.Sleep(min(10*time.Second, time.Until(deadline)))
+		if r, err := bench.ProcessRSS(*pid); err == nil {
+			fmt.Fprintf(progress, "fleet: %3.0f s into the hold: tetherd RSS %.0f MiB\n", time.Since(holdStart).Seconds(), float64(r)/(1<<20))
+		}
+	}
+	holdSecs := time.Since(holdStart).Seconds()
+	cpu1, err := bench.ProcessCPU(*pid)
+	if err != nil {
+		return err
+	}
+	hb1, err := counter(*metrics, "tether_heartbeats_total")
+	if err != nil {
+		return err
+	}
+	rss2, err := bench.ProcessRSS(*pid)
+	if err != nil {
+		return err
+	}
+	live1, _ := goInUse(*metrics)
+
+	var st bench.FleetStats
+	for _, s := range shards {
+		part, err := s.stop()
+		if err != nil {
+			return err
+		}
+		st.Add(part)
+	}
+	r := fleetReport{Agents: *agents, Procs: *procs, Sources: len(srcs), HeartbeatInterval: interval.String(),
+		EnrollSeconds: enrollSecs, HoldSeconds: holdSecs, Connected: st.Connected, Errors: st.Errors, Reconnects: st.Reconnects,
+		HeartbeatsPerSec: (hb1 - hb0) / holdSecs, RSSBaseMiB: float64(rss0) / (1 << 20), RSSEndMiB: float64(rss2) / (1 << 20),
+		RSSHoldGrowthMiB: float64(rss2-rss1) / (1 << 20), CPUPercentOfCore: 100 * (cpu1 - cpu0).Seconds() / holdSecs,
+		FirstErrors: st.FirstErrs}
+	if n := float64(st.Connected); n > 0 {
+		r.RSSPerAgentKiB = float64(rss2-rss0) / 1024 / n
+		r.CPUPerAgentUSPerS = float64((cpu1 - cpu0).Microseconds()) / holdSecs / n
+		if live0 > 0 && live1 > 0 {
+			r.GoInUsePerAgentKB = (live1 - live0) / 1024 / n
+		}
+	}
+	if hb := hb1 - hb0; hb > 0 {
+		r.CPUPerHeartbeatUS = float64((cpu1 - cpu0).Microseconds()) / hb
+	}
+	printFleet(os.Stdout, r, *out == "json")
+	return nil
+}
+
+func printFleet(w io.Writer, r fleetReport, asJSON bool) {
+	fmt.Fprintln(w, "| agents | procs | heartbeat | connected | errors | heartbeats/s | RSS/agent | Go heap+stack/agent | RSS growth in hold | CPU | CPU/heartbeat | CPU/agent/s |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|")
+	fmt.Fprintf(w, "| %d | %d | %s | %d | %d | %.0f | %.1f KiB | %.1f KiB | %.1f MiB in %.0f s | %.1f%% of a core | %.0f µs | %.2f µs |\n",
+		r.Agents, r.Procs, r.HeartbeatInterval, r.Connected, r.Errors, r.HeartbeatsPerSec, r.RSSPerAgentKiB, r.GoInUsePerAgentKB,
+		r.RSSHoldGrowthMiB, r.HoldSeconds, r.CPUPercentOfCore, r.CPUPerHeartbeatUS, r.CPUPerAgentUSPerS)
+	for _, e := range r.FirstErrors {
+		fmt.Fprintln(w, "error:", e)
+	}
+	if asJSON {
+		b, _ := json.Marshal(r)
+		fmt.Fprintln(w, string(b))
+	}
+}
+
+func sourceAddrs(base string, n int) ([]net.IP, error) {
+	if n <= 0 {
+		return nil, nil
+	}
+	ip := net.ParseIP(base).To4()
+	if ip == nil || !ip.IsLoopback() {
+		return nil, fmt.Errorf("--source-base %q: want a loopback IPv4 address", base)
+	}
+	out := make([]net.IP, n)
+	v := uint32(ip[0])<<24 | uint32(ip[1])<<16 | uint32(ip[2])<<8 | uint32(ip[3])
+	for i := range out {
+		x := v + uint32(i)
+		out[i] = net.IPv4(byte(x>>24), byte(x>>16), byte(x>>8), byte(x))
+		if !out[i].IsLoopback() {
+			return nil, fmt.Errorf("--sources %d from %s leaves the loopback network", n, base)
+		}
+	}
+	return out, nil
+}
+
+// fleetTarget is target plus a dialer that binds a source address.
+type fleetTarget struct {
+	*target
+	dialFrom func(src net.IP, cert *tls.Certificate) (*grpc.ClientConn, error)
+}
+
+func connectFleetTarget(cfgPath string) (*fleetTarget, error) {
+	tg, err := connectTarget(cfgPath)
+	if err != nil {
+		return nil, err
+	}
+	raw, err := os.ReadFile(cfgPath)
+	if err != nil {
+		return nil, err
+	}
+	var cfg config
+	if err := yaml.Unmarshal(raw, &cfg); err != nil {
+		return nil, err
+	}
+	caPath := cfg.CA
+	if !filepath.IsAbs(caPath) {
+		caPath = filepath.Join(filepath.Dir(cfgPath), caPath)
+	}
+	caPEM, err := os.ReadFile(caPath)
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(caPEM)
+	host, _, _ := net.SplitHostPort(cfg.Endpoint)
+	dialFrom := func(src net.IP, c *tls.Certificate) (*grpc.ClientConn, error) {
+		t := &tls.Config{RootCAs: pool, ServerName: host, MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{*c}}
+		d := &net.Dialer{Timeout: 10 * time.Second}
+		if src != nil {
+			d.LocalAddr = &net.TCPAddr{IP: src}
+		}
+		return grpc.NewClient(cfg.Endpoint, grpc.WithTransportCredentials(credentials.NewTLS(t)),
+			grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) { return d.DialContext(ctx, "tcp", addr) }))
+	}
+	return &fleetTarget{target: tg, dialFrom: dialFrom}, nil
+}
+
+// localShard runs agents in this process.
+type localShard struct {
+	done chan struct{}
+	f    *bench.Fleet
+}
+
+func startLocalShard(ctx context.Context, tg *fleetTarget, i, n, agents int, rate float64, interval time.Duration, srcs []net.IP, node string) *localShard {
+	per, offset := agents/n, i*(agents/n)
+	if i == n-1 {
+		per = agents - offset
+	}
+	s := &localShard{done: make(chan struct{})}
+	go func() {
+		defer close(s.done)
+		s.f = bench.StartFleet(ctx, bench.FleetOptions{Agents: per, Offset: offset, EnrollRate: rate / float64(n), Heartbeat: interval,
+			Sources: srcs, Dial: tg.dialFrom, Admin: tg.admin, Enroll: v1.NewEnrollmentServiceClient(mustDial(tg.target)), Node: node})
+	}()
+	return s
+}
+
+func (s *localShard) connected() (int, error) {
+	<-s.done
+	// The last streams open just after their enrollment returns.
+	for deadline := time.Now().Add(30 * time.Second); int64(s.f.Connected()) < s.f.Stats().Enrolled && time.Now().Before(deadline); {
+		time.Sleep(100 * time.Millisecond)
+	}
+	return s.f.Connected(), nil
+}
+
+func (s *localShard) stop() (bench.FleetStats, error) {
+	<-s.done
+	st := s.f.Stats() // before Stop, which closes every stream
+	s.f.Stop()
+	return st, nil
+}
+
+// runChildShard is a child process: it runs its shard, prints
+// "connected N" when every agent was tried, holds until its stdin closes,
+// then prints its counts as JSON.
+func runChildShard(ctx context.Context, tg *fleetTarget, spec string, agents int, rate float64, interval time.Duration, srcs []net.IP, node string) error {
+	i, n, err := parseShard(spec)
+	if err != nil {
+		return err
+	}
+	if node == "" {
+		return fmt.Errorf("--shard needs --node")
+	}
+	s := startLocalShard(ctx, tg, i, n, agents, rate, interval, srcs, node)
+	c, _ := s.connected()
+	fmt.Printf("connected %d\n", c)
+	_, _ = io.Copy(io.Discard, os.Stdin) // the parent closes it to stop us
+	st, _ := s.stop()
+	return json.NewEncoder(os.Stdout).Encode(st)
+}
+
+func parseShard(spec string) (int, int, error) {
+	a, b, ok := strings.Cut(spec, "/")
+	i, err1 := strconv.Atoi(a)
+	n, err2 := strconv.Atoi(b)
+	if !ok || err1 != nil || err2 != nil || n < 1 || i < 0 || i >= n {
+		return 0, 0, fmt.Errorf("--shard %q: want i/n with 0 <= i < n", spec)
+	}
+	return i, n, nil
+}
+
+// childShard is a shard in a child process.
+type childShard struct {
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	out   *bufio.Reader
+}
+
+func startChildShard(self string, i, n int, fs *flag.FlagSet, node string) (*childShard, error) {
+	var args []string
+	fs.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "procs", "shard", "node", "o", "server-pid", "metrics", "hold", "settle":
+		default:
+			args = append(args, "--"+f.Name+"="+f.Value.String())
+		}
+	})
+	args = append([]string{"fleet"}, append(args, "--shard="+strconv.Itoa(i)+"/"+strconv.Itoa(n), "--node="+node)...)
+	cmd := exec.Command(self, args...)
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start shard %d: %w", i, err)
+	}
+	return &childShard{cmd: cmd, stdin: stdin, out: bufio.NewReader(stdout)}, nil
+}
+
+func (c *childShard) connected() (int, error) {
+	line, err := c.out.ReadString('\n')
+	if err != nil {
+		return 0, fmt.Errorf("shard %v: %w", c.cmd.Args, err)
+	}
+	var n int
+	if _, err := fmt.Sscanf(line, "connected %d", &n); err != nil {
+		return 0, fmt.Errorf("shard said %q: %w", line, err)
+	}
+	return n, nil
+}
+
+func (c *childShard) stop() (bench.FleetStats, error) {
+	_ = c.stdin.Close()
+	var st bench.FleetStats
+	if err := json.NewDecoder(c.out).Decode(&st); err != nil {
+		return st, fmt.Errorf("shard result: %w", err)
+	}
+	return st, c.cmd.Wait()
+}

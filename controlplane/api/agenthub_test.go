@@ -1,0 +1,91 @@
+package api
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tetherfleet/tether/controlplane/store"
+	"github.com/tetherfleet/tether/controlplane/store/sqlite"
+)
+
+// countingStore counts the reads a sweep could make.
+type countingStore struct {
+	store.Store
+	sweeps, lists atomic.Int64
+}
+
+func (c *countingStore) ListInstancesWithAgentWork(ctx context.Context) ([]string, error) {
+	c.sweeps.Add(1)
+	return c.Store.ListInstancesWithAgentWork(ctx)
+}
+
+func (c *countingStore) ListTasks(ctx context.Context, f store.TaskFilter, p store.Page) ([]*store.Task, error) {
+	c.lists.Add(1)
+	return c.Store.ListTasks(ctx, f, p)
+}
+
+func woken(c *agentConn) bool {
+	select {
+	case <-c.wake:
+		return true
+	default:
+		return false
+	}
+}
+
+// One sweep query wakes exactly the connected streams with work, however
+// many streams are open, and reads no stream's tasks one by one.
+func TestSweepWakesOnlyStreamsWithWork(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	db, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "tether.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	st := &countingStore{Store: db}
+	hub := NewAgentHub(st, slog.New(slog.NewTextHandler(io.Discard, nil)), time.Second)
+
+	if n, err := hub.SweepWork(ctx); err != nil || n != 0 || st.sweeps.Load() != 0 {
+		t.Fatalf("sweep with no streams: woke %d, %v, %d queries; want no query at all", n, err, st.sweeps.Load())
+	}
+	conns := map[string]*agentConn{}
+	for _, id := range []string{"idle-1", "idle-2", "idle-3", "has-task", "has-cancel"} {
+		conns[id] = hub.register(id)
+	}
+	now := time.Now()
+	add := func(instance, status string, cancel bool) {
+		tk := &store.Task{Target: store.TaskTargetAgent, InstanceID: instance, Kind: "reboot", Payload: []byte(`{}`),
+			Status: status, MaxAttempts: 1, CancelRequested: cancel, CreatedAt: now, UpdatedAt: now}
+		if status == store.TaskRunning {
+			until := now.Add(time.Minute)
+			tk.LeaseOwner, tk.LeaseExpiresAt = "agent:"+instance, &until
+		}
+		if err := db.CreateTask(ctx, tk); err != nil {
+			t.Fatal(err)
+		}
+	}
+	add("has-task", store.TaskPending, false)
+	add("has-cancel", store.TaskRunning, true)
+	add("idle-1", store.TaskRunning, false)    // leased work with nothing to relay
+	add("elsewhere", store.TaskPending, false) // its stream is on another replica
+
+	n, err := hub.SweepWork(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 2 || st.sweeps.Load() != 1 || st.lists.Load() != 0 {
+		t.Fatalf("sweep woke %d streams with %d sweep queries and %d per-stream reads; want 2, 1, 0", n, st.sweeps.Load(), st.lists.Load())
+	}
+	for id, c := range conns {
+		want := id == "has-task" || id == "has-cancel"
+		if got := woken(c); got != want {
+			t.Errorf("stream %s woken = %v, want %v", id, got, want)
+		}
+	}
+}

@@ -1,0 +1,65 @@
+package bench_test
+
+import (
+	"context"
+	"crypto/tls"
+	"net"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+
+	"github.com/tetherfleet/tether/internal/bench"
+	"github.com/tetherfleet/tether/internal/testcp"
+	v1 "github.com/tetherfleet/tether/proto/tether/v1"
+)
+
+// A small fleet: every agent enrolls its own identity, opens its own
+// connection from its loopback source address, and heartbeats; tetherd
+// sees each stream from the address the agent was given.
+func TestFleetConnectsEveryAgentFromItsSource(t *testing.T) {
+	cp := testcp.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	fleet := cp.SeedFleet(ctx, "edge")
+	srcs := []net.IP{net.ParseIP("127.0.0.2"), net.ParseIP("127.0.0.3")}
+	seen := make(chan string, 64)
+	dial := func(src net.IP, cert *tls.Certificate) (*grpc.ClientConn, error) {
+		d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: src}}
+		return grpc.NewClient(cp.Addr, grpc.WithTransportCredentials(credentials.NewTLS(cp.TLS(cert))),
+			grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+				c, err := d.DialContext(ctx, "tcp", addr)
+				if err == nil {
+					seen <- c.LocalAddr().(*net.TCPAddr).IP.String()
+				}
+				return c, err
+			}))
+	}
+	const n = 6
+	f := bench.StartFleet(ctx, bench.FleetOptions{Agents: n, Offset: 1, EnrollRate: 100, Heartbeat: 50 * time.Millisecond,
+		Sources: srcs, Dial: dial, Admin: cp.Admin, Enroll: v1.NewEnrollmentServiceClient(cp.Dial(nil)), Node: fleet.Node})
+	// Each agent sends a heartbeat on connecting and more on its schedule.
+	for st := f.Stats(); f.Connected() < n || st.Sent < 3*n; st = f.Stats() {
+		if ctx.Err() != nil {
+			t.Fatalf("fleet never got going: %+v", st)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	f.Stop()
+	st := f.Stats()
+	if st.Enrolled != n || st.Errors != 0 || st.Connected != 0 {
+		t.Fatalf("stats after stop %+v: want %d enrolled, no errors, none connected", st, n)
+	}
+	bySrc := map[string]int{}
+	for len(seen) > 0 {
+		bySrc[<-seen]++
+	}
+	if bySrc["127.0.0.2"] != n/2 || bySrc["127.0.0.3"] != n/2 {
+		t.Fatalf("connections by source %v, want %d from each of 127.0.0.2 and 127.0.0.3", bySrc, n/2)
+	}
+	ins, err := cp.Admin.ListInstances(ctx, &v1.ListInstancesRequest{PageSize: 100})
+	if err != nil || len(ins.Instances) != n {
+		t.Fatalf("instances %d, %v; want one enrolled identity per agent (%d)", len(ins.GetInstances()), err, n)
+	}
+}
