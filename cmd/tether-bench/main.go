@@ -4,6 +4,7 @@
 //	tether-bench enroll     --config DIR/admin/tetherconfig.yaml --server-pid PID --clients 1,16,64 --n 2000
 //	tether-bench push       --config ... --agents 1000 --tasks 1000
 //	tether-bench heartbeats --config ... --server-pid PID --metrics http://ADDR/metrics --agents 1000 --interval 1s --duration 30s
+//	tether-bench chaos      --tetherd bin/tetherd --duration 2m --store sqlite|postgres   (make chaos)
 package main
 
 import (
@@ -29,9 +30,9 @@ import (
 )
 
 func main() {
-	cmds := map[string]func([]string) error{"enroll": enroll, "push": push, "heartbeats": heartbeats}
+	cmds := map[string]func([]string) error{"enroll": enroll, "push": push, "heartbeats": heartbeats, "chaos": chaosCmd}
 	if len(os.Args) < 2 || cmds[os.Args[1]] == nil {
-		fmt.Fprintln(os.Stderr, "usage: tether-bench enroll|push|heartbeats --config FILE [flags] (see the package comment)")
+		fmt.Fprintln(os.Stderr, "usage: tether-bench enroll|push|heartbeats|chaos [flags] (see the package comment)")
 		os.Exit(2)
 	}
 	if err := cmds[os.Args[1]](os.Args[2:]); err != nil {
