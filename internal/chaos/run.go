@@ -104,7 +104,7 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	l := &Ledger{}
 	var c Counters
 	h := &harness{cfg: cfg, admin: admin, dl: dl, ledger: l, c: &c, node: node, pools: pools,
-		machinesFile: filepath.Join(d.dataDir, "fake-machines.json"), agents: map[string]bool{}}
+		machinesFile: filepath.Join(d.dataDir, "fake-machines.json"), agents: map[string]bool{}, errCodes: map[codes.Code]int{}}
 	loadCtx, stopLoad := context.WithTimeout(ctx, cfg.Duration)
 	var wg sync.WaitGroup
 	spawn := func(f func(context.Context)) { wg.Add(1); go func() { defer wg.Done(); f(loadCtx) }() }
@@ -175,6 +175,7 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	fmt.Fprintf(cfg.Out, "load: %d kill -9 (%d restarts, %d database restarts), %d agents enrolled, %d agent connections, %d provisions, %d tasks created, %d finished by agents, %d claims, %d releases, %d terminates, %d dropped calls, %d watcher streams, %d replayed tokens, %d call errors (expected while tetherd is down)\n",
 		c.Kills.Load(), c.Restarts.Load(), c.StoreRestarts.Load(), len(l.Enrollments), c.AgentsConnected.Load(), c.Provisions.Load(), len(l.Tasks), c.TasksFinished.Load(),
 		len(l.Claims), len(l.Releases), len(l.Terminates), c.Drops.Load(), len(l.Live), l.Replays, c.CallErrors.Load())
+	fmt.Fprintf(cfg.Out, "call errors by code: %v\n", h.errCodes)
 	for _, r := range res {
 		fmt.Fprintln(cfg.Out, r)
 		for i, v := range r.Violations {
@@ -231,16 +232,20 @@ type harness struct {
 	pools        []string
 	machinesFile string
 
-	mu      sync.Mutex
-	agents  map[string]bool // machine id + token already booted
-	running []string        // instances whose agent reported ready
-	cancels []context.CancelFunc
-	agentWG sync.WaitGroup
+	mu       sync.Mutex
+	agents   map[string]bool // machine id + token already booted
+	errCodes map[codes.Code]int
+	running  []string // instances whose agent reported ready
+	cancels  []context.CancelFunc
+	agentWG  sync.WaitGroup
 }
 
 func (h *harness) callErr(err error) {
 	if err != nil {
 		h.c.CallErrors.Add(1)
+		h.mu.Lock()
+		h.errCodes[status.Code(err)]++
+		h.mu.Unlock()
 	}
 }
 
