@@ -81,10 +81,19 @@ type Event struct{ ID, Kind, InstanceID, CorrelationID string }
 
 // Instance is a stored instance as the checks need it.
 type Instance struct {
-	ID, Provider       string
+	ID, Provider string
+	// Status is the lifecycle state in lower case: pending, provisioning,
+	// starting, running, stopping, stopped, rebooting, terminated, error.
+	Status             string
 	Terminated         bool // status terminated
 	TerminateRequested bool
 }
+
+// holdsMachine is the states in which the instance's machine must exist
+// once provider sync has run: provider sync sends a running row whose
+// machine is gone to error (docs/design.md §2.7), and pending or
+// provisioning rows may not have reached the provider yet.
+var holdsMachine = map[string]bool{"starting": true, "running": true, "stopping": true, "stopped": true, "rebooting": true}
 
 // Task is a stored task as the checks need it.
 type Task struct {
@@ -268,27 +277,28 @@ func acknowledgedPresent(l *Ledger, o Observed) Result {
 	return r
 }
 
-// noOrphans: after reconciliation, the fake provider's machines are exactly
-// the store's non-terminated instances of that provider.
+// noOrphans: after reconciliation, every machine of the fake provider
+// belongs to a non-terminated instance, and every instance in a state that
+// needs a machine has one.
 func noOrphans(o Observed) Result {
 	r := Result{Name: "no orphaned machine (provider == store)"}
-	live := map[string]bool{}
+	live := map[string]Instance{}
 	for _, in := range o.Instances {
 		if in.Provider == o.FakeProvider && !in.Terminated {
-			live[in.ID] = true
+			live[in.ID] = in
 		}
 	}
 	machines := map[string]bool{}
 	for _, id := range o.Machines {
 		r.Checked++
 		machines[id] = true
-		if !live[id] {
+		if _, ok := live[id]; !ok {
 			r.Violations = append(r.Violations, fmt.Sprintf("machine of instance %s exists but the store has no live instance for it", id))
 		}
 	}
-	for id := range live {
-		if !machines[id] {
-			r.Violations = append(r.Violations, fmt.Sprintf("instance %s is live in the store but the provider has no machine", id))
+	for id, in := range live {
+		if !machines[id] && holdsMachine[in.Status] {
+			r.Violations = append(r.Violations, fmt.Sprintf("instance %s is %s in the store but the provider has no machine", id, in.Status))
 		}
 	}
 	sort.Strings(r.Violations)

@@ -31,9 +31,11 @@ func healthy() (*Ledger, Observed) {
 			{ID: "e4", Kind: kindReleased, InstanceID: "i1", CorrelationID: "c1"},
 			{ID: "e5", Kind: kindClaimed, InstanceID: "i2", CorrelationID: "c2"},
 		},
-		Instances: []Instance{{ID: "i1", Provider: "fake", Terminated: true}, {ID: "i2", Provider: "fake"}},
-		Tasks:     []Task{{ID: "t1", Status: "succeeded"}, {ID: "t2", Status: "running", LeaseExpires: now.Add(time.Minute)}},
-		Machines:  []string{"i2"},
+		Instances: []Instance{{ID: "i1", Provider: "fake", Status: "terminated", Terminated: true}, {ID: "i2", Provider: "fake", Status: "running"},
+			// Provider sync errored it when its machine vanished: no machine is due.
+			{ID: "i3", Provider: "fake", Status: "error"}},
+		Tasks:    []Task{{ID: "t1", Status: "succeeded"}, {ID: "t2", Status: "running", LeaseExpires: now.Add(time.Minute)}},
+		Machines: []string{"i2"},
 	}
 	return l, o
 }
@@ -77,7 +79,7 @@ func TestCheckReportsBrokenInvariants(t *testing.T) {
 		}, "no orphaned machine (provider == store)", "machine of instance i1"},
 		{"instance without machine", func(l *Ledger, o *Observed) {
 			o.Machines = nil
-		}, "no orphaned machine (provider == store)", "instance i2 is live"},
+		}, "no orphaned machine (provider == store)", "instance i2 is running"},
 		{"stuck task", func(l *Ledger, o *Observed) {
 			o.Tasks = append(o.Tasks, Task{ID: "t3", Status: "running", LeaseExpires: now.Add(-time.Minute)})
 		}, "no stuck task", "task t3"},

@@ -160,9 +160,10 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 		return nil, err
 	}
 	var res []Result
+	var o Observed
 	deadline := time.Now().Add(90 * time.Second)
 	for {
-		o, err := observe(ctx, admin, h.machinesFile)
+		o, err = observe(ctx, admin, h.machinesFile)
 		if err != nil {
 			return nil, err
 		}
@@ -176,6 +177,12 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 		c.Kills.Load(), c.Restarts.Load(), c.StoreRestarts.Load(), len(l.Enrollments), c.AgentsConnected.Load(), c.Provisions.Load(), len(l.Tasks), c.TasksFinished.Load(),
 		len(l.Claims), len(l.Releases), len(l.Terminates), c.Drops.Load(), len(l.Live), l.Replays, c.CallErrors.Load())
 	fmt.Fprintf(cfg.Out, "call errors by code: %v\n", h.errCodes)
+	states := map[string]int{}
+	for _, in := range o.Instances {
+		states[in.Status]++
+	}
+	fmt.Fprintf(cfg.Out, "after recovery: %d instances by state %v, %d fake machines, %d events, %d tasks\n",
+		len(o.Instances), states, len(o.Machines), len(o.Events), len(o.Tasks))
 	for _, r := range res {
 		fmt.Fprintln(cfg.Out, r)
 		for i, v := range r.Violations {
@@ -623,6 +630,7 @@ func observe(ctx context.Context, admin v1.AdminServiceClient, machinesFile stri
 		}
 		for _, in := range r.Instances {
 			o.Instances = append(o.Instances, Instance{ID: in.Id, Provider: in.Provider,
+				Status:             strings.ToLower(strings.TrimPrefix(in.Status.String(), "INSTANCE_STATUS_")),
 				Terminated:         in.Status == v1.InstanceStatus_INSTANCE_STATUS_TERMINATED,
 				TerminateRequested: in.TerminateRequestedAt != nil})
 		}
