@@ -554,11 +554,19 @@ func (h *harness) dropper(ctx context.Context) {
 		cctx, cancel := context.WithTimeout(ctx, time.Duration(1+mrand.IntN(8))*time.Millisecond)
 		switch mrand.IntN(3) {
 		case 0:
-			_, err = admin.AcquirePoolMember(cctx, &v1.AcquirePoolMemberRequest{PoolName: h.pools[0], AcquiredBy: "chaos-dropper"})
+			var r *v1.AcquirePoolMemberResponse
+			r, err = admin.AcquirePoolMember(cctx, &v1.AcquirePoolMemberRequest{PoolName: h.pools[0], AcquiredBy: "chaos-dropper"})
 			if err == nil {
-				// It finished before the drop: give the member back.
-				_ = conn.Close()
-				conn = nil
+				// It finished before the drop: an acknowledged claim like
+				// any other, so record it and give the member back.
+				h.ledger.Claim(Claim{ClaimID: r.ClaimId, InstanceID: r.Instance.GetId(), PoolID: r.PoolId})
+				rctx, rcancel := call(ctx)
+				if _, rerr := admin.ReleasePoolMember(rctx, &v1.ReleasePoolMemberRequest{InstanceId: r.Instance.GetId()}); rerr == nil {
+					h.ledger.Release(Release{InstanceID: r.Instance.GetId(), ClaimID: r.ClaimId})
+				} else {
+					h.callErr(rerr)
+				}
+				rcancel()
 			}
 		case 1:
 			if id := h.randomRunning(); id != "" {
