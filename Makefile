@@ -13,7 +13,7 @@ BUILD  := build
 KERNEL := .cache/kernel
 PROTO  := proto/tether/v1
 
-.PHONY: build generate lint test unit e2e bench fuzz run initramfs modules kernel clean screenshots
+.PHONY: build generate lint test unit e2e bench fuzz chaos run initramfs modules kernel clean screenshots
 
 build: ## Build tetherd, tetherctl and tether-agent into bin/
 	go build -trimpath -o $(BIN)/ ./cmd/tetherd ./cmd/tetherctl
@@ -51,6 +51,12 @@ bench: ## Benchmarks recorded in docs/benchmarks.md
 
 fuzz: ## A short run of every fuzz target
 	scripts/fuzz.sh 20s
+
+CHAOS_DURATION ?= 2m
+CHAOS_STORE    ?= sqlite
+chaos: ## kill -9 a real tetherd under load, then check the invariants (docs/reliability.md); CHAOS_DURATION=30m CHAOS_STORE=postgres is the long form
+	go build -trimpath -o $(BIN)/ ./cmd/tetherd ./cmd/tether-bench
+	$(BIN)/tether-bench chaos --tetherd $(BIN)/tetherd --duration $(CHAOS_DURATION) --store $(CHAOS_STORE)
 
 kernel: ## Debian's cloud kernel into .cache/kernel (never installed into /boot)
 	scripts/fetch-kernel.sh $(KERNEL)

@@ -8,11 +8,13 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 
 	"github.com/spf13/cobra"
 
 	"github.com/tetherfleet/tether/controlplane/daemon"
+	"github.com/tetherfleet/tether/providers/fake"
 )
 
 func main() {
@@ -53,6 +55,7 @@ func initCmd() *cobra.Command {
 func serveCmd() *cobra.Command {
 	var o daemon.ServeOptions
 	var level, format string
+	var providerFake bool
 	cmd := &cobra.Command{
 		Use:   "serve --data-dir DIR",
 		Short: "Run the control plane",
@@ -63,6 +66,14 @@ func serveCmd() *cobra.Command {
 				return err
 			}
 			o.Log = log
+			if providerFake {
+				p, err := fake.Open(filepath.Join(o.DataDir, FakeMachinesFile))
+				if err != nil {
+					return err
+				}
+				log.Warn("the fake provider is enabled: for chaos runs and tests only", "state", filepath.Join(o.DataDir, FakeMachinesFile))
+				o.Providers = append(o.Providers, p)
+			}
 			if o.Store == "" {
 				o.Store = os.Getenv("TETHER_STORE")
 			}
@@ -107,11 +118,15 @@ func serveCmd() *cobra.Command {
 	f.StringSliceVar(&o.SelfInstanceIDs, "self-instance", nil, "instance ids that host this control plane (drain refuses them)")
 	f.BoolVar(&o.DisableAudit, "no-audit", false, "turn the audit trail off (only to measure its cost)")
 	_ = f.MarkHidden("no-audit")
+	f.BoolVar(&providerFake, "provider-fake", false, "TESTING ONLY (make chaos): add the in-memory fake provider, its machines kept in DATA/"+FakeMachinesFile+" with their tokens")
 	f.StringVar(&level, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&format, "log-format", "text", "text or json")
 	_ = cmd.MarkFlagRequired("data-dir")
 	return cmd
 }
+
+// FakeMachinesFile is where --provider-fake keeps its machines, in the data dir.
+const FakeMachinesFile = "fake-machines.json"
 
 func logger(level, format string) (*slog.Logger, error) {
 	var l slog.Level

@@ -68,7 +68,7 @@ type fixture struct {
 
 var t0 = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 
-func setup(t *testing.T) *fixture {
+func setup(t testing.TB) *fixture {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
@@ -121,7 +121,7 @@ func (f *fixture) get(t *testing.T, path string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
-func (f *fixture) provision(t *testing.T) *store.Instance {
+func (f *fixture) provision(t testing.TB) *store.Instance {
 	t.Helper()
 	return f.provisionWith(t, "pxe")
 }

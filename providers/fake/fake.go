@@ -87,6 +87,9 @@ type Provider struct {
 	faults    map[Op]*fault
 	delays    map[Op]time.Duration
 	gates     map[Op]chan struct{}
+	// stateFile, when set, receives the machine list after every call that
+	// changes it (see Open).
+	stateFile string
 }
 
 // Option configures New.
@@ -252,6 +255,13 @@ func (p *Provider) do(ctx context.Context, c Call, effect func() error) error {
 		}
 	default:
 		err = f.err(c.Op)
+	}
+	if p.stateFile != "" && mutates(c.Op) {
+		if serr := p.save(); serr != nil {
+			// The effect happened but is not durable: report it the way a
+			// provider reports a lost answer, so the caller reconciles.
+			err = providers.Errorf(providers.KindTransient, Name, string(c.Op), "%v", serr)
+		}
 	}
 	c.Err = err
 	c.At = p.clock.Now()

@@ -1,0 +1,53 @@
+package netboot_test
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/tetherfleet/tether/controlplane/netboot"
+)
+
+// FuzzBootRoute sends fuzzed paths and queries to the netboot handler, with
+// one instance waiting in its boot window. Whatever arrives: no panic, no
+// 500, and a token leaves only in a 200 answer to that instance's own
+// script path, once per boot (a token is never handed out twice).
+func FuzzBootRoute(f *testing.F) {
+	fx := setup(f)
+	in := fx.provision(f)
+	h := fx.srv.Config.Handler
+	f.Add("/ipxe/"+in.ID, "")
+	f.Add("/ipxe/"+in.ID, "a=b&token=tbt_x")
+	f.Add("/ipxe/../ipxe/"+in.ID, "")
+	f.Add("/ipxe/..%2f..%2fetc", "")
+	f.Add("/artifacts/sha256:"+strings.Repeat("0", 64), "")
+	f.Add("/artifacts/"+fx.svc.Artifacts.Kernel, "x=%zz")
+	f.Add("//ipxe//"+in.ID+"/", ";;")
+	served := 0
+	f.Fuzz(func(t *testing.T, path, query string) {
+		u := &url.URL{Path: path, RawQuery: query}
+		req := httptest.NewRequest(http.MethodGet, "/", nil)
+		req.URL = u
+		req.RequestURI = u.RequestURI()
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		body := rec.Body.String()
+		switch rec.Code {
+		case http.StatusOK, http.StatusMovedPermanently, http.StatusTemporaryRedirect, http.StatusBadRequest,
+			http.StatusNotFound, http.StatusMethodNotAllowed, http.StatusConflict, http.StatusGone:
+		default:
+			t.Fatalf("GET %q ?%q: status %d: %s", path, query, rec.Code, body)
+		}
+		if strings.Contains(body, "tbt_") {
+			if rec.Code != http.StatusOK || path != netboot.ScriptPath(in.ID) {
+				t.Fatalf("GET %q ?%q (%d) answered with a token", path, query, rec.Code)
+			}
+			served++
+			if served > 1 {
+				t.Fatalf("a second token was served in one boot (GET %q ?%q)", path, query)
+			}
+		}
+	})
+}

@@ -1,0 +1,124 @@
+package chaos
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+var now = time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+
+// healthy is a record set in which every invariant holds.
+func healthy() (*Ledger, Observed) {
+	l := &Ledger{}
+	l.Task("t1")
+	l.Claim(Claim{ClaimID: "c1", InstanceID: "i1", PoolID: "p"})
+	l.Release(Release{InstanceID: "i1", ClaimID: "c1"})
+	l.Claim(Claim{ClaimID: "c2", InstanceID: "i2", PoolID: "p"})
+	l.Enroll(Enrollment{InstanceID: "i1", TokenHash: "h1"})
+	l.Enroll(Enrollment{InstanceID: "i2", TokenHash: "h2"})
+	l.Terminate("i1")
+	l.Replay(false)
+	rec := l.Stream()
+	for _, id := range []string{"e1", "e2", "e3"} {
+		rec(id)
+	}
+	o := Observed{Now: now, FakeProvider: "fake",
+		Events: []Event{
+			{ID: "e1", Kind: kindEnrolled, InstanceID: "i1"},
+			{ID: "e2", Kind: kindEnrolled, InstanceID: "i2"},
+			{ID: "e3", Kind: kindClaimed, InstanceID: "i1", CorrelationID: "c1"},
+			{ID: "e4", Kind: kindReleased, InstanceID: "i1", CorrelationID: "c1"},
+			{ID: "e5", Kind: kindClaimed, InstanceID: "i2", CorrelationID: "c2"},
+		},
+		Instances: []Instance{{ID: "i1", Provider: "fake", Status: "terminated", Terminated: true}, {ID: "i2", Provider: "fake", Status: "running"},
+			// Provider sync errored it when its machine vanished: no machine is due.
+			{ID: "i3", Provider: "fake", Status: "error"}},
+		Tasks:    []Task{{ID: "t1", Status: "succeeded"}, {ID: "t2", Status: "running", LeaseExpires: now.Add(time.Minute)}},
+		Machines: []string{"i2"},
+	}
+	return l, o
+}
+
+func TestCheckHealthy(t *testing.T) {
+	l, o := healthy()
+	for _, r := range Check(l, o) {
+		if !r.OK() || r.Checked == 0 {
+			t.Errorf("%s: checked %d, violations %v", r.Name, r.Checked, r.Violations)
+		}
+	}
+}
+
+// Each case breaks one invariant on purpose; the checker must name it and
+// leave the others alone.
+func TestCheckReportsBrokenInvariants(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		breakf func(*Ledger, *Observed)
+		broken string
+		says   string
+	}{
+		{"double claim", func(l *Ledger, o *Observed) {
+			l.Claim(Claim{ClaimID: "c3", InstanceID: "i2", PoolID: "p"})
+			o.Events = append(o.Events, Event{ID: "e6", Kind: kindClaimed, InstanceID: "i2", CorrelationID: "c3"})
+		}, "each ready member claimed at most once", "while claim c2 was open"},
+		{"missing acknowledged task", func(l *Ledger, o *Observed) {
+			l.Task("t-lost")
+		}, "every acknowledged write is present", "task t-lost"},
+		{"missing acknowledged enrollment", func(l *Ledger, o *Observed) {
+			l.Enroll(Enrollment{InstanceID: "i9", TokenHash: "h9"})
+		}, "every acknowledged write is present", "enrollment of instance i9"},
+		{"missing acknowledged terminate", func(l *Ledger, o *Observed) {
+			l.Terminate("i2")
+		}, "every acknowledged write is present", "terminate of instance i2"},
+		{"acknowledged claim without its event", func(l *Ledger, o *Observed) {
+			l.Claim(Claim{ClaimID: "c-lost", InstanceID: "i3", PoolID: "p"})
+		}, "claims == pool.claimed events; releases match", "c-lost"},
+		{"orphaned machine", func(l *Ledger, o *Observed) {
+			o.Machines = append(o.Machines, "i1")
+		}, "no orphaned machine (provider == store)", "machine of instance i1"},
+		{"instance without machine", func(l *Ledger, o *Observed) {
+			o.Machines = nil
+		}, "no orphaned machine (provider == store)", "instance i2 is running"},
+		{"stuck task", func(l *Ledger, o *Observed) {
+			o.Tasks = append(o.Tasks, Task{ID: "t3", Status: "running", LeaseExpires: now.Add(-time.Minute)})
+		}, "no stuck task", "task t3"},
+		{"token accepted twice", func(l *Ledger, o *Observed) {
+			l.Enroll(Enrollment{InstanceID: "i2", TokenHash: "h1"})
+		}, "no token accepted twice", "one token enrolled"},
+		{"replay accepted", func(l *Ledger, o *Observed) {
+			l.Replay(true)
+		}, "no token accepted twice", "replayed tokens were accepted"},
+		{"live event lost", func(l *Ledger, o *Observed) {
+			l.Stream()("e-gone")
+		}, "event log has no gaps for a resuming watcher", "e-gone"},
+		{"live events out of order", func(l *Ledger, o *Observed) {
+			rec := l.Stream()
+			rec("e5")
+			rec("e4")
+		}, "event log has no gaps for a resuming watcher", "delivered after a later event"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// A lost claim rightly breaks the acknowledged-write check too.
+			also := map[string]string{"acknowledged claim without its event": "every acknowledged write is present"}[tc.name]
+			l, o := healthy()
+			tc.breakf(l, &o)
+			found := false
+			for _, r := range Check(l, o) {
+				if r.Name != tc.broken {
+					if !r.OK() && r.Name != also {
+						t.Errorf("unrelated invariant %q broke: %v", r.Name, r.Violations)
+					}
+					continue
+				}
+				found = true
+				if r.OK() || !strings.Contains(strings.Join(r.Violations, "\n"), tc.says) {
+					t.Errorf("%s: violations %v, want one saying %q", r.Name, r.Violations, tc.says)
+				}
+			}
+			if !found {
+				t.Fatalf("no invariant named %q", tc.broken)
+			}
+		})
+	}
+}
