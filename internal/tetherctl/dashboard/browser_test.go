@@ -225,6 +225,8 @@ func TestBrowserFleetAndPools(t *testing.T) {
 		t.Fatal("the fleet page reloaded instead of updating live")
 	}
 	shot(t, bctx, "fleet")
+	run(t, bctx, 30*time.Second, chromedp.Navigate(h.ts.URL+h.srv.Path("/instances")), chromedp.WaitVisible(`table.rows`))
+	shot(t, bctx, "instances")
 
 	// Acquire from the pool page: confirm, then the server's answer.
 	run(t, bctx, 30*time.Second, chromedp.Navigate(h.ts.URL+h.srv.Path("/pools/web")),
