@@ -78,8 +78,10 @@ func (l *Listener) Accept() (net.Conn, error) {
 		}
 		src := sourceOf(c.RemoteAddr())
 		if reason := l.admit(src); reason != "" {
-			_ = c.Close() // refused: nothing was read from it
+			// Counted and logged before the close, so whoever sees the
+			// connection closed can already see its refusal.
 			l.refuse(reason, src)
+			_ = c.Close() // refused: nothing was read from it
 			continue
 		}
 		return &Conn{Conn: c, l: l, src: src}, nil

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -55,7 +56,7 @@ type fixture struct {
 	refused *prometheus.CounterVec
 	open    prometheus.Gauge
 	clk     *clock.Fake
-	log     *bytes.Buffer
+	log     *lockedBuffer
 	// accepted receives what Accept returns.
 	accepted chan *Conn
 }
@@ -70,7 +71,7 @@ func start(t *testing.T, o Options) *fixture {
 		refused:  prometheus.NewCounterVec(prometheus.CounterOpts{Name: "refused"}, []string{"reason"}),
 		open:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "open"}),
 		clk:      clock.NewFake(time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)),
-		log:      &bytes.Buffer{},
+		log:      &lockedBuffer{},
 		accepted: make(chan *Conn, 64),
 	}
 	o.Refused, o.Open, o.Clock = f.refused, f.open, f.clk
@@ -211,3 +212,21 @@ func TestRefusalLogIsRateLimited(t *testing.T) {
 }
 
 var _ io.Closer = (*Conn)(nil)
+
+// lockedBuffer is a log the listener's goroutine writes while the test reads.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
