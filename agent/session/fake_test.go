@@ -10,6 +10,7 @@ import (
 
 	"github.com/tetherfleet/tether/agent/enroll"
 	"github.com/tetherfleet/tether/agent/enroll/enrolltest"
+	"github.com/tetherfleet/tether/internal/clock"
 	tetherv1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
 
@@ -260,4 +261,14 @@ func (r *runner) Run(ctx context.Context, a *tetherv1.TaskAssignment, _ Settings
 	case <-ctx.Done():
 		return Outcome{Err: errors.New("stopped")}
 	}
+}
+
+// The code under test waits only through After; the other clock.Clock
+// methods fail loudly rather than fall back to real time.
+func (*fakeClock) NewTimer(time.Duration) clock.Timer { panic("fakeClock: NewTimer not supported") }
+func (*fakeClock) NewTicker(time.Duration) clock.Ticker {
+	panic("fakeClock: NewTicker not supported")
+}
+func (*fakeClock) AfterFunc(time.Duration, func()) clock.Timer {
+	panic("fakeClock: AfterFunc not supported")
 }
