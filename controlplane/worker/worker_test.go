@@ -113,6 +113,8 @@ func TestLeaseIsRenewedWhileRunning(t *testing.T) {
 	w := &worker.Worker{Store: f.st, Clock: f.clk, Log: discard(), Owner: "w", Lease: lease, Handlers: map[string]worker.Handler{
 		"slow": func(ctx context.Context, _ *store.Task) error {
 			for range 8 {
+				// Hold renews on a wall-clock ticker (time.NewTicker), so
+				// this handler has to let real time pass.
 				time.Sleep(lease / 2)
 				ts, err := f.st.ExpireTaskLeases(ctx, time.Now())
 				if err != nil {
