@@ -540,7 +540,7 @@ func waitConsole(t *testing.T, r *run, want string, times int) {
 		if time.Now().After(deadline) {
 			t.Fatalf("console never showed %q %d times", want, times)
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // polls a running agent's console
 	}
 }
 
@@ -622,7 +622,7 @@ func TestSuperviseNeverGivesUp(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("console:\n%s", con.String())
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // polls a running agent's console
 	}
 	cancel()
 	<-done
@@ -670,7 +670,7 @@ func TestRunNotifiesSystemd(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("notifications: %v", n.sent)
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // polls a running agent's notifications
 	}
 }
 
