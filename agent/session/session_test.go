@@ -275,10 +275,15 @@ func TestReconnectFlushesQueuedUpdates(t *testing.T) {
 		p := q.pending["t1"]
 		return p != nil && p.latest != nil && terminal(p.latest.u.Status)
 	}
-	// The task goroutine queues the final update with no event to wait on.
-	deadline := time.Now().Add(5 * time.Second)
-	for !finalQueued() && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
+	// Nobody reads the queue's ready signal while the agent backs off, so
+	// the test can wait on it; the next stream flushes the queue anyway.
+	deadline := time.After(5 * time.Second)
+	for !finalQueued() {
+		select {
+		case <-h.sess.queue.ready:
+		case <-deadline:
+			t.Fatal("the final update was never queued")
+		}
 	}
 	if !h.logged("reconnecting in") {
 		t.Fatalf("no console line about the reconnect: %v", h.logs)
