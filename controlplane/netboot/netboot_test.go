@@ -126,7 +126,7 @@ func (f *fixture) provision(t testing.TB) *store.Instance {
 	return f.provisionWith(t, "pxe")
 }
 
-func (f *fixture) provisionWith(t *testing.T, provider string) *store.Instance {
+func (f *fixture) provisionWith(t testing.TB, provider string) *store.Instance {
 	t.Helper()
 	res, err := f.svc.Provision(f.ctx, instances.ProvisionParams{Node: "n", Provider: provider})
 	if err != nil {
