@@ -28,6 +28,7 @@ import (
 	"github.com/tetherfleet/tether/agent/modules"
 	"github.com/tetherfleet/tether/agent/session"
 	"github.com/tetherfleet/tether/agent/tasks"
+	"github.com/tetherfleet/tether/internal/clock"
 	tetherv1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
 
@@ -42,9 +43,6 @@ const (
 	// the machine: the agent after the switch of root, or one run by hand.
 	RootModeNone RootMode = "none"
 )
-
-// Clock is the time source; tests drive a fake one.
-type Clock = session.Clock
 
 // DefaultStateDir survives the switch of root: /run is moved into it.
 const DefaultStateDir = "/run/tether"
@@ -76,7 +74,7 @@ type Config struct {
 
 	// Console receives the operator-facing lines (default os.Stderr).
 	Console io.Writer
-	Clock   Clock
+	Clock   clock.Clock
 	// Rand drives the backoff jitter (default: seeded from the system).
 	Rand *rand.Rand
 	// DialOptions are added to every connection (tests inject dialers).
@@ -132,7 +130,7 @@ func (c *Config) defaults() error {
 		c.Console = os.Stderr
 	}
 	if c.Clock == nil {
-		c.Clock = session.RealClock{}
+		c.Clock = clock.Real{}
 	}
 	if c.Rand == nil {
 		c.Rand = rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))

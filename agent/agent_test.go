@@ -19,6 +19,7 @@ import (
 	"github.com/tetherfleet/tether/agent/identity"
 	"github.com/tetherfleet/tether/agent/modules"
 	"github.com/tetherfleet/tether/agent/session"
+	"github.com/tetherfleet/tether/internal/clock"
 	tetherv1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
 
@@ -524,7 +525,10 @@ func TestRunTasks(t *testing.T) {
 
 // offsetClock runs ahead of the wall clock, so certificates issued now
 // look expired.
-type offsetClock struct{ d time.Duration }
+type offsetClock struct {
+	clock.Real
+	d time.Duration
+}
 
 func (c offsetClock) Now() time.Time                         { return time.Now().Add(c.d) }
 func (c offsetClock) After(d time.Duration) <-chan time.Time { return time.After(d) }
@@ -536,7 +540,7 @@ func waitConsole(t *testing.T, r *run, want string, times int) {
 		if time.Now().After(deadline) {
 			t.Fatalf("console never showed %q %d times", want, times)
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // polls a running agent's console
 	}
 }
 
@@ -556,7 +560,7 @@ func TestRunExpiredCertificate(t *testing.T) {
 			first.wait(t)
 
 			// A day and more later: the certificate has lapsed.
-			later := offsetClock{25 * time.Hour}
+			later := offsetClock{d: 25 * time.Hour}
 			cp.Lock()
 			cp.Now = later.Now
 			cp.Unlock()
@@ -584,6 +588,17 @@ func TestRunExpiredCertificate(t *testing.T) {
 type instantClock struct{}
 
 func (instantClock) Now() time.Time { return time.Now() }
+
+// instantClock.After is all the supervisor waits on; the rest fail loudly.
+func (instantClock) NewTimer(time.Duration) clock.Timer {
+	panic("instantClock: NewTimer not supported")
+}
+func (instantClock) NewTicker(time.Duration) clock.Ticker {
+	panic("instantClock: NewTicker not supported")
+}
+func (instantClock) AfterFunc(time.Duration, func()) clock.Timer {
+	panic("instantClock: AfterFunc not supported")
+}
 func (instantClock) After(time.Duration) <-chan time.Time {
 	ch := make(chan time.Time, 1)
 	ch <- time.Now()
@@ -607,7 +622,7 @@ func TestSuperviseNeverGivesUp(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("console:\n%s", con.String())
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // polls a running agent's console
 	}
 	cancel()
 	<-done
@@ -655,7 +670,7 @@ func TestRunNotifiesSystemd(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("notifications: %v", n.sent)
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // polls a running agent's notifications
 	}
 }
 

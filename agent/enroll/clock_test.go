@@ -3,6 +3,8 @@ package enroll
 import (
 	"sync"
 	"time"
+
+	"github.com/tetherfleet/tether/internal/clock"
 )
 
 // fakeClock is a manual clock. With auto set, After fires at once and moves
@@ -61,4 +63,14 @@ func (c *fakeClock) Advance(d time.Duration) {
 		}
 	}
 	c.waiters = kept
+}
+
+// The code under test waits only through After; the other clock.Clock
+// methods fail loudly rather than fall back to real time.
+func (*fakeClock) NewTimer(time.Duration) clock.Timer { panic("fakeClock: NewTimer not supported") }
+func (*fakeClock) NewTicker(time.Duration) clock.Ticker {
+	panic("fakeClock: NewTicker not supported")
+}
+func (*fakeClock) AfterFunc(time.Duration, func()) clock.Timer {
+	panic("fakeClock: AfterFunc not supported")
 }

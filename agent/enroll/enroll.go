@@ -26,20 +26,10 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/tetherfleet/tether/internal/clock"
 	"github.com/tetherfleet/tether/pki"
 	tetherv1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
-
-// Clock is the time source; tests drive a fake one.
-type Clock interface {
-	Now() time.Time
-	After(d time.Duration) <-chan time.Time
-}
-
-type realClock struct{}
-
-func (realClock) Now() time.Time                         { return time.Now() }
-func (realClock) After(d time.Duration) <-chan time.Time { return time.After(d) }
 
 // Identity is a key with the certificate issued for it.
 type Identity struct {
@@ -91,7 +81,7 @@ type Config struct {
 	URL string
 	// CAFingerprint is the pinned CA, "sha256:<hex>".
 	CAFingerprint string
-	Clock         Clock
+	Clock         clock.Clock
 	// DialOptions are added to every connection (tests inject a dialer).
 	DialOptions []grpc.DialOption
 	// Logf prints a console line.
@@ -122,7 +112,7 @@ func New(cfg Config) (*Manager, error) {
 		return nil, errors.New("enroll: empty state dir")
 	}
 	if cfg.Clock == nil {
-		cfg.Clock = realClock{}
+		cfg.Clock = clock.Real{}
 	}
 	if cfg.Logf == nil {
 		cfg.Logf = func(string, ...any) {}

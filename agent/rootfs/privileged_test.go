@@ -91,7 +91,7 @@ func checkNoLeaks(t *testing.T, dir, tag string) {
 			t.Errorf("loop devices still bound to the test's images: %q", bound)
 			return
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // polls the kernel releasing loop devices
 	}
 }
 
@@ -369,7 +369,7 @@ func composeChild(t *testing.T, dir string) {
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for len(boundLoops(tag)) > 0 && time.Now().Before(deadline) {
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // polls the kernel releasing loop devices
 	}
 	if b := boundLoops(tag); len(b) > 0 {
 		t.Errorf("loop devices left bound: %q", b)

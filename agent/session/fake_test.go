@@ -10,6 +10,7 @@ import (
 
 	"github.com/tetherfleet/tether/agent/enroll"
 	"github.com/tetherfleet/tether/agent/enroll/enrolltest"
+	"github.com/tetherfleet/tether/internal/clock"
 	tetherv1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
 
@@ -18,6 +19,9 @@ type fakeClock struct {
 	mu      sync.Mutex
 	now     time.Time
 	waiters []*waiter
+	// changed is closed and replaced when a wait is added, so tests can
+	// wait for one without polling.
+	changed chan struct{}
 }
 
 type waiter struct {
@@ -41,7 +45,39 @@ func (c *fakeClock) After(d time.Duration) <-chan time.Time {
 		return w.ch
 	}
 	c.waiters = append(c.waiters, w)
+	if c.changed != nil {
+		close(c.changed)
+		c.changed = nil
+	}
 	return w.ch
+}
+
+// await blocks until ok holds for the pending waits, and reports whether it
+// did before the deadline.
+func (c *fakeClock) await(ok func(pending []time.Duration) bool) bool {
+	deadline := time.NewTimer(10 * time.Second)
+	defer deadline.Stop()
+	for {
+		c.mu.Lock()
+		var ds []time.Duration
+		for _, w := range c.waiters {
+			ds = append(ds, w.d)
+		}
+		if ok(ds) {
+			c.mu.Unlock()
+			return true
+		}
+		if c.changed == nil {
+			c.changed = make(chan struct{})
+		}
+		changed := c.changed
+		c.mu.Unlock()
+		select {
+		case <-changed:
+		case <-deadline.C:
+			return false
+		}
+	}
 }
 
 func (c *fakeClock) Advance(d time.Duration) {
@@ -62,35 +98,41 @@ func (c *fakeClock) Advance(d time.Duration) {
 // waitFor blocks until someone waits for exactly d.
 func (c *fakeClock) waitFor(t *testing.T, d time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		c.mu.Lock()
-		for _, w := range c.waiters {
-			if w.d == d {
-				c.mu.Unlock()
-				return
+	c.waitForN(t, d, 1)
+}
+
+// waitForN blocks until n pending waits are for exactly d.
+func (c *fakeClock) waitForN(t *testing.T, d time.Duration, n int) {
+	t.Helper()
+	if !c.await(func(ds []time.Duration) bool {
+		k := 0
+		for _, w := range ds {
+			if w == d {
+				k++
 			}
 		}
-		c.mu.Unlock()
-		time.Sleep(time.Millisecond)
+		return k >= n
+	}) {
+		t.Fatalf("fewer than %d waits for %v; pending %v", n, d, c.pending())
 	}
-	t.Fatalf("nobody waited for %v", d)
 }
 
 // waitAtMost blocks until someone waits for at most d and returns that wait.
 func (c *fakeClock) waitAtMost(t *testing.T, d time.Duration) time.Duration {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		for _, w := range c.pending() {
+	var got time.Duration
+	if !c.await(func(ds []time.Duration) bool {
+		for _, w := range ds {
 			if w <= d {
-				return w
+				got = w
+				return true
 			}
 		}
-		time.Sleep(time.Millisecond)
+		return false
+	}) {
+		t.Fatalf("nobody waited for at most %v; pending %v", d, c.pending())
 	}
-	t.Fatalf("nobody waited for at most %v; pending %v", d, c.pending())
-	return 0
+	return got
 }
 
 // pending returns the durations waited for.
@@ -260,4 +302,14 @@ func (r *runner) Run(ctx context.Context, a *tetherv1.TaskAssignment, _ Settings
 	case <-ctx.Done():
 		return Outcome{Err: errors.New("stopped")}
 	}
+}
+
+// The code under test waits only through After; the other clock.Clock
+// methods fail loudly rather than fall back to real time.
+func (*fakeClock) NewTimer(time.Duration) clock.Timer { panic("fakeClock: NewTimer not supported") }
+func (*fakeClock) NewTicker(time.Duration) clock.Ticker {
+	panic("fakeClock: NewTicker not supported")
+}
+func (*fakeClock) AfterFunc(time.Duration, func()) clock.Timer {
+	panic("fakeClock: AfterFunc not supported")
 }

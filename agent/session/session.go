@@ -37,20 +37,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tetherfleet/tether/internal/clock"
 	tetherv1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
-
-// Clock is the time source; tests drive a fake one.
-type Clock interface {
-	Now() time.Time
-	After(d time.Duration) <-chan time.Time
-}
-
-// RealClock is the system clock.
-type RealClock struct{}
-
-func (RealClock) Now() time.Time                         { return time.Now() }
-func (RealClock) After(d time.Duration) <-chan time.Time { return time.After(d) }
 
 // Settings are the control plane's instructions, with defaults filled in.
 type Settings struct {
@@ -111,7 +100,7 @@ type Config struct {
 	Client  func() tetherv1.AgentServiceClient
 	Status  *Status
 	Runner  Runner
-	Clock   Clock
+	Clock   clock.Clock
 	Backoff Backoff
 	// HealthyAfter is how long a stream must stay up for the backoff to
 	// start again from the first step (default 60 s).
@@ -170,7 +159,7 @@ func New(cfg Config) *Session {
 		cfg.Status = NewStatus()
 	}
 	if cfg.Clock == nil {
-		cfg.Clock = RealClock{}
+		cfg.Clock = clock.Real{}
 	}
 	if cfg.HealthyAfter == 0 {
 		cfg.HealthyAfter = time.Minute

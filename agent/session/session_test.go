@@ -217,8 +217,8 @@ func TestTaskLeaseFromSettings(t *testing.T) {
 	s := h.cp.nextStream(t)
 	s.heartbeat(t)
 	s.send <- &tetherv1.ControlMessage{Msg: &tetherv1.ControlMessage_Settings{Settings: &tetherv1.Settings{TaskLeaseSeconds: 45}}}
-	h.clock.waitFor(t, DefaultHeartbeatInterval)
-	time.Sleep(50 * time.Millisecond) // let the settings land
+	// The settings have landed when the heartbeat wait is re-armed for them.
+	h.clock.waitForN(t, DefaultHeartbeatInterval, 2)
 	assign(s, "t2", 0, h.clock.Now())
 	wantUpdate(t, s.update(t), "t2", tetherv1.TaskStatus_TASK_STATUS_RUNNING)
 	h.clock.waitFor(t, 15*time.Second)
@@ -261,9 +261,11 @@ func TestReconnectFlushesQueuedUpdates(t *testing.T) {
 	wantUpdate(t, s.update(t), "t1", tetherv1.TaskStatus_TASK_STATUS_RUNNING)
 	// The control plane goes away; the task finishes while cut off.
 	s.end <- errors.New("control plane restarting")
-	deadline := time.Now().Add(5 * time.Second)
-	for h.sess.Connected() && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
+	// The agent is backing off with a delay drawn in [0, 500 ms]: it is
+	// cut off.
+	backoff := h.clock.waitAtMost(t, 500*time.Millisecond)
+	if h.sess.Connected() {
+		t.Fatal("backing off while connected")
 	}
 	h.runner.ch("t1") <- Outcome{Result: &tetherv1.TaskResult{Output: []byte("done")}}
 	finalQueued := func() bool {
@@ -273,11 +275,16 @@ func TestReconnectFlushesQueuedUpdates(t *testing.T) {
 		p := q.pending["t1"]
 		return p != nil && p.latest != nil && terminal(p.latest.u.Status)
 	}
-	for !finalQueued() && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
+	// Nobody reads the queue's ready signal while the agent backs off, so
+	// the test can wait on it; the next stream flushes the queue anyway.
+	deadline := time.After(5 * time.Second)
+	for !finalQueued() {
+		select {
+		case <-h.sess.queue.ready:
+		case <-deadline:
+			t.Fatal("the final update was never queued")
+		}
 	}
-	// The agent is backing off with a delay drawn in [0, 500 ms].
-	backoff := h.clock.waitAtMost(t, 500*time.Millisecond)
 	if !h.logged("reconnecting in") {
 		t.Fatalf("no console line about the reconnect: %v", h.logs)
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -44,7 +45,7 @@ func waitGone(t *testing.T, pid int) {
 		if time.Now().After(deadline) {
 			t.Fatalf("process %d survived the kill of its process group", pid)
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // polls an external process's exit
 	}
 }
 
@@ -93,15 +94,35 @@ func TestExec(t *testing.T) {
 }
 
 // grandchildScript starts a background sleep (a grandchild in the same
-// process group), prints its pid and waits.
-var grandchildScript = []string{"sh", "-c", "sleep 300 & echo $!; wait"}
+// process group), prints its pid, creates the returned file to say so, and
+// waits.
+func grandchildScript(t *testing.T) (argv []string, ready string) {
+	ready = filepath.Join(t.TempDir(), "ready")
+	return []string{"sh", "-c", "sleep 300 & echo $!; : >" + ready + "; wait"}, ready
+}
+
+// waitFile waits for the shell, an external process, to create path.
+func waitFile(t *testing.T, path string) {
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if _, err := os.Stat(path); err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("%s never appeared", path)
+			return
+		}
+		time.Sleep(5 * time.Millisecond) // polls an external process
+	}
+}
 
 func TestExecTimeoutKillsProcessGroup(t *testing.T) {
 	var asked time.Duration
 	fire := make(chan time.Time)
 	e := &Executor{After: func(d time.Duration) <-chan time.Time { asked = d; return fire }}
-	go func() { time.Sleep(300 * time.Millisecond); close(fire) }()
-	out := e.Run(context.Background(), execTask(0, grandchildScript...), settings(0))
+	argv, ready := grandchildScript(t)
+	go func() { waitFile(t, ready); close(fire) }()
+	out := e.Run(context.Background(), execTask(0, argv...), settings(0))
 	if asked != DefaultExecTimeout {
 		t.Errorf("timeout = %v, want the default %v", asked, DefaultExecTimeout)
 	}
@@ -123,8 +144,9 @@ func TestExecTimeoutKillsProcessGroup(t *testing.T) {
 
 func TestExecCancelKillsProcessGroup(t *testing.T) {
 	ctx, cancel := context.WithCancelCause(context.Background())
-	go func() { time.Sleep(300 * time.Millisecond); cancel(errors.New("cancelled by the control plane")) }()
-	out := (&Executor{}).Run(ctx, execTask(0, grandchildScript...), settings(0))
+	argv, ready := grandchildScript(t)
+	go func() { waitFile(t, ready); cancel(errors.New("cancelled by the control plane")) }()
+	out := (&Executor{}).Run(ctx, execTask(0, argv...), settings(0))
 	if out.Err == nil || !strings.Contains(out.Err.Error(), "cancelled by the control plane") {
 		t.Fatalf("err = %v", out.Err)
 	}
@@ -223,7 +245,7 @@ func TestReapSparesOwnedChildren(t *testing.T) {
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for !(gone(pid) && gone(cmd.Process.Pid)) && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond) // polls external processes' exit
 	}
 	if n := r.Reap(""); n != 1 {
 		t.Fatalf("reaped %d, want the one unowned zombie", n)

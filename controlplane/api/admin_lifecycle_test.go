@@ -88,7 +88,7 @@ func waitInstance(t *testing.T, cp *testcp.ControlPlane, id string, ok func(*v1.
 		if time.Now().After(deadline) {
 			t.Fatalf("instance %s: %v (%v)", id, in, err)
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // polls a running tetherd over its API
 	}
 }
 

@@ -77,7 +77,7 @@ func TestQEMURealThroughTetherd(t *testing.T) {
 			if time.Now().After(deadline) {
 				t.Fatalf("boot %d printed no token digest:\n%s", n, out)
 			}
-			time.Sleep(200 * time.Millisecond)
+			time.Sleep(200 * time.Millisecond) // polls a real VM's console log
 		}
 	}
 	// The tiny init has no agent to report ready: the test says it for it.

@@ -61,7 +61,7 @@ func waitPool(t *testing.T, cp *testcp.ControlPlane, name string, ok func(*v1.Po
 		if time.Now().After(deadline) {
 			t.Fatalf("pool %s: %v (%v)", name, p, err)
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // polls a running tetherd over its API
 	}
 }
 

@@ -96,9 +96,20 @@ func TestModulePushRefusals(t *testing.T) {
 	s, _ := cp.Admin.PushModule(cctx)
 	s.Send(&v1.PushModuleRequest{Msg: &v1.PushModuleRequest_Header{Header: &v1.PushModuleHeader{Name: "cut", Version: "1", Size: int64(len(img))}}})
 	s.Send(&v1.PushModuleRequest{Msg: &v1.PushModuleRequest_Chunk{Chunk: img[:len(img)/2]}})
-	time.Sleep(100 * time.Millisecond)
-	cancel()
+	// Cut the client once the upload is staging, not after a guessed delay.
 	deadline := time.Now().Add(5 * time.Second)
+	for {
+		tmp, _ := os.ReadDir(filepath.Join(cp.DataDir, "blobs", "tmp"))
+		if len(tmp) > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the upload never started staging")
+		}
+		time.Sleep(5 * time.Millisecond) // polls tetherd's data directory
+	}
+	cancel()
+	deadline = time.Now().Add(5 * time.Second)
 	for {
 		tmp, _ := os.ReadDir(filepath.Join(cp.DataDir, "blobs", "tmp"))
 		if len(tmp) == 0 {
@@ -107,7 +118,7 @@ func TestModulePushRefusals(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("a cut upload left %d staging files", len(tmp))
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // polls tetherd's data directory
 	}
 	if _, err := cp.Admin.GetModule(ctx, &v1.GetModuleRequest{Name: "cut", Version: "1"}); status.Code(err) != codes.NotFound {
 		t.Fatalf("a cut upload became visible: %v", err)
@@ -326,7 +337,7 @@ func waitStatus(t *testing.T, cp *testcp.ControlPlane, id string, want v1.Instan
 		if time.Now().After(deadline) {
 			t.Fatalf("instance %s: %v (%v), want %v", id, in.GetStatus(), err, want)
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // polls a running tetherd over its API
 	}
 }
 
@@ -341,7 +352,7 @@ func waitTask(t *testing.T, cp *testcp.ControlPlane, id string, want v1.TaskStat
 		if time.Now().After(deadline) {
 			t.Fatalf("task %s: %v (%v), want %v", id, tk.GetStatus(), err, want)
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // polls a running tetherd over its API
 	}
 }
 

@@ -10,19 +10,16 @@ package catalog
 import (
 	"context"
 	"errors"
-	"time"
 
 	"github.com/tetherfleet/tether/controlplane/fail"
 	"github.com/tetherfleet/tether/controlplane/store"
+	"github.com/tetherfleet/tether/internal/clock"
 )
-
-// Clock is the time source.
-type Clock interface{ Now() time.Time }
 
 // Service writes templates and nodes.
 type Service struct {
 	Store store.Store
-	Clock Clock
+	Clock clock.Clock
 }
 
 // Apply sets a record's fields inside the write's transaction; q reads

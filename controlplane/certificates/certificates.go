@@ -5,19 +5,16 @@ package certificates
 
 import (
 	"context"
-	"time"
 
 	"github.com/tetherfleet/tether/controlplane/events"
 	"github.com/tetherfleet/tether/controlplane/store"
+	"github.com/tetherfleet/tether/internal/clock"
 )
-
-// Clock is the time source.
-type Clock interface{ Now() time.Time }
 
 // Service revokes certificates.
 type Service struct {
 	Store store.Store
-	Clock Clock
+	Clock clock.Clock
 }
 
 // DefaultReason is recorded when an operator gives none.

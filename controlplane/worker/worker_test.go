@@ -113,6 +113,8 @@ func TestLeaseIsRenewedWhileRunning(t *testing.T) {
 	w := &worker.Worker{Store: f.st, Clock: f.clk, Log: discard(), Owner: "w", Lease: lease, Handlers: map[string]worker.Handler{
 		"slow": func(ctx context.Context, _ *store.Task) error {
 			for range 8 {
+				// Hold renews on a wall-clock ticker (time.NewTicker), so
+				// this handler has to let real time pass.
 				time.Sleep(lease / 2)
 				ts, err := f.st.ExpireTaskLeases(ctx, time.Now())
 				if err != nil {
@@ -185,18 +187,42 @@ func TestCancelRequestedStopsTheHandler(t *testing.T) {
 	}
 }
 
+// txSignal reports on done each time a transaction ends, once armed.
+type txSignal struct {
+	store.Store
+	armed atomic.Bool
+	done  chan struct{}
+}
+
+func (s *txSignal) Tx(ctx context.Context, fn func(store.Queries) error) error {
+	err := s.Store.Tx(ctx, fn)
+	if s.armed.Load() {
+		s.done <- struct{}{}
+	}
+	return err
+}
+
 // Run wakes on the notification channel: a task runs without waiting for
 // the poll.
 func TestRunWakesOnEnqueue(t *testing.T) {
 	f := setup(t, clock.Real{})
 	done := make(chan string, 1)
-	w := &worker.Worker{Store: f.st, Clock: f.clk, Log: discard(), Owner: "w", Poll: time.Hour, Handlers: map[string]worker.Handler{
+	// Run's first claim ends (finding nothing) after it has subscribed;
+	// a task enqueued after that can only be found through the wake.
+	claimed := &txSignal{Store: f.st, done: make(chan struct{}, 1)}
+	claimed.armed.Store(true)
+	w := &worker.Worker{Store: claimed, Clock: f.clk, Log: discard(), Owner: "w", Poll: time.Hour, Handlers: map[string]worker.Handler{
 		"ping": func(_ context.Context, t2 *store.Task) error { done <- t2.ID; return nil }}}
 	ctx, stop := context.WithCancel(f.ctx)
 	stopped := make(chan struct{})
 	go func() { w.Run(ctx); close(stopped) }()
 	defer func() { stop(); <-stopped }()
-	time.Sleep(50 * time.Millisecond) // let Run subscribe
+	select {
+	case <-claimed.done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run never tried to claim a task")
+	}
+	claimed.armed.Store(false)
 	task := f.enqueue(t, "ping")
 	select {
 	case id := <-done:

@@ -326,7 +326,7 @@ func TestReplicasElectorTakeover(t *testing.T) {
 			run("B")
 
 			// Steady state: only A ticks.
-			time.Sleep(3 * every)
+			time.Sleep(3 * every) // real time for the leader's ticker against a real PostgreSQL
 			for _, tk := range ticks.since(time.Time{}) {
 				if tk.replica != "A" {
 					t.Fatalf("replica %s ticked while A led", tk.replica)
@@ -347,11 +347,11 @@ func TestReplicasElectorTakeover(t *testing.T) {
 				if time.Now().After(deadline) {
 					t.Fatal("B never took over")
 				}
-				time.Sleep(10 * time.Millisecond)
+				time.Sleep(10 * time.Millisecond) // polls leadership through a real PostgreSQL
 			}
 			// A steps down (its lock ping fails) and, if alive, waits as the
 			// standby: no A tick after B started, beyond the ping interval.
-			time.Sleep(3 * every)
+			time.Sleep(3 * every) // real time for the lock ping against a real PostgreSQL
 			bFirst, _ := ticks.first("B", killed)
 			if lastA := ticks.last("A"); lastA.After(bFirst.Add(fastOpts.LockPing + 50*time.Millisecond)) {
 				t.Fatalf("A ticked at %s, after B took over at %s", lastA.Format(time.StampMilli), bFirst.Format(time.StampMilli))

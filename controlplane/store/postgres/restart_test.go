@@ -93,13 +93,13 @@ func TestRestartUnderLoad(t *testing.T) {
 				}
 				mu.Unlock()
 				if err != nil {
-					time.Sleep(20 * time.Millisecond)
+					time.Sleep(20 * time.Millisecond) // writers retry against a restarting PostgreSQL
 				}
 			}
 		}(w)
 	}
 
-	time.Sleep(500 * time.Millisecond)
+	time.Sleep(500 * time.Millisecond) // let the writers run against PostgreSQL before stopping it
 	if err := srv.Stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -109,7 +109,7 @@ func TestRestartUnderLoad(t *testing.T) {
 		t.Fatalf("a read during the outage: got %v, want ErrUnavailable", err)
 	}
 	t.Logf("during the outage: %v", err)
-	time.Sleep(time.Second)
+	time.Sleep(time.Second) // keep PostgreSQL down for a while
 	if err := srv.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -119,7 +119,7 @@ func TestRestartUnderLoad(t *testing.T) {
 		if time.Since(restartedAt) > 20*time.Second {
 			t.Fatalf("writers did not recover within 20s of the restart (%d successes)", okAfter.Load())
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // polls the writers recovering after PostgreSQL restarts
 	}
 	t.Logf("writers recovered %s after the restart", time.Since(restartedAt).Round(time.Millisecond))
 	close(stop)
@@ -206,7 +206,7 @@ func TestOpenWaitsForTheServer(t *testing.T) {
 		}
 		opened <- err
 	}()
-	time.Sleep(1500 * time.Millisecond)
+	time.Sleep(1500 * time.Millisecond) // PostgreSQL stays down while Open retries
 	if err := srv.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -253,7 +253,7 @@ func TestQuickRestartCostsOneCall(t *testing.T) {
 			defer wg.Done()
 			_ = s.Tx(ctx, func(q store.Queries) error {
 				_, err := q.LatestEventID(ctx)
-				time.Sleep(20 * time.Millisecond)
+				time.Sleep(20 * time.Millisecond) // holds the transaction open in a real PostgreSQL
 				return err
 			})
 		}()

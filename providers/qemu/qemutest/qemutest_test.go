@@ -84,7 +84,7 @@ func TestWaitForLine(t *testing.T) {
 		t.Fatalf("first = %q, %v", l, err)
 	}
 	go func() {
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // the second write must come after WaitForLine starts following the file
 		f, _ := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
 		f.WriteString("MARK two\n")
 		f.Close()

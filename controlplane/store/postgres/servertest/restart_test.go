@@ -67,7 +67,7 @@ func TestPostgresRestartThroughTheAPI(t *testing.T) {
 				}
 				mu.Unlock()
 				if err != nil {
-					time.Sleep(20 * time.Millisecond)
+					time.Sleep(20 * time.Millisecond) // writers retry against a restarting PostgreSQL
 				}
 			}
 		}(w)
@@ -82,7 +82,7 @@ func TestPostgresRestartThroughTheAPI(t *testing.T) {
 		}
 	}()
 
-	time.Sleep(500 * time.Millisecond)
+	time.Sleep(500 * time.Millisecond) // let the writers run against PostgreSQL before stopping it
 	if err := srv.Stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +111,7 @@ func TestPostgresRestartThroughTheAPI(t *testing.T) {
 		if time.Since(restartedAt) > 30*time.Second {
 			t.Fatalf("tetherd did not recover within 30s of the restart (%d successes)", okAfter.Load())
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // polls tetherd recovering after PostgreSQL restarts
 	}
 	t.Logf("tetherd recovered %s after the restart", time.Since(restartedAt).Round(time.Millisecond))
 	close(stop)
@@ -138,7 +138,7 @@ func TestPostgresRestartThroughTheAPI(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("the heartbeat buffered during the outage was not written after it: %v %v", in, err)
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // polls tetherd writing the buffered heartbeat to PostgreSQL
 	}
 	// ...and it was the hub's retry that wrote it, not a lucky first flush.
 	if !strings.Contains(logs.String(), "heartbeat batch not written; keeping it for the next flush") {
