@@ -73,13 +73,7 @@ func (a *App) identityCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			c, err := a.dial()
-			if err != nil {
-				return err
-			}
-			ctx, cancel := a.ctx()
-			defer cancel()
-			resp, err := c.CreateIdentity(ctx, &v1.CreateIdentityRequest{Name: args[0], Role: role, CsrPem: csr, TtlSeconds: secs})
+			resp, err := invoke(a, v1.AdminServiceClient.CreateIdentity, &v1.CreateIdentityRequest{Name: args[0], Role: role, CsrPem: csr, TtlSeconds: secs})
 			if err != nil {
 				return err
 			}
@@ -116,17 +110,7 @@ func (a *App) identityCmd() *cobra.Command {
 	_ = create.MarkFlagRequired("role")
 
 	list := &cobra.Command{Use: "list", Short: "List identities (admin)", Args: cobra.NoArgs, RunE: func(*cobra.Command, []string) error {
-		c, err := a.dial()
-		if err != nil {
-			return err
-		}
-		ctx, cancel := a.ctx()
-		defer cancel()
-		resp, err := c.ListIdentities(ctx, &v1.ListIdentitiesRequest{})
-		if err != nil {
-			return err
-		}
-		return a.print(resp, func(w *tabwriter.Writer) {
+		return call(a, v1.AdminServiceClient.ListIdentities, &v1.ListIdentitiesRequest{}, func(w *tabwriter.Writer, resp *v1.ListIdentitiesResponse) {
 			row(w, "NAME", "ROLE", "SERIAL", "NOT AFTER", "REVOKED")
 			for _, id := range resp.Identities {
 				row(w, id.Name, id.Role, id.Serial, when(id.NotAfter), when(id.RevokedAt))
@@ -134,17 +118,7 @@ func (a *App) identityCmd() *cobra.Command {
 		})
 	}}
 	revoke := &cobra.Command{Use: "revoke NAME", Short: "Revoke an identity; its next call is refused (admin)", Args: cobra.ExactArgs(1), RunE: func(_ *cobra.Command, args []string) error {
-		c, err := a.dial()
-		if err != nil {
-			return err
-		}
-		ctx, cancel := a.ctx()
-		defer cancel()
-		id, err := c.RevokeIdentity(ctx, &v1.RevokeIdentityRequest{Name: args[0]})
-		if err != nil {
-			return err
-		}
-		return a.print(id, func(w *tabwriter.Writer) { identityRows(w, id) })
+		return call(a, v1.AdminServiceClient.RevokeIdentity, &v1.RevokeIdentityRequest{Name: args[0]}, identityRows)
 	}}
 	var rttl time.Duration
 	renew := &cobra.Command{Use: "renew", Short: "Renew this client config's own certificate (new key, same name and role)", Args: cobra.NoArgs, RunE: func(*cobra.Command, []string) error {

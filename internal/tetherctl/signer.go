@@ -59,17 +59,8 @@ func (a *App) signerCmd() *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("--key %s: %w", keyFile, err)
 			}
-			c, err := a.dial()
-			if err != nil {
-				return err
-			}
-			ctx, cancel := a.ctx()
-			defer cancel()
-			s, err := c.AddSigner(ctx, &v1.AddSignerRequest{Name: args[0], PublicKey: pub})
-			if err != nil {
-				return err
-			}
-			return a.print(s, signerTable(s))
+			return call(a, v1.AdminServiceClient.AddSigner, &v1.AddSignerRequest{Name: args[0], PublicKey: pub},
+				func(w *tabwriter.Writer, s *v1.Signer) { signerTable(s)(w) })
 		},
 	}
 	add.Flags().StringVar(&keyFile, "key", "", "the signer's public key (signer.pub)")
@@ -77,31 +68,13 @@ func (a *App) signerCmd() *cobra.Command {
 
 	list := &cobra.Command{Use: "list", Short: "List the signers the control plane checks signatures against", Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
-			c, err := a.dial()
-			if err != nil {
-				return err
-			}
-			ctx, cancel := a.ctx()
-			defer cancel()
-			resp, err := c.ListSigners(ctx, &v1.ListSignersRequest{})
-			if err != nil {
-				return err
-			}
-			return a.print(resp, signerTable(resp.Signers...))
+			return call(a, v1.AdminServiceClient.ListSigners, &v1.ListSignersRequest{},
+				func(w *tabwriter.Writer, resp *v1.ListSignersResponse) { signerTable(resp.Signers...)(w) })
 		}}
 	remove := &cobra.Command{Use: "remove NAME|sha256:FP", Short: "Unregister a signer (signatures already recorded stay)", Args: cobra.ExactArgs(1),
 		RunE: func(_ *cobra.Command, args []string) error {
-			c, err := a.dial()
-			if err != nil {
-				return err
-			}
-			ctx, cancel := a.ctx()
-			defer cancel()
-			resp, err := c.RemoveSigner(ctx, &v1.RemoveSignerRequest{Signer: args[0]})
-			if err != nil {
-				return err
-			}
-			return a.print(resp, func(w *tabwriter.Writer) { row(w, "removed signer", args[0]) })
+			return call(a, v1.AdminServiceClient.RemoveSigner, &v1.RemoveSignerRequest{Signer: args[0]},
+				func(w *tabwriter.Writer, _ *v1.RemoveSignerResponse) { row(w, "removed signer", args[0]) })
 		}}
 	cmd.AddCommand(create, add, list, remove)
 	return cmd
