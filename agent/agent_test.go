@@ -584,35 +584,17 @@ func TestRunExpiredCertificate(t *testing.T) {
 	}
 }
 
-// instantClock never waits.
-type instantClock struct{}
-
-func (instantClock) Now() time.Time { return time.Now() }
-
-// instantClock.After is all the supervisor waits on; the rest fail loudly.
-func (instantClock) NewTimer(time.Duration) clock.Timer {
-	panic("instantClock: NewTimer not supported")
-}
-func (instantClock) NewTicker(time.Duration) clock.Ticker {
-	panic("instantClock: NewTicker not supported")
-}
-func (instantClock) AfterFunc(time.Duration, func()) clock.Timer {
-	panic("instantClock: AfterFunc not supported")
-}
-func (instantClock) After(time.Duration) <-chan time.Time {
-	ch := make(chan time.Time, 1)
-	ch <- time.Now()
-	return ch
-}
-
 func TestSuperviseNeverGivesUp(t *testing.T) {
 	con := &syncBuffer{}
 	ctx, cancel := context.WithCancel(context.Background())
+	// The supervisor's back-offs pass at once.
+	clk := clock.NewFake(time.Now())
+	go clk.AutoAdvance(ctx)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		Supervise(ctx, Config{
-			StateDir: t.TempDir(), Console: con, Clock: instantClock{}, BootID: "b",
+			StateDir: t.TempDir(), Console: con, Clock: clk, BootID: "b",
 			CmdlinePath: filepath.Join(t.TempDir(), "no-cmdline"),
 			Sources:     []identity.Source{identity.FwCfgSource{Dir: filepath.Join(t.TempDir(), "none")}},
 		})

@@ -182,3 +182,48 @@ type waitingClient struct {
 func (w waitingClient) Enroll(ctx context.Context, in *tetherv1.EnrollRequest, opts ...grpc.CallOption) (*tetherv1.EnrollResponse, error) {
 	return w.EnrollmentServiceClient.Enroll(ctx, in, append(opts, grpc.WaitForReady(true))...)
 }
+
+// The pause between control planes is timed by the injected clock: the
+// dial to the second one waits until the clock has moved by the pause.
+func TestFailoverPauseUsesTheClock(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+	clk := newFakeClock(time.Now())
+	const pause = 700 * time.Millisecond
+	f := &Failover{Endpoints: []Endpoint{{deadAddr(t), "127.0.0.1"}, {l.Addr().String(), "127.0.0.1"}},
+		Pause: func() time.Duration { return pause }, Clock: clk}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	dialled := make(chan error, 1)
+	go func() {
+		c, err := f.DialContext(ctx, "ignored")
+		if err == nil {
+			c.Close()
+		}
+		dialled <- err
+	}()
+	if d := clk.nextWait(t); d != pause {
+		t.Fatalf("the failover waits %v, want its pause %v", d, pause)
+	}
+	select {
+	case err := <-dialled:
+		t.Fatalf("dialled the next control plane before the pause passed (err %v)", err)
+	default:
+	}
+	clk.Advance(pause)
+	if err := <-dialled; err != nil {
+		t.Fatal(err)
+	}
+}
