@@ -135,8 +135,23 @@ func TestProvisionProviderFailures(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := e.wk.RunOnce(e.ctx); err != nil {
+			// The retry back-offs wait on the service's clock: they pass
+			// at once here, and the clock shows them, doubling from
+			// RetryBackoff.
+			actx, stop := context.WithCancel(e.ctx)
+			go e.clk.AutoAdvance(actx)
+			from := e.clk.Now()
+			_, err = e.wk.RunOnce(e.ctx)
+			stop()
+			if err != nil {
 				t.Fatal(err)
+			}
+			var backoffs time.Duration
+			for i := range tc.wantCalls - 1 {
+				backoffs += e.svc.RetryBackoff << i
+			}
+			if moved := e.clk.Now().Sub(from); moved != backoffs {
+				t.Fatalf("the clock moved %v through the retries, want %v of back-off", moved, backoffs)
 			}
 			in := e.get(res.Instance.ID)
 			if in.Status != tc.wantStatus {
