@@ -178,8 +178,10 @@ func TestReplicasEventWatchMissesNothing(t *testing.T) {
 					if err := q.AppendEvent(ctx, &store.Event{Kind: "k", Severity: 1, InstanceID: strconv.Itoa(w), CreatedAt: t0}); err != nil {
 						return err
 					}
-					// Keep the transaction open a little after the insert: without
-					// serialisation, later ids would commit first.
+					// Keep the transactions open for different times, so that
+					// they end in another order than they began. The events are
+					// written at commit (sqlstore.flushEvents), under the lock
+					// that makes ids visible in order.
 					time.Sleep(time.Duration(i%3) * time.Millisecond)
 					return q.CreateToken(ctx, &store.Token{Hash: fmt.Sprintf("%d-%d", w, i), InstanceID: "x", ExpiresAt: t0, CreatedAt: t0})
 				})
