@@ -1,7 +1,6 @@
 package postgres_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -19,31 +18,12 @@ import (
 	"github.com/tetherfleet/tether/controlplane/store/postgres"
 )
 
-// lockedBuffer collects a store's log lines; transactions log from many
-// goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // retries counts the transactions the store re-ran (its log says so).
-func (l *lockedBuffer) retries() int { return strings.Count(l.String(), "retrying transaction") }
+func (s *syncBuffer) retries() int { return strings.Count(s.String(), "retrying transaction") }
 
-func logged(t *testing.T) (*postgres.Store, *lockedBuffer) {
+func logged(t *testing.T) (*postgres.Store, *syncBuffer) {
 	t.Helper()
-	buf := &lockedBuffer{}
+	buf := &syncBuffer{}
 	s := open(t, pg.DSN(t), postgres.Options{Log: slog.New(slog.NewTextHandler(buf, nil))})
 	return s, buf
 }
