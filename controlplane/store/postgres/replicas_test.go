@@ -311,6 +311,8 @@ func TestReplicasElectorTakeover(t *testing.T) {
 			log := slog.New(slog.NewTextHandler(io.Discard, nil))
 			stores := map[string]*postgres.Store{"A": open(t, dsn, fastOpts), "B": open(t, dsn, fastOpts)}
 			var ticks tickLog
+			aLeads := make(chan struct{})
+			var aOnce sync.Once
 			run := func(name string) {
 				rctx, cancel := context.WithCancel(ctx)
 				done := make(chan struct{})
@@ -318,13 +320,20 @@ func TestReplicasElectorTakeover(t *testing.T) {
 					defer close(done)
 					loops.Run(rctx, stores[name].Elector(), log, loops.Loop{Name: "reaper", Every: every, Tick: func(context.Context) error {
 						ticks.add(name)
+						if name == "A" {
+							aOnce.Do(func() { close(aLeads) })
+						}
 						return nil
 					}})
 				}()
 				t.Cleanup(func() { cancel(); <-done })
 			}
 			run("A")
-			time.Sleep(300 * time.Millisecond) // A campaigns first and wins
+			select { // A campaigns alone and leads: its first tick says so
+			case <-aLeads:
+			case <-ctx.Done():
+				t.Fatal("A never led the loop")
+			}
 			run("B")
 
 			// Steady state: only A ticks.
