@@ -27,12 +27,41 @@ import (
 type syncBuffer struct {
 	mu sync.Mutex
 	b  bytes.Buffer
+	// changed is closed and replaced by every write, so a test waits for
+	// a line without polling.
+	changed chan struct{}
 }
 
 func (s *syncBuffer) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.changed != nil {
+		close(s.changed)
+	}
+	s.changed = make(chan struct{})
 	return s.b.Write(p)
+}
+
+// await blocks until ok holds for what was written, or d passes; it
+// reports whether ok held.
+func (s *syncBuffer) await(d time.Duration, ok func(string) bool) bool {
+	timeout := time.After(d)
+	for {
+		s.mu.Lock()
+		if s.changed == nil {
+			s.changed = make(chan struct{})
+		}
+		text, changed := s.b.String(), s.changed
+		s.mu.Unlock()
+		if ok(text) {
+			return true
+		}
+		select {
+		case <-changed:
+		case <-timeout:
+			return false
+		}
+	}
 }
 
 func (s *syncBuffer) String() string {
@@ -535,12 +564,8 @@ func (c offsetClock) After(d time.Duration) <-chan time.Time { return time.After
 
 func waitConsole(t *testing.T, r *run, want string, times int) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for strings.Count(r.console.String(), want) < times {
-		if time.Now().After(deadline) {
-			t.Fatalf("console never showed %q %d times", want, times)
-		}
-		time.Sleep(10 * time.Millisecond) // polls a running agent's console
+	if !r.console.await(20*time.Second, func(s string) bool { return strings.Count(s, want) >= times }) {
+		t.Fatalf("console never showed %q %d times", want, times)
 	}
 }
 
@@ -584,45 +609,23 @@ func TestRunExpiredCertificate(t *testing.T) {
 	}
 }
 
-// instantClock never waits.
-type instantClock struct{}
-
-func (instantClock) Now() time.Time { return time.Now() }
-
-// instantClock.After is all the supervisor waits on; the rest fail loudly.
-func (instantClock) NewTimer(time.Duration) clock.Timer {
-	panic("instantClock: NewTimer not supported")
-}
-func (instantClock) NewTicker(time.Duration) clock.Ticker {
-	panic("instantClock: NewTicker not supported")
-}
-func (instantClock) AfterFunc(time.Duration, func()) clock.Timer {
-	panic("instantClock: AfterFunc not supported")
-}
-func (instantClock) After(time.Duration) <-chan time.Time {
-	ch := make(chan time.Time, 1)
-	ch <- time.Now()
-	return ch
-}
-
 func TestSuperviseNeverGivesUp(t *testing.T) {
 	con := &syncBuffer{}
 	ctx, cancel := context.WithCancel(context.Background())
+	// The supervisor's back-offs pass at once.
+	clk := clock.NewFake(time.Now())
+	go clk.AutoAdvance(ctx)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		Supervise(ctx, Config{
-			StateDir: t.TempDir(), Console: con, Clock: instantClock{}, BootID: "b",
+			StateDir: t.TempDir(), Console: con, Clock: clk, BootID: "b",
 			CmdlinePath: filepath.Join(t.TempDir(), "no-cmdline"),
 			Sources:     []identity.Source{identity.FwCfgSource{Dir: filepath.Join(t.TempDir(), "none")}},
 		})
 	}()
-	deadline := time.Now().Add(20 * time.Second)
-	for strings.Count(con.String(), "retrying the boot") < 3 {
-		if time.Now().After(deadline) {
-			t.Fatalf("console:\n%s", con.String())
-		}
-		time.Sleep(10 * time.Millisecond) // polls a running agent's console
+	if !con.await(20*time.Second, func(s string) bool { return strings.Count(s, "retrying the boot") >= 3 }) {
+		t.Fatalf("console:\n%s", con.String())
 	}
 	cancel()
 	<-done
@@ -636,12 +639,18 @@ type fakeNotifier struct {
 	mu    sync.Mutex
 	sent  []string
 	every time.Duration
+	// news gets a token after every notification.
+	news chan struct{}
 }
 
 func (n *fakeNotifier) Notify(s string) error {
 	n.mu.Lock()
-	defer n.mu.Unlock()
 	n.sent = append(n.sent, s)
+	n.mu.Unlock()
+	select {
+	case n.news <- struct{}{}:
+	default: // the test has a token to read already
+	}
 	return nil
 }
 
@@ -662,15 +671,18 @@ func (n *fakeNotifier) count(s string) int {
 func TestRunNotifiesSystemd(t *testing.T) {
 	cp := newControlPlane(t)
 	cp.assign(t, 1, 0)
-	n := &fakeNotifier{every: 20 * time.Millisecond}
+	n := &fakeNotifier{every: 20 * time.Millisecond, news: make(chan struct{}, 1)}
 	r := start(t, Config{StateDir: t.TempDir(), Notifier: n, Sources: []identity.Source{cmdline(t, cp.URL, cp.AddToken("i-1"), cp.ca.Fingerprint)}})
 	r.phases.wait(t, tetherv1.AgentPhase_AGENT_PHASE_READY)
-	deadline := time.Now().Add(10 * time.Second)
+	timeout := time.After(10 * time.Second)
 	for n.count("READY=1") != 1 || n.count("WATCHDOG=1") < 2 {
-		if time.Now().After(deadline) {
+		select {
+		case <-n.news:
+		case <-timeout:
+			n.mu.Lock()
+			defer n.mu.Unlock()
 			t.Fatalf("notifications: %v", n.sent)
 		}
-		time.Sleep(10 * time.Millisecond) // polls a running agent's notifications
 	}
 }
 

@@ -73,7 +73,7 @@ type vmEnv struct {
 	a        artifacts
 }
 
-func newVMEnv(t *testing.T, extra ...testcp.Option) *vmEnv {
+func newVMEnv(t testing.TB, extra ...testcp.Option) *vmEnv {
 	a := requireVM(t)
 	// QMP sockets live under the state dir: keep its path short.
 	stateDir, err := os.MkdirTemp("", "tq")
@@ -107,7 +107,7 @@ func newVMEnv(t *testing.T, extra ...testcp.Option) *vmEnv {
 }
 
 // terminateAll makes sure no VM outlives its test.
-func (e *vmEnv) terminateAll(t *testing.T) {
+func (e *vmEnv) terminateAll(t testing.TB) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	list, err := e.cp.Admin.ListInstances(ctx, &v1.ListInstancesRequest{PageSize: 1000})

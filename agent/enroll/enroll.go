@@ -135,7 +135,7 @@ func New(cfg Config) (*Manager, error) {
 		target: eps[0].Target,
 	}
 	if len(eps) > 1 {
-		m.failover = &Failover{Endpoints: eps, Logf: cfg.Logf}
+		m.failover = &Failover{Endpoints: eps, Clock: cfg.Clock, Logf: cfg.Logf}
 	}
 	return m, nil
 }

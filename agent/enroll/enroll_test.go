@@ -296,7 +296,7 @@ func TestMaintainRenewsAtTwoThirds(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- m.Maintain(ctx, func() tetherv1.AgentServiceClient { return client }, nil) }()
 
-	wait := <-f.clock.waitsCh
+	wait := f.clock.nextWait(t)
 	want := id.RenewAt().Sub(f.clock.Now())
 	if wait != want {
 		t.Fatalf("Maintain waits %v, want %v (two thirds into the lifetime)", wait, want)
@@ -314,7 +314,7 @@ func TestMaintainRenewsAtTwoThirds(t *testing.T) {
 		t.Fatalf("renewals = %d, want 1", n)
 	}
 	// The next wait is for the new certificate.
-	next := <-f.clock.waitsCh
+	next := f.clock.nextWait(t)
 	if cur := m.Current(); cur == id || next != cur.RenewAt().Sub(f.clock.Now()) {
 		t.Fatalf("after renewal Maintain waits %v", next)
 	}
@@ -338,7 +338,7 @@ func TestMaintainRetriesFailedRenewal(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go m.Maintain(ctx, func() tetherv1.AgentServiceClient { return client }, nil)
-	f.clock.Advance(<-f.clock.waitsCh)
+	f.clock.Advance(f.clock.nextWait(t))
 	line := f.logs.waitFor(t, "certificate renewal failed")
 	for _, want := range []string{"store is down", "retrying in 1s", "valid until " + stamp(id.Cert.NotAfter)} {
 		if !strings.Contains(line, want) {
@@ -348,7 +348,7 @@ func TestMaintainRetriesFailedRenewal(t *testing.T) {
 	f.srv.Lock()
 	f.srv.RenewErr = nil
 	f.srv.Unlock()
-	f.clock.Advance(<-f.clock.waitsCh)
+	f.clock.Advance(f.clock.nextWait(t))
 	f.logs.waitFor(t, "certificate renewed")
 }
 
@@ -383,10 +383,8 @@ func TestExpiredWithoutTokenKeepsRetrying(t *testing.T) {
 	}
 	client := agentClient(t, m)
 	f.clock.Advance(25 * time.Hour)
-	f.clock.mu.Lock()
-	f.clock.auto = true
-	f.clock.mu.Unlock()
 	ctx, cancel := context.WithCancel(context.Background())
+	go f.clock.AutoAdvance(ctx) // the retry back-offs pass at once
 	done := make(chan error, 1)
 	go func() {
 		done <- m.Recover(ctx, func() tetherv1.AgentServiceClient { return client },

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc/credentials"
+
+	"github.com/tetherfleet/tether/internal/clock"
 )
 
 // Endpoint is one control plane address: the dial target and the name its
@@ -50,6 +52,8 @@ type Failover struct {
 	// Pause is the wait before trying the next endpoint (default: random
 	// up to maxFailoverPause).
 	Pause func() time.Duration
+	// Clock times the pause (default: the wall clock).
+	Clock clock.Clock
 	Logf  func(format string, args ...any)
 
 	next atomic.Int64
@@ -103,12 +107,16 @@ func (f *Failover) pause(ctx context.Context) error {
 	if d <= 0 {
 		return ctx.Err()
 	}
-	t := time.NewTimer(d)
+	clk := f.Clock
+	if clk == nil {
+		clk = clock.Real{}
+	}
+	t := clk.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
 		return ctx.Err()
-	case <-t.C:
+	case <-t.C():
 		return nil
 	}
 }

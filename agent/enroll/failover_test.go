@@ -15,6 +15,33 @@ import (
 	tetherv1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
 
+// liveAddr is a loopback port that accepts connections and holds them
+// until the test ends.
+func liveAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		var held []net.Conn
+		defer func() {
+			for _, c := range held {
+				c.Close()
+			}
+		}()
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			held = append(held, c)
+		}
+	}()
+	return l.Addr().String()
+}
+
 // deadAddr is a loopback port nothing listens on.
 func deadAddr(t *testing.T) string {
 	t.Helper()
@@ -87,22 +114,7 @@ func TestSplitURLs(t *testing.T) {
 // before the next, starts the next dial with the one that answered, and
 // when none answers names every one in its error.
 func TestFailoverDialOrder(t *testing.T) {
-	dead, live := deadAddr(t), ""
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	live = l.Addr().String()
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			defer c.Close()
-		}
-	}()
+	dead, live := deadAddr(t), liveAddr(t)
 	var pauses atomic.Int64
 	f := &Failover{Endpoints: []Endpoint{{dead, "127.0.0.1"}, {live, "127.0.0.1"}},
 		Pause: func() time.Duration { pauses.Add(1); return 0 }}
@@ -181,4 +193,35 @@ type waitingClient struct {
 
 func (w waitingClient) Enroll(ctx context.Context, in *tetherv1.EnrollRequest, opts ...grpc.CallOption) (*tetherv1.EnrollResponse, error) {
 	return w.EnrollmentServiceClient.Enroll(ctx, in, append(opts, grpc.WaitForReady(true))...)
+}
+
+// The pause between control planes is timed by the injected clock: the
+// dial to the second one waits until the clock has moved by the pause.
+func TestFailoverPauseUsesTheClock(t *testing.T) {
+	clk := newFakeClock(time.Now())
+	const pause = 700 * time.Millisecond
+	f := &Failover{Endpoints: []Endpoint{{deadAddr(t), "127.0.0.1"}, {liveAddr(t), "127.0.0.1"}},
+		Pause: func() time.Duration { return pause }, Clock: clk}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	dialled := make(chan error, 1)
+	go func() {
+		c, err := f.DialContext(ctx, "ignored")
+		if err == nil {
+			c.Close()
+		}
+		dialled <- err
+	}()
+	if d := clk.nextWait(t); d != pause {
+		t.Fatalf("the failover waits %v, want its pause %v", d, pause)
+	}
+	select {
+	case err := <-dialled:
+		t.Fatalf("dialled the next control plane before the pause passed (err %v)", err)
+	default:
+	}
+	clk.Advance(pause)
+	if err := <-dialled; err != nil {
+		t.Fatal(err)
+	}
 }

@@ -77,11 +77,16 @@ func (m *Manager) Maintain(ctx context.Context, agent func() tetherv1.AgentServi
 		if wait := id.RenewAt().Sub(now); wait > 0 {
 			// Re-evaluate on wake-up: a forced renewal may have moved the
 			// deadline meanwhile.
+			// A timer, stopped on the way out: a wake-up by a change
+			// must not leave the old wait armed.
+			t := m.cfg.Clock.NewTimer(wait)
 			select {
 			case <-ctx.Done():
+				t.Stop()
 				return ctx.Err()
-			case <-m.cfg.Clock.After(wait):
+			case <-t.C():
 			case <-changed:
+				t.Stop()
 			}
 			continue
 		}
@@ -168,10 +173,12 @@ func (m *Manager) enrollFresh(ctx context.Context, token string) (*Identity, err
 }
 
 func (m *Manager) sleep(ctx context.Context, d time.Duration) error {
+	t := m.cfg.Clock.NewTimer(d)
+	defer t.Stop()
 	select {
 	case <-ctx.Done():
 		return ctx.Err()
-	case <-m.cfg.Clock.After(d):
+	case <-t.C():
 		return nil
 	}
 }

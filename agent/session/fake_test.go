@@ -3,6 +3,7 @@ package session
 import (
 	"context"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -14,85 +15,20 @@ import (
 	tetherv1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
 
-// fakeClock is a manual clock that remembers its pending waits.
-type fakeClock struct {
-	mu      sync.Mutex
-	now     time.Time
-	waiters []*waiter
-	// changed is closed and replaced when a wait is added, so tests can
-	// wait for one without polling.
-	changed chan struct{}
-}
+// fakeClock is internal/clock's fake with the waits these tests assert:
+// how long the session chose to wait, not only that it waits.
+type fakeClock struct{ *clock.Fake }
 
-type waiter struct {
-	d  time.Duration
-	at time.Time
-	ch chan time.Time
-}
+func newFakeClock() *fakeClock { return &fakeClock{clock.NewFake(time.Now())} }
 
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) After(d time.Duration) <-chan time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	w := &waiter{d: d, at: c.now.Add(d), ch: make(chan time.Time, 1)}
-	if d <= 0 {
-		w.ch <- c.now
-		return w.ch
+// await blocks until ok holds for the pending waits, failing t after 10 s.
+func (c *fakeClock) await(t *testing.T, what string, ok func(pending []time.Duration) bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c.BlockUntilPending(ctx, ok); err != nil {
+		t.Fatalf("%s: %v", what, err)
 	}
-	c.waiters = append(c.waiters, w)
-	if c.changed != nil {
-		close(c.changed)
-		c.changed = nil
-	}
-	return w.ch
-}
-
-// await blocks until ok holds for the pending waits, and reports whether it
-// did before the deadline.
-func (c *fakeClock) await(ok func(pending []time.Duration) bool) bool {
-	deadline := time.NewTimer(10 * time.Second)
-	defer deadline.Stop()
-	for {
-		c.mu.Lock()
-		var ds []time.Duration
-		for _, w := range c.waiters {
-			ds = append(ds, w.d)
-		}
-		if ok(ds) {
-			c.mu.Unlock()
-			return true
-		}
-		if c.changed == nil {
-			c.changed = make(chan struct{})
-		}
-		changed := c.changed
-		c.mu.Unlock()
-		select {
-		case <-changed:
-		case <-deadline.C:
-			return false
-		}
-	}
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-	kept := c.waiters[:0]
-	for _, w := range c.waiters {
-		if !w.at.After(c.now) {
-			w.ch <- c.now
-		} else {
-			kept = append(kept, w)
-		}
-	}
-	c.waiters = kept
 }
 
 // waitFor blocks until someone waits for exactly d.
@@ -104,7 +40,7 @@ func (c *fakeClock) waitFor(t *testing.T, d time.Duration) {
 // waitForN blocks until n pending waits are for exactly d.
 func (c *fakeClock) waitForN(t *testing.T, d time.Duration, n int) {
 	t.Helper()
-	if !c.await(func(ds []time.Duration) bool {
+	c.await(t, fmt.Sprintf("fewer than %d waits for %v", n, d), func(ds []time.Duration) bool {
 		k := 0
 		for _, w := range ds {
 			if w == d {
@@ -112,16 +48,14 @@ func (c *fakeClock) waitForN(t *testing.T, d time.Duration, n int) {
 			}
 		}
 		return k >= n
-	}) {
-		t.Fatalf("fewer than %d waits for %v; pending %v", n, d, c.pending())
-	}
+	})
 }
 
 // waitAtMost blocks until someone waits for at most d and returns that wait.
 func (c *fakeClock) waitAtMost(t *testing.T, d time.Duration) time.Duration {
 	t.Helper()
 	var got time.Duration
-	if !c.await(func(ds []time.Duration) bool {
+	c.await(t, fmt.Sprintf("nobody waited for at most %v", d), func(ds []time.Duration) bool {
 		for _, w := range ds {
 			if w <= d {
 				got = w
@@ -129,21 +63,8 @@ func (c *fakeClock) waitAtMost(t *testing.T, d time.Duration) time.Duration {
 			}
 		}
 		return false
-	}) {
-		t.Fatalf("nobody waited for at most %v; pending %v", d, c.pending())
-	}
+	})
 	return got
-}
-
-// pending returns the durations waited for.
-func (c *fakeClock) pending() []time.Duration {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	var ds []time.Duration
-	for _, w := range c.waiters {
-		ds = append(ds, w.d)
-	}
-	return ds
 }
 
 // cp is a scripted control plane: every stream the agent opens shows up on
@@ -302,14 +223,4 @@ func (r *runner) Run(ctx context.Context, a *tetherv1.TaskAssignment, _ Settings
 	case <-ctx.Done():
 		return Outcome{Err: errors.New("stopped")}
 	}
-}
-
-// The code under test waits only through After; the other clock.Clock
-// methods fail loudly rather than fall back to real time.
-func (*fakeClock) NewTimer(time.Duration) clock.Timer { panic("fakeClock: NewTimer not supported") }
-func (*fakeClock) NewTicker(time.Duration) clock.Ticker {
-	panic("fakeClock: NewTicker not supported")
-}
-func (*fakeClock) AfterFunc(time.Duration, func()) clock.Timer {
-	panic("fakeClock: AfterFunc not supported")
 }

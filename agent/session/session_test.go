@@ -87,7 +87,7 @@ type harness struct {
 
 func start(t *testing.T, mod func(*Config)) *harness {
 	t.Helper()
-	h := &harness{cp: newCP(t), clock: &fakeClock{now: time.Now()}, status: NewStatus(), runner: newRunner(), done: make(chan error, 1)}
+	h := &harness{cp: newCP(t), clock: newFakeClock(), status: NewStatus(), runner: newRunner(), done: make(chan error, 1)}
 	cfg := Config{
 		Client:    func() tetherv1.AgentServiceClient { return h.cp.client },
 		Status:    h.status,

@@ -18,7 +18,9 @@ import (
 // these handlers check the request shape, name the caller and convert.
 
 // consoleChunk is the size of one console message; consolePoll is how
-// often follow mode looks for new output.
+// often follow mode looks for new output. The log is a file another
+// process (qemu) writes, and nothing signals its growth, so follow polls it
+// on the wall clock.
 const (
 	consoleChunk = 32 << 10
 	consolePoll  = 250 * time.Millisecond

@@ -310,7 +310,11 @@ func (a *agentServer) receive(ctx context.Context, id string, stream v1.AgentSer
 			lastError = hb.Error
 			if phase == "ready" && lastPhase != "ready" {
 				if err := a.Instances.AgentReady(ctx, id, a.ReadyHooks...); err != nil {
-					a.Log.Warn("mark instance running", "instance", id, "err", err)
+					// Not marked running: forget this ready so the agent's next
+					// ready heartbeat tries again, rather than leaving the
+					// instance in its boot state until the boot timeout.
+					a.Log.Error("mark instance running failed; retrying at the next ready heartbeat", "instance", id, "err", err)
+					phase = ""
 				}
 			}
 			lastPhase = phase

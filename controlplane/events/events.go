@@ -152,6 +152,8 @@ func WriteAll(ctx context.Context, q store.Queries, now time.Time, es ...E) ([]*
 func Watch(ctx context.Context, s store.Store, f store.EventFilter, after int64, poll time.Duration, send func(*store.Event) error) error {
 	ch, stop := s.Subscribe(store.ChannelEvents)
 	defer stop()
+	// The safety-net poll is mechanism, on the wall clock: it only bounds
+	// how late a dropped notification's events arrive.
 	t := time.NewTicker(poll)
 	defer t.Stop()
 	for {

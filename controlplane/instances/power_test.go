@@ -305,7 +305,10 @@ func TestTerminateAndStopRace(t *testing.T) {
 		release := e.fake.Block(fake.OpStop)
 		stopDone := make(chan error, 1)
 		go func() { _, err := e.svc.Stop(e.ctx, in.ID); stopDone <- err }()
-		waitFor(t, func() bool { return e.openTasks(in.ID) == 1 })
+		inFlight(t, e.fake, fake.OpStop)
+		if n := e.openTasks(in.ID); n != 1 {
+			t.Fatalf("%d open tasks with the stop in flight", n)
+		}
 		_, termErr := e.svc.Terminate(e.ctx, in.ID)
 		release()
 		stopErr := <-stopDone
@@ -320,7 +323,10 @@ func TestTerminateAndStopRace(t *testing.T) {
 		release := e.fake.Block(fake.OpTerminate)
 		termDone := make(chan error, 1)
 		go func() { _, err := e.svc.Terminate(e.ctx, in.ID); termDone <- err }()
-		waitFor(t, func() bool { return e.get(in.ID).TerminateRequestedAt != nil })
+		inFlight(t, e.fake, fake.OpTerminate)
+		if e.get(in.ID).TerminateRequestedAt == nil {
+			t.Fatal("terminate in flight without its recorded intent")
+		}
 		_, stopErr := e.svc.Stop(e.ctx, in.ID)
 		release()
 		check(t, e, in.ID, stopErr, <-termDone)

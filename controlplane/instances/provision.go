@@ -180,12 +180,12 @@ func (s *Service) provisionWithRetry(ctx context.Context, t *store.Task, p provi
 		}
 		s.Log.Warn("provision attempt failed; retrying", "instance", spec.InstanceID, "attempt", i, "of", attempts, "in", backoff, "err", err)
 		s.progress(ctx, t, fmt.Sprintf("provision attempt %d of %d failed (%v); retrying in %s", i, attempts, err, backoff))
-		timer := time.NewTimer(backoff)
+		timer := s.Clock.NewTimer(backoff)
 		select {
 		case <-ctx.Done():
 			timer.Stop()
 			return m, err
-		case <-timer.C:
+		case <-timer.C():
 		}
 		backoff *= 2
 	}

@@ -2,6 +2,7 @@ package instances_test
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -134,8 +135,23 @@ func TestProvisionProviderFailures(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := e.wk.RunOnce(e.ctx); err != nil {
+			// The retry back-offs wait on the service's clock: they pass
+			// at once here, and the clock shows them, doubling from
+			// RetryBackoff.
+			actx, stop := context.WithCancel(e.ctx)
+			go e.clk.AutoAdvance(actx)
+			from := e.clk.Now()
+			_, err = e.wk.RunOnce(e.ctx)
+			stop()
+			if err != nil {
 				t.Fatal(err)
+			}
+			var backoffs time.Duration
+			for i := range tc.wantCalls - 1 {
+				backoffs += e.svc.RetryBackoff << i
+			}
+			if moved := e.clk.Now().Sub(from); moved != backoffs {
+				t.Fatalf("the clock moved %v through the retries, want %v of back-off", moved, backoffs)
 			}
 			in := e.get(res.Instance.ID)
 			if in.Status != tc.wantStatus {
@@ -190,10 +206,10 @@ func TestWorkerDiesMidProvision(t *testing.T) {
 				defer close(dead)
 				_, _ = e.wk.RunOnce(wctx)
 			}()
-			waitFor(t, func() bool {
-				task, _ := e.st.GetTask(e.ctx, res.TaskID)
-				return task.Status == store.TaskRunning
-			})
+			inFlight(t, e.fake, fake.OpProvision)
+			if task, _ := e.st.GetTask(e.ctx, res.TaskID); task.Status != store.TaskRunning {
+				t.Fatalf("provision task is %s with its call in flight", task.Status)
+			}
 			if acted {
 				// The call made the machine, and the worker dies before
 				// it can record it.
@@ -278,14 +294,18 @@ func TestTerminatedBeforeTheWorkerRan(t *testing.T) {
 	}
 }
 
-func waitFor(t *testing.T, cond func() bool) {
+// inFlight waits until a call of op, blocked with Block beforehand, has
+// reached the fake provider: what its caller does before it is done.
+func inFlight(t *testing.T, p *fake.Provider, op fake.Op) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 10s")
-		}
-		time.Sleep(5 * time.Millisecond)
+	entered := p.Entered(op)
+	if entered == nil {
+		t.Fatalf("inFlight(%s): the op is not blocked", op)
+	}
+	select {
+	case <-entered:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("no %s call reached the provider within 10s", op)
 	}
 }
 
@@ -294,7 +314,8 @@ func waitFor(t *testing.T, cond func() bool) {
 // is destroyed rather than left running behind a terminated row.
 func TestTerminateDuringProvision(t *testing.T) {
 	e := newEnv(t)
-	e.wk.Lease = 300 * time.Millisecond // renewals notice the cancel fast
+	const lease = 300 * time.Millisecond
+	e.wk.Lease = lease
 	res, err := e.svc.Provision(e.ctx, instances.ProvisionParams{Node: e.node.Name, Provider: fake.Name})
 	if err != nil {
 		t.Fatal(err)
@@ -303,12 +324,21 @@ func TestTerminateDuringProvision(t *testing.T) {
 	defer release()
 	done := make(chan struct{})
 	go func() { defer close(done); _, _ = e.wk.RunOnce(e.ctx) }()
-	waitFor(t, func() bool { return e.get(res.Instance.ID).Status == lifecycle.Provisioning })
+	inFlight(t, e.fake, fake.OpProvision)
+	if st := e.get(res.Instance.ID).Status; st != lifecycle.Provisioning {
+		t.Fatalf("instance is %s with its provision in flight", st)
+	}
 	if _, err := e.svc.Terminate(e.ctx, res.Instance.ID); err != nil {
 		t.Fatal(err)
 	}
 	// The in-flight call made its machine after all.
 	e.fake.Plant(providers.Machine{ID: fake.MachineID(res.Instance.ID), InstanceID: res.Instance.ID})
+	// The worker learns of the terminate at its next lease renewal, a
+	// third of a lease on.
+	if err := e.clk.BlockUntilPending(e.ctx, func(p []time.Duration) bool { return slices.Contains(p, lease/3) }); err != nil {
+		t.Fatalf("no lease renewal pending: %v", err)
+	}
+	e.clk.Advance(lease / 3)
 	<-done
 	if n := len(e.fake.Machines()); n != 0 {
 		t.Fatalf("%d machines outlive their terminated instance", n)

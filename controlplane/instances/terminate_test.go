@@ -156,7 +156,10 @@ func TestTerminateResumesAfterACrash(t *testing.T) {
 	ctx, crash := context.WithCancel(e.ctx)
 	done := make(chan error, 1)
 	go func() { _, err := e.svc.Terminate(ctx, in.ID); done <- err }()
-	waitFor(t, func() bool { return e.get(in.ID).TerminateRequestedAt != nil })
+	inFlight(t, e.fake, fake.OpTerminate)
+	if e.get(in.ID).TerminateRequestedAt == nil {
+		t.Fatal("terminate in flight without its recorded intent")
+	}
 	crash() // the process dies with the destroy in flight
 	if err := <-done; err == nil {
 		t.Fatal("an interrupted terminate reported success")

@@ -179,7 +179,10 @@ func (s *Sensor) check(ctx context.Context, in *store.Instance, now time.Time, s
 // markSilent raises instance.silent once per silence: silent_since is set
 // here and cleared by the next heartbeat.
 func (s *Sensor) markSilent(ctx context.Context, id string, heard, now time.Time, res *Result) error {
-	return s.Store.Tx(ctx, func(q store.Queries) error {
+	// Tx may run fn again (a lost deadlock): count what committed.
+	n := 0
+	err := s.Store.Tx(ctx, func(q store.Queries) error {
+		n = 0
 		in, err := q.LockInstance(ctx, id)
 		if err != nil {
 			return err
@@ -191,16 +194,23 @@ func (s *Sensor) markSilent(ctx context.Context, id string, heard, now time.Time
 		if err := q.UpdateInstance(ctx, in); err != nil {
 			return err
 		}
-		res.Silent++
+		n++
 		_, err = events.E{Kind: events.InstanceSilent, Severity: events.Medium, InstanceID: id,
 			Message: fmt.Sprintf("no heartbeat since %s (%s)", heard.UTC().Format(time.RFC3339), now.Sub(heard).Round(time.Second)),
 			Payload: map[string]any{"last_heartbeat_at": heard.UTC().Format(time.RFC3339)}}.Write(ctx, q, now)
 		return err
 	})
+	if err == nil {
+		res.Silent += n
+	}
+	return err
 }
 
 func (s *Sensor) presumeDead(ctx context.Context, id string, heard, now time.Time, observed providers.MachineState, res *Result) error {
-	return s.Store.Tx(ctx, func(q store.Queries) error {
+	// Tx may run fn again (a lost deadlock): count what committed.
+	n := 0
+	err := s.Store.Tx(ctx, func(q store.Queries) error {
+		n = 0
 		in, err := q.LockInstance(ctx, id)
 		if err != nil {
 			return err
@@ -217,11 +227,15 @@ func (s *Sensor) presumeDead(ctx context.Context, id string, heard, now time.Tim
 		if err := s.Instances.TransitionTx(ctx, q, in, lifecycle.MarkErrored, reason, now); err != nil {
 			return err
 		}
-		res.Dead++
+		n++
 		_, err = events.E{Kind: events.InstancePresumedDead, Severity: events.High, InstanceID: id, Message: reason,
 			Payload: map[string]any{"last_heartbeat_at": heard.UTC().Format(time.RFC3339), "observed": string(observed)}}.Write(ctx, q, now)
 		return err
 	})
+	if err == nil {
+		res.Dead += n
+	}
+	return err
 }
 
 var booting = []lifecycle.State{lifecycle.Provisioning, lifecycle.Starting, lifecycle.Rebooting}
@@ -257,7 +271,10 @@ func (s *Sensor) bootTimeouts(ctx context.Context, res *Result) error {
 }
 
 func (s *Sensor) timeOut(ctx context.Context, id string, limit time.Duration, now time.Time, res *Result) error {
-	return s.Store.Tx(ctx, func(q store.Queries) error {
+	// Tx may run fn again (a lost deadlock): count what committed.
+	n := 0
+	err := s.Store.Tx(ctx, func(q store.Queries) error {
+		n = 0
 		in, err := q.LockInstance(ctx, id)
 		if err != nil {
 			return err
@@ -277,9 +294,13 @@ func (s *Sensor) timeOut(ctx context.Context, id string, limit time.Duration, no
 		if err := s.Instances.TransitionTx(ctx, q, in, lifecycle.MarkErrored, reason, now); err != nil {
 			return err
 		}
-		res.BootTimedOut++
+		n++
 		_, err = events.E{Kind: events.InstanceBootTimeout, Severity: events.High, InstanceID: id, Message: reason,
 			Payload: map[string]any{"status": in.Status, "agent_phase": in.AgentPhase, "agent_error": in.AgentError}}.Write(ctx, q, now)
 		return err
 	})
+	if err == nil {
+		res.BootTimedOut += n
+	}
+	return err
 }

@@ -54,6 +54,11 @@ func runOne(ctx context.Context, el store.Elector, log *slog.Logger, l Loop) {
 	}
 }
 
+// The cadence is the wall clock's on purpose: it is mechanism (how often
+// to look), while each Tick reads the time it judges by from the injected
+// clock. Tests that move a fake clock rely on the loops looking again on
+// their next real tick; a fake-clock ticker here would make them advance
+// the clock once per loop per round, in lockstep.
 func lead1(lead context.Context, log *slog.Logger, l Loop) {
 	t := time.NewTicker(l.Every)
 	defer t.Stop()

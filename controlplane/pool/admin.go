@@ -376,6 +376,7 @@ func (s *Service) Delete(ctx context.Context, name string) error {
 	}
 	pruned := 0
 	err = s.Store.Tx(ctx, func(q store.Queries) error {
+		pruned = 0 // Tx may run fn again (a lost deadlock)
 		pl, err := q.LockPool(ctx, cur.ID)
 		if err != nil {
 			return err

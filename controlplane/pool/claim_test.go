@@ -255,17 +255,22 @@ func TestNoReadyMemberNudgesAReplenish(t *testing.T) {
 	done := make(chan struct{})
 	go func() { defer close(done); e.svc.RunNudges(ctx) }()
 	defer func() { cancel(); <-done }()
+	// The replenish's members announce themselves in the event log; each
+	// append notifies after its commit.
+	evs, stop := e.st.Subscribe(store.ChannelEvents)
+	defer stop()
 	_, err := e.svc.Acquire(e.ctx, pool.AcquireParams{PoolName: "ci"})
 	wantCode(t, err, codes.ResourceExhausted)
 	if !strings.Contains(err.Error(), "NoReadyMembers") {
 		t.Fatalf("message: %v", err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
+	timeout := time.After(10 * time.Second)
 	for e.counts(p).Warming != 2 {
-		if time.Now().After(deadline) {
+		select {
+		case <-evs:
+		case <-timeout:
 			t.Fatalf("no replenish after the refused acquire: %+v", e.counts(p))
 		}
-		time.Sleep(10 * time.Millisecond)
 	}
 }
 

@@ -159,7 +159,10 @@ func (s *Syncer) machineGone(ctx context.Context, p providers.Provider, in *stor
 		return nil // listed late: it exists
 	}
 	now := s.Clock.Now()
-	return s.Store.Tx(ctx, func(q store.Queries) error {
+	// Tx may run fn again (a lost deadlock): count what committed.
+	n := 0
+	err = s.Store.Tx(ctx, func(q store.Queries) error {
+		n = 0
 		cur, err := q.LockInstance(ctx, in.ID)
 		if err != nil {
 			return err
@@ -172,11 +175,15 @@ func (s *Syncer) machineGone(ctx context.Context, p providers.Provider, in *stor
 		if err := s.Instances.TransitionTx(ctx, q, cur, lifecycle.MarkErrored, reason, now); err != nil {
 			return err
 		}
-		res.Errored++
+		n++
 		_, err = events.E{Kind: events.InstanceErrored, Severity: events.High, InstanceID: cur.ID, Message: reason,
 			Payload: map[string]any{"provider": p.Name(), "machine": cur.CloudInstanceID, "source": "provider_sync"}}.Write(ctx, q, now)
 		return err
 	})
+	if err == nil {
+		res.Errored += n
+	}
+	return err
 }
 
 // guestPresent reports a machine that outlived its terminated instance and

@@ -36,7 +36,11 @@ type Store interface {
 	// Tx runs fn in one transaction. If fn returns an error, nothing it
 	// wrote is kept and no notification it queued is sent. On SQLite the
 	// transaction is IMMEDIATE (it takes the write lock up front); on
-	// PostgreSQL it is READ COMMITTED with row locks where the method says so.
+	// PostgreSQL it is READ COMMITTED with row locks where the method says so,
+	// and a transaction PostgreSQL aborts as a deadlock victim or for a
+	// serialization failure is run again (a few times at most, then
+	// ErrUnavailable): fn may be called more than once and must not carry
+	// effects of one attempt into the next.
 	Tx(ctx context.Context, fn func(q Queries) error) error
 	// Subscribe delivers the payload of every Notify on channel, from any
 	// replica sharing the database, after the notifying transaction commits.
@@ -199,7 +203,10 @@ type Queries interface {
 	// behind task notifications: one query for every stream of a replica.
 	ListInstancesWithAgentWork(ctx context.Context) ([]string, error)
 
-	// AppendEvent assigns e.ID and notifies ChannelEvents on commit.
+	// AppendEvent assigns e.ID and notifies ChannelEvents on commit. In a
+	// transaction on PostgreSQL the event is written at commit (so that the
+	// lock ordering event ids is taken after every row lock): e.ID is set
+	// once Tx returns, not before.
 	AppendEvent(ctx context.Context, e *Event) error
 	// AppendEvents appends es in order, as AppendEvent would one by one,
 	// with a single notification: a transaction recording many events

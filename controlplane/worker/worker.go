@@ -89,7 +89,7 @@ func orDefault(d, def time.Duration) time.Duration {
 func (w *Worker) Run(ctx context.Context) {
 	wake, stop := w.Store.Subscribe(Channel)
 	defer stop()
-	poll := time.NewTicker(orDefault(w.Poll, DefaultPoll))
+	poll := w.Clock.NewTicker(orDefault(w.Poll, DefaultPoll))
 	defer poll.Stop()
 	n := w.Concurrency
 	if n <= 0 {
@@ -126,7 +126,7 @@ func (w *Worker) Run(ctx context.Context) {
 		case <-done:
 			running--
 		case <-wake:
-		case <-poll.C:
+		case <-poll.C():
 		}
 	}
 }
@@ -208,7 +208,7 @@ func Hold(ctx context.Context, st store.Store, clk clock.Clock, t *store.Task, l
 	renewed := make(chan struct{})
 	go func() {
 		defer close(renewed)
-		tick := time.NewTicker(lease / 3)
+		tick := clk.NewTicker(lease / 3)
 		defer tick.Stop()
 		for {
 			select {
@@ -216,7 +216,7 @@ func Hold(ctx context.Context, st store.Store, clk clock.Clock, t *store.Task, l
 				return
 			case <-hctx.Done():
 				return
-			case <-tick.C:
+			case <-tick.C():
 				if err := renew(hctx, st, clk, t, lease); err != nil {
 					if errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrCancelled) {
 						cancel(err)

@@ -3,9 +3,11 @@ package worker_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -17,6 +19,8 @@ import (
 	"github.com/tetherfleet/tether/controlplane/worker"
 	"github.com/tetherfleet/tether/internal/clock"
 )
+
+var t0 = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 
 type fixture struct {
 	ctx context.Context
@@ -103,35 +107,46 @@ func TestOutcomes(t *testing.T) {
 	}
 }
 
-// A long handler keeps its lease: the lease loop does not take the task
-// away while it runs.
+// A long handler keeps its lease: Hold renews it on the injected clock's
+// ticker, every third of the lease, so that however far the clock moves
+// while the handler runs, the lease never lapses under it.
 func TestLeaseIsRenewedWhileRunning(t *testing.T) {
-	f := setup(t, clock.Real{})
+	clk := clock.NewFake(t0)
+	f := setup(t, clk)
 	task := f.enqueue(t, "slow")
-	lease := 150 * time.Millisecond
-	var expiredWhileRunning atomic.Int32
-	w := &worker.Worker{Store: f.st, Clock: f.clk, Log: discard(), Owner: "w", Lease: lease, Handlers: map[string]worker.Handler{
+	const lease = 90 * time.Second
+	renewed := &txSignal{Store: f.st, done: make(chan struct{}, 1)}
+	w := &worker.Worker{Store: renewed, Clock: clk, Log: discard(), Owner: "w", Lease: lease, Handlers: map[string]worker.Handler{
 		"slow": func(ctx context.Context, _ *store.Task) error {
-			for range 8 {
-				// Hold renews on a wall-clock ticker (time.NewTicker), so
-				// this handler has to let real time pass.
-				time.Sleep(lease / 2)
-				ts, err := f.st.ExpireTaskLeases(ctx, time.Now())
+			renewed.armed.Store(true)
+			defer renewed.armed.Store(false)
+			// Eight thirds of a lease: without renewals it lapses on the
+			// third step.
+			for i := range 8 {
+				if err := clk.BlockUntilPending(ctx, func(p []time.Duration) bool { return slices.Contains(p, lease/3) }); err != nil {
+					return fmt.Errorf("step %d: no renewal ticker of a third of the lease: %w", i, err)
+				}
+				clk.Advance(lease / 3)
+				select {
+				case <-renewed.done:
+				case <-time.After(10 * time.Second):
+					return fmt.Errorf("step %d: the lease was not renewed when the clock passed a third of it", i)
+				}
+				ts, err := f.st.ExpireTaskLeases(ctx, clk.Now())
 				if err != nil {
 					return err
 				}
-				expiredWhileRunning.Add(int32(len(ts)))
+				if len(ts) != 0 {
+					return fmt.Errorf("step %d: the lease expired under a live handler", i)
+				}
 			}
 			return nil
 		}}}
 	if _, err := w.RunOnce(f.ctx); err != nil {
 		t.Fatal(err)
 	}
-	if n := expiredWhileRunning.Load(); n != 0 {
-		t.Fatalf("the lease expired %d times under a live handler", n)
-	}
 	if got := f.task(t, task.ID); got.Status != store.TaskSucceeded || got.Attempts != 0 {
-		t.Fatalf("task %s after %d attempts", got.Status, got.Attempts)
+		t.Fatalf("task %s after %d attempts: %s", got.Status, got.Attempts, got.ErrorMessage)
 	}
 }
 
@@ -231,5 +246,48 @@ func TestRunWakesOnEnqueue(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("the worker did not wake for a new task")
+	}
+}
+
+// deaf drops the worker's wake-ups, so that only the poll can find a task.
+type deaf struct{ *txSignal }
+
+func (deaf) Subscribe(string) (<-chan string, func()) { return make(chan string), func() {} }
+
+// Run's poll, the safety net behind a lost notification, ticks on the
+// injected clock: a task nobody announced runs once the clock has moved by
+// Poll, and not before.
+func TestRunPollsOnTheClock(t *testing.T) {
+	clk := clock.NewFake(t0)
+	f := setup(t, clk)
+	const poll = 7 * time.Second
+	claimed := &txSignal{Store: f.st, done: make(chan struct{}, 1)}
+	claimed.armed.Store(true)
+	done := make(chan string, 1)
+	w := &worker.Worker{Store: deaf{claimed}, Clock: clk, Log: discard(), Owner: "w", Poll: poll, Handlers: map[string]worker.Handler{
+		"ping": func(_ context.Context, t2 *store.Task) error { done <- t2.ID; return nil }}}
+	ctx, stop := context.WithCancel(f.ctx)
+	stopped := make(chan struct{})
+	go func() { w.Run(ctx); close(stopped) }()
+	defer func() { stop(); <-stopped }()
+	<-claimed.done // the first claim found nothing
+	claimed.armed.Store(false)
+	task := f.enqueue(t, "ping")
+	if err := clk.BlockUntilPending(f.ctx, func(p []time.Duration) bool { return slices.Contains(p, poll) }); err != nil {
+		t.Fatalf("Run does not poll on the clock: %v", err)
+	}
+	select {
+	case id := <-done:
+		t.Fatalf("ran %s before the poll: the wake-up was to be lost", id)
+	default:
+	}
+	clk.Advance(poll)
+	select {
+	case id := <-done:
+		if id != task.ID {
+			t.Fatalf("ran %s", id)
+		}
+	case <-f.ctx.Done():
+		t.Fatal("the poll did not find the task")
 	}
 }

@@ -3,6 +3,7 @@ package clock
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -26,6 +27,7 @@ type fakeWaiter struct {
 	f        *Fake
 	seq      uint64
 	when     time.Time
+	d        time.Duration // what it was armed for (see Pending)
 	period   time.Duration // tickers only
 	c        chan time.Time
 	fn       func() // AfterFunc only
@@ -76,7 +78,7 @@ func (f *Fake) arm(w *fakeWaiter, d, period time.Duration) bool {
 	was := f.remove(w)
 	w.period = period
 	f.seq++
-	w.seq, w.when, w.armed = f.seq, f.t.Add(d), true
+	w.seq, w.when, w.d, w.armed = f.seq, f.t.Add(d), d, true
 	f.waiters = append(f.waiters, w)
 	f.notify()
 	f.mu.Unlock()
@@ -186,20 +188,95 @@ func (f *Fake) Waiters() int {
 // so a test knows the code under test is waiting before it advances the
 // clock. It fails with ctx's error when ctx ends first.
 func (f *Fake) BlockUntil(ctx context.Context, n int) error {
+	err := f.BlockUntilPending(ctx, func(p []time.Duration) bool { return len(p) >= n })
+	if err != nil {
+		return fmt.Errorf("clock: fewer than %d waiters armed: %w", n, err)
+	}
+	return nil
+}
+
+// Pending returns what each armed timer, ticker and callback was armed
+// for (the d of NewTimer, After, AfterFunc or Reset; a ticker's period),
+// in deadline order, so a test can check how long the code under test
+// chose to wait, not only that it waits.
+func (f *Fake) Pending() []time.Duration {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.pendingLocked()
+}
+
+func (f *Fake) pendingLocked() []time.Duration {
+	ws := slices.Clone(f.waiters)
+	sort.SliceStable(ws, func(i, j int) bool {
+		if !ws[i].when.Equal(ws[j].when) {
+			return ws[i].when.Before(ws[j].when)
+		}
+		return ws[i].seq < ws[j].seq
+	})
+	out := make([]time.Duration, len(ws))
+	for i, w := range ws {
+		out[i] = w.d
+		if w.isTicker {
+			out[i] = w.period
+		}
+	}
+	return out
+}
+
+// BlockUntilPending returns once ok holds for Pending(); ok is called
+// again whenever the armed set changes. It fails with ctx's error, naming
+// what was pending, when ctx ends first.
+func (f *Fake) BlockUntilPending(ctx context.Context, ok func(pending []time.Duration) bool) error {
 	for {
 		f.mu.Lock()
 		if f.changed == nil {
 			f.changed = make(chan struct{})
 		}
-		have, changed := len(f.waiters), f.changed
+		pending, changed := f.pendingLocked(), f.changed
 		f.mu.Unlock()
-		if have >= n {
+		if ok(pending) {
 			return nil
 		}
 		select {
 		case <-changed:
 		case <-ctx.Done():
-			return fmt.Errorf("clock: %d of %d waiters armed: %w", have, n, ctx.Err())
+			return fmt.Errorf("clock: pending waits %v: %w", pending, ctx.Err())
+		}
+	}
+}
+
+// AutoAdvance fires each timer and AfterFunc callback as soon as it is
+// armed, moving the clock to its deadline, until ctx ends: for tests of
+// code whose waits do not matter to them (retry back-offs), which then
+// run without real waiting. Tickers are left alone (they are always
+// armed; firing them on arrival would spin): advance those by hand.
+func (f *Fake) AutoAdvance(ctx context.Context) {
+	for {
+		f.mu.Lock()
+		if f.changed == nil {
+			f.changed = make(chan struct{})
+		}
+		var next *fakeWaiter
+		for _, w := range f.waiters {
+			if !w.isTicker && (next == nil || w.when.Before(next.when)) {
+				next = w
+			}
+		}
+		changed := f.changed
+		f.mu.Unlock()
+		if next != nil {
+			// Set fires what falls due, tickers included, in order.
+			if f.Now().Before(next.when) {
+				f.Set(next.when)
+			} else {
+				f.fire(f.Now())
+			}
+			continue
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return
 		}
 	}
 }

@@ -2,6 +2,8 @@ package clock_test
 
 import (
 	"context"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -225,5 +227,79 @@ func TestFakeConcurrentUse(t *testing.T) {
 	wg.Wait()
 	if f.Waiters() != 0 {
 		t.Fatalf("%d waiters left", f.Waiters())
+	}
+}
+
+// Pending names what each armed waiter was armed for, in deadline order,
+// and BlockUntilPending waits for a particular one: tests that assert how
+// long the code waited use these instead of a hand-written clock.
+func TestFakePending(t *testing.T) {
+	f := clock.NewFake(t0)
+	tm := f.NewTimer(3 * time.Second)
+	tk := f.NewTicker(time.Second)
+	f.AfterFunc(2*time.Second, func() {})
+	_ = f.After(0) // fired at once: not pending
+	tests := []struct {
+		name string
+		do   func()
+		want []time.Duration
+	}{
+		{"armed", func() {}, []time.Duration{time.Second, 2 * time.Second, 3 * time.Second}},
+		// The callback has run; the ticker re-armed for its period and is
+		// now due with the timer, which was armed first.
+		{"after 2s", func() { f.Advance(2 * time.Second) }, []time.Duration{3 * time.Second, time.Second}},
+		// Reset records the new duration.
+		{"reset", func() { tm.Reset(10 * time.Second) }, []time.Duration{time.Second, 10 * time.Second}},
+		{"stopped", func() { tk.Stop(); tm.Stop() }, []time.Duration{}},
+	}
+	for _, tc := range tests {
+		tc.do()
+		if got := f.Pending(); !slices.Equal(got, tc.want) {
+			t.Fatalf("%s: Pending = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+
+	go func() {
+		_ = f.After(time.Minute)
+		_ = f.After(5 * time.Second)
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := f.BlockUntilPending(ctx, func(p []time.Duration) bool { return slices.Contains(p, 5*time.Second) }); err != nil {
+		t.Fatal(err)
+	}
+	short, cancel2 := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel2()
+	err := f.BlockUntilPending(short, func(p []time.Duration) bool { return slices.Contains(p, time.Hour) })
+	if err == nil || !strings.Contains(err.Error(), "[5s 1m0s]") {
+		t.Fatalf("BlockUntilPending for a wait nobody makes = %v, want the pending waits named", err)
+	}
+}
+
+// AutoAdvance lets a retry loop run through its back-offs at once, with
+// the clock showing the time they add up to.
+func TestFakeAutoAdvance(t *testing.T) {
+	f := clock.NewFake(t0)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go f.AutoAdvance(ctx)
+	tk := f.NewTicker(time.Hour) // left alone
+	defer tk.Stop()
+	var total time.Duration
+	for _, d := range []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 0} {
+		<-f.After(d)
+		total += d
+	}
+	done := make(chan struct{})
+	f.AfterFunc(time.Minute, func() { close(done) })
+	<-done
+	total += time.Minute
+	if got := f.Now().Sub(t0); got != total {
+		t.Fatalf("clock moved %v, want %v", got, total)
+	}
+	select {
+	case <-tk.C():
+		t.Fatal("AutoAdvance fired a ticker")
+	default:
 	}
 }

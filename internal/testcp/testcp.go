@@ -103,7 +103,7 @@ func (cp *ControlPlane) serve() {
 		if lis, err = net.Listen("tcp", addr); err == nil || time.Now().After(deadline) {
 			break
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // a deadline poll: the port is freed by the kernel, which does not signal it
 	}
 	if err != nil {
 		t.Fatal(err)

@@ -86,7 +86,7 @@ type Provider struct {
 	calls     []Call
 	faults    map[Op]*fault
 	delays    map[Op]time.Duration
-	gates     map[Op]chan struct{}
+	gates     map[Op]*gate
 	// stateFile, when set, receives the machine list after every call that
 	// changes it (see Open).
 	stateFile string
@@ -106,7 +106,7 @@ func New(opts ...Option) *Provider {
 		graveyard: map[string]*machine{},
 		faults:    map[Op]*fault{},
 		delays:    map[Op]time.Duration{},
-		gates:     map[Op]chan struct{}{},
+		gates:     map[Op]*gate{},
 	}
 	for _, o := range opts {
 		o(p)
@@ -280,16 +280,19 @@ func (p *Provider) record(c Call, err error) {
 func (p *Provider) wait(ctx context.Context, op Op) error {
 	p.mu.Lock()
 	d := p.delays[op]
-	gate := p.gates[op]
+	g := p.gates[op]
 	p.mu.Unlock()
-	if gate != nil {
+	if g != nil {
+		g.enter()
 		select {
-		case <-gate:
+		case <-g.open:
 		case <-ctx.Done():
 			return providers.Errorf(providers.KindTransient, Name, string(op), "waiting for gate: %w", ctx.Err())
 		}
 	}
 	if d > 0 {
+		// Wall-clock latency, not the injected clock: a delay models a
+		// slow provider in tests that race real goroutines against it.
 		t := time.NewTimer(d)
 		defer t.Stop()
 		select {
@@ -375,26 +378,50 @@ func (p *Provider) SetDelay(op Op, d time.Duration) {
 	p.delays[op] = d
 }
 
+// gate holds the calls of one op (see Block).
+type gate struct {
+	open    chan struct{}
+	entered chan struct{}
+	once    sync.Once
+}
+
+func newGate() *gate { return &gate{open: make(chan struct{}), entered: make(chan struct{})} }
+
+func (g *gate) enter() { g.once.Do(func() { close(g.entered) }) }
+
 // Block makes calls of op wait until the returned release function is called
 // (or their ctx ends). It lets a test hold a call in flight, for example to
 // restart the control plane between a terminate's intent and its effect.
 // Release is safe to call more than once.
 func (p *Provider) Block(op Op) (release func()) {
-	gate := make(chan struct{})
+	g := newGate()
 	p.mu.Lock()
-	p.gates[op] = gate
+	p.gates[op] = g
 	p.mu.Unlock()
 	var once sync.Once
 	return func() {
 		once.Do(func() {
 			p.mu.Lock()
-			if p.gates[op] == gate {
+			if p.gates[op] == g {
 				delete(p.gates, op)
 			}
 			p.mu.Unlock()
-			close(gate)
+			close(g.open)
 		})
 	}
+}
+
+// Entered returns a channel closed once a call of op has reached the gate
+// Block set up, so a test knows the call is in flight (and everything the
+// caller did before it is done) without polling for its traces. It is nil
+// when op is not blocked.
+func (p *Provider) Entered(op Op) <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if g := p.gates[op]; g != nil {
+		return g.entered
+	}
+	return nil
 }
 
 // Calls returns a copy of every recorded call, oldest first.

@@ -203,13 +203,22 @@ func TestDelayRespectsContext(t *testing.T) {
 func TestBlock(t *testing.T) {
 	p := New()
 	m := provision(t, p, "i1", "t")
+	if p.Entered(OpTerminate) != nil {
+		t.Fatal("Entered of an op that is not blocked is not nil")
+	}
 	release := p.Block(OpTerminate)
+	entered := p.Entered(OpTerminate)
 	done := make(chan error, 1)
 	go func() { done <- p.Terminate(context.Background(), m.ID) }()
 	select {
+	case <-entered:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the terminate never reached the gate")
+	}
+	select {
 	case err := <-done:
 		t.Fatalf("terminate returned while blocked: %v", err)
-	case <-time.After(20 * time.Millisecond):
+	default:
 	}
 	if st, _ := p.Status(context.Background(), m.ID); st.State != providers.StateRunning {
 		t.Fatal("blocked terminate acted")

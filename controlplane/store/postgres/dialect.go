@@ -30,6 +30,7 @@ type dialect struct{ lost func() }
 var (
 	_ sqlstore.Dialect         = dialect{}
 	_ sqlstore.EventSerializer = dialect{}
+	_ sqlstore.TxRetrier       = dialect{}
 )
 
 func (dialect) Name() string       { return "postgres" }
@@ -78,6 +79,14 @@ func sqlState(err error) string {
 		return pe.Code
 	}
 	return ""
+}
+
+// IsRetryable implements sqlstore.TxRetrier: 40P01 deadlock_detected (this
+// transaction was chosen as the victim) and 40001 serialization_failure.
+// Either way PostgreSQL rolled it back and a new attempt can succeed.
+func (dialect) IsRetryable(err error) bool {
+	c := sqlState(err)
+	return c == "40P01" || c == "40001"
 }
 
 func (dialect) IsUniqueViolation(err error) bool     { return sqlState(err) == "23505" }

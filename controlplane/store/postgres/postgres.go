@@ -128,7 +128,10 @@ func Open(ctx context.Context, dsn string, o Options) (*Store, error) {
 		listener: l,
 		elector:  newElector(cfg.ConnConfig, o),
 	}
-	s.DB = sqlstore.New(db, sqlstore.Options{Dialect: dialect{lost: s.connLost}, Notifier: notifier{l}})
+	s.DB = sqlstore.New(db, sqlstore.Options{Dialect: dialect{lost: s.connLost}, Notifier: notifier{l},
+		OnRetry: func(attempt int, err error) {
+			o.Log.Warn("retrying transaction", "attempt", attempt+1, "err", err)
+		}})
 	return s, nil
 }
 

@@ -178,8 +178,10 @@ func TestReplicasEventWatchMissesNothing(t *testing.T) {
 					if err := q.AppendEvent(ctx, &store.Event{Kind: "k", Severity: 1, InstanceID: strconv.Itoa(w), CreatedAt: t0}); err != nil {
 						return err
 					}
-					// Keep the transaction open a little after the insert: without
-					// serialisation, later ids would commit first.
+					// Keep the transactions open for different times, so that
+					// they end in another order than they began. The events are
+					// written at commit (sqlstore.flushEvents), under the lock
+					// that makes ids visible in order.
 					time.Sleep(time.Duration(i%3) * time.Millisecond)
 					return q.CreateToken(ctx, &store.Token{Hash: fmt.Sprintf("%d-%d", w, i), InstanceID: "x", ExpiresAt: t0, CreatedAt: t0})
 				})
@@ -309,6 +311,8 @@ func TestReplicasElectorTakeover(t *testing.T) {
 			log := slog.New(slog.NewTextHandler(io.Discard, nil))
 			stores := map[string]*postgres.Store{"A": open(t, dsn, fastOpts), "B": open(t, dsn, fastOpts)}
 			var ticks tickLog
+			aLeads := make(chan struct{})
+			var aOnce sync.Once
 			run := func(name string) {
 				rctx, cancel := context.WithCancel(ctx)
 				done := make(chan struct{})
@@ -316,13 +320,20 @@ func TestReplicasElectorTakeover(t *testing.T) {
 					defer close(done)
 					loops.Run(rctx, stores[name].Elector(), log, loops.Loop{Name: "reaper", Every: every, Tick: func(context.Context) error {
 						ticks.add(name)
+						if name == "A" {
+							aOnce.Do(func() { close(aLeads) })
+						}
 						return nil
 					}})
 				}()
 				t.Cleanup(func() { cancel(); <-done })
 			}
 			run("A")
-			time.Sleep(300 * time.Millisecond) // A campaigns first and wins
+			select { // A campaigns alone and leads: its first tick says so
+			case <-aLeads:
+			case <-ctx.Done():
+				t.Fatal("A never led the loop")
+			}
 			run("B")
 
 			// Steady state: only A ticks.

@@ -34,7 +34,13 @@ func (d *DB) RunBatch(ctx context.Context, fns []func(q store.Queries) error) ([
 			return nil, d.classify(fmt.Errorf("savepoint: %w", err))
 		}
 		q := &queries{ex: tx, db: d, inTx: true}
-		if err := fn(q); err != nil {
+		err := fn(q)
+		if err == nil {
+			// Each function's events are its own, kept or rolled back
+			// with its savepoint.
+			err = q.flushEvents(ctx)
+		}
+		if err != nil {
 			results[i].Err = err
 			if _, rerr := tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT tether_batch"); rerr != nil {
 				_ = tx.Rollback()

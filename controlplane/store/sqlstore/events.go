@@ -24,16 +24,14 @@ func scanEvent(s scanner) (*store.Event, error) {
 	return &e, nil
 }
 
+// AppendEvent and AppendEvents write at once where event writers need no
+// lock (SQLite serialises all writers anyway). Where they do (PostgreSQL),
+// a transaction's events wait in q.pending and are written at commit by
+// flushEvents, so the serialising lock is the last one the transaction
+// takes. Their ids are assigned then: set once Tx has returned.
 func (q *queries) AppendEvent(ctx context.Context, e *store.Event) error {
-	if es, ok := q.db.dialect.(EventSerializer); ok {
-		if !q.inTx {
-			// The serialising lock lasts until the transaction ends, so an
-			// autocommit append needs a transaction of its own.
-			return q.db.Tx(ctx, func(tq store.Queries) error { return tq.AppendEvent(ctx, e) })
-		}
-		if _, err := q.exec(ctx, es.SerializeEvents()); err != nil {
-			return fmt.Errorf("append event %s: %w", e.Kind, err)
-		}
+	if _, ok := q.db.dialect.(EventSerializer); ok {
+		return q.deferEvents(ctx, []*store.Event{e})
 	}
 	err := q.row(ctx, `INSERT INTO events (kind, severity, instance_id, pool_id, correlation_id, message, payload, created_at)
 		VALUES (?,?,?,?,?,?,?,?) RETURNING id`,
@@ -48,45 +46,100 @@ func (q *queries) AppendEvents(ctx context.Context, es []*store.Event) error {
 	if len(es) == 0 {
 		return nil
 	}
+	if _, ok := q.db.dialect.(EventSerializer); ok {
+		return q.deferEvents(ctx, es)
+	}
+	if err := q.insertEvents(ctx, es); err != nil {
+		return err
+	}
+	return q.Notify(ctx, store.ChannelEvents, strconv.FormatInt(es[len(es)-1].ID, 10))
+}
+
+// deferEvents queues es for flushEvents. An autocommit append gets a
+// transaction of its own: the serialising lock lasts until the
+// transaction ends.
+func (q *queries) deferEvents(ctx context.Context, es []*store.Event) error {
+	if !q.inTx {
+		return q.db.Tx(ctx, func(tq store.Queries) error { return tq.AppendEvents(ctx, es) })
+	}
+	q.pending = append(q.pending, es...)
+	return nil
+}
+
+// flushEvents writes the events a transaction queued, just before it
+// commits. It takes the event writers' lock (EventSerializer) here rather
+// than at the first append: a transaction that took it early and then
+// waited for a row lock held by a second transaction, itself waiting for
+// this lock to append, deadlocked (40P01), and PostgreSQL aborted one of
+// them, or any third writer queued on the lock. Taken last, the lock's
+// holder has no row left to wait for: the INSERT into events has no
+// foreign key, and the sequence does not block.
+func (q *queries) flushEvents(ctx context.Context) error {
+	if len(q.pending) == 0 {
+		return nil
+	}
+	es := q.pending
+	q.pending = nil
 	if ser, ok := q.db.dialect.(EventSerializer); ok {
-		if !q.inTx {
-			return q.db.Tx(ctx, func(tq store.Queries) error { return tq.AppendEvents(ctx, es) })
-		}
-		// The lock is held to the end of the transaction: once is enough.
 		if _, err := q.exec(ctx, ser.SerializeEvents()); err != nil {
-			return fmt.Errorf("append %d events: %w", len(es), err)
+			return fmt.Errorf("append %s: %w", eventKinds(es), err)
 		}
 	}
-	// One multi-row INSERT. Both backends draw the ids of one statement in
-	// VALUES order (a sequence's nextval per row; SQLite's rowid), while
-	// the order RETURNING lists them in is not promised: sorted, the ids
-	// map back onto es in order.
-	const cols = 8
-	args := make([]any, 0, cols*len(es))
-	rows := make([]string, len(es))
-	for i, e := range es {
-		rows[i] = "(?,?,?,?,?,?,?,?)"
-		args = append(args, e.Kind, e.Severity, e.InstanceID, e.PoolID, e.CorrelationID, e.Message, jsonObject(e.Payload), ts(e.CreatedAt))
-	}
-	res, err := q.query(ctx, `INSERT INTO events (kind, severity, instance_id, pool_id, correlation_id, message, payload, created_at)
-		VALUES `+strings.Join(rows, ",")+` RETURNING id`, args...)
-	if err != nil {
-		return fmt.Errorf("append %d events: %w", len(es), err)
-	}
-	ids, err := collect(q, res, func(s scanner) (int64, error) { var id int64; return id, s.Scan(&id) })
-	if err != nil {
-		return fmt.Errorf("append %d events: %w", len(es), q.db.classify(err))
-	}
-	if len(ids) != len(es) {
-		return fmt.Errorf("append %d events: %d ids returned", len(es), len(ids))
-	}
-	slices.Sort(ids)
-	for i, e := range es {
-		e.ID = ids[i]
+	if err := q.insertEvents(ctx, es); err != nil {
+		return err
 	}
 	// Watchers re-read everything after the id they last saw, so the last
-	// id stands for the whole batch.
+	// id stands for the whole transaction.
 	return q.Notify(ctx, store.ChannelEvents, strconv.FormatInt(es[len(es)-1].ID, 10))
+}
+
+// maxEventsPerInsert keeps one INSERT's parameters (8 a row) well under
+// PostgreSQL's limit of 65535.
+const maxEventsPerInsert = 1000
+
+// insertEvents writes es in multi-row INSERTs and sets their ids. Both
+// backends draw the ids of one statement in VALUES order (a sequence's
+// nextval per row; SQLite's rowid), while the order RETURNING lists them
+// in is not promised: sorted, the ids map back onto es in order. Chunks
+// run one after the other in one transaction, so ids rise across them.
+func (q *queries) insertEvents(ctx context.Context, es []*store.Event) error {
+	for len(es) > 0 {
+		chunk := es[:min(len(es), maxEventsPerInsert)]
+		es = es[len(chunk):]
+		const cols = 8
+		args := make([]any, 0, cols*len(chunk))
+		rows := make([]string, len(chunk))
+		for i, e := range chunk {
+			rows[i] = "(?,?,?,?,?,?,?,?)"
+			args = append(args, e.Kind, e.Severity, e.InstanceID, e.PoolID, e.CorrelationID, e.Message, jsonObject(e.Payload), ts(e.CreatedAt))
+		}
+		res, err := q.query(ctx, `INSERT INTO events (kind, severity, instance_id, pool_id, correlation_id, message, payload, created_at)
+		VALUES `+strings.Join(rows, ",")+` RETURNING id`, args...)
+		if err != nil {
+			return fmt.Errorf("append %s: %w", eventKinds(chunk), err)
+		}
+		ids, err := collect(q, res, func(s scanner) (int64, error) { var id int64; return id, s.Scan(&id) })
+		if err != nil {
+			return fmt.Errorf("append %s: %w", eventKinds(chunk), q.db.classify(err))
+		}
+		if len(ids) != len(chunk) {
+			return fmt.Errorf("append %s: %d ids returned", eventKinds(chunk), len(ids))
+		}
+		slices.Sort(ids)
+		for i, e := range chunk {
+			e.ID = ids[i]
+		}
+	}
+	return nil
+}
+
+// eventKinds names events for an error: "event instance.running" or
+// "3 events (instance.transition, ...)".
+func eventKinds(es []*store.Event) string {
+	if len(es) == 1 {
+		return "event " + es[0].Kind
+	}
+	return fmt.Sprintf("%d events (%s, ...)", len(es), es[0].Kind)
 }
 
 func eventWhere(f store.EventFilter) ([]string, []any) {

@@ -38,9 +38,27 @@ type Dialect interface {
 // over an event that commits late. The statement it returns runs before
 // each event INSERT and must serialise event writers until their
 // transaction ends, so that ids become visible in order.
+//
+// That lock is taken at commit, after everything else the transaction
+// does (see flushEvents): a writer holding it then waits on nothing but
+// its own INSERT, so it cannot close a deadlock with a row lock taken
+// after an append.
 type EventSerializer interface {
 	SerializeEvents() string
 }
+
+// TxRetrier is an optional Dialect extension naming the errors after which
+// a whole transaction may simply run again: PostgreSQL's deadlock victim
+// (40P01) and serialization failure (40001) are the server's own advice to
+// retry, not a fault of the request.
+type TxRetrier interface {
+	IsRetryable(err error) bool
+}
+
+// maxTxAttempts bounds how often Tx runs one transaction that keeps losing
+// to concurrent writers. Each loss means another writer committed, so a
+// few attempts cover any real contention; a steady loop would be a bug.
+const maxTxAttempts = 5
 
 // Execer is satisfied by *sql.DB, *sql.Conn and *sql.Tx.
 type Execer interface {
@@ -64,6 +82,7 @@ type DB struct {
 	db       *sql.DB
 	dialect  Dialect
 	notifier Notifier
+	onRetry  func(attempt int, err error)
 	// stmts caches rebound query text.
 	rebound sync.Map
 }
@@ -72,11 +91,14 @@ type DB struct {
 type Options struct {
 	Dialect  Dialect
 	Notifier Notifier
+	// OnRetry, if set, hears about every transaction Tx runs again (for a
+	// log line: a steady stream of them is contention worth a look).
+	OnRetry func(attempt int, err error)
 }
 
 // New wraps an open database.
 func New(db *sql.DB, o Options) *DB {
-	d := &DB{db: db, dialect: o.Dialect, notifier: o.Notifier}
+	d := &DB{db: db, dialect: o.Dialect, notifier: o.Notifier, onRetry: o.OnRetry}
 	d.queries = &queries{ex: db, db: d}
 	return d
 }
@@ -89,14 +111,41 @@ func (d *DB) Subscribe(channel string) (<-chan string, func()) {
 	return d.notifier.Subscribe(channel)
 }
 
-// Tx implements store.Store.
+// Tx implements store.Store. A transaction the dialect reports as safe to
+// re-run (a deadlock victim, a serialization failure) is rolled back and
+// run again, up to maxTxAttempts times, so that a write the caller was told
+// succeeded is never one PostgreSQL threw away, and contention alone never
+// reaches a client as Internal. fn must therefore be safe to call again:
+// it starts from what it reads through q, not from effects of an earlier
+// attempt.
 func (d *DB) Tx(ctx context.Context, fn func(q store.Queries) error) error {
+	r, ok := d.dialect.(TxRetrier)
+	for attempt := 1; ; attempt++ {
+		err := d.tx(ctx, fn)
+		if err == nil || !ok || !r.IsRetryable(err) || ctx.Err() != nil {
+			return err
+		}
+		if attempt == maxTxAttempts {
+			return fmt.Errorf("transaction lost to concurrent writers %d times, giving up: %w: %w", attempt, err, store.ErrUnavailable)
+		}
+		if d.onRetry != nil {
+			d.onRetry(attempt, err)
+		}
+	}
+}
+
+// tx is one attempt of Tx.
+func (d *DB) tx(ctx context.Context, fn func(q store.Queries) error) error {
 	tx, err := d.db.BeginTx(ctx, nil)
 	if err != nil {
 		return d.classify(fmt.Errorf("begin transaction: %w", err))
 	}
 	q := &queries{ex: tx, db: d, inTx: true}
 	if err := fn(q); err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	if err := q.flushEvents(ctx); err != nil {
 		_ = tx.Rollback()
 		return err
 	}
@@ -115,6 +164,9 @@ type queries struct {
 	db          *DB
 	inTx        bool
 	afterCommit []func()
+	// pending holds a transaction's events until commit where the dialect
+	// serialises event writers (see flushEvents).
+	pending []*store.Event
 }
 
 func (q *queries) sql(query string) string {

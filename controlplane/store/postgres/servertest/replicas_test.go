@@ -172,32 +172,53 @@ func TestEventWatchOnBSeesWritesOnA(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The watch starts from the newest event when the server handles it;
-	// give it a moment so the write below is after that point.
-	time.Sleep(300 * time.Millisecond)
-	start := time.Now()
-	inst, _ := a.Provision(ctx, fleet.Node)
-	got := make(chan *v1.FleetEvent, 1)
+	evs := make(chan *v1.FleetEvent, 16)
 	go func() {
+		defer close(evs)
 		for {
 			ev, err := watch.Recv()
 			if err != nil {
-				close(got)
 				return
 			}
-			if ev.InstanceId == inst.Id {
-				got <- ev
-				return
-			}
+			evs <- ev
 		}
 	}()
-	select {
-	case ev, ok := <-got:
-		if !ok {
-			t.Fatal("the watch ended")
+	// The watch starts from the newest event when the server handles the
+	// call, which the client cannot see. A probe provisioned through A
+	// that comes through proves it has started; one written before the
+	// start is never sent, so after a while (the watch polls every 2 s
+	// besides its notifications) another probe goes.
+	for probe := 1; ; probe++ {
+		if probe > 5 {
+			t.Fatal("B's event watch saw none of 5 provisionings done through A")
 		}
-		t.Logf("event %s %s written on A seen on B after %s", ev.Id, ev.Kind, time.Since(start).Round(time.Millisecond))
-	case <-time.After(10 * time.Second):
-		t.Fatal("B's event watch did not see the provisioning done through A")
+		a.Provision(ctx, fleet.Node)
+		select {
+		case _, ok := <-evs:
+			if !ok {
+				t.Fatal("the watch ended")
+			}
+		case <-time.After(5 * time.Second):
+			continue
+		}
+		break
+	}
+	start := time.Now()
+	inst, _ := a.Provision(ctx, fleet.Node)
+	timeout := time.After(10 * time.Second)
+	for {
+		select {
+		case ev, ok := <-evs:
+			if !ok {
+				t.Fatal("the watch ended")
+			}
+			if ev.InstanceId != inst.Id {
+				continue
+			}
+			t.Logf("event %s %s written on A seen on B after %s", ev.Id, ev.Kind, time.Since(start).Round(time.Millisecond))
+			return
+		case <-timeout:
+			t.Fatal("B's event watch did not see the provisioning done through A")
+		}
 	}
 }
