@@ -105,6 +105,7 @@ func benchBoot(b *testing.B, mode string) {
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
+		keepConsole(b, filepath.Join(stateDir, id, "console.log"), mode, i)
 		for phase, at := range marks() {
 			if mode == "direct" && netbootOnly[phase] {
 				continue // the kernel's "Probing EDD" shows in a direct boot too
@@ -128,6 +129,27 @@ func benchBoot(b *testing.B, mode string) {
 	// UEFI's EFI-stub kernel prints no "Probing EDD": no transfer mark.
 	if mode == "bios" {
 		reportTransfer(b, a, netLis.Addr().String(), median(samples["kernel+initramfs transfer"])-median(samples["loader"]))
+	}
+}
+
+// keepConsole copies a boot's serial log to TETHER_BENCH_CONSOLE_DIR, when
+// set, to read the agent's own millisecond stamps of each step afterwards
+// (the state dir, and the log in it, go when the benchmark ends).
+func keepConsole(b *testing.B, path, mode string, i int) {
+	dir := os.Getenv("TETHER_BENCH_CONSOLE_DIR")
+	if dir == "" {
+		return
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		b.Fatalf("keep the console log: %v", err)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		b.Fatalf("keep the console log: %v", err)
+	}
+	dst := filepath.Join(dir, fmt.Sprintf("%s-%s-%d.log", mode, time.Now().UTC().Format("150405"), i))
+	if err := os.WriteFile(dst, data, 0o644); err != nil {
+		b.Fatalf("keep the console log: %v", err)
 	}
 }
 

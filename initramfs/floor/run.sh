@@ -8,6 +8,8 @@
 #              FLOOR_SHELL   1 to put busybox in the initramfs as the real one has
 #              FLOOR_TIMEOUT seconds per VM (default 120)
 #              FLOOR_NIC_OPTS extra virtio-net-pci options (e.g. ",romfile=" to skip iPXE's ROM)
+#              FLOOR_REUSE   1 to boot what an earlier run built in .cache/floor instead of
+#                            building again (scripts/bench-boot.sh alternates single runs)
 # Prints one line per run and the median, in milliseconds. Logs and build
 # outputs go to .cache/floor/.
 set -euo pipefail
@@ -21,20 +23,26 @@ vm_timeout=${FLOOR_TIMEOUT:-120}
 
 command -v qemu-system-x86_64 >/dev/null || { echo "floor: qemu-system-x86_64 is missing (apt-get install qemu-system-x86)" >&2; exit 1; }
 
-release=$(scripts/fetch-kernel.sh .cache/kernel)
-echo "floor: kernel $release" >&2
+if [ "${FLOOR_REUSE:-0}" = 1 ] && [ -s "$work/initramfs.cpio" ] && [ -s "$work/module" ]; then
+  read -r image digest <"$work/module"
+else
+  release=$(scripts/fetch-kernel.sh .cache/kernel)
+  echo "floor: kernel $release" >&2
 
-CGO_ENABLED=0 go build -trimpath -buildvcs=false -ldflags='-s -w' -o "$work/init" ./initramfs/floor/init
-go build -trimpath -buildvcs=false -o "$work/serve" ./initramfs/floor/serve
-shell_flag=-busybox=none
-[ "${FLOOR_SHELL:-0}" = 1 ] && shell_flag=-busybox=auto
-initramfs/build.sh "$work/init" .cache/kernel "$work/initramfs.cpio" "$shell_flag" >&2
+  CGO_ENABLED=0 go build -trimpath -buildvcs=false -ldflags='-s -w' -o "$work/init" ./initramfs/floor/init
+  go build -trimpath -buildvcs=false -o "$work/serve" ./initramfs/floor/serve
+  shell_flag=-busybox=none
+  [ "${FLOOR_SHELL:-0}" = 1 ] && shell_flag=-busybox=auto
+  initramfs/build.sh "$work/init" .cache/kernel "$work/initramfs.cpio" "$shell_flag" >&2
 
-rm -rf "$work/modules"
-line=$(examples/build.sh "$work/modules" | grep '/tether-example-root.erofs ')
-image=$(basename "${line%% *}")
-digest=${line##*sha256:}
-echo "floor: module $image $(echo "$line" | cut -d' ' -f2) bytes sha256:$digest" >&2
+  rm -rf "$work/modules"
+  line=$(examples/build.sh "$work/modules" | grep '/tether-example-root.erofs ')
+  image=$(basename "${line%% *}")
+  digest=${line##*sha256:}
+  echo "$image $digest" >"$work/module"
+  echo "floor: module $image $(echo "$line" | cut -d' ' -f2) bytes sha256:$digest" >&2
+fi
+[ "$runs" -gt 0 ] || exit 0
 
 rm -f "$work/port"
 "$work/serve" -dir "$work/modules" -port-file "$work/port" 2>"$work/serve.log" &
