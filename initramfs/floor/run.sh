@@ -8,6 +8,7 @@
 #              FLOOR_SHELL   1 to put busybox in the initramfs as the real one has
 #              FLOOR_TIMEOUT seconds per VM (default 120)
 #              FLOOR_NIC_OPTS extra virtio-net-pci options (e.g. ",romfile=" to skip iPXE's ROM)
+#              FLOOR_CPU     QEMU CPU model (default max,aes=off, as the qemu provider uses under TCG)
 #              FLOOR_REUSE   1 to boot what an earlier run built in .cache/floor instead of
 #                            building again (scripts/bench-boot.sh alternates single runs)
 # Prints one line per run and the median, in milliseconds. Logs and build
@@ -20,6 +21,9 @@ cd "$repo"
 work=$repo/.cache/floor
 mkdir -p "$work"
 vm_timeout=${FLOOR_TIMEOUT:-120}
+# The qemu provider's CPU model (providers/qemu/args.go), so that both
+# sides of the ratio run the same virtual machine.
+cpu=${FLOOR_CPU:-max,aes=off}
 
 command -v qemu-system-x86_64 >/dev/null || { echo "floor: qemu-system-x86_64 is missing (apt-get install qemu-system-x86)" >&2; exit 1; }
 
@@ -64,7 +68,7 @@ for i in $(seq "$runs"); do
   start=$(date +%s%N)
   # The marker is printed by the example root's rcS; it then powers off, so
   # QEMU exits on its own; the timeout bounds a VM that hangs.
-  timeout "$vm_timeout" qemu-system-x86_64 -M q35 -accel tcg -m 512 -smp 1 -nodefaults -nographic \
+  timeout "$vm_timeout" qemu-system-x86_64 -M q35 -accel tcg -cpu "$cpu" -m 512 -smp 1 -nodefaults -nographic \
     -serial stdio -no-reboot -netdev user,id=n0 -device "virtio-net-pci,netdev=n0${FLOOR_NIC_OPTS:-}" \
     -kernel .cache/kernel/vmlinuz -initrd "$work/initramfs.cpio" -append "$append" </dev/null 2>&1 |
     while IFS= read -r l; do
