@@ -39,6 +39,9 @@ type SwitchOptions struct {
 	InitArgs []string
 	// Env is init's environment; default a minimal PATH and TERM.
 	Env []string
+	// BeforeExec, when set, runs in the new root right before its init is
+	// exec'd (not when there is no init to exec).
+	BeforeExec func()
 	// Logf reports progress and non-fatal problems; nil discards them.
 	Logf func(format string, args ...any)
 }
@@ -146,6 +149,9 @@ func Switch(sys Sys, target string, opts SwitchOptions) error {
 		if err := sys.Executable(init); err != nil {
 			tried = append(tried, err.Error())
 			continue
+		}
+		if opts.BeforeExec != nil {
+			opts.BeforeExec()
 		}
 		opts.Logf("rootfs: switched root; exec %s", init)
 		argv := append([]string{init}, opts.InitArgs...)

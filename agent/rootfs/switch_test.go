@@ -22,7 +22,8 @@ func initramfsFake() *fakeSys {
 
 func TestSwitchOrderOfOperations(t *testing.T) {
 	f := initramfsFake()
-	err := Switch(f, "/newroot", SwitchOptions{AgentPath: "/init", InitArgs: []string{"--verbose"}})
+	err := Switch(f, "/newroot", SwitchOptions{AgentPath: "/init", InitArgs: []string{"--verbose"},
+		BeforeExec: func() { f.calls = append(f.calls, "before exec") }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,6 +44,7 @@ func TestSwitchOrderOfOperations(t *testing.T) {
 		"mount move /newroot / ",
 		"chroot .",
 		"chdir /",
+		"before exec",
 		"exec /sbin/init --verbose",
 	}
 	if !reflect.DeepEqual(f.calls, want) {
@@ -53,7 +55,7 @@ func TestSwitchOrderOfOperations(t *testing.T) {
 func TestSwitchWithoutInitLeavesCallerAsSupervisor(t *testing.T) {
 	f := initramfsFake()
 	f.execs = map[string]bool{}
-	err := Switch(f, "/newroot", SwitchOptions{})
+	err := Switch(f, "/newroot", SwitchOptions{BeforeExec: func() { t.Error("BeforeExec ran with no init to exec") }})
 	if !errors.Is(err, ErrNoInit) {
 		t.Fatalf("err = %v, want ErrNoInit", err)
 	}
