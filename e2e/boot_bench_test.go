@@ -24,9 +24,11 @@ import (
 // one-second resolution). The first three only appear in a firmware
 // netboot (bios, uefi).
 var bootMarks = []struct{ phase, line string }{
+	{"qemu", "SeaBIOS (version "},                    // provision call, worker, QEMU until its firmware's first line
 	{"firmware+DHCP", "Filename: "},                  // QEMU, firmware, iPXE start and its DHCP
 	{"loader", " bytes [script]"},                    // the per-boot iPXE script fetched
 	{"kernel+initramfs transfer", "Probing EDD"},     // both fetched over HTTP; iPXE starts the kernel
+	{"kernel start", "Linux version "},               // firmware loaded kernel and initramfs
 	{"kernel", "tether-agent dev starting as pid 1"}, // QEMU (+ firmware) + kernel until /init runs
 	{"network", "boot: network up"},                  // mounts, kernel modules, DHCP or static ip=
 	{"agent start", "tether-agent: phase enrolling"},

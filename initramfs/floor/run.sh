@@ -64,7 +64,7 @@ times=()
 for i in $(seq "$runs"); do
   log=$work/run$i.log
   : >"$log"
-  rm -f "$work/t$i"
+  rm -f "$work/t$i" "$work/h$i"
   start=$(date +%s%N)
   # The marker is printed by the example root's rcS; it then powers off, so
   # QEMU exits on its own; the timeout bounds a VM that hangs.
@@ -74,6 +74,11 @@ for i in $(seq "$runs"); do
     while IFS= read -r l; do
       case $l in
         *TETHER_EXAMPLE_READY*) [ -e "$work/t$i" ] || echo $((($(date +%s%N) - start) / 1000000)) >"$work/t$i" ;;
+        # Host stamps of the firmware's first line, the kernel's start
+        # and /init's, to compare with Tether's phases (e2e bootMarks).
+        *"SeaBIOS (version "*) echo "qemu $((($(date +%s%N) - start) / 1000000))" >>"$work/h$i" ;;
+        *"Linux version "*) echo "kernel-start $((($(date +%s%N) - start) / 1000000))" >>"$work/h$i" ;;
+        *"floor: /init started"*) echo "init $((($(date +%s%N) - start) / 1000000))" >>"$work/h$i" ;;
       esac
       printf '%s\n' "$l" >>"$log"
     done
@@ -94,7 +99,8 @@ for i in $(seq "$runs"); do
     / root composed/         { k = "composed" }
     / rootfs: switched root/ { k = "exec" }
     k != "" { printf "%s%s %.2f", sep, k, t; sep = ", "; k = "" }')
-  echo "run $i: ${t} ms  (guest uptime s: $phases)"
+  host=$(awk '{printf "%s%s %s", sep, $1, $2; sep = ", "}' "$work/h$i" 2>/dev/null || true)
+  echo "run $i: ${t} ms  (host ms: $host; guest uptime s: $phases)"
 done
 
 median=$(printf '%s\n' "${times[@]}" | sort -n | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : int((a[NR/2] + a[NR/2+1]) / 2)}')
