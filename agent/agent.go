@@ -215,7 +215,9 @@ func (a *agent) run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
-	a.con.Printf("tether-agent %s starting as pid %d (root mode %s, state in %s)", cfg.Version, os.Getpid(), cfg.RootMode, cfg.StateDir)
+	// The kernel's clock lines this up with the kernel's own console
+	// stamps: the time from "Run /init" to here is the agent's start-up.
+	a.con.Printf("tether-agent %s starting as pid %d (root mode %s, state in %s, kernel up %s)", cfg.Version, os.Getpid(), cfg.RootMode, cfg.StateDir, bootClock().Round(time.Millisecond))
 	a.setPhase(tetherv1.AgentPhase_AGENT_PHASE_DISCOVERING)
 	if cfg.PID1 {
 		wg.Add(1)
