@@ -69,7 +69,8 @@ func Dir(b *testing.B) string {
 // untimed by b, so the two alternate under the same machine load; each
 // reports <name>-x-sha256 the same way.
 //
-// TETHER_BENCH_CPUPROFILE=file profiles the timed fetches alone.
+// TETHER_BENCH_CPUPROFILE=file profiles the timed fetches alone (and
+// leaves the peers out).
 func Run(b *testing.B, blob []byte, reset, fetch func() error, peers ...Peer) {
 	shaRate := SHA256Rate(blob)
 	b.SetBytes(int64(len(blob)))
@@ -78,6 +79,12 @@ func Run(b *testing.B, blob []byte, reset, fetch func() error, peers ...Peer) {
 	if path := os.Getenv("TETHER_BENCH_CPUPROFILE"); path != "" && b.N > 1 {
 		stop := profile(b, path)
 		defer stop()
+		// The peers' server side runs in this process too: it would be in
+		// the profile, which is of the agent's fetches.
+		if len(peers) > 0 {
+			b.Logf("profiling: the %d peers are not run", len(peers))
+			peers = nil
+		}
 	}
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
