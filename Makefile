@@ -13,7 +13,7 @@ BUILD  := build
 KERNEL := .cache/kernel
 PROTO  := proto/tether/v1
 
-.PHONY: build generate lint test unit e2e bench fuzz chaos run initramfs modules kernel clean screenshots
+.PHONY: build generate lint test unit e2e bench bench-boot fuzz chaos run initramfs modules kernel clean screenshots
 
 build: ## Build tetherd, tetherctl and tether-agent into bin/
 	go build -trimpath -o $(BIN)/ ./cmd/tetherd ./cmd/tetherctl
@@ -48,6 +48,10 @@ e2e: build initramfs modules ## Real-VM end-to-end tests (QEMU); skips loudly wi
 
 bench: ## Benchmarks recorded in docs/benchmarks.md
 	go test -run '^$$' -bench . -benchtime 1x ./controlplane/... ./agent/...
+
+BOOT_PAIRS ?= 5
+bench-boot: initramfs modules ## Boot to running against the bare-netboot floor, alternated (docs/benchmarks.md); BOOT_PAIRS=5
+	scripts/bench-boot.sh $(BOOT_PAIRS)
 
 fuzz: ## A short run of every fuzz target
 	scripts/fuzz.sh 20s

@@ -215,7 +215,9 @@ func (a *agent) run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
-	a.con.Printf("tether-agent %s starting as pid %d (root mode %s, state in %s)", cfg.Version, os.Getpid(), cfg.RootMode, cfg.StateDir)
+	// The kernel's clock lines this up with the kernel's own console
+	// stamps: the time from "Run /init" to here is the agent's start-up.
+	a.con.Printf("tether-agent %s starting as pid %d (root mode %s, state in %s, kernel up %s)", cfg.Version, os.Getpid(), cfg.RootMode, cfg.StateDir, bootClock().Round(time.Millisecond))
 	a.setPhase(tetherv1.AgentPhase_AGENT_PHASE_DISCOVERING)
 	if cfg.PID1 {
 		wg.Add(1)
@@ -526,13 +528,28 @@ func (a *agent) bringUp(ctx context.Context, conns *connHolder, sess *session.Se
 	}
 	a.setPhase(tetherv1.AgentPhase_AGENT_PHASE_SWITCHING)
 	// The exec ends this process's stream: get the phase out first, and
-	// close the stream so nothing is left in a buffer.
-	sess.WaitSent(ctx, 3*time.Second)
-	if !sess.Close(3 * time.Second) {
-		a.con.Printf("the control plane did not confirm the switching heartbeat; switching anyway")
+	// close the stream so nothing is left in a buffer. The control plane's
+	// confirmation is a round trip, in which the guest's CPU would idle:
+	// the switch moves the mounts and frees the initramfs meanwhile, and
+	// waits for it just before the exec (or on its way out, if it fails).
+	drained := make(chan bool, 1)
+	go func() {
+		sess.WaitSent(ctx, 3*time.Second)
+		drained <- sess.Close(3 * time.Second)
+	}()
+	var waited sync.Once
+	waitDrained := func() {
+		waited.Do(func() {
+			if !<-drained {
+				a.con.Printf("the control plane did not confirm the switching heartbeat; switching anyway")
+			}
+		})
 	}
 	a.con.Printf("switching root to %s; the root's init starts the next agent (tether-agent --root-mode=none --state-dir=%s)", a.cfg.RootTarget, a.cfg.StateDir)
-	err = root.Switch(a.cfg.RootTarget)
+	err = root.Switch(a.cfg.RootTarget, waitDrained)
+	// A Switch that returned did not exec; the stream must be closed
+	// before it is opened again.
+	waitDrained()
 	if errors.Is(err, ErrNoInit) {
 		a.con.Printf("%v: this agent stays on as the root's supervisor", err)
 		reopen()

@@ -371,10 +371,11 @@ func (f *fakeRoot) Compose(_ context.Context, layers []Layer, workDir, target st
 	return nil
 }
 
-func (f *fakeRoot) Switch(target string) error {
+func (f *fakeRoot) Switch(target string, beforeExec func()) error {
 	if f.noInit {
 		return fmt.Errorf("%w (/sbin/init: not found)", ErrNoInit)
 	}
+	beforeExec()
 	close(f.switched)
 	<-f.release
 	return errors.New("test over")
@@ -688,7 +689,7 @@ func TestRunNotifiesSystemd(t *testing.T) {
 
 type failingRoot struct{ fakeRoot }
 
-func (*failingRoot) Switch(string) error { return errors.New("move /run: device busy") }
+func (*failingRoot) Switch(string, func()) error { return errors.New("move /run: device busy") }
 
 func TestRunSwitchFailureIsReported(t *testing.T) {
 	cp := newControlPlane(t)
@@ -714,7 +715,7 @@ type stateBlockingRoot struct {
 	stateDir string
 }
 
-func (r *stateBlockingRoot) Switch(string) error {
+func (r *stateBlockingRoot) Switch(string, func()) error {
 	p := filepath.Join(r.stateDir, stateFile)
 	if err := os.Remove(p); err != nil {
 		return err

@@ -33,10 +33,13 @@ type RootSwitcher interface {
 	// upper layer under workDir.
 	Compose(ctx context.Context, layers []Layer, workDir, target string) error
 	// Switch moves /dev, /proc, /sys and /run into target, makes it the
-	// root and execs its init; on success it does not return. It returns
+	// root and execs its init; on success it does not return. It calls
+	// beforeExec once the new root is in place, right before the exec (the
+	// agent waits there for the control plane to confirm its last
+	// heartbeat, which the switch's own work overlaps). It returns
 	// ErrNoInit when the new root has no init, in which case the agent
 	// carries on as the root's supervisor.
-	Switch(target string) error
+	Switch(target string, beforeExec func()) error
 }
 
 // ErrNoInit is returned by RootSwitcher.Switch when the composed root has

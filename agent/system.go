@@ -26,6 +26,16 @@ func systemUptime() time.Duration {
 	return time.Duration(si.Uptime) * time.Second
 }
 
+// bootClock is the time since the kernel started (CLOCK_BOOTTIME), the
+// clock of the kernel's console stamps; 0 if it cannot be read.
+func bootClock() time.Duration {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
+		return 0
+	}
+	return time.Duration(ts.Nano())
+}
+
 // localAddresses lists the node's non-loopback addresses.
 func localAddresses() []string {
 	addrs, err := net.InterfaceAddrs()

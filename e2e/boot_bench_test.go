@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"fmt"
@@ -24,9 +25,11 @@ import (
 // one-second resolution). The first three only appear in a firmware
 // netboot (bios, uefi).
 var bootMarks = []struct{ phase, line string }{
+	{"qemu", "SeaBIOS (version "},                    // provision call, worker, QEMU until its firmware's first line
 	{"firmware+DHCP", "Filename: "},                  // QEMU, firmware, iPXE start and its DHCP
 	{"loader", " bytes [script]"},                    // the per-boot iPXE script fetched
 	{"kernel+initramfs transfer", "Probing EDD"},     // both fetched over HTTP; iPXE starts the kernel
+	{"kernel start", "Linux version "},               // firmware loaded kernel and initramfs
 	{"kernel", "tether-agent dev starting as pid 1"}, // QEMU (+ firmware) + kernel until /init runs
 	{"network", "boot: network up"},                  // mounts, kernel modules, DHCP or static ip=
 	{"agent start", "tether-agent: phase enrolling"},
@@ -105,6 +108,7 @@ func benchBoot(b *testing.B, mode string) {
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
+		keepConsole(b, filepath.Join(stateDir, id, "console.log"), mode, i)
 		for phase, at := range marks() {
 			if mode == "direct" && netbootOnly[phase] {
 				continue // the kernel's "Probing EDD" shows in a direct boot too
@@ -131,19 +135,63 @@ func benchBoot(b *testing.B, mode string) {
 	}
 }
 
+// keepConsole copies a boot's serial log to TETHER_BENCH_CONSOLE_DIR, when
+// set, to read the agent's own millisecond stamps of each step afterwards
+// (the state dir, and the log in it, go when the benchmark ends).
+func keepConsole(b *testing.B, path, mode string, i int) {
+	dir := os.Getenv("TETHER_BENCH_CONSOLE_DIR")
+	if dir == "" {
+		return
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		b.Fatalf("keep the console log: %v", err)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		b.Fatalf("keep the console log: %v", err)
+	}
+	dst := filepath.Join(dir, fmt.Sprintf("%s-%s-%d.log", mode, time.Now().UTC().Format("150405"), i))
+	if err := os.WriteFile(dst, data, 0o644); err != nil {
+		b.Fatalf("keep the console log: %v", err)
+	}
+}
+
 // watchConsole stamps each boot mark as it appears in the log, polling
-// every 5 ms; the returned function stops it and gives the offsets.
+// every 5 ms; the returned function stops it and gives the offsets. It
+// reads only what was appended since the last poll (keeping a line's worth
+// before it, for a mark cut in two): the host's CPU is the VM's, and
+// re-reading the whole log 200 times a second took a share of it.
 func watchConsole(path string, start time.Time) func() map[string]time.Duration {
 	seen := map[string]time.Duration{}
 	stop := make(chan struct{})
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
+		var f *os.File
+		defer func() {
+			if f != nil {
+				f.Close()
+			}
+		}()
+		var tail []byte
+		buf := make([]byte, 64<<10)
 		for {
-			b, _ := os.ReadFile(path)
-			for _, m := range bootMarks {
-				if _, ok := seen[m.phase]; !ok && strings.Contains(string(b), m.line) {
-					seen[m.phase] = time.Since(start)
+			if f == nil {
+				f, _ = os.Open(path) // QEMU creates it; until then, try again
+			}
+			for f != nil {
+				n, _ := f.Read(buf)
+				if n == 0 {
+					break
+				}
+				tail = append(tail, buf[:n]...)
+				for _, m := range bootMarks {
+					if _, ok := seen[m.phase]; !ok && bytes.Contains(tail, []byte(m.line)) {
+						seen[m.phase] = time.Since(start)
+					}
+				}
+				if len(tail) > 256 {
+					tail = append(tail[:0], tail[len(tail)-256:]...)
 				}
 			}
 			select {

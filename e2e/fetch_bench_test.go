@@ -3,13 +3,20 @@ package e2e
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
+	"fmt"
+	"net"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"testing"
 	"testing/fstest"
 
 	"github.com/tetherfleet/tether/agent/enroll"
 	"github.com/tetherfleet/tether/agent/modules"
 	"github.com/tetherfleet/tether/agent/modules/fetchbench"
+	"github.com/tetherfleet/tether/controlplane/daemon"
 	"github.com/tetherfleet/tether/internal/testcp"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
@@ -21,13 +28,30 @@ import (
 //
 //	go test -tags nobadger,nobbolt,nomysql -run '^$' -bench FetchVerifyTetherd -benchtime 10x ./e2e/
 func BenchmarkFetchVerifyTetherd(b *testing.B) {
-	cp := testcp.Start(b)
-	ctx := context.Background()
 	payload := make([]byte, 64<<20)
 	if _, err := rand.Read(payload); err != nil {
 		b.Fatal(err)
 	}
 	img := testcp.BuildErofs(fstest.MapFS{"payload": {Data: payload}})
+	// The same bytes are the control plane's default kernel, so its netboot
+	// HTTP server serves them (over TLS here, with tetherd's own
+	// certificate) for curl to fetch beside the agent.
+	imgPath := filepath.Join(b.TempDir(), "module.erofs")
+	if err := os.WriteFile(imgPath, img, 0o600); err != nil {
+		b.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	var serverCert tls.Certificate // loaded once tetherd init has made it
+	netLis := tls.NewListener(lis, &tls.Config{MinVersion: tls.VersionTLS13,
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return &serverCert, nil }})
+	cp := testcp.Start(b, testcp.With(func(o *daemon.ServeOptions) { o.Kernel, o.NetbootListener = imgPath, netLis }))
+	if serverCert, err = tls.LoadX509KeyPair(filepath.Join(cp.DataDir, daemon.ServerCertFile), filepath.Join(cp.DataDir, daemon.ServerKeyFile)); err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
 	cp.PushModule(ctx, "bench", "1", img)
 	if _, err := cp.Admin.CreateTemplate(ctx, &v1.CreateTemplateRequest{Name: "bench", RootModules: []*v1.ModuleRef{{Name: "bench", Version: "1"}}}); err != nil {
 		b.Fatal(err)
@@ -79,5 +103,43 @@ func BenchmarkFetchVerifyTetherd(b *testing.B) {
 		func() error {
 			_, err := f.Fetch(ctx, mod)
 			return err
-		})
+		},
+		curlPeers(b, "https://"+lis.Addr().String()+"/artifacts/"+mod.Digest, filepath.Join(cp.DataDir, daemon.AdminDir, daemon.AdminCAFile), filepath.Dir(path), mod.Digest)...)
+}
+
+// curlPeers fetch the module's bytes with curl from the netboot HTTP
+// server over TLS: into a file in the same cache directory ("curl"), and
+// through sha256sum without a file ("curl-sha256sum"), which is the
+// agent's fetch + verify without its cache write. Each curl is a new
+// process with a full TLS handshake; the agent's fetcher reuses its
+// connection. Without curl there are no peers (the benchmark says so).
+func curlPeers(b *testing.B, url, caFile, dir, digest string) []fetchbench.Peer {
+	if _, err := exec.LookPath("curl"); err != nil {
+		b.Log("curl is not installed (apt-get install curl): no curl peer")
+		return nil
+	}
+	out := filepath.Join(dir, "curl.out")
+	curl := []string{"-sS", "--fail", "--cacert", caFile}
+	want := strings.TrimPrefix(digest, "sha256:")
+	return []fetchbench.Peer{
+		{Name: "curl", Fetch: func() error {
+			os.Remove(out)
+			if msg, err := exec.Command("curl", append(curl, "-o", out, url)...).CombinedOutput(); err != nil {
+				return fmt.Errorf("curl %s: %v: %s", url, err, msg)
+			}
+			return os.Remove(out)
+		}},
+		{Name: "curl-sha256sum", Fetch: func() error {
+			cmd := exec.Command("sh", "-c", `curl "$@" | sha256sum`, "sh")
+			cmd.Args = append(cmd.Args, append(curl, url)...)
+			msg, err := cmd.CombinedOutput()
+			if err != nil {
+				return fmt.Errorf("curl %s | sha256sum: %v: %s", url, err, msg)
+			}
+			if got, _, _ := strings.Cut(string(msg), " "); got != want {
+				return fmt.Errorf("curl %s | sha256sum: got %q, want %s", url, msg, want)
+			}
+			return nil
+		}},
+	}
 }

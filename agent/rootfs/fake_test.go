@@ -118,6 +118,10 @@ func (f *fakeSys) CopyFile(src, dst string, perm fs.FileMode) error {
 	return f.record("copy %s %s %o", src, dst, perm)
 }
 
+func (f *fakeSys) BindFile(src, dst string) error {
+	return f.record("bind %s %s", src, dst)
+}
+
 func (f *fakeSys) RemoveOnFS(dir string) error { return f.record("remove %s", dir) }
 func (f *fakeSys) Chdir(dir string) error      { return f.record("chdir %s", dir) }
 func (f *fakeSys) Chroot(dir string) error     { return f.record("chroot %s", dir) }

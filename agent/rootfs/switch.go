@@ -39,6 +39,9 @@ type SwitchOptions struct {
 	InitArgs []string
 	// Env is init's environment; default a minimal PATH and TERM.
 	Env []string
+	// BeforeExec, when set, runs in the new root right before its init is
+	// exec'd (not when there is no init to exec).
+	BeforeExec func()
 	// Logf reports progress and non-fatal problems; nil discards them.
 	Logf func(format string, args ...any)
 }
@@ -65,7 +68,8 @@ func (o *SwitchOptions) defaults() {
 }
 
 // Switch does what switch_root does from an initramfs, where pivot_root(2)
-// is not allowed: it copies the agent binary into the new root, moves /dev,
+// is not allowed: it puts the agent binary into the new root (a bind mount,
+// else a copy), moves /dev,
 // /proc, /sys and /run into target, deletes the initramfs's files (never
 // crossing into other mounts) so they stop pinning RAM, moves target onto /,
 // chroots into it and execs its init.
@@ -83,9 +87,9 @@ func Switch(sys Sys, target string, opts SwitchOptions) error {
 		return err
 	}
 
-	// Copy the agent before /run moves: written into the current /run it
+	// Place the agent before /run moves: put into the current /run it
 	// rides along and lands at the same path in the new root. Without a
-	// /run mount it is written into the new root directly.
+	// /run mount it goes into the new root directly.
 	if opts.AgentPath != "" {
 		dst := filepath.Join(target, opts.AgentDest)
 		for _, m := range opts.Moves {
@@ -95,8 +99,8 @@ func Switch(sys Sys, target string, opts SwitchOptions) error {
 				}
 			}
 		}
-		if err := sys.CopyFile(opts.AgentPath, dst, 0o755); err != nil {
-			return fmt.Errorf("rootfs: copy agent to %s: %w", dst, err)
+		if err := placeAgent(sys, opts, dst); err != nil {
+			return err
 		}
 	}
 
@@ -146,6 +150,9 @@ func Switch(sys Sys, target string, opts SwitchOptions) error {
 			tried = append(tried, err.Error())
 			continue
 		}
+		if opts.BeforeExec != nil {
+			opts.BeforeExec()
+		}
 		opts.Logf("rootfs: switched root; exec %s", init)
 		argv := append([]string{init}, opts.InitArgs...)
 		if err := sys.Exec(init, argv, opts.Env); err != nil {
@@ -154,6 +161,23 @@ func Switch(sys Sys, target string, opts SwitchOptions) error {
 		return nil // only a fake Exec returns
 	}
 	return fmt.Errorf("%w (%s)", ErrNoInit, strings.Join(tried, "; "))
+}
+
+// placeAgent bind-mounts the agent binary at dst rather than copying it:
+// the mount moves into the new root with the mount it sits in, and keeps
+// the initramfs's inode (and its pages, already in memory) alive after
+// the initramfs's files are deleted. A 10 MB copy took a second of a
+// loaded TCG guest's boot. A kernel that refuses the bind gets a copy.
+func placeAgent(sys Sys, opts SwitchOptions, dst string) error {
+	err := sys.BindFile(opts.AgentPath, dst)
+	if err == nil {
+		return nil
+	}
+	opts.Logf("rootfs: bind %s on %s: %v; copying it instead", opts.AgentPath, dst, err)
+	if err := sys.CopyFile(opts.AgentPath, dst, 0o755); err != nil {
+		return fmt.Errorf("rootfs: copy agent to %s: %w", dst, err)
+	}
+	return nil
 }
 
 func checkSwitchArgs(sys Sys, target string, opts SwitchOptions) error {

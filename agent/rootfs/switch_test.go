@@ -2,6 +2,8 @@ package rootfs
 
 import (
 	"errors"
+	"fmt"
+	"io/fs"
 	"reflect"
 	"strings"
 	"testing"
@@ -20,13 +22,14 @@ func initramfsFake() *fakeSys {
 
 func TestSwitchOrderOfOperations(t *testing.T) {
 	f := initramfsFake()
-	err := Switch(f, "/newroot", SwitchOptions{AgentPath: "/init", InitArgs: []string{"--verbose"}})
+	err := Switch(f, "/newroot", SwitchOptions{AgentPath: "/init", InitArgs: []string{"--verbose"},
+		BeforeExec: func() { f.calls = append(f.calls, "before exec") }})
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := []string{
 		// Into the current /run, which then moves along.
-		"copy /init /run/tether/bin/tether-agent 755",
+		"bind /init /run/tether/bin/tether-agent",
 		"mkdir /newroot/dev",
 		"mount move /dev /newroot/dev ",
 		"mkdir /newroot/proc",
@@ -41,6 +44,7 @@ func TestSwitchOrderOfOperations(t *testing.T) {
 		"mount move /newroot / ",
 		"chroot .",
 		"chdir /",
+		"before exec",
 		"exec /sbin/init --verbose",
 	}
 	if !reflect.DeepEqual(f.calls, want) {
@@ -51,7 +55,7 @@ func TestSwitchOrderOfOperations(t *testing.T) {
 func TestSwitchWithoutInitLeavesCallerAsSupervisor(t *testing.T) {
 	f := initramfsFake()
 	f.execs = map[string]bool{}
-	err := Switch(f, "/newroot", SwitchOptions{})
+	err := Switch(f, "/newroot", SwitchOptions{BeforeExec: func() { t.Error("BeforeExec ran with no init to exec") }})
 	if !errors.Is(err, ErrNoInit) {
 		t.Fatalf("err = %v, want ErrNoInit", err)
 	}
@@ -74,13 +78,54 @@ func TestSwitchTriesInitCandidatesInOrder(t *testing.T) {
 	}
 }
 
-func TestSwitchWithoutRunMountCopiesIntoTarget(t *testing.T) {
+func TestSwitchCopiesTheAgentWhenTheBindFails(t *testing.T) {
+	f := initramfsFake()
+	f.failOn = "bind "
+	var logs []string
+	err := Switch(f, "/newroot", SwitchOptions{AgentPath: "/init", Logf: func(format string, args ...any) { logs = append(logs, fmt.Sprintf(format, args...)) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"bind /init /run/tether/bin/tether-agent", "copy /init /run/tether/bin/tether-agent 755"}; !reflect.DeepEqual(f.calls[:2], want) {
+		t.Fatalf("calls %q, want them to start %q", f.calls, want)
+	}
+	if !strings.Contains(strings.Join(logs, "\n"), "copying it instead") {
+		t.Errorf("the fallback was not logged: %q", logs)
+	}
+}
+
+func TestSwitchStopsWhenTheAgentCannotBePlaced(t *testing.T) {
+	f := initramfsFake()
+	f.failOn = "bind "
+	f.calls = nil
+	// Both the bind and the copy fail: nothing is moved.
+	fail := &failBoth{fakeSys: f}
+	err := Switch(fail, "/newroot", SwitchOptions{AgentPath: "/init"})
+	if err == nil || !strings.Contains(err.Error(), "copy agent to /run/tether/bin/tether-agent") {
+		t.Fatalf("err = %v", err)
+	}
+	for _, c := range f.calls {
+		if strings.HasPrefix(c, "mount move") {
+			t.Fatalf("moved mounts although the agent could not be placed: %q", f.calls)
+		}
+	}
+}
+
+// failBoth fails every copy as well as the first bind.
+type failBoth struct{ *fakeSys }
+
+func (f *failBoth) CopyFile(src, dst string, perm fs.FileMode) error {
+	_ = f.record("copy %s %s %o", src, dst, perm)
+	return errors.New("no space left on device")
+}
+
+func TestSwitchWithoutRunMountPutsTheAgentIntoTarget(t *testing.T) {
 	f := initramfsFake()
 	delete(f.mountPts, "/run")
 	if err := Switch(f, "/newroot", SwitchOptions{AgentPath: "/init"}); err != nil {
 		t.Fatal(err)
 	}
-	if f.calls[0] != "copy /init /newroot/run/tether/bin/tether-agent 755" {
+	if f.calls[0] != "bind /init /newroot/run/tether/bin/tether-agent" {
 		t.Fatalf("first call %q", f.calls[0])
 	}
 	for _, c := range f.calls {

@@ -25,6 +25,9 @@ type Sys interface {
 	FSType(path string) (int64, error)
 	// CopyFile copies src to dst with mode perm, creating dst's parents.
 	CopyFile(src, dst string, perm fs.FileMode) error
+	// BindFile makes dst show the file src with a bind mount, creating dst
+	// (empty, as the mount point) and its parents.
+	BindFile(src, dst string) error
 	// RemoveOnFS deletes everything below dir that is on dir's own
 	// filesystem; it never descends into another mount and never follows
 	// symlinks. dir itself stays.

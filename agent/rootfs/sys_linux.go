@@ -76,6 +76,23 @@ func (realSys) CopyFile(src, dst string, perm fs.FileMode) error {
 	return os.Chmod(dst, perm)
 }
 
+func (realSys) BindFile(src, dst string) error {
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return err
+	}
+	f, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE, 0o755)
+	if err != nil {
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	if err := unix.Mount(src, dst, "", unix.MS_BIND, ""); err != nil {
+		return &os.PathError{Op: "bind mount " + src + " on", Path: dst, Err: err}
+	}
+	return nil
+}
+
 func (realSys) RemoveOnFS(dir string) error { return removeOnFS(dir) }
 
 func (realSys) Chdir(dir string) error {

@@ -104,14 +104,15 @@ func (realRoot) Compose(_ context.Context, layers []agent.Layer, workDir, target
 	return err
 }
 
-func (realRoot) Switch(target string) error {
+func (realRoot) Switch(target string, beforeExec func()) error {
 	exe, err := os.Executable()
 	if err != nil {
 		return fmt.Errorf("find the agent binary to carry into the new root: %w", err)
 	}
 	err = rootfs.Switch(rootfs.RealSys(), target, rootfs.SwitchOptions{
-		AgentPath: exe,
-		Logf:      func(f string, a ...any) { fmt.Fprintf(os.Stderr, f+"\n", a...) },
+		AgentPath:  exe,
+		BeforeExec: beforeExec,
+		Logf:       func(f string, a ...any) { fmt.Fprintf(os.Stderr, f+"\n", a...) },
 	})
 	if errors.Is(err, rootfs.ErrNoInit) {
 		return fmt.Errorf("%w (%v)", agent.ErrNoInit, err)

@@ -8,6 +8,9 @@
 #              FLOOR_SHELL   1 to put busybox in the initramfs as the real one has
 #              FLOOR_TIMEOUT seconds per VM (default 120)
 #              FLOOR_NIC_OPTS extra virtio-net-pci options (e.g. ",romfile=" to skip iPXE's ROM)
+#              FLOOR_CPU     QEMU CPU model (default max,aes=off, as the qemu provider uses under TCG)
+#              FLOOR_REUSE   1 to boot what an earlier run built in .cache/floor instead of
+#                            building again (scripts/bench-boot.sh alternates single runs)
 # Prints one line per run and the median, in milliseconds. Logs and build
 # outputs go to .cache/floor/.
 set -euo pipefail
@@ -18,23 +21,32 @@ cd "$repo"
 work=$repo/.cache/floor
 mkdir -p "$work"
 vm_timeout=${FLOOR_TIMEOUT:-120}
+# The qemu provider's CPU model (providers/qemu/args.go), so that both
+# sides of the ratio run the same virtual machine.
+cpu=${FLOOR_CPU:-max,aes=off}
 
 command -v qemu-system-x86_64 >/dev/null || { echo "floor: qemu-system-x86_64 is missing (apt-get install qemu-system-x86)" >&2; exit 1; }
 
-release=$(scripts/fetch-kernel.sh .cache/kernel)
-echo "floor: kernel $release" >&2
+if [ "${FLOOR_REUSE:-0}" = 1 ] && [ -s "$work/initramfs.cpio" ] && [ -s "$work/module" ]; then
+  read -r image digest <"$work/module"
+else
+  release=$(scripts/fetch-kernel.sh .cache/kernel)
+  echo "floor: kernel $release" >&2
 
-CGO_ENABLED=0 go build -trimpath -buildvcs=false -ldflags='-s -w' -o "$work/init" ./initramfs/floor/init
-go build -trimpath -buildvcs=false -o "$work/serve" ./initramfs/floor/serve
-shell_flag=-busybox=none
-[ "${FLOOR_SHELL:-0}" = 1 ] && shell_flag=-busybox=auto
-initramfs/build.sh "$work/init" .cache/kernel "$work/initramfs.cpio" "$shell_flag" >&2
+  CGO_ENABLED=0 go build -trimpath -buildvcs=false -ldflags='-s -w' -o "$work/init" ./initramfs/floor/init
+  go build -trimpath -buildvcs=false -o "$work/serve" ./initramfs/floor/serve
+  shell_flag=-busybox=none
+  [ "${FLOOR_SHELL:-0}" = 1 ] && shell_flag=-busybox=auto
+  initramfs/build.sh "$work/init" .cache/kernel "$work/initramfs.cpio" "$shell_flag" >&2
 
-rm -rf "$work/modules"
-line=$(examples/build.sh "$work/modules" | grep '/tether-example-root.erofs ')
-image=$(basename "${line%% *}")
-digest=${line##*sha256:}
-echo "floor: module $image $(echo "$line" | cut -d' ' -f2) bytes sha256:$digest" >&2
+  rm -rf "$work/modules"
+  line=$(examples/build.sh "$work/modules" | grep '/tether-example-root.erofs ')
+  image=$(basename "${line%% *}")
+  digest=${line##*sha256:}
+  echo "$image $digest" >"$work/module"
+  echo "floor: module $image $(echo "$line" | cut -d' ' -f2) bytes sha256:$digest" >&2
+fi
+[ "$runs" -gt 0 ] || exit 0
 
 rm -f "$work/port"
 "$work/serve" -dir "$work/modules" -port-file "$work/port" 2>"$work/serve.log" &
@@ -52,16 +64,21 @@ times=()
 for i in $(seq "$runs"); do
   log=$work/run$i.log
   : >"$log"
-  rm -f "$work/t$i"
+  rm -f "$work/t$i" "$work/h$i"
   start=$(date +%s%N)
   # The marker is printed by the example root's rcS; it then powers off, so
   # QEMU exits on its own; the timeout bounds a VM that hangs.
-  timeout "$vm_timeout" qemu-system-x86_64 -M q35 -accel tcg -m 512 -smp 1 -nodefaults -nographic \
+  timeout "$vm_timeout" qemu-system-x86_64 -M q35 -accel tcg -cpu "$cpu" -m 512 -smp 1 -nodefaults -nographic \
     -serial stdio -no-reboot -netdev user,id=n0 -device "virtio-net-pci,netdev=n0${FLOOR_NIC_OPTS:-}" \
     -kernel .cache/kernel/vmlinuz -initrd "$work/initramfs.cpio" -append "$append" </dev/null 2>&1 |
     while IFS= read -r l; do
       case $l in
         *TETHER_EXAMPLE_READY*) [ -e "$work/t$i" ] || echo $((($(date +%s%N) - start) / 1000000)) >"$work/t$i" ;;
+        # Host stamps of the firmware's first line, the kernel's start
+        # and /init's, to compare with Tether's phases (e2e bootMarks).
+        *"SeaBIOS (version "*) echo "qemu $((($(date +%s%N) - start) / 1000000))" >>"$work/h$i" ;;
+        *"Linux version "*) echo "kernel-start $((($(date +%s%N) - start) / 1000000))" >>"$work/h$i" ;;
+        *"floor: /init started"*) echo "init $((($(date +%s%N) - start) / 1000000))" >>"$work/h$i" ;;
       esac
       printf '%s\n' "$l" >>"$log"
     done
@@ -82,7 +99,8 @@ for i in $(seq "$runs"); do
     / root composed/         { k = "composed" }
     / rootfs: switched root/ { k = "exec" }
     k != "" { printf "%s%s %.2f", sep, k, t; sep = ", "; k = "" }')
-  echo "run $i: ${t} ms  (guest uptime s: $phases)"
+  host=$(awk '{printf "%s%s %s", sep, $1, $2; sep = ", "}' "$work/h$i" 2>/dev/null || true)
+  echo "run $i: ${t} ms  (host ms: $host; guest uptime s: $phases)"
 done
 
 median=$(printf '%s\n' "${times[@]}" | sort -n | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : int((a[NR/2] + a[NR/2+1]) / 2)}')

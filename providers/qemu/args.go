@@ -129,6 +129,7 @@ func buildArgv(s launchSpec) []string {
 		"-name", "guest=" + optEscape("tether-"+s.InstanceID),
 		"-M", "q35",
 		"-accel", s.Accel,
+		"-cpu", cpuModel(s.Accel),
 		"-m", strconv.Itoa(s.MemoryMiB),
 		"-smp", strconv.Itoa(s.CPUs),
 		"-nodefaults",
@@ -179,6 +180,21 @@ func buildArgv(s launchSpec) []string {
 		argv = append(argv, "-fw_cfg", "name="+fwCfgToken+",file="+optEscape(s.Paths.token))
 	}
 	return argv
+}
+
+// cpuModel is every CPU feature the accelerator can offer. QEMU's default
+// model (qemu64) has no SSSE3, AVX or SHA extensions: under TCG the guest's
+// SHA-256 and ChaCha20-Poly1305 then run 4-13x slower (1 MiB: 362 vs 27 ms
+// and 246 vs 57 ms), which is most of a module fetch and verify. Under TCG
+// AES-NI is left out: emulated, AES-GCM is several times slower than
+// vectorised ChaCha20-Poly1305 (1 MiB: 328 vs 57 ms), and a guest without
+// it makes TLS pick ChaCha20 (Go and OpenSSL both do). Under KVM, max is
+// the host's CPU, AES-NI included. docs/benchmarks.md has the numbers.
+func cpuModel(accel string) string {
+	if accel == AccelTCG {
+		return "max,aes=off"
+	}
+	return "max"
 }
 
 func kernelCommandLine(extra string) string {

@@ -114,6 +114,7 @@ func TestBuildArgvGolden(t *testing.T) {
 		"-name", "guest=tether-inst-1",
 		"-M", "q35",
 		"-accel", "tcg",
+		"-cpu", "max,aes=off",
 		"-m", "512",
 		"-smp", "1",
 		"-nodefaults",

@@ -65,14 +65,26 @@ func Dir(b *testing.B) string {
 //     steadier than wall time on a shared machine;
 //   - cpu-ms/op: that CPU time in milliseconds.
 //
-// TETHER_BENCH_CPUPROFILE=file profiles the timed fetches alone.
-func Run(b *testing.B, blob []byte, reset, fetch func() error) {
+// Each peer fetches the same bytes after every one of the agent's fetches,
+// untimed by b, so the two alternate under the same machine load; each
+// reports <name>-x-sha256 the same way.
+//
+// TETHER_BENCH_CPUPROFILE=file profiles the timed fetches alone (and
+// leaves the peers out).
+func Run(b *testing.B, blob []byte, reset, fetch func() error, peers ...Peer) {
 	shaRate := SHA256Rate(blob)
 	b.SetBytes(int64(len(blob)))
 	var elapsed, cpu time.Duration
+	peerElapsed := make([]time.Duration, len(peers))
 	if path := os.Getenv("TETHER_BENCH_CPUPROFILE"); path != "" && b.N > 1 {
 		stop := profile(b, path)
 		defer stop()
+		// The peers' server side runs in this process too: it would be in
+		// the profile, which is of the agent's fetches.
+		if len(peers) > 0 {
+			b.Logf("profiling: the %d peers are not run", len(peers))
+			peers = nil
+		}
 	}
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
@@ -87,13 +99,32 @@ func Run(b *testing.B, blob []byte, reset, fetch func() error) {
 		}
 		elapsed += time.Since(start)
 		cpu += CPUTime() - cpu0
+		b.StopTimer()
+		for j, p := range peers {
+			start := time.Now()
+			if err := p.Fetch(); err != nil {
+				b.Fatalf("peer %s: %v", p.Name, err)
+			}
+			peerElapsed[j] += time.Since(start)
+		}
+		b.StartTimer()
 	}
 	b.StopTimer()
 	rate := float64(b.N) * float64(len(blob)) / elapsed.Seconds()
 	b.ReportMetric(rate/shaRate, "x-sha256")
+	for j, p := range peers {
+		b.ReportMetric(float64(b.N)*float64(len(blob))/peerElapsed[j].Seconds()/shaRate, p.Name+"-x-sha256")
+	}
 	b.ReportMetric(shaRate/1e6, "sha256-MB/s")
 	b.ReportMetric(cpu.Seconds()/float64(b.N)/(float64(len(blob))/shaRate), "cpu-x-sha256")
 	b.ReportMetric(float64(cpu.Milliseconds())/float64(b.N), "cpu-ms/op")
+}
+
+// Peer is another client fetching the same bytes (curl from the netboot
+// HTTP server, say), measured beside the agent's fetcher.
+type Peer struct {
+	Name  string // the metric is <Name>-x-sha256
+	Fetch func() error
 }
 
 // profile writes a CPU profile of the timed fetches alone (-cpuprofile
