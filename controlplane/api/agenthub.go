@@ -35,10 +35,13 @@ type AgentHub struct {
 // query per sweep, not one per stream.
 const DefaultSweep = 20 * time.Second
 
+// agentConn is an open stream as the hub sees it.
 type agentConn struct {
-	wake chan struct{}
+	// wake asks the stream to look for tasks and cancellations; it
+	// returns at once.
+	wake func()
 	// kick ends the stream: a newer stream for the same instance replaced it.
-	kick chan struct{}
+	kick func()
 }
 
 // NewAgentHub returns an idle hub; Run starts it.
@@ -85,14 +88,15 @@ func (h *AgentHub) Connected() int {
 	return len(h.streams)
 }
 
-func (h *AgentHub) register(id string) *agentConn {
-	c := &agentConn{wake: make(chan struct{}, 1), kick: make(chan struct{})}
+func (h *AgentHub) register(id string, wake, kick func()) *agentConn {
+	c := &agentConn{wake: wake, kick: kick}
 	h.mu.Lock()
-	if old := h.streams[id]; old != nil {
-		close(old.kick)
-	}
+	old := h.streams[id]
 	h.streams[id] = c
 	h.mu.Unlock()
+	if old != nil {
+		old.kick()
+	}
 	if h.Metrics != nil {
 		h.Metrics.ConnectedAgents.Inc()
 	}
@@ -119,10 +123,7 @@ func (h *AgentHub) Wake(instanceID string) bool {
 	if c == nil {
 		return false
 	}
-	select {
-	case c.wake <- struct{}{}:
-	default:
-	}
+	c.wake()
 	return true
 }
 

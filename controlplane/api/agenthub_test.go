@@ -29,9 +29,23 @@ func (c *countingStore) ListTasks(ctx context.Context, f store.TaskFilter, p sto
 	return c.Store.ListTasks(ctx, f, p)
 }
 
-func woken(c *agentConn) bool {
+// testConn is a registered stream that records its wake-ups.
+type testConn struct{ woke chan struct{} }
+
+func registerTest(h *AgentHub, id string) *testConn {
+	c := &testConn{woke: make(chan struct{}, 1)}
+	h.register(id, func() {
+		select {
+		case c.woke <- struct{}{}:
+		default:
+		}
+	}, func() {})
+	return c
+}
+
+func woken(c *testConn) bool {
 	select {
-	case <-c.wake:
+	case <-c.woke:
 		return true
 	default:
 		return false
@@ -54,9 +68,9 @@ func TestSweepWakesOnlyStreamsWithWork(t *testing.T) {
 	if n, err := hub.SweepWork(ctx); err != nil || n != 0 || st.sweeps.Load() != 0 {
 		t.Fatalf("sweep with no streams: woke %d, %v, %d queries; want no query at all", n, err, st.sweeps.Load())
 	}
-	conns := map[string]*agentConn{}
+	conns := map[string]*testConn{}
 	for _, id := range []string{"idle-1", "idle-2", "idle-3", "has-task", "has-cancel"} {
-		conns[id] = hub.register(id)
+		conns[id] = registerTest(hub, id)
 	}
 	now := time.Now()
 	add := func(instance, status string, cancel bool) {
