@@ -385,6 +385,7 @@ func startLocalShard(ctx context.Context, tg *fleetTarget, i, n int, p shardPara
 	s := &localShard{done: make(chan struct{}), ctx: ctx}
 	o := bench.FleetOptions{Agents: per, Offset: offset, EnrollRate: p.rate / float64(n), Heartbeat: p.interval,
 		Sources: p.srcs, Dial: tg.dialFrom, Admin: tg.admin, Enroll: v1.NewEnrollmentServiceClient(mustDial(tg.target)), Node: p.node}
+	var enrollConns []*grpc.ClientConn
 	if len(p.srcs) > 0 {
 		// Enrollment is rate-limited per source: enroll from the agent's.
 		bySrc := map[string]v1.EnrollmentServiceClient{}
@@ -393,6 +394,7 @@ func startLocalShard(ctx context.Context, tg *fleetTarget, i, n int, p shardPara
 			if err != nil {
 				return nil, err
 			}
+			enrollConns = append(enrollConns, conn)
 			bySrc[src.String()] = v1.NewEnrollmentServiceClient(conn)
 		}
 		o.EnrollFrom = func(src net.IP) v1.EnrollmentServiceClient { return bySrc[src.String()] }
@@ -410,6 +412,11 @@ func startLocalShard(ctx context.Context, tg *fleetTarget, i, n int, p shardPara
 	go func() {
 		defer close(s.done)
 		s.f = bench.StartFleet(ctx, o)
+		// Every agent is enrolled: give tetherd back the descriptors
+		// (at 19,000 agents its connection cap is that close).
+		for _, c := range enrollConns {
+			_ = c.Close()
+		}
 	}()
 	return s, nil
 }
