@@ -86,14 +86,9 @@ func runStorm(ctx context.Context, progress io.Writer, p stormParams) (*stormRep
 		return nil, err
 	}
 	r.DownSeconds = time.Since(killed).Seconds()
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Dir, cmd.Env, cmd.Stdout, cmd.Stderr = dir, env, logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true} // it outlives this tool, as the first did
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("restart tetherd: %w", err)
+	if r.NewPID, err = restart(ctx, progress, argv, dir, env, logf); err != nil {
+		return nil, err
 	}
-	go func() { _ = cmd.Wait() }() // reap it if it exits before we do
-	r.NewPID = cmd.Process.Pid
 	fmt.Fprintf(progress, "storm: old tetherd gone after %.1f s; restarted as pid %d\n", r.DownSeconds, r.NewPID)
 
 	tick := time.NewTicker(time.Second)
@@ -106,7 +101,7 @@ func runStorm(ctx context.Context, progress io.Writer, p stormParams) (*stormRep
 			return nil, fmt.Errorf("storm: run time is up: %w", ctx.Err())
 		case <-tick.C:
 		}
-		pt := stormPoint{T: t, Connected: -1}
+		pt := stormPoint{T: int(time.Since(killed).Seconds()), Connected: -1} // seconds since the signal, as the agents' timeline
 		if c, err := counter(p.metrics, "tether_connected_agents"); err == nil {
 			pt.Connected = int(c)
 		}
@@ -119,7 +114,7 @@ func runStorm(ctx context.Context, progress io.Writer, p stormParams) (*stormRep
 		r.PeakCPU, r.PeakRSSMiB = max(r.PeakCPU, pt.CPU), max(r.PeakRSSMiB, pt.RSSMiB)
 		r.Points = append(r.Points, pt)
 		if t%5 == 0 {
-			fmt.Fprintf(progress, "storm: %3d s: %d of %d connected, tetherd %.0f%% of a core, RSS %.0f MiB\n", t, pt.Connected, p.want, pt.CPU, pt.RSSMiB)
+			fmt.Fprintf(progress, "storm: %3d s: %d of %d connected, tetherd %.0f%% of a core, RSS %.0f MiB\n", pt.T, pt.Connected, p.want, pt.CPU, pt.RSSMiB)
 		}
 		if r.BackSeconds == 0 && pt.Connected >= p.want {
 			r.BackSeconds = time.Since(killed).Seconds()
@@ -231,8 +226,12 @@ func waitGone(ctx context.Context, pid int, limit time.Duration) error {
 			return nil
 		}
 		if err == nil {
-			if s := string(st); strings.Contains(s[strings.LastIndexByte(s, ')')+1:], " Z ") {
-				return nil // a zombie has let go of its port and descriptors
+			// A zombie has let go of its port and descriptors, but only
+			// once its last thread is gone: a killed Go process's main
+			// thread turns zombie while the others still hold its files.
+			tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+			if s := string(st); strings.Contains(s[strings.LastIndexByte(s, ')')+1:], " Z ") && len(tasks) <= 1 {
+				return nil
 			}
 		}
 		if time.Now().After(deadline) {
@@ -263,6 +262,38 @@ func countEvents(ctx context.Context, admin v1.AdminServiceClient, kind string, 
 		}
 		if token = resp.NextPageToken; token == "" {
 			return n, nil
+		}
+	}
+}
+
+// restart starts tetherd again as it was started. One that exits within
+// two seconds (its port not yet free, say) is started again, up to ten
+// times.
+func restart(ctx context.Context, progress io.Writer, argv []string, dir string, env []string, logf *os.File) (int, error) {
+	for attempt := 1; ; attempt++ {
+		cmd := exec.Command(argv[0], argv[1:]...)
+		cmd.Dir, cmd.Env, cmd.Stdout, cmd.Stderr = dir, env, logf, logf
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true} // it outlives this tool, as the first did
+		if err := cmd.Start(); err != nil {
+			return 0, fmt.Errorf("restart tetherd: %w", err)
+		}
+		exited := make(chan error, 1)
+		go func() { exited <- cmd.Wait() }() // and reaps it if it exits before we do
+		select {
+		case err := <-exited:
+			if attempt >= 10 {
+				return 0, fmt.Errorf("restarted tetherd exited at once %d times (last: %v); see its log %s", attempt, err, logf.Name())
+			}
+			fmt.Fprintf(progress, "storm: restarted tetherd exited at once (%v); starting it again\n", err)
+			select {
+			case <-ctx.Done():
+				return 0, ctx.Err()
+			case <-time.After(200 * time.Millisecond):
+			}
+		case <-time.After(2 * time.Second):
+			return cmd.Process.Pid, nil
+		case <-ctx.Done():
+			return 0, ctx.Err()
 		}
 	}
 }
