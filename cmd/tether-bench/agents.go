@@ -209,8 +209,12 @@ func closeAll(as []*bench.SimAgent) {
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 // counter reads one counter from a Prometheus text endpoint.
+// metricsClient bounds a scrape: a tetherd that accepts and hangs must
+// not stall the run.
+var metricsClient = &http.Client{Timeout: 5 * time.Second}
+
 func counter(url, name string) (float64, error) {
-	resp, err := http.Get(url)
+	resp, err := metricsClient.Get(url)
 	if err != nil {
 		return 0, err
 	}

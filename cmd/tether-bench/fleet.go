@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"google.golang.org/grpc"
@@ -48,6 +49,15 @@ type fleetReport struct {
 	CPUPerHeartbeatUS float64  `json:"server_cpu_us_per_heartbeat"`
 	CPUPerAgentUSPerS float64  `json:"server_cpu_us_per_agent_per_second"`
 	FirstErrors       []string `json:"first_errors,omitempty"`
+	ReusedIdentities  int64    `json:"reused_identities"`
+	// Task create -> agent receives, over --push-tasks probes.
+	PushTasks  int     `json:"push_tasks,omitempty"`
+	PushErrors int     `json:"push_errors,omitempty"`
+	PushP50MS  float64 `json:"push_p50_ms,omitempty"`
+	PushP99MS  float64 `json:"push_p99_ms,omitempty"`
+	// RSSSamplesMiB is tetherd's RSS every 10 s of the hold.
+	RSSSamplesMiB []float64    `json:"server_rss_samples_mib,omitempty"`
+	Storm         *stormReport `json:"storm,omitempty"`
 }
 
 // shard is one part of the fleet: in this process or in a child.
@@ -55,6 +65,8 @@ type shard interface {
 	// connected blocks until the shard has tried every agent and says how
 	// many are connected.
 	connected() (int, error)
+	// push runs n task-push probes on the shard's agents.
+	push(n int) (pushResult, error)
 	// stop ends the shard and returns its counts.
 	stop() (bench.FleetStats, error)
 }
@@ -75,7 +87,18 @@ func fleet(args []string) error {
 	shardSpec := fs.String("shard", "", "internal: i/n, run shard i of n and talk to the parent on stdin/stdout")
 	node := fs.String("node", "", "node to provision from (default: a fresh one)")
 	out := fs.String("o", "table", "table or json")
+	idDir := fs.String("identities", "", "keep enrolled identities in this directory (one file per shard; use the same --procs) and reuse them on the next run against the same data dir")
+	pushTasks := fs.Int("push-tasks", 0, "after the hold, create this many tasks (split over the shards) and time each from CreateTask to the agent's stream")
+	storm := fs.String("storm", "", "after the hold, restart tetherd with this signal (term or kill) and measure the reconnect storm")
+	stormLog := fs.String("storm-log", "tetherd-restarted.log", "the restarted tetherd's output")
+	stormTimeout := fs.Duration("storm-timeout", 3*time.Minute, "give up waiting for every agent to reconnect after this long")
+	stormTail := fs.Duration("storm-tail", 30*time.Second, "keep watching this long after every agent is back (late reconnections, liveness marks)")
+	series := fs.String("series", "", "write the storm's per-second series (JSON) here, for tether-bench plot")
+	maxRun := fs.Duration("max-run", 15*time.Minute, "stop the whole run after this long, whatever phase it is in")
 	_ = fs.Parse(args)
+	if *storm != "" && *storm != "term" && *storm != "kill" {
+		return fmt.Errorf("--storm %q: want term or kill", *storm)
+	}
 
 	srcs, err := sourceAddrs(*base, *sources)
 	if err != nil {
@@ -85,9 +108,11 @@ func fleet(args []string) error {
 	if err != nil {
 		return err
 	}
-	ctx := context.Background()
+	ctx, cancelRun := context.WithTimeout(context.Background(), *maxRun)
+	defer cancelRun()
+	sp := shardParams{agents: *agents, rate: *rate, interval: *interval, srcs: srcs, node: *node, idDir: *idDir}
 	if *shardSpec != "" {
-		return runChildShard(ctx, tg, *shardSpec, *agents, *rate, *interval, srcs, *node)
+		return runChildShard(ctx, tg, *shardSpec, sp)
 	}
 	if *pid == 0 || *metrics == "" {
 		return fmt.Errorf("--server-pid and --metrics are required")
@@ -99,6 +124,7 @@ func fleet(args []string) error {
 		if *node, err = tg.seedNode(ctx); err != nil {
 			return err
 		}
+		sp.node = *node
 	}
 	progress := os.Stderr
 	rss0, err := bench.ProcessRSS(*pid)
@@ -110,7 +136,11 @@ func fleet(args []string) error {
 	start := time.Now()
 	var shards []shard
 	if *procs == 1 {
-		shards = append(shards, startLocalShard(ctx, tg, 0, 1, *agents, *rate, *interval, srcs, *node))
+		ls, err := startLocalShard(ctx, tg, 0, 1, sp)
+		if err != nil {
+			return err
+		}
+		shards = append(shards, ls)
 	} else {
 		self, err := os.Executable()
 		if err != nil {
@@ -149,9 +179,11 @@ func fleet(args []string) error {
 		return err
 	}
 	holdStart := time.Now()
-	for deadline := holdStart.Add(*hold); time.Now().Before(deadline); {
+	var rssSamples []float64
+	for deadline := holdStart.Add(*hold); time.Now().Before(deadline) && ctx.Err() == nil; {
 		time.Sleep(min(10*time.Second, time.Until(deadline)))
 		if r, err := bench.ProcessRSS(*pid); err == nil {
+			rssSamples = append(rssSamples, float64(r)/(1<<20))
 			fmt.Fprintf(progress, "fleet: %3.0f s into the hold: tetherd RSS %.0f MiB\n", time.Since(holdStart).Seconds(), float64(r)/(1<<20))
 		}
 	}
@@ -170,6 +202,33 @@ func fleet(args []string) error {
 	}
 	live1, _ := goInUse(*metrics)
 
+	var push pushResult
+	if *pushTasks > 0 {
+		fmt.Fprintf(progress, "fleet: pushing %d tasks\n", *pushTasks)
+		for i, s := range shards {
+			n := *pushTasks / len(shards)
+			if i == len(shards)-1 {
+				n = *pushTasks - n*(len(shards)-1)
+			}
+			part, err := s.push(n)
+			if err != nil {
+				return err
+			}
+			push.add(part)
+		}
+	}
+	var sr *stormReport
+	if *storm != "" {
+		sig := syscall.SIGTERM
+		if *storm == "kill" {
+			sig = syscall.SIGKILL
+		}
+		if sr, err = runStorm(ctx, progress, stormParams{pid: *pid, sig: sig, log: *stormLog, metrics: *metrics, admin: tg.admin,
+			want: total, timeout: *stormTimeout, tail: *stormTail}); err != nil {
+			return err
+		}
+	}
+
 	var st bench.FleetStats
 	for _, s := range shards {
 		part, err := s.stop()
@@ -182,7 +241,24 @@ func fleet(args []string) error {
 		EnrollSeconds: enrollSecs, HoldSeconds: holdSecs, Connected: st.Connected, Errors: st.Errors, Reconnects: st.Reconnects,
 		HeartbeatsPerSec: (hb1 - hb0) / holdSecs, RSSBaseMiB: float64(rss0) / (1 << 20), RSSEndMiB: float64(rss2) / (1 << 20),
 		RSSHoldGrowthMiB: float64(rss2-rss1) / (1 << 20), CPUPercentOfCore: 100 * (cpu1 - cpu0).Seconds() / holdSecs,
-		FirstErrors: st.FirstErrs}
+		FirstErrors: st.FirstErrs, ReusedIdentities: st.Reused, RSSSamplesMiB: rssSamples}
+	if len(push.Lat) > 0 || push.Errors > 0 {
+		r.PushTasks, r.PushErrors = len(push.Lat)+push.Errors, push.Errors
+		r.PushP50MS = float64(bench.Percentile(push.Lat, 0.5).Microseconds()) / 1000
+		r.PushP99MS = float64(bench.Percentile(push.Lat, 0.99).Microseconds()) / 1000
+		if push.FirstErr != "" {
+			r.FirstErrors = append(r.FirstErrors, push.FirstErr)
+		}
+	}
+	if sr != nil {
+		sr.finish(st.Timeline)
+		r.Storm = sr
+		if *series != "" {
+			if err := writeSeries(*series, sr); err != nil {
+				return err
+			}
+		}
+	}
 	if n := float64(st.Connected); n > 0 {
 		r.RSSPerAgentKiB = float64(rss2-rss0) / 1024 / n
 		r.CPUPerAgentUSPerS = float64((cpu1 - cpu0).Microseconds()) / holdSecs / n
@@ -203,6 +279,12 @@ func printFleet(w io.Writer, r fleetReport, asJSON bool) {
 	fmt.Fprintf(w, "| %d | %d | %s | %d | %d | %.0f | %.1f KiB | %.1f KiB | %.1f MiB in %.0f s | %.1f%% of a core | %.0f µs | %.2f µs |\n",
 		r.Agents, r.Procs, r.HeartbeatInterval, r.Connected, r.Errors, r.HeartbeatsPerSec, r.RSSPerAgentKiB, r.GoInUsePerAgentKB,
 		r.RSSHoldGrowthMiB, r.HoldSeconds, r.CPUPercentOfCore, r.CPUPerHeartbeatUS, r.CPUPerAgentUSPerS)
+	if r.PushTasks > 0 {
+		fmt.Fprintf(w, "task push: %d tasks, %d errors, p50 %.1f ms, p99 %.1f ms\n", r.PushTasks, r.PushErrors, r.PushP50MS, r.PushP99MS)
+	}
+	if r.Storm != nil {
+		printStorm(w, r.Storm)
+	}
 	for _, e := range r.FirstErrors {
 		fmt.Fprintln(w, "error:", e)
 	}
@@ -263,7 +345,10 @@ func connectFleetTarget(cfgPath string) (*fleetTarget, error) {
 	pool.AppendCertsFromPEM(caPEM)
 	host, _, _ := net.SplitHostPort(cfg.Endpoint)
 	dialFrom := func(src net.IP, c *tls.Certificate) (*grpc.ClientConn, error) {
-		t := &tls.Config{RootCAs: pool, ServerName: host, MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{*c}}
+		t := &tls.Config{RootCAs: pool, ServerName: host, MinVersion: tls.VersionTLS13}
+		if c != nil {
+			t.Certificates = []tls.Certificate{*c}
+		}
 		d := &net.Dialer{Timeout: 10 * time.Second}
 		if src != nil {
 			d.LocalAddr = &net.TCPAddr{IP: src}
@@ -274,59 +359,149 @@ func connectFleetTarget(cfgPath string) (*fleetTarget, error) {
 	return &fleetTarget{target: tg, dialFrom: dialFrom}, nil
 }
 
+// shardParams are the fleet flags a shard needs.
+type shardParams struct {
+	agents   int
+	rate     float64
+	interval time.Duration
+	srcs     []net.IP
+	node     string
+	idDir    string
+}
+
 // localShard runs agents in this process.
 type localShard struct {
 	done chan struct{}
 	f    *bench.Fleet
+	ids  *bench.IdentityFile
+	ctx  context.Context
 }
 
-func startLocalShard(ctx context.Context, tg *fleetTarget, i, n, agents int, rate float64, interval time.Duration, srcs []net.IP, node string) *localShard {
-	per, offset := agents/n, i*(agents/n)
+func startLocalShard(ctx context.Context, tg *fleetTarget, i, n int, p shardParams) (*localShard, error) {
+	per, offset := p.agents/n, i*(p.agents/n)
 	if i == n-1 {
-		per = agents - offset
+		per = p.agents - offset
 	}
-	s := &localShard{done: make(chan struct{})}
+	s := &localShard{done: make(chan struct{}), ctx: ctx}
+	o := bench.FleetOptions{Agents: per, Offset: offset, EnrollRate: p.rate / float64(n), Heartbeat: p.interval,
+		Sources: p.srcs, Dial: tg.dialFrom, Admin: tg.admin, Enroll: v1.NewEnrollmentServiceClient(mustDial(tg.target)), Node: p.node}
+	var enrollConns []*grpc.ClientConn
+	if len(p.srcs) > 0 {
+		// Enrollment is rate-limited per source: enroll from the agent's.
+		bySrc := map[string]v1.EnrollmentServiceClient{}
+		for _, src := range p.srcs {
+			conn, err := tg.dialFrom(src, nil)
+			if err != nil {
+				return nil, err
+			}
+			enrollConns = append(enrollConns, conn)
+			bySrc[src.String()] = v1.NewEnrollmentServiceClient(conn)
+		}
+		o.EnrollFrom = func(src net.IP) v1.EnrollmentServiceClient { return bySrc[src.String()] }
+	}
+	if p.idDir != "" {
+		if err := os.MkdirAll(p.idDir, 0o700); err != nil {
+			return nil, err
+		}
+		ids, known, err := bench.OpenIdentities(filepath.Join(p.idDir, fmt.Sprintf("shard-%d-of-%d.jsonl", i, n)))
+		if err != nil {
+			return nil, err
+		}
+		s.ids, o.Known, o.Save = ids, known, ids.Save
+	}
 	go func() {
 		defer close(s.done)
-		s.f = bench.StartFleet(ctx, bench.FleetOptions{Agents: per, Offset: offset, EnrollRate: rate / float64(n), Heartbeat: interval,
-			Sources: srcs, Dial: tg.dialFrom, Admin: tg.admin, Enroll: v1.NewEnrollmentServiceClient(mustDial(tg.target)), Node: node})
+		s.f = bench.StartFleet(ctx, o)
+		// Every agent is enrolled: give tetherd back the descriptors
+		// (at 19,000 agents its connection cap is that close).
+		for _, c := range enrollConns {
+			_ = c.Close()
+		}
 	}()
-	return s
+	return s, nil
 }
 
 func (s *localShard) connected() (int, error) {
 	<-s.done
 	// The last streams open just after their enrollment returns.
-	for deadline := time.Now().Add(30 * time.Second); int64(s.f.Connected()) < s.f.Stats().Enrolled && time.Now().Before(deadline); {
-		time.Sleep(100 * time.Millisecond)
+	for deadline := time.Now().Add(30 * time.Second); int64(s.f.Connected()) < s.f.Stats().Enrolled+s.f.Stats().Reused && time.Now().Before(deadline); {
+		time.Sleep(100 * time.Millisecond) // a deadline poll on the streams' own goroutines
 	}
 	return s.f.Connected(), nil
+}
+
+func (s *localShard) push(n int) (pushResult, error) {
+	<-s.done
+	lat, errs, first := s.f.PushProbe(s.ctx, n)
+	r := pushResult{Lat: lat, Errors: errs}
+	if first != nil {
+		r.FirstErr = first.Error()
+	}
+	return r, nil
 }
 
 func (s *localShard) stop() (bench.FleetStats, error) {
 	<-s.done
 	st := s.f.Stats() // before Stop, which closes every stream
 	s.f.Stop()
+	if s.ids != nil {
+		if err := s.ids.Close(); err != nil {
+			return st, err
+		}
+	}
 	return st, nil
 }
 
+// pushResult is a shard's task-push probe.
+type pushResult struct {
+	Lat      []time.Duration `json:"latencies"`
+	Errors   int             `json:"errors"`
+	FirstErr string          `json:"first_error,omitempty"`
+}
+
+func (p *pushResult) add(o pushResult) {
+	p.Lat = append(p.Lat, o.Lat...)
+	p.Errors += o.Errors
+	if p.FirstErr == "" {
+		p.FirstErr = o.FirstErr
+	}
+}
+
 // runChildShard is a child process: it runs its shard, prints
-// "connected N" when every agent was tried, holds until its stdin closes,
-// then prints its counts as JSON.
-func runChildShard(ctx context.Context, tg *fleetTarget, spec string, agents int, rate float64, interval time.Duration, srcs []net.IP, node string) error {
+// "connected N" when every agent was tried, then answers the parent's
+// commands on stdin ("push N": one line of JSON) until stdin closes, and
+// last prints its counts as JSON.
+func runChildShard(ctx context.Context, tg *fleetTarget, spec string, p shardParams) error {
 	i, n, err := parseShard(spec)
 	if err != nil {
 		return err
 	}
-	if node == "" {
+	if p.node == "" {
 		return fmt.Errorf("--shard needs --node")
 	}
-	s := startLocalShard(ctx, tg, i, n, agents, rate, interval, srcs, node)
+	s, err := startLocalShard(ctx, tg, i, n, p)
+	if err != nil {
+		return err
+	}
 	c, _ := s.connected()
 	fmt.Printf("connected %d\n", c)
-	_, _ = io.Copy(io.Discard, os.Stdin) // the parent closes it to stop us
-	st, _ := s.stop()
-	return json.NewEncoder(os.Stdout).Encode(st)
+	enc := json.NewEncoder(os.Stdout)
+	in := bufio.NewScanner(os.Stdin)
+	for in.Scan() { // the parent closes stdin to stop us
+		var k int
+		if _, err := fmt.Sscanf(in.Text(), "push %d", &k); err != nil {
+			return fmt.Errorf("shard %s: command %q: %w", spec, in.Text(), err)
+		}
+		r, _ := s.push(k)
+		if err := enc.Encode(r); err != nil {
+			return err
+		}
+	}
+	st, err := s.stop()
+	if err != nil {
+		return err
+	}
+	return enc.Encode(st)
 }
 
 func parseShard(spec string) (int, int, error) {
@@ -350,7 +525,8 @@ func startChildShard(self string, i, n int, fs *flag.FlagSet, node string) (*chi
 	var args []string
 	fs.Visit(func(f *flag.Flag) {
 		switch f.Name {
-		case "procs", "shard", "node", "o", "server-pid", "metrics", "hold", "settle":
+		case "procs", "shard", "node", "o", "server-pid", "metrics", "hold", "settle", "push-tasks", "storm", "storm-log",
+			"storm-timeout", "storm-tail", "series":
 		default:
 			args = append(args, "--"+f.Name+"="+f.Value.String())
 		}
@@ -382,6 +558,18 @@ func (c *childShard) connected() (int, error) {
 		return 0, fmt.Errorf("shard said %q: %w", line, err)
 	}
 	return n, nil
+}
+
+func (c *childShard) push(n int) (pushResult, error) {
+	var r pushResult
+	if _, err := fmt.Fprintf(c.stdin, "push %d\n", n); err != nil {
+		return r, fmt.Errorf("shard %v: %w", c.cmd.Args, err)
+	}
+	line, err := c.out.ReadBytes('\n')
+	if err != nil {
+		return r, fmt.Errorf("shard %v: %w", c.cmd.Args, err)
+	}
+	return r, json.Unmarshal(line, &r)
 }
 
 func (c *childShard) stop() (bench.FleetStats, error) {

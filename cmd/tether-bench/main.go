@@ -5,7 +5,9 @@
 //	tether-bench push       --config ... --agents 1000 --tasks 1000
 //	tether-bench heartbeats --config ... --server-pid PID --metrics http://ADDR/metrics --agents 1000 --interval 1s --duration 30s
 //	tether-bench fleet      --config ... --server-pid PID --metrics http://ADDR/metrics --agents 10000 --enroll-rate 200 \
-//	                        --heartbeat 30s --hold 3m --sources 16 --procs 2 [-o json]
+//	                        --heartbeat 30s --hold 3m --sources 16 --procs 2 [--identities DIR] [--push-tasks 400]
+//	                        [--storm term|kill --series storm.json] [-o json]
+//	tether-bench plot       --series storm.json --out storm.png
 //	tether-bench chaos      --tetherd bin/tetherd --duration 2m --store sqlite|postgres   (make chaos)
 package main
 
@@ -32,9 +34,9 @@ import (
 )
 
 func main() {
-	cmds := map[string]func([]string) error{"enroll": enroll, "push": push, "heartbeats": heartbeats, "fleet": fleet, "chaos": chaosCmd}
+	cmds := map[string]func([]string) error{"enroll": enroll, "push": push, "heartbeats": heartbeats, "fleet": fleet, "chaos": chaosCmd, "plot": plotCmd}
 	if len(os.Args) < 2 || cmds[os.Args[1]] == nil {
-		fmt.Fprintln(os.Stderr, "usage: tether-bench enroll|push|heartbeats|fleet|chaos [flags] (see the package comment)")
+		fmt.Fprintln(os.Stderr, "usage: tether-bench enroll|push|heartbeats|fleet|chaos|plot [flags] (see the package comment)")
 		os.Exit(2)
 	}
 	if err := cmds[os.Args[1]](os.Args[2:]); err != nil {

@@ -198,17 +198,36 @@ func (a *agentServer) Connect(stream v1.AgentService_ConnectServer) error {
 	if in.Status == lifecycle.Terminated {
 		return fail.Precondition("instance %s is terminated; its agent may not connect", id)
 	}
-	conn := a.Agents.register(id)
+	// What ends the stream from outside (a newer stream, a revocation)
+	// and what wakes it arrive as callbacks into two small channels: no
+	// per-stream subscription to every revocation, no channel of its own
+	// per cause.
+	ended := make(chan error, 1)
+	end := func(why error) {
+		select {
+		case ended <- why:
+		default: // the first reason stands
+		}
+	}
+	wake := make(chan struct{}, 1)
+	conn := a.Agents.register(id, func() {
+		select {
+		case wake <- struct{}{}:
+		default:
+		}
+	}, func() { end(fail.Unavailable("a newer stream from instance %s replaced this one", id)) })
 	defer a.Agents.unregister(id, conn)
-	revoked, stopRevoked := a.Revoked.Watch()
-	defer stopRevoked()
+	defer a.Revoked.OnRevoke(c.Serial, func() { end(fail.Unauthenticated("certificate %s was revoked", c.Serial)) })()
 
 	if err := stream.Send(&v1.ControlMessage{Msg: &v1.ControlMessage_Settings{Settings: a.settings()}}); err != nil {
 		return err
 	}
 
 	// The receiver runs apart so that Send stays on this goroutine
-	// (a gRPC stream allows one sender at a time).
+	// (a gRPC stream allows one sender at a time). gRPC offers no way to
+	// end a waiting Recv with a status of our choosing (a Recv cut by its
+	// context writes Canceled to the agent itself), so the reasons above
+	// need this goroutine to return them.
 	recvErr := make(chan error, 1)
 	go func() { recvErr <- a.receive(ctx, id, stream) }()
 
@@ -228,13 +247,9 @@ func (a *agentServer) Connect(stream v1.AgentService_ConnectServer) error {
 				return nil
 			}
 			return err
-		case <-conn.kick:
-			return fail.Unavailable("a newer stream from instance %s replaced this one", id)
-		case serial := <-revoked:
-			if serial == c.Serial {
-				return fail.Unauthenticated("certificate %s was revoked", serial)
-			}
-		case <-conn.wake:
+		case why := <-ended:
+			return why
+		case <-wake:
 		}
 	}
 }

@@ -29,9 +29,23 @@ func (c *countingStore) ListTasks(ctx context.Context, f store.TaskFilter, p sto
 	return c.Store.ListTasks(ctx, f, p)
 }
 
-func woken(c *agentConn) bool {
+// testConn is a registered stream that records its wake-ups.
+type testConn struct{ woke chan struct{} }
+
+func registerTest(h *AgentHub, id string) *testConn {
+	c := &testConn{woke: make(chan struct{}, 1)}
+	h.register(id, func() {
+		select {
+		case c.woke <- struct{}{}:
+		default:
+		}
+	}, func() {})
+	return c
+}
+
+func woken(c *testConn) bool {
 	select {
-	case <-c.wake:
+	case <-c.woke:
 		return true
 	default:
 		return false
@@ -54,9 +68,9 @@ func TestSweepWakesOnlyStreamsWithWork(t *testing.T) {
 	if n, err := hub.SweepWork(ctx); err != nil || n != 0 || st.sweeps.Load() != 0 {
 		t.Fatalf("sweep with no streams: woke %d, %v, %d queries; want no query at all", n, err, st.sweeps.Load())
 	}
-	conns := map[string]*agentConn{}
+	conns := map[string]*testConn{}
 	for _, id := range []string{"idle-1", "idle-2", "idle-3", "has-task", "has-cancel"} {
-		conns[id] = hub.register(id)
+		conns[id] = registerTest(hub, id)
 	}
 	now := time.Now()
 	add := func(instance, status string, cancel bool) {
@@ -88,4 +102,48 @@ func TestSweepWakesOnlyStreamsWithWork(t *testing.T) {
 			t.Errorf("stream %s woken = %v, want %v", id, got, want)
 		}
 	}
+}
+
+// blockingTx holds every transaction until released.
+type blockingTx struct {
+	store.Store
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (b *blockingTx) Tx(ctx context.Context, fn func(store.Queries) error) error {
+	b.entered <- struct{}{}
+	<-b.release
+	return b.Store.Tx(ctx, fn)
+}
+
+// A task's notification reaches its stream while a heartbeat batch is
+// still being written: the two do not wait on each other.
+func TestNotificationIsNotHeldBehindAHeartbeatFlush(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	db, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "tether.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	st := &blockingTx{Store: db, entered: make(chan struct{}), release: make(chan struct{})}
+	hub := NewAgentHub(st, slog.New(slog.NewTextHandler(io.Discard, nil)), time.Millisecond)
+	c := registerTest(hub, "i-1")
+	hub.Heartbeat(store.Heartbeat{InstanceID: "i-1", At: time.Now(), Phase: "ready"})
+	runCtx, stopRun := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); hub.Run(runCtx) }()
+	<-st.entered // the flush is now stuck in its transaction
+	if err := db.Tx(ctx, func(q store.Queries) error { return q.Notify(ctx, store.ChannelTasks, "i-1") }); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-c.woke:
+	case <-ctx.Done():
+		t.Fatal("the stream was not woken while a heartbeat flush was in its transaction")
+	}
+	close(st.release) // the batch is written; nothing is left for the last flush
+	stopRun()
+	<-done
 }

@@ -194,7 +194,10 @@ func (s *ctxStream) Context() context.Context { return s.ctx }
 type Revocations struct {
 	mu     sync.RWMutex
 	serial map[string]struct{}
-	subs   map[chan string]struct{}
+	// onRevoke holds, per serial, the callbacks of the open streams
+	// authenticated with it: a revocation reaches its streams without a
+	// goroutine per stream or a broadcast to all of them.
+	onRevoke map[string]map[*func()]struct{}
 
 	// What Follow keeps, under mu: when the set last loaded, and how many
 	// periodic reloads in a row have failed since. Counting reloads rather
@@ -213,7 +216,7 @@ var reloadFailuresOpts = prometheus.CounterOpts{Name: "tether_revocation_reload_
 
 // NewRevocations returns an empty set.
 func NewRevocations() *Revocations {
-	return &Revocations{serial: map[string]struct{}{}, subs: map[chan string]struct{}{}}
+	return &Revocations{serial: map[string]struct{}{}, onRevoke: map[string]map[*func()]struct{}{}}
 }
 
 // check refuses a revoked serial, and every serial once the set is
@@ -246,33 +249,49 @@ func (r *Revocations) IsRevoked(serial string) bool {
 	return ok
 }
 
-// Add marks serials revoked and tells watchers (open agent streams).
+// Add marks serials revoked and ends the open streams authenticated with
+// them.
 func (r *Revocations) Add(serials ...string) {
+	var ends []func()
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	for _, s := range serials {
 		if _, ok := r.serial[s]; ok {
 			continue
 		}
 		r.serial[s] = struct{}{}
-		for ch := range r.subs {
-			select {
-			case ch <- s:
-			default:
-			}
+		for f := range r.onRevoke[s] {
+			ends = append(ends, *f)
 		}
+	}
+	r.mu.Unlock()
+	for _, end := range ends {
+		end()
 	}
 }
 
-// Watch returns revoked serials as they arrive.
-func (r *Revocations) Watch() (<-chan string, func()) {
-	ch := make(chan string, 16)
+// OnRevoke calls end (which must not block) once serial is revoked, at
+// once if it already is; stop forgets it.
+func (r *Revocations) OnRevoke(serial string, end func()) (stop func()) {
+	f := &end
 	r.mu.Lock()
-	r.subs[ch] = struct{}{}
+	_, revoked := r.serial[serial]
+	if !revoked {
+		if r.onRevoke[serial] == nil {
+			r.onRevoke[serial] = map[*func()]struct{}{}
+		}
+		r.onRevoke[serial][f] = struct{}{}
+	}
 	r.mu.Unlock()
-	return ch, func() {
+	if revoked {
+		end()
+		return func() {}
+	}
+	return func() {
 		r.mu.Lock()
-		delete(r.subs, ch)
+		delete(r.onRevoke[serial], f)
+		if len(r.onRevoke[serial]) == 0 {
+			delete(r.onRevoke, serial)
+		}
 		r.mu.Unlock()
 	}
 }

@@ -79,3 +79,27 @@ func TestRevocationReloadFailuresAreLoudAndFailClosed(t *testing.T) {
 		t.Fatalf("the log does not carry the error at Error level:\n%s", logs.String())
 	}
 }
+
+// A revocation ends only the streams of its serial, at once for one
+// already revoked, and never one that stopped listening.
+func TestOnRevokeCallsOnlyTheRevokedSerial(t *testing.T) {
+	r := NewRevocations()
+	calls := map[string]int{}
+	stopA := r.OnRevoke("0a", func() { calls["a"]++ })
+	r.OnRevoke("0b", func() { calls["b"]++ })
+	stopC := r.OnRevoke("0a", func() { calls["c"]++ })
+	stopC()
+	r.Add("0a")
+	r.Add("0a") // again: no second call
+	if calls["a"] != 1 || calls["b"] != 0 || calls["c"] != 0 {
+		t.Fatalf("calls %v after revoking 0a; want a once, b and c never", calls)
+	}
+	stopA()
+	r.OnRevoke("0a", func() { calls["late"]++ })
+	if calls["late"] != 1 {
+		t.Fatalf("a stream opened with an already revoked serial was not ended at once: %v", calls)
+	}
+	if len(r.onRevoke) != 1 || len(r.onRevoke["0b"]) != 1 {
+		t.Fatalf("callbacks kept %v; want only 0b's", r.onRevoke)
+	}
+}

@@ -25,6 +25,7 @@ type SimAgent struct {
 	conn       *grpc.ClientConn
 	stream     v1.AgentService_ConnectClient
 	sendMu     sync.Mutex
+	online     atomic.Bool
 }
 
 // EnrollAgents provisions and enrolls n external instances of node.
@@ -42,7 +43,7 @@ func EnrollAgents(ctx context.Context, admin v1.AdminServiceClient, enroll v1.En
 				if i >= n {
 					return
 				}
-				a, err := enrollOne(ctx, admin, enroll, node)
+				a, err := enrollOne(ctx, admin, enroll, node, nil)
 				if err != nil {
 					select {
 					case errs <- fmt.Errorf("agent %d: %w", i, err):
@@ -63,7 +64,10 @@ func EnrollAgents(ctx context.Context, admin v1.AdminServiceClient, enroll v1.En
 	}
 }
 
-func enrollOne(ctx context.Context, admin v1.AdminServiceClient, enroll v1.EnrollmentServiceClient, node string) (*SimAgent, error) {
+// enrollOne provisions an instance and enrolls it; retry (nil: never)
+// says whether to send the same enrollment again after a refusal.
+func enrollOne(ctx context.Context, admin v1.AdminServiceClient, enroll v1.EnrollmentServiceClient, node string,
+	retry func(attempt int, err error) bool) (*SimAgent, error) {
 	resp, err := admin.ProvisionInstance(ctx, &v1.ProvisionInstanceRequest{Node: node, Provider: "external"})
 	if err != nil {
 		return nil, err
@@ -76,8 +80,12 @@ func enrollOne(ctx context.Context, admin v1.AdminServiceClient, enroll v1.Enrol
 	if err != nil {
 		return nil, err
 	}
-	er, err := enroll.Enroll(ctx, &v1.EnrollRequest{Token: resp.BootstrapToken,
-		CsrPem: string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}))})
+	req := &v1.EnrollRequest{Token: resp.BootstrapToken,
+		CsrPem: string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}))}
+	er, err := enroll.Enroll(ctx, req)
+	for attempt := 0; err != nil && retry != nil && retry(attempt, err); attempt++ {
+		er, err = enroll.Enroll(ctx, req)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"net"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -37,8 +38,12 @@ func TestFleetConnectsEveryAgentFromItsSource(t *testing.T) {
 			}))
 	}
 	const n = 6
+	ids, known, err := bench.OpenIdentities(filepath.Join(t.TempDir(), "ids.jsonl"))
+	if err != nil || len(known) != 0 {
+		t.Fatalf("identities: %d known, %v", len(known), err)
+	}
 	f := bench.StartFleet(ctx, bench.FleetOptions{Agents: n, Offset: 1, EnrollRate: 100, Heartbeat: 50 * time.Millisecond,
-		Sources: srcs, Dial: dial, Admin: cp.Admin, Enroll: v1.NewEnrollmentServiceClient(cp.Dial(nil)), Node: fleet.Node})
+		Sources: srcs, Dial: dial, Admin: cp.Admin, Enroll: v1.NewEnrollmentServiceClient(cp.Dial(nil)), Node: fleet.Node, Save: ids.Save})
 	// Each agent sends a heartbeat on connecting and more on its schedule.
 	for st := f.Stats(); f.Connected() < n || st.Sent < 3*n; st = f.Stats() {
 		if ctx.Err() != nil {
@@ -46,10 +51,20 @@ func TestFleetConnectsEveryAgentFromItsSource(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	lat, errs, first := f.PushProbe(ctx, 4)
+	if len(lat) != 4 || errs != 0 {
+		t.Fatalf("push probe: %d latencies, %d errors (first %v); want 4 tasks delivered", len(lat), errs, first)
+	}
 	f.Stop()
 	st := f.Stats()
 	if st.Enrolled != n || st.Errors != 0 || st.Connected != 0 {
 		t.Fatalf("stats after stop %+v: want %d enrolled, no errors, none connected", st, n)
+	}
+	if c := connects(st.Timeline); c != n {
+		t.Fatalf("timeline %v counts %d connects, want %d", st.Timeline, c, n)
+	}
+	if err := ids.Close(); err != nil {
+		t.Fatal(err)
 	}
 	bySrc := map[string]int{}
 	for len(seen) > 0 {
@@ -62,4 +77,35 @@ func TestFleetConnectsEveryAgentFromItsSource(t *testing.T) {
 	if err != nil || len(ins.Instances) != n {
 		t.Fatalf("instances %d, %v; want one enrolled identity per agent (%d)", len(ins.GetInstances()), err, n)
 	}
+
+	// A second run reuses the saved identities: no enrollment, no new
+	// instance, every agent connected.
+	ids, known, err = bench.OpenIdentities(ids.Path())
+	if err != nil || len(known) != n {
+		t.Fatalf("identities read back: %d, %v; want %d", len(known), err, n)
+	}
+	defer ids.Close()
+	again := bench.StartFleet(ctx, bench.FleetOptions{Agents: n, EnrollRate: 100, Dial: dial, Admin: cp.Admin,
+		Enroll: v1.NewEnrollmentServiceClient(cp.Dial(nil)), Node: fleet.Node, Known: known, Save: ids.Save})
+	for again.Connected() < n {
+		if ctx.Err() != nil {
+			t.Fatalf("second run never connected: %+v", again.Stats())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	again.Stop()
+	if st := again.Stats(); st.Reused != n || st.Enrolled != 0 || st.Errors != 0 {
+		t.Fatalf("second run %+v: want %d reused identities, none enrolled, no errors", st, n)
+	}
+	if ins, err := cp.Admin.ListInstances(ctx, &v1.ListInstancesRequest{PageSize: 100}); err != nil || len(ins.Instances) != n {
+		t.Fatalf("instances after the second run %d, %v; want still %d", len(ins.GetInstances()), err, n)
+	}
+}
+
+func connects(tl []bench.Second) int {
+	n := 0
+	for _, s := range tl {
+		n += s.Connects
+	}
+	return n
 }
