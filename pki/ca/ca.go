@@ -65,8 +65,46 @@ type CA struct {
 	pool  *x509.CertPool
 }
 
-// Create makes a new CA in dir and refuses to overwrite one.
+// KeyType is the CA key's algorithm.
+type KeyType string
+
+// CA key types. P-256 is the default: every TLS stack and openssl take it.
+// Ed25519 signs and verifies faster (docs/benchmarks.md) and Go, the
+// agent and grpcurl accept it; older TLS stacks may not.
+const (
+	KeyP256    KeyType = "p256"
+	KeyEd25519 KeyType = "ed25519"
+)
+
+// ParseKeyType reads a --ca-key value ("" is the default, P-256).
+func ParseKeyType(s string) (KeyType, error) {
+	switch KeyType(s) {
+	case "", KeyP256:
+		return KeyP256, nil
+	case KeyEd25519:
+		return KeyEd25519, nil
+	}
+	return "", fmt.Errorf("CA key type %q: want %s or %s", s, KeyP256, KeyEd25519)
+}
+
+func newKey(kt KeyType) (crypto.Signer, error) {
+	switch kt {
+	case "", KeyP256:
+		return ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	case KeyEd25519:
+		_, k, err := ed25519.GenerateKey(rand.Reader)
+		return k, err
+	}
+	return nil, fmt.Errorf("CA key type %q: want %s or %s", kt, KeyP256, KeyEd25519)
+}
+
+// Create makes a new CA with a P-256 key in dir and refuses to overwrite one.
 func Create(dir, name string, clock clock.Clock) (*CA, error) {
+	return CreateWithKey(dir, name, clock, KeyP256)
+}
+
+// CreateWithKey makes a new CA whose key is of type kt.
+func CreateWithKey(dir, name string, clock clock.Clock, kt KeyType) (*CA, error) {
 	certPath, keyPath := filepath.Join(dir, CertFile), filepath.Join(dir, KeyFile)
 	for _, p := range []string{certPath, keyPath} {
 		if _, err := os.Stat(p); err == nil {
@@ -76,8 +114,7 @@ func Create(dir, name string, clock clock.Clock) (*CA, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("create CA dir: %w", err)
 	}
-	// ECDSA P-256: signs fast and every TLS stack and openssl accept it.
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	key, err := newKey(kt)
 	if err != nil {
 		return nil, fmt.Errorf("generate CA key: %w", err)
 	}
