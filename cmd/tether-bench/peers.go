@@ -38,6 +38,7 @@ func peers(args []string) error {
 	retries := fs.Int("retries", 2, "repeats of a disturbed run")
 	anyway := fs.Bool("anyway", false, "run on a busy machine: no waiting, no repeats, disturbed runs marked with * (numbers then need a quiet re-run)")
 	budget := fs.Duration("budget", 8*time.Minute, "past this, runs are no longer waited for or repeated, so the whole run stays bounded")
+	caKey := fs.String("ca-key", "p256", "tetherd's CA key type (tetherd init --ca-key): p256 or ed25519")
 	out := fs.String("o", "text", "text (a Markdown table) or json (every run, repeats included)")
 	_ = fs.Parse(args)
 
@@ -91,7 +92,7 @@ func peers(args []string) error {
 		return err
 	}
 	defer stopStep()
-	tetherSys, stopTether, err := startTetherd(ctx, *tetherd, abs)
+	tetherSys, stopTether, err := startTetherd(ctx, *tetherd, abs, *caKey)
 	if err != nil {
 		return err
 	}
@@ -108,7 +109,8 @@ func peers(args []string) error {
 		enc.SetIndent("", "  ")
 		return enc.Encode(runs)
 	}
-	fmt.Printf("\n%s, %s, n=%d per run, %s on %d cores\n\n", time.Now().UTC().Format("2006-01-02 15:04 MST"), versionLine(*stepBin), *n, "GOMAXPROCS default", numCPU())
+	fmt.Printf("\n%s, %s (CA key %s), n=%d per run, %d cores, load average %s at the end\n\n", time.Now().UTC().Format("2006-01-02 15:04 MST"),
+		versionLine(*stepBin), *caKey, *n, numCPU(), bench.LoadAverage())
 	bench.WritePeerTable(os.Stdout, runs, []string{stepSys.Name, tetherSys.Name})
 	disturbed := 0
 	for _, r := range runs {
@@ -240,13 +242,13 @@ func startStepCA(ctx context.Context, bin, dir string, maxConns int) (bench.Peer
 	return sys, stop, nil
 }
 
-func startTetherd(ctx context.Context, bin, dir string) (bench.PeerSystem, func(), error) {
+func startTetherd(ctx context.Context, bin, dir, caKey string) (bench.PeerSystem, func(), error) {
 	addr, err := freeAddr()
 	if err != nil {
 		return bench.PeerSystem{}, nil, err
 	}
 	data := filepath.Join(dir, "tetherd")
-	if b, err := exec.CommandContext(ctx, bin, "init", "--data-dir", data, "--endpoint", addr).CombinedOutput(); err != nil {
+	if b, err := exec.CommandContext(ctx, bin, "init", "--data-dir", data, "--endpoint", addr, "--ca-key", caKey).CombinedOutput(); err != nil {
 		return bench.PeerSystem{}, nil, fmt.Errorf("tetherd init: %w: %s", err, b)
 	}
 	// Every simulated node enrolls from 127.0.0.1, so the per-source limit
