@@ -37,13 +37,14 @@ func peers(args []string) error {
 	quietWait := fs.Duration("quiet-wait", 20*time.Second, "longest wait for a quiet machine before each run")
 	retries := fs.Int("retries", 2, "repeats of a disturbed run")
 	anyway := fs.Bool("anyway", false, "run on a busy machine: no waiting, no repeats, disturbed runs marked with * (numbers then need a quiet re-run)")
-	budget := fs.Duration("budget", 8*time.Minute, "past this, runs are no longer waited for or repeated, so the whole run stays bounded")
+	budget := fs.Duration("budget", 6*time.Minute, "past this, runs are no longer waited for or repeated")
+	deadline := fs.Duration("deadline", 9*time.Minute, "runs not started by then are skipped, so the whole run stays bounded")
 	caKey := fs.String("ca-key", "p256", "tetherd's CA key type (tetherd init --ca-key): p256 or ed25519")
 	out := fs.String("o", "text", "text (a Markdown table) or json (every run, repeats included)")
 	_ = fs.Parse(args)
 
 	o := bench.PeerOptions{N: *n, Rounds: *rounds, MaxForeign: *maxForeign, QuietWait: *quietWait, Retries: *retries,
-		Anyway: *anyway, Budget: *budget, Progress: os.Stderr, Exclude: []int{os.Getppid()}}
+		Anyway: *anyway, Budget: *budget, Deadline: *deadline, Progress: os.Stderr, Exclude: []int{os.Getppid()}}
 	for _, s := range strings.Split(*clients, ",") {
 		c, err := strconv.Atoi(strings.TrimSpace(s))
 		if err != nil || c < 1 {
@@ -112,11 +113,17 @@ func peers(args []string) error {
 	fmt.Printf("\n%s, %s (CA key %s), n=%d per run, %d cores, load average %s at the end\n\n", time.Now().UTC().Format("2006-01-02 15:04 MST"),
 		versionLine(*stepBin), *caKey, *n, numCPU(), bench.LoadAverage())
 	bench.WritePeerTable(os.Stdout, runs, []string{stepSys.Name, tetherSys.Name})
-	disturbed := 0
+	disturbed, skipped := 0, 0
 	for _, r := range runs {
 		if r.Counted && r.Disturbed {
 			disturbed++
 		}
+		if r.Error != "" && r.N == 0 {
+			skipped++
+		}
+	}
+	if skipped > 0 {
+		fmt.Printf("\n%d runs were skipped past the --deadline (%s): the machine was too slow for all of them.\n", skipped, *deadline)
 	}
 	if disturbed > 0 {
 		fmt.Printf("\n%d of the counted runs were disturbed by other processes: re-run on a quiet machine before quoting them.\n", disturbed)

@@ -41,6 +41,9 @@ type PeerOptions struct {
 	// Budget bounds the whole run: past it, runs are neither waited for
 	// nor repeated (they are marked instead).
 	Budget time.Duration
+	// Deadline is a hard bound: runs not started by then are skipped and
+	// said to be (a loaded machine makes every run slower).
+	Deadline time.Duration
 	// Exclude are processes whose CPU is not foreign (the load generator's
 	// parents).
 	Exclude  []int
@@ -113,6 +116,11 @@ func RunPeers(ctx context.Context, o PeerOptions, systems []PeerSystem) ([]PeerR
 			for _, c := range o.Clients {
 				for _, sys := range order {
 					done++
+					if o.Deadline > 0 && time.Since(start) > o.Deadline {
+						fmt.Fprintf(progress, "[%d/%d %s] SKIPPED %s c=%d: past the %s deadline\n", done, total, time.Since(start).Round(time.Second), sys.Name, c, o.Deadline)
+						runs = append(runs, PeerRun{System: sys.Name, Round: round, Clients: c, NewConn: newConn, Error: "skipped: past the deadline"})
+						continue
+					}
 					for attempt := 1; ; attempt++ {
 						if err := ctx.Err(); err != nil {
 							return runs, err

@@ -180,3 +180,21 @@ func TestRunPeersReportsFailures(t *testing.T) {
 		t.Fatal("RunPeers with nothing to run: no error")
 	}
 }
+
+// TestRunPeersDeadlineSkips: past the deadline nothing more is started.
+func TestRunPeersDeadlineSkips(t *testing.T) {
+	started := 0
+	sys := PeerSystem{Name: "s", PID: os.Getpid(), Prepare: func(context.Context, int) (func(context.Context, int, bool) (Result, error), error) {
+		started++
+		return func(context.Context, int, bool) (Result, error) { return Result{N: 1, Elapsed: time.Millisecond}, nil }, nil
+	}}
+	var progress bytes.Buffer
+	runs, err := RunPeers(context.Background(), PeerOptions{Clients: []int{1, 2}, N: 1, Rounds: 1, NewConn: []bool{false},
+		Deadline: time.Nanosecond, Progress: &progress}, []PeerSystem{sys})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if started != 0 || len(runs) != 2 || runs[0].Counted || !strings.Contains(progress.String(), "SKIPPED") {
+		t.Fatalf("started %d, runs %+v, progress:\n%s", started, runs, progress.String())
+	}
+}
