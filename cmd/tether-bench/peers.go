@@ -289,9 +289,22 @@ func startTetherd(ctx context.Context, bin, dir, caKey string) (bench.PeerSystem
 	}
 	fmt.Fprintf(os.Stderr, "tetherd pid %d on %s\n", cmd.Process.Pid, addr)
 	dial := func() (*grpc.ClientConn, error) { return tg.dial(nil) }
+	// The same instances enroll in every run, each time with a fresh
+	// token and key: step-ca's runs do not grow anything tetherd's
+	// background loops read either.
+	var fleet []bench.Enrollment
 	sys := bench.PeerSystem{Name: "tetherd", PID: cmd.Process.Pid,
 		Prepare: func(ctx context.Context, n int) (func(context.Context, int, bool) (bench.Result, error), error) {
-			es, err := bench.PrepareEnrollments(ctx, tg.admin, node, n)
+			var es []bench.Enrollment
+			var err error
+			if len(fleet) >= n {
+				es, err = bench.RetokenEnrollments(ctx, tg.admin, fleet[:n])
+			} else {
+				es, err = bench.PrepareEnrollments(ctx, tg.admin, node, n)
+				if err == nil && len(es) > len(fleet) {
+					fleet = es
+				}
+			}
 			if err != nil {
 				return nil, err
 			}

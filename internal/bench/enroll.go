@@ -73,6 +73,31 @@ func PrepareEnrollments(ctx context.Context, admin v1.AdminServiceClient, node s
 	return out, nil
 }
 
+// RetokenEnrollments gives the instances of earlier enrollments a fresh
+// token and key each, so that repeated runs enroll the same instances
+// again instead of growing the fleet (every booting instance costs the
+// liveness loop a row per tick, which would tilt later runs).
+func RetokenEnrollments(ctx context.Context, admin v1.AdminServiceClient, prev []Enrollment) ([]Enrollment, error) {
+	out := make([]Enrollment, len(prev))
+	err := parallel(len(prev), func(i int) error {
+		resp, err := admin.CreateBootstrapToken(ctx, &v1.CreateBootstrapTokenRequest{InstanceId: prev[i].InstanceID})
+		if err != nil {
+			return err
+		}
+		pub, csr, err := newCSR()
+		if err != nil {
+			return err
+		}
+		out[i] = Enrollment{Token: resp.Token, CSRPEM: csr, InstanceID: prev[i].InstanceID, Key: pub}
+		out[i].request, err = proto.Marshal(&v1.EnrollRequest{Token: out[i].Token, CsrPem: csr})
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("prepare enrollment: %w", err)
+	}
+	return out, nil
+}
+
 // NewCSR makes a fresh Ed25519 key and a bare CSR, as the agent does.
 func NewCSR() (string, error) {
 	_, csr, err := newCSR()

@@ -136,11 +136,11 @@ func RunPeers(ctx context.Context, o PeerOptions, systems []PeerSystem) ([]PeerR
 						fmt.Fprintf(progress, "[%d/%d %s] %s\n", done, total, time.Since(start).Round(time.Second), r.line())
 						if !retry {
 							if r.Disturbed {
-								why := "--anyway"
-								if late {
+								why := "out of retries"
+								if o.Anyway {
+									why = "--anyway"
+								} else if late {
 									why = "past the time budget"
-								} else if !o.Anyway {
-									why = "out of retries"
 								}
 								fmt.Fprintf(progress, "    kept DISTURBED (%s): other processes used %.2f cores (limit %.2f)\n", why, r.Foreign, o.MaxForeign)
 							}
