@@ -86,7 +86,10 @@ func peers(args []string) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(os.Stderr, "load average %s before the run; work folder %s\n", bench.LoadAverage(), abs)
+	// Read before the run: make bench-peers builds tetherd just before it,
+	// and the tree may change while it runs.
+	versions := versionLine(*stepBin)
+	fmt.Fprintf(os.Stderr, "%s; load average %s before the run; work folder %s\n", versions, bench.LoadAverage(), abs)
 
 	stepSys, stopStep, err := startStepCA(ctx, *stepBin, abs, maxOf(o.Clients))
 	if err != nil {
@@ -111,7 +114,7 @@ func peers(args []string) error {
 		return enc.Encode(runs)
 	}
 	fmt.Printf("\n%s, %s (CA key %s), n=%d per run, %d cores, load average %s at the end\n\n", time.Now().UTC().Format("2006-01-02 15:04 MST"),
-		versionLine(*stepBin), *caKey, *n, numCPU(), bench.LoadAverage())
+		versions, *caKey, *n, numCPU(), bench.LoadAverage())
 	bench.WritePeerTable(os.Stdout, runs, []string{stepSys.Name, tetherSys.Name})
 	disturbed, skipped := 0, 0
 	for _, r := range runs {
