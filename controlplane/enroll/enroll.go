@@ -58,12 +58,12 @@ type Issued struct {
 	Cert       *x509.Certificate
 }
 
-// errRefused is the one answer for an unknown, expired, spent or
-// terminated token: which of them it was is for the audit log, not for
-// whoever is holding the token.
 // errTerminated rolls back an enrollment whose instance was terminated.
 var errTerminated = errors.New("instance is terminated")
 
+// errRefused is the one answer for an unknown, expired, spent or
+// terminated token: which of them it was is for the audit log, not for
+// whoever is holding the token.
 var errRefused = fail.Unauthenticated("bootstrap token refused: it is unknown, expired or already used; ask the operator for a fresh one (tetherctl token create --instance ID)")
 
 // Enroll checks the token, signs the CSR and, in one transaction, spends the
