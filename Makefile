@@ -13,7 +13,7 @@ BUILD  := build
 KERNEL := .cache/kernel
 PROTO  := proto/tether/v1
 
-.PHONY: build generate lint test unit e2e bench bench-boot fuzz chaos run initramfs modules kernel clean screenshots
+.PHONY: build generate lint test unit e2e bench bench-boot bench-peers fuzz chaos run initramfs modules kernel clean screenshots
 
 build: ## Build tetherd, tetherctl and tether-agent into bin/
 	go build -trimpath -o $(BIN)/ ./cmd/tetherd ./cmd/tetherctl
@@ -52,6 +52,19 @@ bench: ## Benchmarks recorded in docs/benchmarks.md
 BOOT_PAIRS ?= 5
 bench-boot: initramfs modules ## Boot to running against the bare-netboot floor, alternated (docs/benchmarks.md); BOOT_PAIRS=5
 	scripts/bench-boot.sh $(BOOT_PAIRS)
+# The peer of `tether-bench peers`, built once into the repository's cache
+# folder. Its own build tags (GOFLAGS cleared): step-ca's default database
+# is badger, which Tether's tags leave out.
+PEERS          := .cache/peers
+STEPCA_VERSION := v0.30.2
+PEERS_FLAGS    ?=
+bench-peers: ## step-ca and tetherd side by side, alternating (docs/benchmarks.md); PEERS_FLAGS=--anyway on a busy machine
+	@if ! go version -m $(PEERS)/bin/step-ca 2>/dev/null | grep -q 'github.com/smallstep/certificates[[:space:]]*$(STEPCA_VERSION)'; then \
+	  echo "installing step-ca $(STEPCA_VERSION) into $(PEERS)/bin (once; it takes minutes)"; \
+	  GOFLAGS= GOBIN=$(CURDIR)/$(PEERS)/bin go install github.com/smallstep/certificates/cmd/step-ca@$(STEPCA_VERSION); \
+	fi
+	go build -trimpath -o $(BIN)/ ./cmd/tetherd ./cmd/tether-bench
+	$(BIN)/tether-bench peers --step-ca $(PEERS)/bin/step-ca --tetherd $(BIN)/tetherd --dir $(PEERS)/run $(PEERS_FLAGS)
 
 fuzz: ## A short run of every fuzz target
 	scripts/fuzz.sh 20s

@@ -9,6 +9,7 @@
 //	                        [--storm term|kill --series storm.json] [-o json]
 //	tether-bench plot       --series storm.json --out storm.png
 //	tether-bench chaos      --tetherd bin/tetherd --duration 2m --store sqlite|postgres   (make chaos)
+//	tether-bench peers      --step-ca .cache/peers/bin/step-ca --tetherd bin/tetherd [--anyway] [-o json]   (make bench-peers)
 package main
 
 import (
@@ -34,9 +35,9 @@ import (
 )
 
 func main() {
-	cmds := map[string]func([]string) error{"enroll": enroll, "push": push, "heartbeats": heartbeats, "fleet": fleet, "chaos": chaosCmd, "plot": plotCmd}
+	cmds := map[string]func([]string) error{"enroll": enroll, "push": push, "heartbeats": heartbeats, "fleet": fleet, "chaos": chaosCmd, "plot": plotCmd, "peers": peers}
 	if len(os.Args) < 2 || cmds[os.Args[1]] == nil {
-		fmt.Fprintln(os.Stderr, "usage: tether-bench enroll|push|heartbeats|fleet|chaos|plot [flags] (see the package comment)")
+		fmt.Fprintln(os.Stderr, "usage: tether-bench enroll|push|heartbeats|fleet|chaos|plot|peers [flags] (see the package comment)")
 		os.Exit(2)
 	}
 	if err := cmds[os.Args[1]](os.Args[2:]); err != nil {
@@ -136,8 +137,8 @@ func enroll(args []string) error {
 	if *handshake {
 		mode = "handshake per enrollment"
 	}
-	fmt.Println("| clients | connections | enrollments | enroll/s | p50 | p99 | server CPU/enrollment |")
-	fmt.Println("|---|---|---|---|---|---|---|")
+	fmt.Println("| clients | connections | enrollments | enroll/s | p50 | p99 | server CPU/enrollment | load-gen CPU/enrollment |")
+	fmt.Println("|---|---|---|---|---|---|---|---|")
 	for _, s := range strings.Split(*clients, ",") {
 		c, err := strconv.Atoi(strings.TrimSpace(s))
 		if err != nil {
@@ -168,8 +169,9 @@ func enroll(args []string) error {
 		if r.Errors > 0 {
 			fmt.Fprintf(os.Stderr, "%d enrollments failed; first: %v\n", r.Errors, r.FirstError)
 		}
-		fmt.Printf("| %d | %s | %d | %.0f | %.1f ms | %.1f ms | %s |\n", c, mode, r.N, r.Rate(),
-			float64(r.P50.Microseconds())/1000, float64(r.P99.Microseconds())/1000, cpu)
+		fmt.Printf("| %d | %s | %d | %.0f | %.1f ms | %.1f ms | %s | %.2f ms |\n", c, mode, r.N, r.Rate(),
+			float64(r.P50.Microseconds())/1000, float64(r.P99.Microseconds())/1000, cpu,
+			float64(r.ClientCPU.Microseconds())/1000/float64(max(1, r.N-r.Errors)))
 	}
 	return nil
 }

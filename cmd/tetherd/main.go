@@ -48,6 +48,7 @@ func initCmd() *cobra.Command {
 	cmd.Flags().StringVar(&o.DataDir, "data-dir", "", "data directory to create (required)")
 	cmd.Flags().StringSliceVar(&o.Advertise, "advertise", nil, "extra host names or addresses for the server certificate")
 	cmd.Flags().StringVar(&o.Endpoint, "endpoint", "127.0.0.1:7443", "address written into the admin client config")
+	cmd.Flags().StringVar(&o.CAKey, "ca-key", "p256", "CA key type: p256 (every TLS stack and openssl take it) or ed25519 (signs node certificates for less CPU; Go clients, the agent and grpcurl take it)")
 	_ = cmd.MarkFlagRequired("data-dir")
 	return cmd
 }

@@ -45,7 +45,9 @@ type InitOptions struct {
 	Advertise []string
 	// Endpoint is written into the admin client config.
 	Endpoint string
-	Clock    clock.Clock
+	// CAKey is the CA key type: "" or p256 (the default), or ed25519.
+	CAKey string
+	Clock clock.Clock
 }
 
 // ClientConfigFile is tetherctl's configuration: the endpoint and the
@@ -69,10 +71,14 @@ func Init(o InitOptions) error {
 	if o.Endpoint == "" {
 		o.Endpoint = "127.0.0.1:7443"
 	}
+	kt, err := ca.ParseKeyType(o.CAKey)
+	if err != nil {
+		return fmt.Errorf("init: --ca-key: %w", err)
+	}
 	if err := os.MkdirAll(o.DataDir, 0o700); err != nil {
 		return fmt.Errorf("init: %w", err)
 	}
-	authority, err := ca.Create(filepath.Join(o.DataDir, CADir), "Tether CA", o.Clock)
+	authority, err := ca.CreateWithKey(filepath.Join(o.DataDir, CADir), "Tether CA", o.Clock, kt)
 	if errors.Is(err, ca.ErrExists) {
 		return fmt.Errorf("init: %s already has a CA; refusing to overwrite it (remove the data dir to start over): %w", o.DataDir, err)
 	}

@@ -58,6 +58,9 @@ type Issued struct {
 	Cert       *x509.Certificate
 }
 
+// errTerminated rolls back an enrollment whose instance was terminated.
+var errTerminated = errors.New("instance is terminated")
+
 // errRefused is the one answer for an unknown, expired, spent or
 // terminated token: which of them it was is for the audit log, not for
 // whoever is holding the token.
@@ -103,36 +106,54 @@ func (s *Service) Enroll(ctx context.Context, token, csrPEM string) (*Issued, er
 		s.refused(ctx, tok.InstanceID, now, "token expired at "+tok.ExpiresAt.Format(time.RFC3339))
 		return nil, errRefused
 	}
-	inst, err := s.Store.GetInstance(ctx, tok.InstanceID)
-	if errors.Is(err, store.ErrNotFound) || (err == nil && inst.Status == lifecycle.Terminated) {
-		s.refused(ctx, tok.InstanceID, now, "instance is terminated or gone")
-		return nil, errRefused
-	}
-	if err != nil {
-		return nil, err
-	}
 	// SignNode checks the policy and the CSR's signature before anything is
 	// spent; a refusal here leaves the token usable.
-	cert, err := s.CA.SignNode(ctx, csr, inst.ID, s.Lifetime)
+	cert, err := s.CA.SignNode(ctx, csr, tok.InstanceID, s.Lifetime)
 	if err != nil {
 		return nil, fail.Invalid("csr_pem", "%v", err)
 	}
+	// The instance is checked in the transaction that spends the token, not
+	// in a second read before signing: terminating an instance expires its
+	// tokens, so the read above refuses those already, and the extra read
+	// was a seventh of the store's CPU per enrollment (docs/benchmarks.md).
+	// Only a token racing its instance's termination costs a signature;
+	// it is still refused, and the token is left as it was.
+	spent := tok
 	err = s.Store.Tx(ctx, func(q store.Queries) error {
-		if _, err := q.ConsumeToken(ctx, hash, now); err != nil {
+		if t, err := q.ConsumeToken(ctx, hash, now); err != nil {
+			if t != nil {
+				spent = t
+			}
 			return err
 		}
-		if err := q.CreateCertificate(ctx, record(cert, inst.ID, now)); err != nil {
+		inst, err := q.GetInstance(ctx, tok.InstanceID)
+		if errors.Is(err, store.ErrNotFound) {
+			return errTerminated
+		}
+		if err != nil {
 			return err
 		}
-		_, err := events.E{Kind: events.EnrollSucceeded, InstanceID: inst.ID,
+		if inst.Status == lifecycle.Terminated {
+			return errTerminated
+		}
+		if err := q.CreateCertificate(ctx, record(cert, tok.InstanceID, now)); err != nil {
+			return err
+		}
+		_, err = events.E{Kind: events.EnrollSucceeded, InstanceID: tok.InstanceID,
 			Message: "enrolled; certificate " + ca.SerialString(cert),
 			Payload: map[string]any{"serial": ca.SerialString(cert), "not_after": cert.NotAfter.UTC().Format(time.RFC3339)}}.Write(ctx, q, now)
 		return err
 	})
 	switch {
-	case errors.Is(err, store.ErrTokenUsed):
-		// Lost a race with another enrollment using the same token.
-		s.reused(ctx, tok, now)
+	case errors.Is(err, store.ErrTokenUsed) && spent.UsedAt != nil:
+		// Lost a race with another enrollment using the same token. The
+		// token read before signing was unused: report the one the
+		// transaction found spent (reading the first one's UsedAt crashed
+		// tetherd).
+		s.reused(ctx, spent, now)
+		return nil, errRefused
+	case errors.Is(err, errTerminated):
+		s.refused(ctx, tok.InstanceID, now, "instance is terminated or gone")
 		return nil, errRefused
 	case errors.Is(err, store.ErrConflict), errors.Is(err, store.ErrNotFound):
 		s.refused(ctx, tok.InstanceID, now, err.Error())
@@ -140,7 +161,7 @@ func (s *Service) Enroll(ctx context.Context, token, csrPEM string) (*Issued, er
 	case err != nil:
 		return nil, err
 	}
-	return &Issued{InstanceID: inst.ID, Cert: cert}, nil
+	return &Issued{InstanceID: tok.InstanceID, Cert: cert}, nil
 }
 
 // Renew issues a new certificate for the caller's instance, for a fresh key.
@@ -202,9 +223,13 @@ type refusal struct {
 // already spent, which an operator must look at. Replays of one token are
 // coalesced: one event per window, and a summary with the count.
 func (s *Service) reused(ctx context.Context, tok *store.Token, now time.Time) {
+	payload := map[string]any{}
+	if tok.UsedAt != nil {
+		payload["used_at"] = tok.UsedAt.UTC().Format(time.RFC3339)
+	}
 	s.note(ctx, "reused/"+tok.Hash, now, refusal{kind: events.EnrollTokenReused, severity: events.High, instanceID: tok.InstanceID,
 		message: fmt.Sprintf("a bootstrap token of instance %s was presented again after it was used", tok.InstanceID)},
-		map[string]any{"used_at": tok.UsedAt.UTC().Format(time.RFC3339)})
+		payload)
 }
 
 func (s *Service) refused(ctx context.Context, instanceID string, now time.Time, why string) {

@@ -1,8 +1,8 @@
 // Package ca is the control plane's certificate authority. It keeps the CA
-// key and signs node, admin and server certificates. Node certificates go
-// through smallstep's embedded authority, which enforces the name policy
-// (only tether://instance/... identities), the certificate constraints and
-// our lifetime and key-type validators on every signature.
+// key and signs node, admin and server certificates. Node certificates are
+// built from scratch (never from what the CSR asks for), checked against
+// smallstep's X.509 name policy engine (only tether://instance/...
+// identities) and signed with crypto/x509 (docs/adr/0010).
 //
 // The agent must never import this package.
 package ca
@@ -14,6 +14,7 @@ import (
 	"crypto/ed25519"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/sha1"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
@@ -26,10 +27,7 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/smallstep/certificates/authority"
-	"github.com/smallstep/certificates/authority/config"
 	"github.com/smallstep/certificates/authority/policy"
-	"github.com/smallstep/certificates/authority/provisioner"
 	"go.step.sm/crypto/x509util"
 
 	"github.com/tetherfleet/tether/internal/clock"
@@ -58,15 +56,55 @@ var ErrExists = errors.New("a CA already exists")
 
 // CA signs certificates.
 type CA struct {
-	cert  *x509.Certificate
-	key   crypto.Signer
-	auth  *authority.Authority
-	clock clock.Clock
-	pool  *x509.CertPool
+	cert *x509.Certificate
+	key  crypto.Signer
+	// policy refuses any name outside tether://instance/..., whatever
+	// builds the certificate.
+	policy *policy.Engine
+	clock  clock.Clock
+	pool   *x509.CertPool
 }
 
-// Create makes a new CA in dir and refuses to overwrite one.
+// KeyType is the CA key's algorithm.
+type KeyType string
+
+// CA key types. P-256 is the default: every TLS stack and openssl take it.
+// Ed25519 signs and verifies faster (docs/benchmarks.md) and Go, the
+// agent and grpcurl accept it; older TLS stacks may not.
+const (
+	KeyP256    KeyType = "p256"
+	KeyEd25519 KeyType = "ed25519"
+)
+
+// ParseKeyType reads a --ca-key value ("" is the default, P-256).
+func ParseKeyType(s string) (KeyType, error) {
+	switch KeyType(s) {
+	case "", KeyP256:
+		return KeyP256, nil
+	case KeyEd25519:
+		return KeyEd25519, nil
+	}
+	return "", fmt.Errorf("CA key type %q: want %s or %s", s, KeyP256, KeyEd25519)
+}
+
+func newKey(kt KeyType) (crypto.Signer, error) {
+	switch kt {
+	case "", KeyP256:
+		return ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	case KeyEd25519:
+		_, k, err := ed25519.GenerateKey(rand.Reader)
+		return k, err
+	}
+	return nil, fmt.Errorf("CA key type %q: want %s or %s", kt, KeyP256, KeyEd25519)
+}
+
+// Create makes a new CA with a P-256 key in dir and refuses to overwrite one.
 func Create(dir, name string, clock clock.Clock) (*CA, error) {
+	return CreateWithKey(dir, name, clock, KeyP256)
+}
+
+// CreateWithKey makes a new CA whose key is of type kt.
+func CreateWithKey(dir, name string, clock clock.Clock, kt KeyType) (*CA, error) {
 	certPath, keyPath := filepath.Join(dir, CertFile), filepath.Join(dir, KeyFile)
 	for _, p := range []string{certPath, keyPath} {
 		if _, err := os.Stat(p); err == nil {
@@ -76,8 +114,7 @@ func Create(dir, name string, clock clock.Clock) (*CA, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("create CA dir: %w", err)
 	}
-	// ECDSA P-256: signs fast and every TLS stack and openssl accept it.
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	key, err := newKey(kt)
 	if err != nil {
 		return nil, fmt.Errorf("generate CA key: %w", err)
 	}
@@ -143,29 +180,15 @@ func Load(dir string, clock clock.Clock) (*CA, error) {
 
 // New builds a CA from a certificate and key (tests use it directly).
 func New(cert *x509.Certificate, key crypto.Signer, clock clock.Clock) (*CA, error) {
-	cfg := &config.Config{
-		AuthorityConfig: &config.AuthConfig{
-			Backdate: &provisioner.Duration{Duration: backdate},
-			// The authority refuses to sign any name outside this policy,
-			// whatever a caller asks: node certificates name an instance,
-			// nothing else.
-			Policy: &policy.Options{X509: &policy.X509PolicyOptions{
-				AllowedNames: &policy.X509NameOptions{URIDomains: []string{pki.KindInstance}},
-			}},
-		},
-	}
-	auth, err := authority.NewEmbedded(
-		authority.WithConfig(cfg),
-		authority.WithX509RootCerts(cert),
-		authority.WithX509Signer(cert, key),
-		authority.WithQuietInit(),
-	)
+	engine, err := policy.New(&policy.Options{X509: &policy.X509PolicyOptions{
+		AllowedNames: &policy.X509NameOptions{URIDomains: []string{pki.KindInstance}},
+	}})
 	if err != nil {
-		return nil, fmt.Errorf("start signing authority: %w", err)
+		return nil, fmt.Errorf("node name policy: %w", err)
 	}
 	pool := x509.NewCertPool()
 	pool.AddCert(cert)
-	return &CA{cert: cert, key: key, auth: auth, clock: clock, pool: pool}, nil
+	return &CA{cert: cert, key: key, policy: engine, clock: clock, pool: pool}, nil
 }
 
 // Certificate is the CA certificate.
@@ -184,69 +207,53 @@ func (c *CA) CertificatePEM() []byte {
 
 // SignNode signs a node certificate for instanceID. The CSR must carry an
 // Ed25519 key, a valid self-signature, and name nothing but the instance.
-func (c *CA) SignNode(ctx context.Context, csr *x509.CertificateRequest, instanceID string, lifetime time.Duration) (*x509.Certificate, error) {
+// The certificate takes only the CSR's key: its one name (a URI SAN, no
+// subject), its lifetime (on the injected clock) and its usage (client
+// authentication only) are set here, and the name policy checks the result
+// before the CA signs it.
+func (c *CA) SignNode(_ context.Context, csr *x509.CertificateRequest, instanceID string, lifetime time.Duration) (*x509.Certificate, error) {
 	if err := CheckNodeCSR(csr, instanceID); err != nil {
 		return nil, err
 	}
-	// The authority verifies the CSR's signature first thing.
+	if err := csr.CheckSignature(); err != nil {
+		return nil, fmt.Errorf("CSR signature: %w", err)
+	}
 	if lifetime <= 0 {
 		lifetime = DefaultNodeLifetime
 	}
+	if lifetime > MaxNodeLifetime {
+		return nil, fmt.Errorf("requested lifetime %s exceeds the maximum %s", lifetime, MaxNodeLifetime)
+	}
 	now := c.clock.Now()
-	// No certificate template: x509util then builds the certificate from
-	// the CSR alone, and the identity modifier sets the one name it may
-	// carry. Rendering the default text template (which builds sprig's
-	// function map on every call) cost more than the signature itself.
-	chain, err := c.auth.SignWithContext(ctx, csr, provisioner.SignOptions{},
-		identity(pki.InstanceURI(instanceID)),
-		validity(now, lifetime),
-		lifetimeValidator{max: MaxNodeLifetime},
-		clientAuthOnly{},
-	)
+	pub, err := x509.MarshalPKIXPublicKey(csr.PublicKey)
 	if err != nil {
 		return nil, fmt.Errorf("sign node certificate: %w", err)
 	}
-	return chain[0], nil
-}
-
-// identity names the instance and nothing else: no subject, one URI SAN.
-// The authority's name policy then checks the result.
-func identity(uri *url.URL) provisioner.CertificateModifierFunc {
-	return func(cert *x509.Certificate, _ provisioner.SignOptions) error {
-		cert.Subject = pkix.Name{}
-		cert.DNSNames, cert.IPAddresses, cert.EmailAddresses = nil, nil, nil
-		cert.URIs = []*url.URL{uri}
-		return nil
+	ski := sha1.Sum(pub) // RFC 5280's method 1 would hash only the key bits; any stable id will do
+	tpl := &x509.Certificate{
+		SerialNumber: randomSerial(),
+		URIs:         []*url.URL{pki.InstanceURI(instanceID)},
+		NotBefore:    now.Add(-backdate),
+		NotAfter:     now.Add(lifetime),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+		SubjectKeyId: ski[:],
 	}
-}
-
-// validity sets the certificate window from the injected clock (the
-// authority's own default would use the wall clock).
-func validity(now time.Time, lifetime time.Duration) provisioner.CertificateModifierFunc {
-	return func(cert *x509.Certificate, _ provisioner.SignOptions) error {
-		cert.NotBefore = now.Add(-backdate)
-		cert.NotAfter = now.Add(lifetime)
-		return nil
+	if tpl.NotAfter.After(c.cert.NotAfter) {
+		tpl.NotAfter = c.cert.NotAfter
 	}
-}
-
-type lifetimeValidator struct{ max time.Duration }
-
-func (v lifetimeValidator) Valid(cert *x509.Certificate, _ provisioner.SignOptions) error {
-	if d := cert.NotAfter.Sub(cert.NotBefore) - backdate; d > v.max {
-		return fmt.Errorf("requested lifetime %s exceeds the maximum %s", d, v.max)
+	if err := c.policy.IsX509CertificateAllowed(tpl); err != nil {
+		return nil, fmt.Errorf("sign node certificate: %w", err)
 	}
-	return nil
-}
-
-// clientAuthOnly narrows the default leaf template's usages: a node
-// certificate authenticates a client, it must not serve TLS.
-type clientAuthOnly struct{}
-
-func (clientAuthOnly) Enforce(cert *x509.Certificate) error {
-	cert.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
-	cert.KeyUsage = x509.KeyUsageDigitalSignature
-	return nil
+	der, err := x509.CreateCertificate(rand.Reader, tpl, c.cert, csr.PublicKey, c.key)
+	if err != nil {
+		return nil, fmt.Errorf("sign node certificate: %w", err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, fmt.Errorf("sign node certificate: %w", err)
+	}
+	return cert, nil
 }
 
 // CSR errors, phrased for the operator reading the agent's console.
@@ -257,8 +264,7 @@ var (
 
 // CheckNodeCSR enforces what a node may ask for: an Ed25519 key and no
 // names other than tether://instance/<id>. It does not verify the CSR's
-// self-signature: the authority does that on every signature, and an
-// Ed25519 verification is the largest CPU cost of an enrollment.
+// self-signature: SignNode does, once, after these cheaper checks.
 func CheckNodeCSR(csr *x509.CertificateRequest, instanceID string) error {
 	if _, ok := csr.PublicKey.(ed25519.PublicKey); !ok {
 		return fmt.Errorf("%w, got %s", ErrCSRKeyType, csr.PublicKeyAlgorithm)

@@ -201,3 +201,51 @@ func TestOpenSSLInterop(t *testing.T) {
 		t.Fatal("fingerprint differs from openssl's DER")
 	}
 }
+
+// TestCAKeyTypes: a CA of either key type signs node, server and admin
+// certificates that verify against it, and reloads from its directory.
+func TestCAKeyTypes(t *testing.T) {
+	_, edKey, _ := ed25519.GenerateKey(rand.Reader)
+	ecKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	for _, tc := range []struct {
+		flag string
+		want x509.PublicKeyAlgorithm
+	}{{"", x509.ECDSA}, {"p256", x509.ECDSA}, {"ed25519", x509.Ed25519}} {
+		t.Run("ca-key="+tc.flag, func(t *testing.T) {
+			kt, err := ca.ParseKeyType(tc.flag)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dir := t.TempDir()
+			clk := clock.NewFake(time.Now())
+			c, err := ca.CreateWithKey(dir, "test", clk, kt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := c.Certificate().PublicKeyAlgorithm; got != tc.want {
+				t.Fatalf("CA key %s, want %s", got, tc.want)
+			}
+			node, err := c.SignNode(context.Background(), csrFor(t, edKey, ""), "i1", 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			reloaded, err := ca.Load(dir, clk)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := reloaded.Verify(node, x509.ExtKeyUsageClientAuth); err != nil {
+				t.Fatalf("node certificate does not verify against the reloaded CA: %v", err)
+			}
+			srv, err := reloaded.SignServer([]string{"127.0.0.1"}, ecKey.Public())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := srv.Verify(x509.VerifyOptions{Roots: reloaded.Pool(), CurrentTime: clk.Now()}); err != nil {
+				t.Fatalf("server certificate: %v", err)
+			}
+		})
+	}
+	if _, err := ca.ParseKeyType("rsa"); err == nil || !strings.Contains(err.Error(), "rsa") {
+		t.Fatalf("ParseKeyType(rsa) = %v, want an error naming it", err)
+	}
+}
