@@ -81,7 +81,11 @@ func newEnv(t *testing.T, opts redfishtest.Options, machines ...redfishtest.Mach
 	var mu sync.Mutex
 	p, err := redfish.New(redfish.Config{Resolver: e.res, Clock: e.clk, Logger: slog.New(slog.NewTextHandler(syncWriter{&mu, e.logs}, nil)),
 		GracefulTimeout: 30 * time.Second, PowerTimeout: 20 * time.Second, PollInterval: time.Second, RequestTimeout: 2 * time.Second,
-		Warn: func(_ context.Context, node, msg string) { mu.Lock(); e.warn = append(e.warn, node+": "+msg); mu.Unlock() }})
+		Warn: func(_ context.Context, node, msg string) {
+			mu.Lock()
+			e.warn = append(e.warn, node+": "+msg)
+			mu.Unlock()
+		}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -307,7 +311,9 @@ func TestFaults(t *testing.T) {
 	provision := func(p *redfish.Provider) (providers.Machine, error) {
 		return p.Provision(context.Background(), providers.Spec{InstanceID: "inst-1", Node: "n1"})
 	}
-	stop := func(p *redfish.Provider) (providers.Machine, error) { return p.Stop(context.Background(), "redfish:n1") }
+	stop := func(p *redfish.Provider) (providers.Machine, error) {
+		return p.Stop(context.Background(), "redfish:n1")
+	}
 	start := func(p *redfish.Provider) (providers.Machine, error) {
 		return p.Start(context.Background(), "redfish:n1", providers.Boot{})
 	}

@@ -540,7 +540,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 // @Message.ExtendedInfo.
 func writeError(w http.ResponseWriter, status int, id, msg string) {
 	writeJSON(w, status, map[string]any{"error": map[string]any{"code": "Base.1.8.GeneralError",
-		"message": "A general error has occurred. See ExtendedInfo for more information.",
+		"message":               "A general error has occurred. See ExtendedInfo for more information.",
 		"@Message.ExtendedInfo": []map[string]any{{"@odata.type": "#Message.v1_1_1.Message", "MessageId": id, "Message": msg, "Severity": "Warning"}}}})
 }
 
