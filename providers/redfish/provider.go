@@ -65,6 +65,11 @@ type Resolver interface {
 // ErrNoBMC means the node does not exist or names no redfish BMC.
 var ErrNoBMC = errors.New("no redfish BMC")
 
+// ErrMisconfigured means the node's BMC settings cannot be used as they
+// are (a missing credential, one that cannot be opened): an operator must
+// fix them, and retrying will not.
+var ErrMisconfigured = errors.New("BMC settings unusable")
+
 // Config configures the provider. Zero durations take the defaults.
 type Config struct {
 	Resolver Resolver
@@ -155,6 +160,9 @@ func (p *Provider) open(ctx context.Context, op, node string) (*session, error) 
 	if err != nil {
 		if errors.Is(err, ErrNoBMC) {
 			return nil, &providers.Error{Kind: providers.KindNotFound, Provider: Name, Op: op, Err: err}
+		}
+		if errors.Is(err, ErrMisconfigured) {
+			return nil, &providers.Error{Kind: providers.KindPermanent, Provider: Name, Op: op, Err: err}
 		}
 		return nil, &providers.Error{Kind: providers.KindTransient, Provider: Name, Op: op, Err: fmt.Errorf("node %s: look up its BMC: %w", node, err)}
 	}
@@ -333,18 +341,14 @@ func (p *Provider) Status(ctx context.Context, id string) (providers.Machine, er
 	if err != nil {
 		return providers.Machine{ID: id, State: providers.StateGone}, nil
 	}
-	t, err := p.cfg.Resolver.Target(ctx, node)
+	s, err := p.open(ctx, "status", node)
 	if errors.Is(err, ErrNoBMC) {
 		return providers.Machine{ID: id, State: providers.StateGone, Detail: err.Error()}, nil
 	}
 	if err != nil {
-		return providers.Machine{}, &providers.Error{Kind: providers.KindTransient, Provider: Name, Op: "status", Err: fmt.Errorf("node %s: look up its BMC: %w", node, err)}
-	}
-	s, err := p.open(ctx, "status", node)
-	if err != nil {
 		return providers.Machine{}, err
 	}
-	return s.machine(t.InstanceID), nil
+	return s.machine(s.t.InstanceID), nil
 }
 
 // List reads every node's PowerState. A BMC that cannot be read is
