@@ -67,6 +67,15 @@ type env struct {
 // and a node per system ("n1", ...), verified against the BMC's CA.
 func newEnv(t *testing.T, opts redfishtest.Options, machines ...redfishtest.Machine) *env {
 	t.Helper()
+	return newEnvOpts(t, opts, machines...)
+}
+
+func newEnvTB(b testing.TB, machines ...redfishtest.Machine) *env {
+	return newEnvOpts(b, redfishtest.Options{}, machines...)
+}
+
+func newEnvOpts(t testing.TB, opts redfishtest.Options, machines ...redfishtest.Machine) *env {
+	t.Helper()
 	if opts.Username == "" {
 		opts.Username, opts.Password = user, password
 	}
