@@ -230,3 +230,78 @@ func TestRedfishProvisionAndTerminateThroughTetherd(t *testing.T) {
 	}
 	env.noPasswordAnywhere(t, ctx, id)
 }
+
+// TestRedfishPoolTakesFreeBareMetalNodes: a pool on the redfish provider
+// lends the template's nodes that have a BMC and no live instance, one
+// member each, and creates none; with every machine taken it stays short
+// and says why. Its members' nodes survive the pool.
+func TestRedfishPoolTakesFreeBareMetalNodes(t *testing.T) {
+	m1, m2 := redfishtest.NewFakeMachine(redfish.PowerOff), redfishtest.NewFakeMachine(redfish.PowerOff)
+	env := newRedfishEnv(t, m1, "52:54:00:0e:3f:11")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	env.bmc.AddSystem("2", m2)
+	if _, err := env.cp.Admin.CreateNode(ctx, &v1.CreateNodeRequest{Name: "bm-2", Template: "tpl", Macs: []string{"52:54:00:0e:3f:12"},
+		Bmc: &v1.NodeBMC{Address: env.bmc.Address("2"), Credential: "rack", CaPem: string(env.bmc.CAPEM())}}); err != nil {
+		t.Fatal(err)
+	}
+	// A node of the template without a BMC is never lent.
+	if _, err := env.cp.Admin.CreateNode(ctx, &v1.CreateNodeRequest{Name: "vm-1", Template: "tpl"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.cp.Admin.CreatePool(ctx, &v1.CreatePoolRequest{Name: "metal", Template: "tpl", Provider: redfish.Name, TargetSize: 3,
+		LifecycleClass: v1.LifecycleClass_LIFECYCLE_CLASS_EPHEMERAL}); err != nil {
+		t.Fatal(err)
+	}
+	var members []*v1.PoolMember
+	for ctx.Err() == nil {
+		p, err := env.cp.Admin.GetPool(ctx, &v1.GetPoolRequest{Name: "metal"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		members = p.Members
+		on1, _ := m1.PowerState(ctx)
+		on2, _ := m2.PowerState(ctx)
+		if len(members) >= 2 && on1 == redfish.PowerOn && on2 == redfish.PowerOn {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if len(members) != 2 {
+		t.Fatalf("members %v, want one on each bare-metal node", members)
+	}
+	got := []string{members[0].NodeName, members[1].NodeName}
+	if !(got[0] == "bm-1" && got[1] == "bm-2" || got[0] == "bm-2" && got[1] == "bm-1") {
+		t.Errorf("members on nodes %v, want bm-1 and bm-2", got)
+	}
+	nodes, err := env.cp.Admin.ListNodes(ctx, &v1.ListNodesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(nodes.Nodes) != 3 {
+		t.Errorf("the pool created nodes: %d, want the 3 the operator made", len(nodes.Nodes))
+	}
+	resp, err := env.cp.Admin.ReplenishPool(ctx, &v1.PoolActionRequest{Name: "metal"})
+	if (err == nil && resp.Provisioned != 0) || (err != nil && !strings.Contains(err.Error(), "no free machine")) {
+		t.Errorf("replenish with every machine lent: %v %v, want nothing provisioned and a reason saying there is no free machine", resp, err)
+	}
+	if _, err := env.cp.Admin.DrainPool(ctx, &v1.PoolActionRequest{Name: "metal"}); err != nil {
+		t.Fatal(err)
+	}
+	for ctx.Err() == nil {
+		off1, _ := m1.PowerState(ctx)
+		off2, _ := m2.PowerState(ctx)
+		if off1 == redfish.PowerOff && off2 == redfish.PowerOff {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if _, err := env.cp.Admin.DeletePool(ctx, &v1.PoolActionRequest{Name: "metal"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"bm-1", "bm-2"} {
+		if _, err := env.cp.Admin.GetNode(ctx, &v1.GetNodeRequest{Name: n}); err != nil {
+			t.Errorf("node %s did not outlive the pool: %v", n, err)
+		}
+	}
+}
