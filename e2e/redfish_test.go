@@ -285,8 +285,16 @@ func TestRedfishPoolTakesFreeBareMetalNodes(t *testing.T) {
 	if (err == nil && resp.Provisioned != 0) || (err != nil && !strings.Contains(err.Error(), "no free machine")) {
 		t.Errorf("replenish with every machine lent: %v %v, want nothing provisioned and a reason saying there is no free machine", resp, err)
 	}
-	if _, err := env.cp.Admin.DrainPool(ctx, &v1.PoolActionRequest{Name: "metal"}); err != nil {
+	// Members still warming (no agent here) are terminated directly, the
+	// pool paused first so that it does not lend the freed nodes again.
+	if _, err := env.cp.Admin.PausePool(ctx, &v1.PoolActionRequest{Name: "metal"}); err != nil {
 		t.Fatal(err)
+	}
+	for _, m := range members {
+		if _, err := env.cp.Admin.TerminateInstance(ctx, &v1.InstanceActionRequest{Id: m.InstanceId}); err != nil {
+			t.Fatal(err)
+		}
+		env.waitStatus(t, ctx, m.InstanceId, v1.InstanceStatus_INSTANCE_STATUS_TERMINATED)
 	}
 	for ctx.Err() == nil {
 		off1, _ := m1.PowerState(ctx)
