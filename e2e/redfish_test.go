@@ -313,3 +313,39 @@ func TestRedfishPoolTakesFreeBareMetalNodes(t *testing.T) {
 		}
 	}
 }
+
+// TestCredentialsKeyForAnOldDataDir: init makes the sealing key; a data
+// dir from before credentials gets one on its first serve, and a
+// credential stored then opens after a restart on the same key.
+func TestCredentialsKeyForAnOldDataDir(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data")
+	if err := daemon.Init(daemon.InitOptions{DataDir: dir}); err != nil {
+		t.Fatal(err)
+	}
+	key := filepath.Join(dir, "credentials.key")
+	fi, err := os.Stat(key)
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("init's key: %v %v", fi, err)
+	}
+	if err := os.Remove(key); err != nil { // as a data dir made before credentials
+		t.Fatal(err)
+	}
+	cp := testcp.Start(t, testcp.WithDataDir(dir))
+	if _, err := os.Stat(key); err != nil {
+		t.Fatalf("serve did not make the key for an old data dir: %v", err)
+	}
+	ctx := context.Background()
+	if _, err := cp.Admin.CreateCredential(ctx, &v1.CreateCredentialRequest{Name: "rack", Username: "u", Password: "p"}); err != nil {
+		t.Fatal(err)
+	}
+	before, err := os.ReadFile(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp.Stop()
+	testcp.Start(t, testcp.WithDataDir(dir))
+	after, err := os.ReadFile(key)
+	if err != nil || string(after) != string(before) {
+		t.Fatalf("the key changed across a restart (%v)", err)
+	}
+}
