@@ -183,7 +183,8 @@ func TestVMRedfish(t *testing.T) {
 // running and terminates (power off; the next power-on boots the VM
 // again). Run it beside the qemu one:
 //
-//	TETHER_E2E=1 go test -tags nobadger,nobbolt,nomysql -run '^$' -bench 'BootToRunning/bios|RedfishBootToRunning' -benchtime 3x ./e2e/
+//	TETHER_E2E=1 go test -tags nobadger,nobbolt,nomysql -run '^$' -bench 'RedfishBootToRunning' -benchtime 3x ./e2e/
+//	TETHER_E2E=1 go test -tags nobadger,nobbolt,nomysql -run '^$' -bench 'BootToRunning/bios' -benchtime 3x ./e2e/
 func BenchmarkRedfishBootToRunning(b *testing.B) {
 	env := newRedfishVM(b, "52:54:00:be:0f:01")
 	ctx := context.Background()
