@@ -2,9 +2,11 @@ package e2e
 
 import (
 	"context"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -122,6 +124,24 @@ func (e *redfishEnv) noPasswordAnywhere(t *testing.T, ctx context.Context, id st
 	}
 }
 
+// lockedBuffer is a log sink tetherd's goroutines share.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
 func mustJSON(t *testing.T, m interface{ ProtoReflect() protoreflect.Message }) []byte {
 	t.Helper()
 	b, err := protojson.Marshal(m)
@@ -136,7 +156,8 @@ func mustJSON(t *testing.T, m interface{ ProtoReflect() protoreflect.Message }) 
 // appears nowhere.
 func TestRedfishWrongCredentials(t *testing.T) {
 	fm := redfishtest.NewFakeMachine(redfish.PowerOff)
-	env := newRedfishEnv(t, fm, "52:54:00:0e:3f:01")
+	logs := &lockedBuffer{}
+	env := newRedfishEnv(t, fm, "52:54:00:0e:3f:01", testcp.WithLog(slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if _, err := env.cp.Admin.CreateCredential(ctx, &v1.CreateCredentialRequest{Name: "stale", Username: "tether", Password: "old-" + bmcPassword}); err != nil {
@@ -162,6 +183,9 @@ func TestRedfishWrongCredentials(t *testing.T) {
 		t.Errorf("the machine was powered on with refused credentials: %s", st)
 	}
 	env.noPasswordAnywhere(t, ctx, in.Id)
+	if strings.Contains(logs.String(), bmcPassword) {
+		t.Errorf("tetherd logged the BMC password:\n%s", logs.String())
+	}
 	// The errored instance terminates: there is no machine recorded.
 	if _, err := env.cp.Admin.TerminateInstance(ctx, &v1.InstanceActionRequest{Id: in.Id}); err != nil {
 		t.Fatal(err)
