@@ -37,6 +37,20 @@ func (a *adminServer) CreateCredential(ctx context.Context, req *v1.CreateCreden
 	return credentialProto(c), nil
 }
 
+func (a *adminServer) UpdateCredential(ctx context.Context, req *v1.UpdateCredentialRequest) (*v1.Credential, error) {
+	if err := a.needCredentials(); err != nil {
+		return nil, err
+	}
+	if req.Name == "" {
+		return nil, fail.Invalid("name", "required")
+	}
+	c, err := a.Credentials.Update(ctx, req.Name, req.Username, []byte(req.Password))
+	if err != nil {
+		return nil, err
+	}
+	return credentialProto(c), nil
+}
+
 func (a *adminServer) ListCredentials(ctx context.Context, _ *v1.ListCredentialsRequest) (*v1.ListCredentialsResponse, error) {
 	if err := a.needCredentials(); err != nil {
 		return nil, err

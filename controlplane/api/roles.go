@@ -104,6 +104,7 @@ var rpcAccess = map[string]access{
 	// and user names, never passwords) is audited.
 	"CreateCredential": write(RoleAdmin),
 	"ListCredentials":  {role: RoleOperator, audit: true},
+	"UpdateCredential": write(RoleAdmin),
 	"DeleteCredential": write(RoleAdmin),
 }
 

@@ -117,6 +117,18 @@ func TestService(t *testing.T) {
 			t.Errorf("Create(%q, %q) = %v, want %s", tc.name, tc.user, err, tc.code)
 		}
 	}
+	if _, err := svc.Update(ctx, "rack-a", "", []byte("rotated")); err != nil {
+		t.Fatal(err)
+	}
+	if u, pw, err := svc.Open(ctx, st, "rack-a"); err != nil || u != "root" || pw != "rotated" {
+		t.Fatalf("after rotation: %q %q %v", u, pw, err)
+	}
+	if _, err := svc.Update(ctx, "rack-a", "", nil); status.Code(fail.From(err)) != codes.InvalidArgument {
+		t.Errorf("rotate to an empty password: %v", err)
+	}
+	if _, err := svc.Update(ctx, "nope", "", []byte("x")); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("rotate a missing credential: %v", err)
+	}
 	if _, _, err := svc.Open(ctx, st, "nope"); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("open a missing credential: %v", err)
 	}

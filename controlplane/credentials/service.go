@@ -70,6 +70,33 @@ func (s *Service) Create(ctx context.Context, name, username string, password []
 	return c, nil
 }
 
+// Update reseals a credential's password, and replaces its user name
+// when username is not empty.
+func (s *Service) Update(ctx context.Context, name, username string, password []byte) (*store.Credential, error) {
+	var c *store.Credential
+	err := s.Store.Tx(ctx, func(q store.Queries) error {
+		var err error
+		if c, err = q.GetCredential(ctx, name); err != nil {
+			return err
+		}
+		if username != "" {
+			c.Username = username
+		}
+		if err := Validate(c.Username, password); err != nil {
+			return err
+		}
+		if c.Sealed, err = s.Sealer.Seal(name, password); err != nil {
+			return err
+		}
+		c.UpdatedAt = s.Clock.Now()
+		return q.UpdateCredential(ctx, c)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
 // List lists credentials. Their sealed passwords are the caller's to drop.
 func (s *Service) List(ctx context.Context) ([]*store.Credential, error) {
 	return s.Store.ListCredentials(ctx)

@@ -149,6 +149,8 @@ type Queries interface {
 	// CreateCredential refuses (ErrAlreadyExists) a name that is taken.
 	CreateCredential(ctx context.Context, c *Credential) error
 	GetCredential(ctx context.Context, name string) (*Credential, error)
+	// UpdateCredential writes c's user name, sealed password and update time.
+	UpdateCredential(ctx context.Context, c *Credential) error
 	// ListCredentials is by name.
 	ListCredentials(ctx context.Context) ([]*Credential, error)
 	// DeleteCredential refuses (ErrConflict) while a node's BMC names it.

@@ -66,7 +66,21 @@ func (a *App) credentialCmd() *cobra.Command {
 	del := &cobra.Command{Use: "delete NAME", Short: "Delete a credential no node uses (admin)", Args: cobra.ExactArgs(1), RunE: func(_ *cobra.Command, args []string) error {
 		return call(a, v1.AdminServiceClient.DeleteCredential, &v1.DeleteCredentialRequest{Name: args[0]}, deleted[*v1.DeleteCredentialResponse]("credential", args[0]))
 	}}
-	cmd.AddCommand(create, listCmd, del)
+	var upd v1.UpdateCredentialRequest
+	var updFile string
+	update := &cobra.Command{Use: "update NAME --password-file F [--username U]", Short: "Replace a credential's password, for every node that names it (admin)", Args: cobra.ExactArgs(1),
+		RunE: func(_ *cobra.Command, args []string) error {
+			pw, err := readPassword(updFile)
+			if err != nil {
+				return err
+			}
+			upd.Name, upd.Password = args[0], pw
+			return call(a, v1.AdminServiceClient.UpdateCredential, &upd, one(credentialTable))
+		}}
+	update.Flags().StringVar(&upd.Username, "username", "", "a new user name (default: keep it)")
+	update.Flags().StringVar(&updFile, "password-file", "", "file holding the new password on its first line (required)")
+	_ = update.MarkFlagRequired("password-file")
+	cmd.AddCommand(create, update, listCmd, del)
 	return cmd
 }
 

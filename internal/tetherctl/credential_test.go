@@ -98,6 +98,14 @@ func TestCredentialsAndNodeBMC(t *testing.T) {
 	} {
 		refused(tc.want, tc.args...)
 	}
+	pw2 := filepath.Join(dir, "pw2")
+	if err := os.WriteFile(pw2, []byte("rotated-"+password+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out := ok("credential", "update", "rack-a", "--password-file", pw2, "--username", "admin", "-o", "json"); !strings.Contains(out, `"admin"`) {
+		t.Errorf("credential update did not change the user name:\n%s", out)
+	}
+	refused("not found", "credential", "update", "nope", "--password-file", pw2)
 	ok("node", "update", "bm-1", "--bmc", "")
 	if out := ok("node", "get", "bm-1", "-o", "json"); strings.Contains(out, "bmc") {
 		t.Errorf("--bmc \"\" left a BMC:\n%s", out)

@@ -39,6 +39,12 @@ func (q *queries) GetCredential(ctx context.Context, name string) (*store.Creden
 	return c, nil
 }
 
+func (q *queries) UpdateCredential(ctx context.Context, c *store.Credential) error {
+	res, err := q.exec(ctx, `UPDATE credentials SET username = ?, sealed = ?, updated_at = ? WHERE name = ?`,
+		c.Username, c.Sealed, ts(c.UpdatedAt), c.Name)
+	return mustAffect(res, err, "credential", c.Name)
+}
+
 func (q *queries) ListCredentials(ctx context.Context) ([]*store.Credential, error) {
 	rows, err := q.query(ctx, `SELECT `+credentialCols+` FROM credentials ORDER BY name`)
 	if err != nil {

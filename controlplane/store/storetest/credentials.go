@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tetherfleet/tether/controlplane/store"
 )
@@ -22,6 +23,13 @@ func testCredentials(t *testing.T, s store.Store) {
 	}
 	_, err = s.GetCredential(c, "nope")
 	wantErr(t, err, store.ErrNotFound)
+	got.Username, got.Sealed, got.UpdatedAt = "admin", []byte{7, 7}, t0.Add(time.Hour)
+	must(t, s.UpdateCredential(c, got))
+	if rot, err := s.GetCredential(c, "rack-a"); err != nil || rot.Username != "admin" || !bytes.Equal(rot.Sealed, []byte{7, 7}) ||
+		!rot.UpdatedAt.Equal(t0.Add(time.Hour)) || !rot.CreatedAt.Equal(t0) {
+		t.Fatalf("rotated credential = %+v, %v", rot, err)
+	}
+	wantErr(t, s.UpdateCredential(c, &store.Credential{Name: "nope", Username: "x", Sealed: []byte{1}}), store.ErrNotFound)
 	list, err := s.ListCredentials(c)
 	must(t, err)
 	if len(list) != 2 || list[0].Name != "rack-a" || list[1].Name != "rack-b" {

@@ -4705,6 +4705,68 @@ func (x *CreateCredentialRequest) GetPassword() string {
 	return ""
 }
 
+type UpdateCredentialRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Empty keeps the user name.
+	Username string `protobuf:"bytes,2,opt,name=username,proto3" json:"username,omitempty"`
+	// Required; stored sealed, never returned, logged or audited.
+	Password      string `protobuf:"bytes,3,opt,name=password,proto3" json:"password,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateCredentialRequest) Reset() {
+	*x = UpdateCredentialRequest{}
+	mi := &file_tether_v1_admin_proto_msgTypes[79]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateCredentialRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateCredentialRequest) ProtoMessage() {}
+
+func (x *UpdateCredentialRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_admin_proto_msgTypes[79]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateCredentialRequest.ProtoReflect.Descriptor instead.
+func (*UpdateCredentialRequest) Descriptor() ([]byte, []int) {
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{79}
+}
+
+func (x *UpdateCredentialRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *UpdateCredentialRequest) GetUsername() string {
+	if x != nil {
+		return x.Username
+	}
+	return ""
+}
+
+func (x *UpdateCredentialRequest) GetPassword() string {
+	if x != nil {
+		return x.Password
+	}
+	return ""
+}
+
 type ListCredentialsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -4713,7 +4775,7 @@ type ListCredentialsRequest struct {
 
 func (x *ListCredentialsRequest) Reset() {
 	*x = ListCredentialsRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[79]
+	mi := &file_tether_v1_admin_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4725,7 +4787,7 @@ func (x *ListCredentialsRequest) String() string {
 func (*ListCredentialsRequest) ProtoMessage() {}
 
 func (x *ListCredentialsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[79]
+	mi := &file_tether_v1_admin_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4738,7 +4800,7 @@ func (x *ListCredentialsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCredentialsRequest.ProtoReflect.Descriptor instead.
 func (*ListCredentialsRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{79}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{80}
 }
 
 type ListCredentialsResponse struct {
@@ -4750,7 +4812,7 @@ type ListCredentialsResponse struct {
 
 func (x *ListCredentialsResponse) Reset() {
 	*x = ListCredentialsResponse{}
-	mi := &file_tether_v1_admin_proto_msgTypes[80]
+	mi := &file_tether_v1_admin_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4762,7 +4824,7 @@ func (x *ListCredentialsResponse) String() string {
 func (*ListCredentialsResponse) ProtoMessage() {}
 
 func (x *ListCredentialsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[80]
+	mi := &file_tether_v1_admin_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4775,7 +4837,7 @@ func (x *ListCredentialsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCredentialsResponse.ProtoReflect.Descriptor instead.
 func (*ListCredentialsResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{80}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *ListCredentialsResponse) GetCredentials() []*Credential {
@@ -4794,7 +4856,7 @@ type DeleteCredentialRequest struct {
 
 func (x *DeleteCredentialRequest) Reset() {
 	*x = DeleteCredentialRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[81]
+	mi := &file_tether_v1_admin_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4806,7 +4868,7 @@ func (x *DeleteCredentialRequest) String() string {
 func (*DeleteCredentialRequest) ProtoMessage() {}
 
 func (x *DeleteCredentialRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[81]
+	mi := &file_tether_v1_admin_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4819,7 +4881,7 @@ func (x *DeleteCredentialRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteCredentialRequest.ProtoReflect.Descriptor instead.
 func (*DeleteCredentialRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{81}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *DeleteCredentialRequest) GetName() string {
@@ -4837,7 +4899,7 @@ type DeleteCredentialResponse struct {
 
 func (x *DeleteCredentialResponse) Reset() {
 	*x = DeleteCredentialResponse{}
-	mi := &file_tether_v1_admin_proto_msgTypes[82]
+	mi := &file_tether_v1_admin_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4849,7 +4911,7 @@ func (x *DeleteCredentialResponse) String() string {
 func (*DeleteCredentialResponse) ProtoMessage() {}
 
 func (x *DeleteCredentialResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[82]
+	mi := &file_tether_v1_admin_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4862,7 +4924,7 @@ func (x *DeleteCredentialResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteCredentialResponse.ProtoReflect.Descriptor instead.
 func (*DeleteCredentialResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{82}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{83}
 }
 
 var File_tether_v1_admin_proto protoreflect.FileDescriptor
@@ -5210,13 +5272,17 @@ const file_tether_v1_admin_proto_rawDesc = "" +
 	"\x17CreateCredentialRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
 	"\busername\x18\x02 \x01(\tR\busername\x12\x1a\n" +
+	"\bpassword\x18\x03 \x01(\tR\bpassword\"e\n" +
+	"\x17UpdateCredentialRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
+	"\busername\x18\x02 \x01(\tR\busername\x12\x1a\n" +
 	"\bpassword\x18\x03 \x01(\tR\bpassword\"\x18\n" +
 	"\x16ListCredentialsRequest\"R\n" +
 	"\x17ListCredentialsResponse\x127\n" +
 	"\vcredentials\x18\x01 \x03(\v2\x15.tether.v1.CredentialR\vcredentials\"-\n" +
 	"\x17DeleteCredentialRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"\x1a\n" +
-	"\x18DeleteCredentialResponse2\x86$\n" +
+	"\x18DeleteCredentialResponse2\xd5$\n" +
 	"\fAdminService\x12G\n" +
 	"\x0eCreateTemplate\x12 .tether.v1.CreateTemplateRequest\x1a\x13.tether.v1.Template\x12A\n" +
 	"\vGetTemplate\x12\x1d.tether.v1.GetTemplateRequest\x1a\x13.tether.v1.Template\x12R\n" +
@@ -5288,7 +5354,8 @@ const file_tether_v1_admin_proto_rawDesc = "" +
 	"\rRenewIdentity\x12\x1f.tether.v1.RenewIdentityRequest\x1a\x1e.tether.v1.IdentityCertificate\x12F\n" +
 	"\tListAudit\x12\x1b.tether.v1.ListAuditRequest\x1a\x1c.tether.v1.ListAuditResponse\x12M\n" +
 	"\x10CreateCredential\x12\".tether.v1.CreateCredentialRequest\x1a\x15.tether.v1.Credential\x12X\n" +
-	"\x0fListCredentials\x12!.tether.v1.ListCredentialsRequest\x1a\".tether.v1.ListCredentialsResponse\x12[\n" +
+	"\x0fListCredentials\x12!.tether.v1.ListCredentialsRequest\x1a\".tether.v1.ListCredentialsResponse\x12M\n" +
+	"\x10UpdateCredential\x12\".tether.v1.UpdateCredentialRequest\x1a\x15.tether.v1.Credential\x12[\n" +
 	"\x10DeleteCredential\x12\".tether.v1.DeleteCredentialRequest\x1a#.tether.v1.DeleteCredentialResponseB8Z6github.com/tetherfleet/tether/proto/tether/v1;tetherv1b\x06proto3"
 
 var (
@@ -5303,7 +5370,7 @@ func file_tether_v1_admin_proto_rawDescGZIP() []byte {
 	return file_tether_v1_admin_proto_rawDescData
 }
 
-var file_tether_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 83)
+var file_tether_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 84)
 var file_tether_v1_admin_proto_goTypes = []any{
 	(*CreateTemplateRequest)(nil),        // 0: tether.v1.CreateTemplateRequest
 	(*GetTemplateRequest)(nil),           // 1: tether.v1.GetTemplateRequest
@@ -5384,84 +5451,85 @@ var file_tether_v1_admin_proto_goTypes = []any{
 	(*ListAuditRequest)(nil),             // 76: tether.v1.ListAuditRequest
 	(*ListAuditResponse)(nil),            // 77: tether.v1.ListAuditResponse
 	(*CreateCredentialRequest)(nil),      // 78: tether.v1.CreateCredentialRequest
-	(*ListCredentialsRequest)(nil),       // 79: tether.v1.ListCredentialsRequest
-	(*ListCredentialsResponse)(nil),      // 80: tether.v1.ListCredentialsResponse
-	(*DeleteCredentialRequest)(nil),      // 81: tether.v1.DeleteCredentialRequest
-	(*DeleteCredentialResponse)(nil),     // 82: tether.v1.DeleteCredentialResponse
-	(*ModuleRef)(nil),                    // 83: tether.v1.ModuleRef
-	(*Template)(nil),                     // 84: tether.v1.Template
-	(*ModuleSignature)(nil),              // 85: tether.v1.ModuleSignature
-	(*Module)(nil),                       // 86: tether.v1.Module
-	(*structpb.Struct)(nil),              // 87: google.protobuf.Struct
-	(*NodeBMC)(nil),                      // 88: tether.v1.NodeBMC
-	(*Node)(nil),                         // 89: tether.v1.Node
-	(*Instance)(nil),                     // 90: tether.v1.Instance
-	(InstanceStatus)(0),                  // 91: tether.v1.InstanceStatus
-	(*timestamppb.Timestamp)(nil),        // 92: google.protobuf.Timestamp
-	(*Certificate)(nil),                  // 93: tether.v1.Certificate
-	(TaskKind)(0),                        // 94: tether.v1.TaskKind
-	(*ExecPayload)(nil),                  // 95: tether.v1.ExecPayload
-	(TaskTarget)(0),                      // 96: tether.v1.TaskTarget
-	(TaskStatus)(0),                      // 97: tether.v1.TaskStatus
-	(*Task)(nil),                         // 98: tether.v1.Task
-	(LifecycleClass)(0),                  // 99: tether.v1.LifecycleClass
-	(*PoolMetadata)(nil),                 // 100: tether.v1.PoolMetadata
-	(*Pool)(nil),                         // 101: tether.v1.Pool
-	(Severity)(0),                        // 102: tether.v1.Severity
-	(*FleetEvent)(nil),                   // 103: tether.v1.FleetEvent
-	(*Signer)(nil),                       // 104: tether.v1.Signer
-	(*AdminIdentity)(nil),                // 105: tether.v1.AdminIdentity
-	(*AuditRecord)(nil),                  // 106: tether.v1.AuditRecord
-	(*Credential)(nil),                   // 107: tether.v1.Credential
+	(*UpdateCredentialRequest)(nil),      // 79: tether.v1.UpdateCredentialRequest
+	(*ListCredentialsRequest)(nil),       // 80: tether.v1.ListCredentialsRequest
+	(*ListCredentialsResponse)(nil),      // 81: tether.v1.ListCredentialsResponse
+	(*DeleteCredentialRequest)(nil),      // 82: tether.v1.DeleteCredentialRequest
+	(*DeleteCredentialResponse)(nil),     // 83: tether.v1.DeleteCredentialResponse
+	(*ModuleRef)(nil),                    // 84: tether.v1.ModuleRef
+	(*Template)(nil),                     // 85: tether.v1.Template
+	(*ModuleSignature)(nil),              // 86: tether.v1.ModuleSignature
+	(*Module)(nil),                       // 87: tether.v1.Module
+	(*structpb.Struct)(nil),              // 88: google.protobuf.Struct
+	(*NodeBMC)(nil),                      // 89: tether.v1.NodeBMC
+	(*Node)(nil),                         // 90: tether.v1.Node
+	(*Instance)(nil),                     // 91: tether.v1.Instance
+	(InstanceStatus)(0),                  // 92: tether.v1.InstanceStatus
+	(*timestamppb.Timestamp)(nil),        // 93: google.protobuf.Timestamp
+	(*Certificate)(nil),                  // 94: tether.v1.Certificate
+	(TaskKind)(0),                        // 95: tether.v1.TaskKind
+	(*ExecPayload)(nil),                  // 96: tether.v1.ExecPayload
+	(TaskTarget)(0),                      // 97: tether.v1.TaskTarget
+	(TaskStatus)(0),                      // 98: tether.v1.TaskStatus
+	(*Task)(nil),                         // 99: tether.v1.Task
+	(LifecycleClass)(0),                  // 100: tether.v1.LifecycleClass
+	(*PoolMetadata)(nil),                 // 101: tether.v1.PoolMetadata
+	(*Pool)(nil),                         // 102: tether.v1.Pool
+	(Severity)(0),                        // 103: tether.v1.Severity
+	(*FleetEvent)(nil),                   // 104: tether.v1.FleetEvent
+	(*Signer)(nil),                       // 105: tether.v1.Signer
+	(*AdminIdentity)(nil),                // 106: tether.v1.AdminIdentity
+	(*AuditRecord)(nil),                  // 107: tether.v1.AuditRecord
+	(*Credential)(nil),                   // 108: tether.v1.Credential
 }
 var file_tether_v1_admin_proto_depIdxs = []int32{
-	83,  // 0: tether.v1.CreateTemplateRequest.root_modules:type_name -> tether.v1.ModuleRef
-	83,  // 1: tether.v1.CreateTemplateRequest.extension_modules:type_name -> tether.v1.ModuleRef
-	84,  // 2: tether.v1.ListTemplatesResponse.templates:type_name -> tether.v1.Template
-	83,  // 3: tether.v1.UpdateTemplateRequest.root_modules:type_name -> tether.v1.ModuleRef
-	83,  // 4: tether.v1.UpdateTemplateRequest.extension_modules:type_name -> tether.v1.ModuleRef
+	84,  // 0: tether.v1.CreateTemplateRequest.root_modules:type_name -> tether.v1.ModuleRef
+	84,  // 1: tether.v1.CreateTemplateRequest.extension_modules:type_name -> tether.v1.ModuleRef
+	85,  // 2: tether.v1.ListTemplatesResponse.templates:type_name -> tether.v1.Template
+	84,  // 3: tether.v1.UpdateTemplateRequest.root_modules:type_name -> tether.v1.ModuleRef
+	84,  // 4: tether.v1.UpdateTemplateRequest.extension_modules:type_name -> tether.v1.ModuleRef
 	8,   // 5: tether.v1.PushModuleRequest.header:type_name -> tether.v1.PushModuleHeader
-	85,  // 6: tether.v1.PushModuleHeader.signatures:type_name -> tether.v1.ModuleSignature
-	86,  // 7: tether.v1.ListModulesResponse.modules:type_name -> tether.v1.Module
-	87,  // 8: tether.v1.CreateNodeRequest.config:type_name -> google.protobuf.Struct
-	88,  // 9: tether.v1.CreateNodeRequest.bmc:type_name -> tether.v1.NodeBMC
-	89,  // 10: tether.v1.ListNodesResponse.nodes:type_name -> tether.v1.Node
-	87,  // 11: tether.v1.UpdateNodeRequest.config:type_name -> google.protobuf.Struct
-	88,  // 12: tether.v1.UpdateNodeRequest.bmc:type_name -> tether.v1.NodeBMC
-	90,  // 13: tether.v1.ProvisionInstanceResponse.instance:type_name -> tether.v1.Instance
-	91,  // 14: tether.v1.ListInstancesRequest.status:type_name -> tether.v1.InstanceStatus
-	90,  // 15: tether.v1.ListInstancesResponse.instances:type_name -> tether.v1.Instance
-	90,  // 16: tether.v1.CordonInstanceResponse.instance:type_name -> tether.v1.Instance
-	90,  // 17: tether.v1.UncordonInstanceResponse.instance:type_name -> tether.v1.Instance
-	90,  // 18: tether.v1.DrainInstanceResponse.instance:type_name -> tether.v1.Instance
-	92,  // 19: tether.v1.CreateBootstrapTokenResponse.expires_at:type_name -> google.protobuf.Timestamp
-	93,  // 20: tether.v1.ListCertificatesResponse.certificates:type_name -> tether.v1.Certificate
-	94,  // 21: tether.v1.CreateTaskRequest.kind:type_name -> tether.v1.TaskKind
-	95,  // 22: tether.v1.CreateTaskRequest.exec:type_name -> tether.v1.ExecPayload
-	96,  // 23: tether.v1.ListTasksRequest.target:type_name -> tether.v1.TaskTarget
-	97,  // 24: tether.v1.ListTasksRequest.status:type_name -> tether.v1.TaskStatus
-	98,  // 25: tether.v1.ListTasksResponse.tasks:type_name -> tether.v1.Task
-	99,  // 26: tether.v1.CreatePoolRequest.lifecycle_class:type_name -> tether.v1.LifecycleClass
-	100, // 27: tether.v1.CreatePoolRequest.metadata:type_name -> tether.v1.PoolMetadata
-	101, // 28: tether.v1.ListPoolsResponse.pools:type_name -> tether.v1.Pool
-	99,  // 29: tether.v1.UpdatePoolRequest.lifecycle_class:type_name -> tether.v1.LifecycleClass
-	100, // 30: tether.v1.UpdatePoolRequest.metadata:type_name -> tether.v1.PoolMetadata
-	101, // 31: tether.v1.DrainPoolResponse.pool:type_name -> tether.v1.Pool
-	101, // 32: tether.v1.ReplenishPoolResponse.pool:type_name -> tether.v1.Pool
-	101, // 33: tether.v1.RecyclePoolResponse.pool:type_name -> tether.v1.Pool
-	99,  // 34: tether.v1.AcquirePoolMemberRequest.lifecycle_class:type_name -> tether.v1.LifecycleClass
-	90,  // 35: tether.v1.AcquirePoolMemberResponse.instance:type_name -> tether.v1.Instance
-	90,  // 36: tether.v1.ReleasePoolMemberResponse.instance:type_name -> tether.v1.Instance
-	102, // 37: tether.v1.ListEventsRequest.min_severity:type_name -> tether.v1.Severity
-	103, // 38: tether.v1.ListEventsResponse.events:type_name -> tether.v1.FleetEvent
-	102, // 39: tether.v1.WatchEventsRequest.min_severity:type_name -> tether.v1.Severity
-	104, // 40: tether.v1.ListSignersResponse.signers:type_name -> tether.v1.Signer
-	85,  // 41: tether.v1.SignModuleRequest.signature:type_name -> tether.v1.ModuleSignature
-	105, // 42: tether.v1.IdentityCertificate.identity:type_name -> tether.v1.AdminIdentity
-	105, // 43: tether.v1.ListIdentitiesResponse.identities:type_name -> tether.v1.AdminIdentity
-	92,  // 44: tether.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
-	106, // 45: tether.v1.ListAuditResponse.records:type_name -> tether.v1.AuditRecord
-	107, // 46: tether.v1.ListCredentialsResponse.credentials:type_name -> tether.v1.Credential
+	86,  // 6: tether.v1.PushModuleHeader.signatures:type_name -> tether.v1.ModuleSignature
+	87,  // 7: tether.v1.ListModulesResponse.modules:type_name -> tether.v1.Module
+	88,  // 8: tether.v1.CreateNodeRequest.config:type_name -> google.protobuf.Struct
+	89,  // 9: tether.v1.CreateNodeRequest.bmc:type_name -> tether.v1.NodeBMC
+	90,  // 10: tether.v1.ListNodesResponse.nodes:type_name -> tether.v1.Node
+	88,  // 11: tether.v1.UpdateNodeRequest.config:type_name -> google.protobuf.Struct
+	89,  // 12: tether.v1.UpdateNodeRequest.bmc:type_name -> tether.v1.NodeBMC
+	91,  // 13: tether.v1.ProvisionInstanceResponse.instance:type_name -> tether.v1.Instance
+	92,  // 14: tether.v1.ListInstancesRequest.status:type_name -> tether.v1.InstanceStatus
+	91,  // 15: tether.v1.ListInstancesResponse.instances:type_name -> tether.v1.Instance
+	91,  // 16: tether.v1.CordonInstanceResponse.instance:type_name -> tether.v1.Instance
+	91,  // 17: tether.v1.UncordonInstanceResponse.instance:type_name -> tether.v1.Instance
+	91,  // 18: tether.v1.DrainInstanceResponse.instance:type_name -> tether.v1.Instance
+	93,  // 19: tether.v1.CreateBootstrapTokenResponse.expires_at:type_name -> google.protobuf.Timestamp
+	94,  // 20: tether.v1.ListCertificatesResponse.certificates:type_name -> tether.v1.Certificate
+	95,  // 21: tether.v1.CreateTaskRequest.kind:type_name -> tether.v1.TaskKind
+	96,  // 22: tether.v1.CreateTaskRequest.exec:type_name -> tether.v1.ExecPayload
+	97,  // 23: tether.v1.ListTasksRequest.target:type_name -> tether.v1.TaskTarget
+	98,  // 24: tether.v1.ListTasksRequest.status:type_name -> tether.v1.TaskStatus
+	99,  // 25: tether.v1.ListTasksResponse.tasks:type_name -> tether.v1.Task
+	100, // 26: tether.v1.CreatePoolRequest.lifecycle_class:type_name -> tether.v1.LifecycleClass
+	101, // 27: tether.v1.CreatePoolRequest.metadata:type_name -> tether.v1.PoolMetadata
+	102, // 28: tether.v1.ListPoolsResponse.pools:type_name -> tether.v1.Pool
+	100, // 29: tether.v1.UpdatePoolRequest.lifecycle_class:type_name -> tether.v1.LifecycleClass
+	101, // 30: tether.v1.UpdatePoolRequest.metadata:type_name -> tether.v1.PoolMetadata
+	102, // 31: tether.v1.DrainPoolResponse.pool:type_name -> tether.v1.Pool
+	102, // 32: tether.v1.ReplenishPoolResponse.pool:type_name -> tether.v1.Pool
+	102, // 33: tether.v1.RecyclePoolResponse.pool:type_name -> tether.v1.Pool
+	100, // 34: tether.v1.AcquirePoolMemberRequest.lifecycle_class:type_name -> tether.v1.LifecycleClass
+	91,  // 35: tether.v1.AcquirePoolMemberResponse.instance:type_name -> tether.v1.Instance
+	91,  // 36: tether.v1.ReleasePoolMemberResponse.instance:type_name -> tether.v1.Instance
+	103, // 37: tether.v1.ListEventsRequest.min_severity:type_name -> tether.v1.Severity
+	104, // 38: tether.v1.ListEventsResponse.events:type_name -> tether.v1.FleetEvent
+	103, // 39: tether.v1.WatchEventsRequest.min_severity:type_name -> tether.v1.Severity
+	105, // 40: tether.v1.ListSignersResponse.signers:type_name -> tether.v1.Signer
+	86,  // 41: tether.v1.SignModuleRequest.signature:type_name -> tether.v1.ModuleSignature
+	106, // 42: tether.v1.IdentityCertificate.identity:type_name -> tether.v1.AdminIdentity
+	106, // 43: tether.v1.ListIdentitiesResponse.identities:type_name -> tether.v1.AdminIdentity
+	93,  // 44: tether.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
+	107, // 45: tether.v1.ListAuditResponse.records:type_name -> tether.v1.AuditRecord
+	108, // 46: tether.v1.ListCredentialsResponse.credentials:type_name -> tether.v1.Credential
 	0,   // 47: tether.v1.AdminService.CreateTemplate:input_type -> tether.v1.CreateTemplateRequest
 	1,   // 48: tether.v1.AdminService.GetTemplate:input_type -> tether.v1.GetTemplateRequest
 	2,   // 49: tether.v1.AdminService.ListTemplates:input_type -> tether.v1.ListTemplatesRequest
@@ -5521,71 +5589,73 @@ var file_tether_v1_admin_proto_depIdxs = []int32{
 	75,  // 103: tether.v1.AdminService.RenewIdentity:input_type -> tether.v1.RenewIdentityRequest
 	76,  // 104: tether.v1.AdminService.ListAudit:input_type -> tether.v1.ListAuditRequest
 	78,  // 105: tether.v1.AdminService.CreateCredential:input_type -> tether.v1.CreateCredentialRequest
-	79,  // 106: tether.v1.AdminService.ListCredentials:input_type -> tether.v1.ListCredentialsRequest
-	81,  // 107: tether.v1.AdminService.DeleteCredential:input_type -> tether.v1.DeleteCredentialRequest
-	84,  // 108: tether.v1.AdminService.CreateTemplate:output_type -> tether.v1.Template
-	84,  // 109: tether.v1.AdminService.GetTemplate:output_type -> tether.v1.Template
-	3,   // 110: tether.v1.AdminService.ListTemplates:output_type -> tether.v1.ListTemplatesResponse
-	84,  // 111: tether.v1.AdminService.UpdateTemplate:output_type -> tether.v1.Template
-	6,   // 112: tether.v1.AdminService.DeleteTemplate:output_type -> tether.v1.DeleteTemplateResponse
-	86,  // 113: tether.v1.AdminService.PushModule:output_type -> tether.v1.Module
-	86,  // 114: tether.v1.AdminService.GetModule:output_type -> tether.v1.Module
-	11,  // 115: tether.v1.AdminService.ListModules:output_type -> tether.v1.ListModulesResponse
-	13,  // 116: tether.v1.AdminService.DeleteModule:output_type -> tether.v1.DeleteModuleResponse
-	89,  // 117: tether.v1.AdminService.CreateNode:output_type -> tether.v1.Node
-	89,  // 118: tether.v1.AdminService.GetNode:output_type -> tether.v1.Node
-	17,  // 119: tether.v1.AdminService.ListNodes:output_type -> tether.v1.ListNodesResponse
-	89,  // 120: tether.v1.AdminService.UpdateNode:output_type -> tether.v1.Node
-	20,  // 121: tether.v1.AdminService.DeleteNode:output_type -> tether.v1.DeleteNodeResponse
-	22,  // 122: tether.v1.AdminService.ProvisionInstance:output_type -> tether.v1.ProvisionInstanceResponse
-	90,  // 123: tether.v1.AdminService.GetInstance:output_type -> tether.v1.Instance
-	25,  // 124: tether.v1.AdminService.ListInstances:output_type -> tether.v1.ListInstancesResponse
-	90,  // 125: tether.v1.AdminService.StartInstance:output_type -> tether.v1.Instance
-	90,  // 126: tether.v1.AdminService.StopInstance:output_type -> tether.v1.Instance
-	90,  // 127: tether.v1.AdminService.RebootInstance:output_type -> tether.v1.Instance
-	90,  // 128: tether.v1.AdminService.TerminateInstance:output_type -> tether.v1.Instance
-	90,  // 129: tether.v1.AdminService.HoldInstance:output_type -> tether.v1.Instance
-	90,  // 130: tether.v1.AdminService.UnholdInstance:output_type -> tether.v1.Instance
-	29,  // 131: tether.v1.AdminService.CordonInstance:output_type -> tether.v1.CordonInstanceResponse
-	30,  // 132: tether.v1.AdminService.UncordonInstance:output_type -> tether.v1.UncordonInstanceResponse
-	32,  // 133: tether.v1.AdminService.DrainInstance:output_type -> tether.v1.DrainInstanceResponse
-	34,  // 134: tether.v1.AdminService.GetInstanceConsole:output_type -> tether.v1.ConsoleChunk
-	36,  // 135: tether.v1.AdminService.CreateSeedISO:output_type -> tether.v1.CreateSeedISOResponse
-	38,  // 136: tether.v1.AdminService.CreateBootstrapToken:output_type -> tether.v1.CreateBootstrapTokenResponse
-	40,  // 137: tether.v1.AdminService.ListCertificates:output_type -> tether.v1.ListCertificatesResponse
-	93,  // 138: tether.v1.AdminService.RevokeCertificate:output_type -> tether.v1.Certificate
-	98,  // 139: tether.v1.AdminService.CreateTask:output_type -> tether.v1.Task
-	98,  // 140: tether.v1.AdminService.GetTask:output_type -> tether.v1.Task
-	45,  // 141: tether.v1.AdminService.ListTasks:output_type -> tether.v1.ListTasksResponse
-	98,  // 142: tether.v1.AdminService.CancelTask:output_type -> tether.v1.Task
-	101, // 143: tether.v1.AdminService.CreatePool:output_type -> tether.v1.Pool
-	101, // 144: tether.v1.AdminService.GetPool:output_type -> tether.v1.Pool
-	50,  // 145: tether.v1.AdminService.ListPools:output_type -> tether.v1.ListPoolsResponse
-	101, // 146: tether.v1.AdminService.UpdatePool:output_type -> tether.v1.Pool
-	101, // 147: tether.v1.AdminService.PausePool:output_type -> tether.v1.Pool
-	101, // 148: tether.v1.AdminService.ActivatePool:output_type -> tether.v1.Pool
-	53,  // 149: tether.v1.AdminService.DrainPool:output_type -> tether.v1.DrainPoolResponse
-	54,  // 150: tether.v1.AdminService.DeletePool:output_type -> tether.v1.DeletePoolResponse
-	55,  // 151: tether.v1.AdminService.ReplenishPool:output_type -> tether.v1.ReplenishPoolResponse
-	56,  // 152: tether.v1.AdminService.RecyclePool:output_type -> tether.v1.RecyclePoolResponse
-	58,  // 153: tether.v1.AdminService.AcquirePoolMember:output_type -> tether.v1.AcquirePoolMemberResponse
-	60,  // 154: tether.v1.AdminService.ReleasePoolMember:output_type -> tether.v1.ReleasePoolMemberResponse
-	62,  // 155: tether.v1.AdminService.ListEvents:output_type -> tether.v1.ListEventsResponse
-	103, // 156: tether.v1.AdminService.WatchEvents:output_type -> tether.v1.FleetEvent
-	104, // 157: tether.v1.AdminService.AddSigner:output_type -> tether.v1.Signer
-	66,  // 158: tether.v1.AdminService.ListSigners:output_type -> tether.v1.ListSignersResponse
-	68,  // 159: tether.v1.AdminService.RemoveSigner:output_type -> tether.v1.RemoveSignerResponse
-	86,  // 160: tether.v1.AdminService.SignModule:output_type -> tether.v1.Module
-	71,  // 161: tether.v1.AdminService.CreateIdentity:output_type -> tether.v1.IdentityCertificate
-	73,  // 162: tether.v1.AdminService.ListIdentities:output_type -> tether.v1.ListIdentitiesResponse
-	105, // 163: tether.v1.AdminService.RevokeIdentity:output_type -> tether.v1.AdminIdentity
-	71,  // 164: tether.v1.AdminService.RenewIdentity:output_type -> tether.v1.IdentityCertificate
-	77,  // 165: tether.v1.AdminService.ListAudit:output_type -> tether.v1.ListAuditResponse
-	107, // 166: tether.v1.AdminService.CreateCredential:output_type -> tether.v1.Credential
-	80,  // 167: tether.v1.AdminService.ListCredentials:output_type -> tether.v1.ListCredentialsResponse
-	82,  // 168: tether.v1.AdminService.DeleteCredential:output_type -> tether.v1.DeleteCredentialResponse
-	108, // [108:169] is the sub-list for method output_type
-	47,  // [47:108] is the sub-list for method input_type
+	80,  // 106: tether.v1.AdminService.ListCredentials:input_type -> tether.v1.ListCredentialsRequest
+	79,  // 107: tether.v1.AdminService.UpdateCredential:input_type -> tether.v1.UpdateCredentialRequest
+	82,  // 108: tether.v1.AdminService.DeleteCredential:input_type -> tether.v1.DeleteCredentialRequest
+	85,  // 109: tether.v1.AdminService.CreateTemplate:output_type -> tether.v1.Template
+	85,  // 110: tether.v1.AdminService.GetTemplate:output_type -> tether.v1.Template
+	3,   // 111: tether.v1.AdminService.ListTemplates:output_type -> tether.v1.ListTemplatesResponse
+	85,  // 112: tether.v1.AdminService.UpdateTemplate:output_type -> tether.v1.Template
+	6,   // 113: tether.v1.AdminService.DeleteTemplate:output_type -> tether.v1.DeleteTemplateResponse
+	87,  // 114: tether.v1.AdminService.PushModule:output_type -> tether.v1.Module
+	87,  // 115: tether.v1.AdminService.GetModule:output_type -> tether.v1.Module
+	11,  // 116: tether.v1.AdminService.ListModules:output_type -> tether.v1.ListModulesResponse
+	13,  // 117: tether.v1.AdminService.DeleteModule:output_type -> tether.v1.DeleteModuleResponse
+	90,  // 118: tether.v1.AdminService.CreateNode:output_type -> tether.v1.Node
+	90,  // 119: tether.v1.AdminService.GetNode:output_type -> tether.v1.Node
+	17,  // 120: tether.v1.AdminService.ListNodes:output_type -> tether.v1.ListNodesResponse
+	90,  // 121: tether.v1.AdminService.UpdateNode:output_type -> tether.v1.Node
+	20,  // 122: tether.v1.AdminService.DeleteNode:output_type -> tether.v1.DeleteNodeResponse
+	22,  // 123: tether.v1.AdminService.ProvisionInstance:output_type -> tether.v1.ProvisionInstanceResponse
+	91,  // 124: tether.v1.AdminService.GetInstance:output_type -> tether.v1.Instance
+	25,  // 125: tether.v1.AdminService.ListInstances:output_type -> tether.v1.ListInstancesResponse
+	91,  // 126: tether.v1.AdminService.StartInstance:output_type -> tether.v1.Instance
+	91,  // 127: tether.v1.AdminService.StopInstance:output_type -> tether.v1.Instance
+	91,  // 128: tether.v1.AdminService.RebootInstance:output_type -> tether.v1.Instance
+	91,  // 129: tether.v1.AdminService.TerminateInstance:output_type -> tether.v1.Instance
+	91,  // 130: tether.v1.AdminService.HoldInstance:output_type -> tether.v1.Instance
+	91,  // 131: tether.v1.AdminService.UnholdInstance:output_type -> tether.v1.Instance
+	29,  // 132: tether.v1.AdminService.CordonInstance:output_type -> tether.v1.CordonInstanceResponse
+	30,  // 133: tether.v1.AdminService.UncordonInstance:output_type -> tether.v1.UncordonInstanceResponse
+	32,  // 134: tether.v1.AdminService.DrainInstance:output_type -> tether.v1.DrainInstanceResponse
+	34,  // 135: tether.v1.AdminService.GetInstanceConsole:output_type -> tether.v1.ConsoleChunk
+	36,  // 136: tether.v1.AdminService.CreateSeedISO:output_type -> tether.v1.CreateSeedISOResponse
+	38,  // 137: tether.v1.AdminService.CreateBootstrapToken:output_type -> tether.v1.CreateBootstrapTokenResponse
+	40,  // 138: tether.v1.AdminService.ListCertificates:output_type -> tether.v1.ListCertificatesResponse
+	94,  // 139: tether.v1.AdminService.RevokeCertificate:output_type -> tether.v1.Certificate
+	99,  // 140: tether.v1.AdminService.CreateTask:output_type -> tether.v1.Task
+	99,  // 141: tether.v1.AdminService.GetTask:output_type -> tether.v1.Task
+	45,  // 142: tether.v1.AdminService.ListTasks:output_type -> tether.v1.ListTasksResponse
+	99,  // 143: tether.v1.AdminService.CancelTask:output_type -> tether.v1.Task
+	102, // 144: tether.v1.AdminService.CreatePool:output_type -> tether.v1.Pool
+	102, // 145: tether.v1.AdminService.GetPool:output_type -> tether.v1.Pool
+	50,  // 146: tether.v1.AdminService.ListPools:output_type -> tether.v1.ListPoolsResponse
+	102, // 147: tether.v1.AdminService.UpdatePool:output_type -> tether.v1.Pool
+	102, // 148: tether.v1.AdminService.PausePool:output_type -> tether.v1.Pool
+	102, // 149: tether.v1.AdminService.ActivatePool:output_type -> tether.v1.Pool
+	53,  // 150: tether.v1.AdminService.DrainPool:output_type -> tether.v1.DrainPoolResponse
+	54,  // 151: tether.v1.AdminService.DeletePool:output_type -> tether.v1.DeletePoolResponse
+	55,  // 152: tether.v1.AdminService.ReplenishPool:output_type -> tether.v1.ReplenishPoolResponse
+	56,  // 153: tether.v1.AdminService.RecyclePool:output_type -> tether.v1.RecyclePoolResponse
+	58,  // 154: tether.v1.AdminService.AcquirePoolMember:output_type -> tether.v1.AcquirePoolMemberResponse
+	60,  // 155: tether.v1.AdminService.ReleasePoolMember:output_type -> tether.v1.ReleasePoolMemberResponse
+	62,  // 156: tether.v1.AdminService.ListEvents:output_type -> tether.v1.ListEventsResponse
+	104, // 157: tether.v1.AdminService.WatchEvents:output_type -> tether.v1.FleetEvent
+	105, // 158: tether.v1.AdminService.AddSigner:output_type -> tether.v1.Signer
+	66,  // 159: tether.v1.AdminService.ListSigners:output_type -> tether.v1.ListSignersResponse
+	68,  // 160: tether.v1.AdminService.RemoveSigner:output_type -> tether.v1.RemoveSignerResponse
+	87,  // 161: tether.v1.AdminService.SignModule:output_type -> tether.v1.Module
+	71,  // 162: tether.v1.AdminService.CreateIdentity:output_type -> tether.v1.IdentityCertificate
+	73,  // 163: tether.v1.AdminService.ListIdentities:output_type -> tether.v1.ListIdentitiesResponse
+	106, // 164: tether.v1.AdminService.RevokeIdentity:output_type -> tether.v1.AdminIdentity
+	71,  // 165: tether.v1.AdminService.RenewIdentity:output_type -> tether.v1.IdentityCertificate
+	77,  // 166: tether.v1.AdminService.ListAudit:output_type -> tether.v1.ListAuditResponse
+	108, // 167: tether.v1.AdminService.CreateCredential:output_type -> tether.v1.Credential
+	81,  // 168: tether.v1.AdminService.ListCredentials:output_type -> tether.v1.ListCredentialsResponse
+	108, // 169: tether.v1.AdminService.UpdateCredential:output_type -> tether.v1.Credential
+	83,  // 170: tether.v1.AdminService.DeleteCredential:output_type -> tether.v1.DeleteCredentialResponse
+	109, // [109:171] is the sub-list for method output_type
+	47,  // [47:109] is the sub-list for method input_type
 	47,  // [47:47] is the sub-list for extension type_name
 	47,  // [47:47] is the sub-list for extension extendee
 	0,   // [0:47] is the sub-list for field type_name
@@ -5609,7 +5679,7 @@ func file_tether_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tether_v1_admin_proto_rawDesc), len(file_tether_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   83,
+			NumMessages:   84,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -79,6 +79,7 @@ const (
 	AdminService_ListAudit_FullMethodName            = "/tether.v1.AdminService/ListAudit"
 	AdminService_CreateCredential_FullMethodName     = "/tether.v1.AdminService/CreateCredential"
 	AdminService_ListCredentials_FullMethodName      = "/tether.v1.AdminService/ListCredentials"
+	AdminService_UpdateCredential_FullMethodName     = "/tether.v1.AdminService/UpdateCredential"
 	AdminService_DeleteCredential_FullMethodName     = "/tether.v1.AdminService/DeleteCredential"
 )
 
@@ -164,6 +165,9 @@ type AdminServiceClient interface {
 	// BMC credentials. The password is write-only: no call returns it.
 	CreateCredential(ctx context.Context, in *CreateCredentialRequest, opts ...grpc.CallOption) (*Credential, error)
 	ListCredentials(ctx context.Context, in *ListCredentialsRequest, opts ...grpc.CallOption) (*ListCredentialsResponse, error)
+	// UpdateCredential replaces a credential's password (and user name, when
+	// given): every node naming it uses the new one on its next BMC call.
+	UpdateCredential(ctx context.Context, in *UpdateCredentialRequest, opts ...grpc.CallOption) (*Credential, error)
 	// DeleteCredential refuses a credential a node's BMC still names.
 	DeleteCredential(ctx context.Context, in *DeleteCredentialRequest, opts ...grpc.CallOption) (*DeleteCredentialResponse, error)
 }
@@ -797,6 +801,16 @@ func (c *adminServiceClient) ListCredentials(ctx context.Context, in *ListCreden
 	return out, nil
 }
 
+func (c *adminServiceClient) UpdateCredential(ctx context.Context, in *UpdateCredentialRequest, opts ...grpc.CallOption) (*Credential, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Credential)
+	err := c.cc.Invoke(ctx, AdminService_UpdateCredential_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *adminServiceClient) DeleteCredential(ctx context.Context, in *DeleteCredentialRequest, opts ...grpc.CallOption) (*DeleteCredentialResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(DeleteCredentialResponse)
@@ -889,6 +903,9 @@ type AdminServiceServer interface {
 	// BMC credentials. The password is write-only: no call returns it.
 	CreateCredential(context.Context, *CreateCredentialRequest) (*Credential, error)
 	ListCredentials(context.Context, *ListCredentialsRequest) (*ListCredentialsResponse, error)
+	// UpdateCredential replaces a credential's password (and user name, when
+	// given): every node naming it uses the new one on its next BMC call.
+	UpdateCredential(context.Context, *UpdateCredentialRequest) (*Credential, error)
 	// DeleteCredential refuses a credential a node's BMC still names.
 	DeleteCredential(context.Context, *DeleteCredentialRequest) (*DeleteCredentialResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
@@ -1080,6 +1097,9 @@ func (UnimplementedAdminServiceServer) CreateCredential(context.Context, *Create
 }
 func (UnimplementedAdminServiceServer) ListCredentials(context.Context, *ListCredentialsRequest) (*ListCredentialsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListCredentials not implemented")
+}
+func (UnimplementedAdminServiceServer) UpdateCredential(context.Context, *UpdateCredentialRequest) (*Credential, error) {
+	return nil, status.Error(codes.Unimplemented, "method UpdateCredential not implemented")
 }
 func (UnimplementedAdminServiceServer) DeleteCredential(context.Context, *DeleteCredentialRequest) (*DeleteCredentialResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DeleteCredential not implemented")
@@ -2160,6 +2180,24 @@ func _AdminService_ListCredentials_Handler(srv interface{}, ctx context.Context,
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_UpdateCredential_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UpdateCredentialRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).UpdateCredential(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_UpdateCredential_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).UpdateCredential(ctx, req.(*UpdateCredentialRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _AdminService_DeleteCredential_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(DeleteCredentialRequest)
 	if err := dec(in); err != nil {
@@ -2412,6 +2450,10 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListCredentials",
 			Handler:    _AdminService_ListCredentials_Handler,
+		},
+		{
+			MethodName: "UpdateCredential",
+			Handler:    _AdminService_UpdateCredential_Handler,
 		},
 		{
 			MethodName: "DeleteCredential",
