@@ -67,6 +67,9 @@ type Spec struct {
 	// first), in lower-case colon form; empty when the node has none and
 	// the provider does not netboot.
 	MAC string
+	// Node is the name of the instance's node. A provider whose machine
+	// is fixed per node (redfish: the node's own server) finds it by this.
+	Node string
 }
 
 // Machine is the provider's view of one machine.

@@ -10,6 +10,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -93,6 +94,8 @@ func serveCmd() *cobra.Command {
 	f.StringVar(&o.QEMUMode, "qemu-mode", "real", "qemu provider mode: real (boot VMs), recorder (record what it would do) or disabled")
 	f.StringVar(&o.QEMUBoot, "qemu-boot", "direct", "how qemu VMs boot: direct (kernel, initramfs and token handed to QEMU), bios (SeaBIOS + the NIC's iPXE ROM) or uefi (OVMF); bios and uefi fetch everything over the network")
 	f.StringVar(&o.QEMUTap, "qemu-tap", "", "put qemu VMs on this tap device (a bridge port where tetherd's DHCP answers) instead of QEMU's user-mode network; one VM at a time")
+	f.DurationVar(&o.RedfishGracefulTimeout, "redfish-graceful-timeout", 60*time.Second, "how long a redfish stop waits for a graceful shutdown before forcing the power off")
+	f.DurationVar(&o.RedfishPowerTimeout, "redfish-power-timeout", 60*time.Second, "how long a redfish power action waits for the BMC's PowerState to show it")
 	f.StringVar(&o.QEMUStateDir, "qemu-state-dir", "", "qemu VM state directory (default DATA/machines; QMP sockets live here, so keep it short)")
 	f.StringVar(&o.Kernel, "kernel", "", "default netboot kernel (bzImage); stored content addressed in the data dir at start-up")
 	f.StringVar(&o.Initramfs, "initramfs", "", "default netboot initramfs; stored content addressed in the data dir at start-up")

@@ -351,14 +351,18 @@ func (a *adminServer) CreateNode(ctx context.Context, req *v1.CreateNodeRequest)
 	if err != nil {
 		return nil, err
 	}
-	n := &store.Node{Name: req.Name, Enabled: req.Enabled == nil || *req.Enabled, PublicAddress: req.PublicAddress, MACs: macs}
+	bmc, err := nodeBMC(req.Bmc)
+	if err != nil {
+		return nil, err
+	}
+	n := &store.Node{Name: req.Name, Enabled: req.Enabled == nil || *req.Enabled, PublicAddress: req.PublicAddress, MACs: macs, BMC: bmc}
 	if req.Config != nil {
 		var err error
 		if n.Config, err = nodeConfig("config", req.Config); err != nil {
 			return nil, err
 		}
 	}
-	tpl, err := a.Catalog.CreateNode(ctx, n, req.Template)
+	tpl, err := a.Catalog.CreateNode(ctx, n, req.Template, func(q store.Queries, n *store.Node) error { return checkNodeBMC(ctx, q, n) })
 	var inUse *store.MACInUseError
 	if errors.As(err, &inUse) {
 		return nil, fail.Exists("macs: %v", inUse)
@@ -427,9 +431,15 @@ func (a *adminServer) UpdateNode(ctx context.Context, req *v1.UpdateNodeRequest)
 	if req.Name == "" {
 		return nil, fail.Invalid("name", "required")
 	}
-	mask, err := updateMask(req.UpdateMask, "template", "enabled", "config", "public_address", "macs")
+	mask, err := updateMask(req.UpdateMask, "template", "enabled", "config", "public_address", "macs", "bmc")
 	if err != nil {
 		return nil, err
+	}
+	var bmc store.NodeBMC
+	if mask["bmc"] {
+		if bmc, err = nodeBMC(req.Bmc); err != nil {
+			return nil, err
+		}
 	}
 	var macs []string
 	if mask["macs"] {
@@ -463,7 +473,10 @@ func (a *adminServer) UpdateNode(ctx context.Context, req *v1.UpdateNodeRequest)
 		if mask["macs"] {
 			n.MACs = macs
 		}
-		return nil
+		if mask["bmc"] {
+			n.BMC = bmc
+		}
+		return checkNodeBMC(ctx, q, n)
 	})
 	var inUse *store.MACInUseError
 	if errors.As(err, &inUse) {

@@ -144,7 +144,7 @@ func moduleProto(m *store.Module) *v1.Module {
 
 func nodeProto(n *store.Node, templateName string) *v1.Node {
 	return &v1.Node{Id: n.ID, Name: n.Name, TemplateId: n.TemplateID, TemplateName: templateName, Enabled: n.Enabled,
-		Config: jsonStruct(n.Config), PublicAddress: n.PublicAddress, Macs: n.MACs, CreatedAt: tsp(n.CreatedAt), UpdatedAt: tsp(n.UpdatedAt)}
+		Config: jsonStruct(n.Config), PublicAddress: n.PublicAddress, Macs: n.MACs, Bmc: nodeBMCProto(n.BMC), CreatedAt: tsp(n.CreatedAt), UpdatedAt: tsp(n.UpdatedAt)}
 }
 
 // InstanceProto converts an instance.

@@ -99,6 +99,13 @@ var rpcAccess = map[string]access{
 	"RenewIdentity": write(RoleViewer),
 
 	"ListAudit": {role: RoleAdmin, audit: true},
+
+	// Credentials open machines' BMCs: admins manage them; listing (names
+	// and user names, never passwords) is audited.
+	"CreateCredential": write(RoleAdmin),
+	"ListCredentials":  {role: RoleOperator, audit: true},
+	"UpdateCredential": write(RoleAdmin),
+	"DeleteCredential": write(RoleAdmin),
 }
 
 // accessOf looks a full method name up in the table.

@@ -24,6 +24,7 @@ import (
 	"github.com/tetherfleet/tether/controlplane/catalog"
 	"github.com/tetherfleet/tether/controlplane/certificates"
 	"github.com/tetherfleet/tether/controlplane/connlimit"
+	bmccreds "github.com/tetherfleet/tether/controlplane/credentials"
 	"github.com/tetherfleet/tether/controlplane/enroll"
 	"github.com/tetherfleet/tether/controlplane/fail"
 	"github.com/tetherfleet/tether/controlplane/instances"
@@ -77,6 +78,8 @@ type Config struct {
 	// (nil: built on Store and Clock).
 	Catalog      *catalog.Service
 	Certificates *certificates.Service
+	// Credentials stores BMC credentials (nil: the credential RPCs refuse).
+	Credentials *bmccreds.Service
 	// DisableAudit turns the audit trail off (only to measure its cost).
 	DisableAudit bool
 }

@@ -72,8 +72,8 @@ func (s *Service) DeleteTemplate(ctx context.Context, name string) error {
 }
 
 // CreateNode creates n on the template named template, and returns that
-// template.
-func (s *Service) CreateNode(ctx context.Context, n *store.Node, template string) (*store.Template, error) {
+// template; check, when given, vets n under the same transaction.
+func (s *Service) CreateNode(ctx context.Context, n *store.Node, template string, check ...Apply[*store.Node]) (*store.Template, error) {
 	now := s.Clock.Now()
 	n.CreatedAt, n.UpdatedAt = now, now
 	var tpl *store.Template
@@ -83,6 +83,11 @@ func (s *Service) CreateNode(ctx context.Context, n *store.Node, template string
 			return err
 		}
 		n.TemplateID = tpl.ID
+		for _, c := range check {
+			if err := c(q, n); err != nil {
+				return err
+			}
+		}
 		return q.CreateNode(ctx, n)
 	})
 	var inUse *store.MACInUseError

@@ -8,6 +8,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"github.com/tetherfleet/tether/controlplane/credentials"
 	"os"
 	"path/filepath"
 	"time"
@@ -83,6 +84,10 @@ func Init(o InitOptions) error {
 		return fmt.Errorf("init: %s already has a CA; refusing to overwrite it (remove the data dir to start over): %w", o.DataDir, err)
 	}
 	if err != nil {
+		return fmt.Errorf("init: %w", err)
+	}
+	// The key that seals BMC credentials stays in the data dir, beside the CA.
+	if _, _, err := credentials.LoadOrCreateKey(o.DataDir); err != nil {
 		return fmt.Errorf("init: %w", err)
 	}
 	hosts := append(append([]string{}, DefaultAdvertise...), o.Advertise...)

@@ -6,11 +6,13 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/tetherfleet/tether/controlplane/bmc"
 	"github.com/tetherfleet/tether/controlplane/modules"
 	"github.com/tetherfleet/tether/internal/clock"
 	"github.com/tetherfleet/tether/providers"
 	"github.com/tetherfleet/tether/providers/external"
 	"github.com/tetherfleet/tether/providers/qemu"
+	"github.com/tetherfleet/tether/providers/redfish"
 )
 
 // maxSocketPath is the longest unix socket path (sun_path is 108 bytes
@@ -21,10 +23,10 @@ const maxSocketPath = 107
 const instanceIDLen = 36
 
 // buildProviders returns the configured providers by name: external,
-// qemu in the chosen mode, and any the options inject (tests add the fake
+// qemu in the chosen mode, redfish (nodes' BMCs, found through bmcs), and any the options inject (tests add the fake
 // provider this way; an injected provider replaces a built-in one of the
 // same name).
-func buildProviders(o ServeOptions, log *slog.Logger, clk clock.Clock) (map[string]providers.Provider, error) {
+func buildProviders(o ServeOptions, log *slog.Logger, clk clock.Clock, bmcs *bmc.Resolver) (map[string]providers.Provider, error) {
 	mode, err := qemu.ParseMode(o.QEMUMode)
 	if err != nil {
 		return nil, fmt.Errorf("serve: --qemu-mode: %w", err)
@@ -52,7 +54,12 @@ func buildProviders(o ServeOptions, log *slog.Logger, clk clock.Clock) (map[stri
 	if err != nil {
 		return nil, fmt.Errorf("serve: qemu provider: %w", err)
 	}
-	out := map[string]providers.Provider{external.Name: external.New(), qemu.Name: q}
+	rf, err := redfish.New(redfish.Config{Resolver: bmcs, Clock: clk, Logger: log.With("provider", "redfish"), Warn: bmcs.Warn,
+		GracefulTimeout: o.RedfishGracefulTimeout, PowerTimeout: o.RedfishPowerTimeout, RequestTimeout: o.RedfishRequestTimeout})
+	if err != nil {
+		return nil, fmt.Errorf("serve: redfish provider: %w", err)
+	}
+	out := map[string]providers.Provider{external.Name: external.New(), qemu.Name: q, redfish.Name: rf}
 	for _, p := range o.Providers {
 		out[p.Name()] = p
 	}

@@ -10,11 +10,13 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tetherfleet/tether/controlplane/bmc"
 	"github.com/tetherfleet/tether/internal/clock"
 	"github.com/tetherfleet/tether/providers"
 	"github.com/tetherfleet/tether/providers/external"
 	"github.com/tetherfleet/tether/providers/fake"
 	"github.com/tetherfleet/tether/providers/qemu"
+	"github.com/tetherfleet/tether/providers/redfish"
 )
 
 func TestBuildProviders(t *testing.T) {
@@ -34,7 +36,7 @@ func TestBuildProviders(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			ps, err := buildProviders(tc.opts, log, clock.Real{})
+			ps, err := buildProviders(tc.opts, log, clock.Real{}, &bmc.Resolver{})
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("err %v, want %q", err, tc.wantErr)
@@ -46,6 +48,9 @@ func TestBuildProviders(t *testing.T) {
 			}
 			if _, ok := ps[external.Name]; !ok {
 				t.Fatal("no external provider")
+			}
+			if _, ok := ps[redfish.Name].(*redfish.Provider); !ok {
+				t.Fatal("no redfish provider")
 			}
 			q, ok := ps[qemu.Name].(*qemu.Provider)
 			if !ok || q.Mode() != tc.wantMode {

@@ -22,6 +22,8 @@ import (
 
 	"github.com/tetherfleet/tether/controlplane/api"
 	"github.com/tetherfleet/tether/controlplane/audit"
+	"github.com/tetherfleet/tether/controlplane/bmc"
+	"github.com/tetherfleet/tether/controlplane/credentials"
 	"github.com/tetherfleet/tether/controlplane/enroll"
 	"github.com/tetherfleet/tether/controlplane/instances"
 	"github.com/tetherfleet/tether/controlplane/liveness"
@@ -70,6 +72,11 @@ type ServeOptions struct {
 	// QEMUTap puts qemu VMs on this tap device instead of QEMU's user-mode
 	// network (one VM at a time).
 	QEMUTap string
+	// Redfish tunes the redfish provider: how long a stop waits for a
+	// graceful shutdown before forcing the power off, how long an action
+	// waits for PowerState to show it, and the bound on one BMC request
+	// (zero: the provider's defaults, 60 s, 60 s and 15 s).
+	RedfishGracefulTimeout, RedfishPowerTimeout, RedfishRequestTimeout time.Duration
 	// Kernel and Initramfs are the default netboot artifacts, ingested into
 	// the blob store at start-up (templates may name others by digest).
 	Kernel, Initramfs string
@@ -184,6 +191,7 @@ type daemon struct {
 	syncer         *provsync.Syncer
 	pools          *pool.Service
 	revoked        *api.Revocations
+	creds          *credentials.Service
 	reloadFailures prometheus.Counter
 
 	fingerprint, kernel, initramfs string
@@ -227,6 +235,15 @@ func build(ctx context.Context, o ServeOptions) (_ *daemon, err error) {
 		st = audit.Wrap(st)
 	}
 	d.st = st
+	sealer, created, err := credentials.LoadOrCreateKey(o.DataDir)
+	if err != nil {
+		return nil, fmt.Errorf("serve: %w", err)
+	}
+	if created {
+		log.Info("created the BMC credentials key (this data dir predates stored credentials); copy it to every replica's data dir",
+			"file", filepath.Join(o.DataDir, credentials.KeyFile))
+	}
+	d.creds = &credentials.Service{Store: st, Clock: o.Clock, Sealer: sealer}
 	blobs, err := modules.OpenBlobs(filepath.Join(o.DataDir, BlobDir))
 	if err != nil {
 		return nil, err
@@ -248,7 +265,7 @@ func build(ctx context.Context, o ServeOptions) (_ *daemon, err error) {
 		return nil, fmt.Errorf("serve: load revocations: %w", err)
 	}
 	d.reloadFailures = api.NewReloadFailures(reg)
-	machines, err := buildProviders(o, log, o.Clock)
+	machines, err := buildProviders(o, log, o.Clock, &bmc.Resolver{Store: st, Credentials: d.creds, Clock: o.Clock, Log: log})
 	if err != nil {
 		return nil, err
 	}
@@ -294,7 +311,7 @@ func build(ctx context.Context, o ServeOptions) (_ *daemon, err error) {
 		Instances: d.instSvc, Tasks: d.taskSvc,
 		Registry: &modules.Registry{Store: st, Blobs: blobs, Clock: o.Clock, Log: log, StaticSigners: edKeys(keys)},
 		Revoked:  d.revoked, Agents: d.hub, AgentURL: o.AgentURL, SigningKeys: keys,
-		ReadyHooks: []instances.ReadyHook{d.pools.ReadyHook}, Pools: d.pools, DisableAudit: o.DisableAudit,
+		ReadyHooks: []instances.ReadyHook{d.pools.ReadyHook}, Pools: d.pools, DisableAudit: o.DisableAudit, Credentials: d.creds,
 		Limits: api.Limits{MaxConnections: max(o.MaxAgentConnections, 0), MaxUnauthenticatedPerSource: max(o.MaxUnauthenticatedPerSource, 0),
 			HandshakeTimeout: o.HandshakeTimeout},
 	})

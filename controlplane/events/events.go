@@ -32,6 +32,9 @@ const (
 	// NodeMACGenerated records a hardware address the control plane made
 	// up for a netbooting machine of a node that had none.
 	NodeMACGenerated = "node.mac_generated"
+	// BMCTLSUnverified records each use of a BMC whose TLS certificate is
+	// not verified (--bmc-insecure-skip-verify).
+	BMCTLSUnverified = "bmc.tls_unverified"
 
 	InstanceProvisioned     = "instance.provisioned"
 	InstanceTransition      = "instance.transition"

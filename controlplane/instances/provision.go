@@ -104,7 +104,11 @@ func (s *Service) RunProvision(ctx context.Context, t *store.Task) error {
 		if err != nil {
 			return err
 		}
-		spec = providers.Spec{InstanceID: in.ID, Region: in.Region, InstanceType: in.InstanceType, Boot: boot, MAC: mac}
+		node, err := q.GetNodeByID(ctx, in.NodeID)
+		if err != nil {
+			return err
+		}
+		spec = providers.Spec{InstanceID: in.ID, Region: in.Region, InstanceType: in.InstanceType, Boot: boot, MAC: mac, Node: node.Name}
 		return nil
 	})
 	switch {

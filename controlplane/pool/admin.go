@@ -431,6 +431,11 @@ func pruneTx(ctx context.Context, q store.Queries, in *store.Instance) (nodeDele
 	if err != nil {
 		return false, err
 	}
+	if node.BMC.Address != "" {
+		// A bare-metal node is the operator's record of a machine in a
+		// rack, lent to the pool: it outlives its members.
+		return false, nil
+	}
 	if err := q.DeleteNode(ctx, node.Name); err != nil {
 		return false, fmt.Errorf("prune node %s of member %s: %w", node.Name, in.ID, err)
 	}

@@ -6,10 +6,14 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
+	"time"
 
 	"github.com/tetherfleet/tether/controlplane/fail"
 	"github.com/tetherfleet/tether/controlplane/instances"
+	"github.com/tetherfleet/tether/controlplane/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/store"
+	"github.com/tetherfleet/tether/providers/redfish"
 )
 
 // ReplenishResult counts what a replenish did. Err explains Failed (and a
@@ -82,13 +86,9 @@ func (s *Service) replenish(ctx context.Context, poolID string) ReplenishResult 
 				return nil
 			}
 			now := s.Clock.Now()
-			name, err := memberNodeName(p.Name)
+			node, err := s.memberNode(ctx, q, p, now)
 			if err != nil {
 				return err
-			}
-			node := &store.Node{Name: name, TemplateID: p.TemplateID, Enabled: true, Config: []byte("{}"), CreatedAt: now, UpdatedAt: now}
-			if err := q.CreateNode(ctx, node); err != nil {
-				return fmt.Errorf("member node %s: %w", name, err)
 			}
 			if _, err := s.Instances.ProvisionTx(ctx, q, instances.ProvisionParams{Node: node.Name, Provider: p.Provider,
 				Region: p.Region, InstanceType: p.InstanceType, OperationID: "pool/" + p.ID + "/" + node.Name, PoolID: p.ID}); err != nil {
@@ -113,6 +113,50 @@ func (s *Service) replenish(ctx context.Context, poolID string) ReplenishResult 
 	}
 	return r
 }
+
+// memberNode is the node of a new member. A provider whose machine is
+// its node's own (redfish: the node's server, behind its BMC) takes a free
+// node of the pool's template with a BMC, one with no live instance;
+// every other provider gets a new node named after the pool.
+func (s *Service) memberNode(ctx context.Context, q store.Queries, p *store.Pool, now time.Time) (*store.Node, error) {
+	if p.Provider != redfish.Name {
+		name, err := memberNodeName(p.Name)
+		if err != nil {
+			return nil, err
+		}
+		node := &store.Node{Name: name, TemplateID: p.TemplateID, Enabled: true, Config: []byte("{}"), CreatedAt: now, UpdatedAt: now}
+		if err := q.CreateNode(ctx, node); err != nil {
+			return nil, fmt.Errorf("member node %s: %w", name, err)
+		}
+		return node, nil
+	}
+	page := store.Page{Limit: store.MaxPageSize}
+	for {
+		ns, err := q.ListNodes(ctx, store.NodeFilter{TemplateID: p.TemplateID, HasBMC: true}, page)
+		if err != nil {
+			return nil, err
+		}
+		for _, n := range ns {
+			if !n.Enabled {
+				continue
+			}
+			live, err := q.CountInstances(ctx, store.InstanceFilter{NodeID: n.ID, Statuses: liveStates})
+			if err != nil {
+				return nil, err
+			}
+			if live == 0 {
+				return n, nil
+			}
+		}
+		if len(ns) < page.Limit {
+			return nil, fail.Exhausted("pool %s: no free machine: every enabled node of its template with a BMC has a live instance (add one with `tetherctl node create NAME --template T --mac MAC --bmc redfish://... --bmc-credentials C`)", p.Name)
+		}
+		page.After = ns[len(ns)-1].Name
+	}
+}
+
+// liveStates are every state but terminated.
+var liveStates = slices.DeleteFunc(lifecycle.States(), func(st lifecycle.State) bool { return st.Terminal() })
 
 // memberNodeName names a member's node after its pool.
 func memberNodeName(pool string) (string, error) {

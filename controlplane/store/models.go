@@ -123,7 +123,35 @@ type Node struct {
 	PublicAddress string
 	// MACs are the hardware addresses of the machine's NICs, normalised
 	// (macaddr.Normalize); each belongs to one node at most.
-	MACs      []string
+	MACs []string
+	// BMC is the node's baseboard management controller; zero when
+	// something else powers the machine.
+	BMC       NodeBMC
+	CreatedAt time.Time
+	UpdatedAt time.Time
+}
+
+// NodeBMC is how the control plane reaches a node's BMC (the redfish
+// provider). It names a credential, never holds one.
+type NodeBMC struct {
+	// Address is redfish://HOST[:PORT]/redfish/v1/Systems/ID; "" for none.
+	Address    string
+	Credential string
+	// CAPEM verifies the BMC's certificate chain; Fingerprint pins its
+	// certificate (sha256:HEX); Insecure skips verification (labs).
+	CAPEM       string
+	Fingerprint string
+	Insecure    bool
+	// BootMode is the boot override mode: "UEFI", "Legacy" or "" (the BMC's).
+	BootMode string
+}
+
+// Credential is a stored BMC credential. Sealed is the password as the
+// control plane encrypted it; the store never sees it in the clear.
+type Credential struct {
+	Name      string
+	Username  string
+	Sealed    []byte
 	CreatedAt time.Time
 	UpdatedAt time.Time
 }
@@ -152,6 +180,8 @@ type DHCPLease struct {
 // NodeFilter narrows ListNodes.
 type NodeFilter struct {
 	TemplateID string
+	// HasBMC matches nodes with a BMC address.
+	HasBMC bool
 }
 
 // Cordon is the marker cordon writes (docs/design.md §2.9).

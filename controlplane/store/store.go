@@ -150,6 +150,16 @@ type Queries interface {
 	// DeleteNode refuses (ErrConflict) while a non-terminated instance of it exists.
 	DeleteNode(ctx context.Context, name string) error
 
+	// CreateCredential refuses (ErrAlreadyExists) a name that is taken.
+	CreateCredential(ctx context.Context, c *Credential) error
+	GetCredential(ctx context.Context, name string) (*Credential, error)
+	// UpdateCredential writes c's user name, sealed password and update time.
+	UpdateCredential(ctx context.Context, c *Credential) error
+	// ListCredentials is by name.
+	ListCredentials(ctx context.Context) ([]*Credential, error)
+	// DeleteCredential refuses (ErrConflict) while a node's BMC names it.
+	DeleteCredential(ctx context.Context, name string) error
+
 	CreateInstance(ctx context.Context, in *Instance) error
 	GetInstance(ctx context.Context, id string) (*Instance, error)
 	// LockInstance reads an instance and, on PostgreSQL, locks its row

@@ -14,9 +14,16 @@ import (
 )
 
 func nodeTable(w *tabwriter.Writer, ns []*v1.Node) {
-	row(w, "NAME", "TEMPLATE", "ENABLED", "PUBLIC ADDRESS", "MACS", "CREATED")
+	row(w, "NAME", "TEMPLATE", "ENABLED", "PUBLIC ADDRESS", "MACS", "BMC", "CREATED")
 	for _, n := range ns {
-		row(w, n.Name, n.TemplateName, n.Enabled, dash(n.PublicAddress), dash(strings.Join(n.Macs, ",")), when(n.CreatedAt))
+		bmc := "-"
+		if b := n.Bmc; b != nil {
+			bmc = b.Address + " (" + b.Credential + ")"
+			if b.InsecureSkipVerify {
+				bmc += " UNVERIFIED TLS"
+			}
+		}
+		row(w, n.Name, n.TemplateName, n.Enabled, dash(n.PublicAddress), dash(strings.Join(n.Macs, ",")), bmc, when(n.CreatedAt))
 	}
 }
 
@@ -36,9 +43,15 @@ func (a *App) nodeCmd() *cobra.Command {
 	var createReq v1.CreateNodeRequest
 	var createCfg string
 	var disabled bool
-	create := &cobra.Command{Use: "create NAME --template TEMPLATE", Short: "Create a node", Args: cobra.ExactArgs(1), RunE: func(_ *cobra.Command, args []string) error {
+	var createBMC, updateBMC bmcFlags
+	create := &cobra.Command{Use: "create NAME --template TEMPLATE [--mac MAC --bmc redfish://HOST/redfish/v1/Systems/ID --bmc-credentials NAME]", Short: "Create a node", Args: cobra.ExactArgs(1), RunE: func(cmd *cobra.Command, args []string) error {
 		var err error
 		createReq.Name = args[0]
+		if createBMC.changed(cmd) {
+			if createReq.Bmc, err = createBMC.apply(cmd, nil); err != nil {
+				return err
+			}
+		}
 		if createReq.Config, err = parseConfig(createCfg); err != nil {
 			return err
 		}
@@ -51,6 +64,7 @@ func (a *App) nodeCmd() *cobra.Command {
 	create.Flags().StringVar(&createReq.PublicAddress, "public-address", "", "public address")
 	create.Flags().StringArrayVar(&createReq.Macs, "mac", nil, "hardware address of a NIC the machine netboots from (repeatable)")
 	create.Flags().BoolVar(&disabled, "disabled", false, "create the node disabled")
+	createBMC.add(create.Flags(), false)
 	_ = create.MarkFlagRequired("template")
 
 	var updateReq v1.UpdateNodeRequest
@@ -69,6 +83,17 @@ func (a *App) nodeCmd() *cobra.Command {
 			if updateReq.Config, err = parseConfig(updateCfg); err != nil {
 				return err
 			}
+			if updateBMC.changed(cmd) {
+				// The BMC is written whole: start from the node's own.
+				cur, err := invoke(a, v1.AdminServiceClient.GetNode, &v1.GetNodeRequest{Name: args[0]})
+				if err != nil {
+					return err
+				}
+				if updateReq.Bmc, err = updateBMC.apply(cmd, cur.Bmc); err != nil {
+					return err
+				}
+				updateReq.UpdateMask = append(updateReq.UpdateMask, "bmc")
+			}
 			return call(a, v1.AdminServiceClient.UpdateNode, &updateReq, one(nodeTable))
 		}}
 	update.Flags().StringVar(&updateReq.Template, "template", "", "template")
@@ -76,6 +101,7 @@ func (a *App) nodeCmd() *cobra.Command {
 	update.Flags().StringVar(&updateCfg, "config-json", "", "free-form JSON object")
 	update.Flags().StringVar(&updateReq.PublicAddress, "public-address", "", "public address")
 	update.Flags().StringArrayVar(&updateReq.Macs, "mac", nil, "the node's hardware addresses, replacing the current set (repeatable; --mac \"\" clears)")
+	updateBMC.add(update.Flags(), true)
 
 	var tpl string
 	var pg paging

@@ -10,13 +10,16 @@ import (
 	"github.com/tetherfleet/tether/controlplane/store"
 )
 
-const nodeCols = `id, name, template_id, enabled, config, public_address, created_at, updated_at`
+const nodeCols = `id, name, template_id, enabled, config, public_address, created_at, updated_at,
+	bmc_address, bmc_credential, bmc_ca, bmc_fingerprint, bmc_insecure, bmc_boot_mode`
 
 func scanNode(s scanner) (*store.Node, error) {
 	var n store.Node
 	var config string
 	var created, updated int64
-	if err := s.Scan(&n.ID, &n.Name, &n.TemplateID, &n.Enabled, &config, &n.PublicAddress, &created, &updated); err != nil {
+	b := &n.BMC
+	if err := s.Scan(&n.ID, &n.Name, &n.TemplateID, &n.Enabled, &config, &n.PublicAddress, &created, &updated,
+		&b.Address, &b.Credential, &b.CAPEM, &b.Fingerprint, &b.Insecure, &b.BootMode); err != nil {
 		return nil, err
 	}
 	n.Config = []byte(config)
@@ -28,8 +31,10 @@ func (q *queries) CreateNode(ctx context.Context, n *store.Node) error {
 	if n.ID == "" {
 		n.ID = newID()
 	}
-	_, err := q.exec(ctx, `INSERT INTO nodes (`+nodeCols+`) VALUES (?,?,?,?,?,?,?,?)`,
-		n.ID, n.Name, n.TemplateID, n.Enabled, jsonObject(n.Config), n.PublicAddress, ts(n.CreatedAt), ts(n.UpdatedAt))
+	b := n.BMC
+	_, err := q.exec(ctx, `INSERT INTO nodes (`+nodeCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+		n.ID, n.Name, n.TemplateID, n.Enabled, jsonObject(n.Config), n.PublicAddress, ts(n.CreatedAt), ts(n.UpdatedAt),
+		b.Address, b.Credential, b.CAPEM, b.Fingerprint, b.Insecure, b.BootMode)
 	if err != nil {
 		return fmt.Errorf("create node %q: %w", n.Name, err)
 	}
@@ -166,6 +171,9 @@ func (q *queries) ListNodes(ctx context.Context, f store.NodeFilter, p store.Pag
 		where += ` AND template_id = ?`
 		args = append(args, f.TemplateID)
 	}
+	if f.HasBMC {
+		where += ` AND bmc_address <> ''`
+	}
 	rows, err := q.query(ctx, `SELECT `+nodeCols+` FROM nodes WHERE `+where+` ORDER BY name LIMIT ?`, append(args, p.Limit)...)
 	if err != nil {
 		return nil, fmt.Errorf("list nodes: %w", err)
@@ -178,8 +186,11 @@ func (q *queries) ListNodes(ctx context.Context, f store.NodeFilter, p store.Pag
 }
 
 func (q *queries) UpdateNode(ctx context.Context, n *store.Node) error {
-	res, err := q.exec(ctx, `UPDATE nodes SET template_id = ?, enabled = ?, config = ?, public_address = ?, updated_at = ? WHERE id = ?`,
-		n.TemplateID, n.Enabled, jsonObject(n.Config), n.PublicAddress, ts(n.UpdatedAt), n.ID)
+	b := n.BMC
+	res, err := q.exec(ctx, `UPDATE nodes SET template_id = ?, enabled = ?, config = ?, public_address = ?, updated_at = ?,
+		bmc_address = ?, bmc_credential = ?, bmc_ca = ?, bmc_fingerprint = ?, bmc_insecure = ?, bmc_boot_mode = ? WHERE id = ?`,
+		n.TemplateID, n.Enabled, jsonObject(n.Config), n.PublicAddress, ts(n.UpdatedAt),
+		b.Address, b.Credential, b.CAPEM, b.Fingerprint, b.Insecure, b.BootMode, n.ID)
 	if err := mustAffect(res, err, "node", n.Name); err != nil {
 		return err
 	}

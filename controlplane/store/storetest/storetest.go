@@ -52,6 +52,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"Elector", testElector},
 		{"PruneRecords", testPruneRecords},
 		{"Trust", testTrust},
+		{"Credentials", testCredentials},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -910,7 +910,9 @@ type CreateNodeRequest struct {
 	Config        *structpb.Struct `protobuf:"bytes,4,opt,name=config,proto3" json:"config,omitempty"`
 	PublicAddress string           `protobuf:"bytes,5,opt,name=public_address,json=publicAddress,proto3" json:"public_address,omitempty"`
 	// Hardware addresses (any case, ':' or '-' separated); unique across nodes.
-	Macs          []string `protobuf:"bytes,6,rep,name=macs,proto3" json:"macs,omitempty"`
+	Macs []string `protobuf:"bytes,6,rep,name=macs,proto3" json:"macs,omitempty"`
+	// The machine's BMC (needs at least one MAC: the machine netboots by it).
+	Bmc           *NodeBMC `protobuf:"bytes,7,opt,name=bmc,proto3" json:"bmc,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -983,6 +985,13 @@ func (x *CreateNodeRequest) GetPublicAddress() string {
 func (x *CreateNodeRequest) GetMacs() []string {
 	if x != nil {
 		return x.Macs
+	}
+	return nil
+}
+
+func (x *CreateNodeRequest) GetBmc() *NodeBMC {
+	if x != nil {
+		return x.Bmc
 	}
 	return nil
 }
@@ -1152,7 +1161,9 @@ type UpdateNodeRequest struct {
 	Config        *structpb.Struct       `protobuf:"bytes,5,opt,name=config,proto3" json:"config,omitempty"`
 	PublicAddress string                 `protobuf:"bytes,6,opt,name=public_address,json=publicAddress,proto3" json:"public_address,omitempty"`
 	// With "macs" in update_mask: the node's whole set of hardware addresses.
-	Macs          []string `protobuf:"bytes,7,rep,name=macs,proto3" json:"macs,omitempty"`
+	Macs []string `protobuf:"bytes,7,rep,name=macs,proto3" json:"macs,omitempty"`
+	// With "bmc" in update_mask: the node's whole BMC (unset removes it).
+	Bmc           *NodeBMC `protobuf:"bytes,8,opt,name=bmc,proto3" json:"bmc,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1232,6 +1243,13 @@ func (x *UpdateNodeRequest) GetPublicAddress() string {
 func (x *UpdateNodeRequest) GetMacs() []string {
 	if x != nil {
 		return x.Macs
+	}
+	return nil
+}
+
+func (x *UpdateNodeRequest) GetBmc() *NodeBMC {
+	if x != nil {
+		return x.Bmc
 	}
 	return nil
 }
@@ -4626,6 +4644,289 @@ func (x *ListAuditResponse) GetRecords() []*AuditRecord {
 	return nil
 }
 
+type CreateCredentialRequest struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Name     string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Username string                 `protobuf:"bytes,2,opt,name=username,proto3" json:"username,omitempty"`
+	// Stored sealed; never returned, logged or audited.
+	Password      string `protobuf:"bytes,3,opt,name=password,proto3" json:"password,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateCredentialRequest) Reset() {
+	*x = CreateCredentialRequest{}
+	mi := &file_tether_v1_admin_proto_msgTypes[78]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateCredentialRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateCredentialRequest) ProtoMessage() {}
+
+func (x *CreateCredentialRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_admin_proto_msgTypes[78]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateCredentialRequest.ProtoReflect.Descriptor instead.
+func (*CreateCredentialRequest) Descriptor() ([]byte, []int) {
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{78}
+}
+
+func (x *CreateCredentialRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *CreateCredentialRequest) GetUsername() string {
+	if x != nil {
+		return x.Username
+	}
+	return ""
+}
+
+func (x *CreateCredentialRequest) GetPassword() string {
+	if x != nil {
+		return x.Password
+	}
+	return ""
+}
+
+type UpdateCredentialRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Empty keeps the user name.
+	Username string `protobuf:"bytes,2,opt,name=username,proto3" json:"username,omitempty"`
+	// Required; stored sealed, never returned, logged or audited.
+	Password      string `protobuf:"bytes,3,opt,name=password,proto3" json:"password,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateCredentialRequest) Reset() {
+	*x = UpdateCredentialRequest{}
+	mi := &file_tether_v1_admin_proto_msgTypes[79]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateCredentialRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateCredentialRequest) ProtoMessage() {}
+
+func (x *UpdateCredentialRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_admin_proto_msgTypes[79]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateCredentialRequest.ProtoReflect.Descriptor instead.
+func (*UpdateCredentialRequest) Descriptor() ([]byte, []int) {
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{79}
+}
+
+func (x *UpdateCredentialRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *UpdateCredentialRequest) GetUsername() string {
+	if x != nil {
+		return x.Username
+	}
+	return ""
+}
+
+func (x *UpdateCredentialRequest) GetPassword() string {
+	if x != nil {
+		return x.Password
+	}
+	return ""
+}
+
+type ListCredentialsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListCredentialsRequest) Reset() {
+	*x = ListCredentialsRequest{}
+	mi := &file_tether_v1_admin_proto_msgTypes[80]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListCredentialsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListCredentialsRequest) ProtoMessage() {}
+
+func (x *ListCredentialsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_admin_proto_msgTypes[80]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListCredentialsRequest.ProtoReflect.Descriptor instead.
+func (*ListCredentialsRequest) Descriptor() ([]byte, []int) {
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{80}
+}
+
+type ListCredentialsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Credentials   []*Credential          `protobuf:"bytes,1,rep,name=credentials,proto3" json:"credentials,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListCredentialsResponse) Reset() {
+	*x = ListCredentialsResponse{}
+	mi := &file_tether_v1_admin_proto_msgTypes[81]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListCredentialsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListCredentialsResponse) ProtoMessage() {}
+
+func (x *ListCredentialsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_admin_proto_msgTypes[81]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListCredentialsResponse.ProtoReflect.Descriptor instead.
+func (*ListCredentialsResponse) Descriptor() ([]byte, []int) {
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{81}
+}
+
+func (x *ListCredentialsResponse) GetCredentials() []*Credential {
+	if x != nil {
+		return x.Credentials
+	}
+	return nil
+}
+
+type DeleteCredentialRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteCredentialRequest) Reset() {
+	*x = DeleteCredentialRequest{}
+	mi := &file_tether_v1_admin_proto_msgTypes[82]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteCredentialRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteCredentialRequest) ProtoMessage() {}
+
+func (x *DeleteCredentialRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_admin_proto_msgTypes[82]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteCredentialRequest.ProtoReflect.Descriptor instead.
+func (*DeleteCredentialRequest) Descriptor() ([]byte, []int) {
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{82}
+}
+
+func (x *DeleteCredentialRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type DeleteCredentialResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteCredentialResponse) Reset() {
+	*x = DeleteCredentialResponse{}
+	mi := &file_tether_v1_admin_proto_msgTypes[83]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteCredentialResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteCredentialResponse) ProtoMessage() {}
+
+func (x *DeleteCredentialResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_admin_proto_msgTypes[83]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteCredentialResponse.ProtoReflect.Descriptor instead.
+func (*DeleteCredentialResponse) Descriptor() ([]byte, []int) {
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{83}
+}
+
 var File_tether_v1_admin_proto protoreflect.FileDescriptor
 
 const file_tether_v1_admin_proto_rawDesc = "" +
@@ -4695,14 +4996,15 @@ const file_tether_v1_admin_proto_rawDesc = "" +
 	"\x13DeleteModuleRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\"\x16\n" +
-	"\x14DeleteModuleResponse\"\xda\x01\n" +
+	"\x14DeleteModuleResponse\"\x80\x02\n" +
 	"\x11CreateNodeRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
 	"\btemplate\x18\x02 \x01(\tR\btemplate\x12\x1d\n" +
 	"\aenabled\x18\x03 \x01(\bH\x00R\aenabled\x88\x01\x01\x12/\n" +
 	"\x06config\x18\x04 \x01(\v2\x17.google.protobuf.StructR\x06config\x12%\n" +
 	"\x0epublic_address\x18\x05 \x01(\tR\rpublicAddress\x12\x12\n" +
-	"\x04macs\x18\x06 \x03(\tR\x04macsB\n" +
+	"\x04macs\x18\x06 \x03(\tR\x04macs\x12$\n" +
+	"\x03bmc\x18\a \x01(\v2\x12.tether.v1.NodeBMCR\x03bmcB\n" +
 	"\n" +
 	"\b_enabled\"$\n" +
 	"\x0eGetNodeRequest\x12\x12\n" +
@@ -4714,7 +5016,7 @@ const file_tether_v1_admin_proto_rawDesc = "" +
 	"page_token\x18\x03 \x01(\tR\tpageToken\"b\n" +
 	"\x11ListNodesResponse\x12%\n" +
 	"\x05nodes\x18\x01 \x03(\v2\x0f.tether.v1.NodeR\x05nodes\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xea\x01\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x90\x02\n" +
 	"\x11UpdateNodeRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1f\n" +
 	"\vupdate_mask\x18\x02 \x03(\tR\n" +
@@ -4723,7 +5025,8 @@ const file_tether_v1_admin_proto_rawDesc = "" +
 	"\aenabled\x18\x04 \x01(\bR\aenabled\x12/\n" +
 	"\x06config\x18\x05 \x01(\v2\x17.google.protobuf.StructR\x06config\x12%\n" +
 	"\x0epublic_address\x18\x06 \x01(\tR\rpublicAddress\x12\x12\n" +
-	"\x04macs\x18\a \x03(\tR\x04macs\"'\n" +
+	"\x04macs\x18\a \x03(\tR\x04macs\x12$\n" +
+	"\x03bmc\x18\b \x01(\v2\x12.tether.v1.NodeBMCR\x03bmc\"'\n" +
 	"\x11DeleteNodeRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"\x14\n" +
 	"\x12DeleteNodeResponse\"\xaa\x01\n" +
@@ -4965,7 +5268,21 @@ const file_tether_v1_admin_proto_rawDesc = "" +
 	"\bafter_id\x18\x03 \x01(\x03R\aafterId\x12\x1b\n" +
 	"\tpage_size\x18\x04 \x01(\x05R\bpageSize\"E\n" +
 	"\x11ListAuditResponse\x120\n" +
-	"\arecords\x18\x01 \x03(\v2\x16.tether.v1.AuditRecordR\arecords2\x80\"\n" +
+	"\arecords\x18\x01 \x03(\v2\x16.tether.v1.AuditRecordR\arecords\"e\n" +
+	"\x17CreateCredentialRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
+	"\busername\x18\x02 \x01(\tR\busername\x12\x1a\n" +
+	"\bpassword\x18\x03 \x01(\tR\bpassword\"e\n" +
+	"\x17UpdateCredentialRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
+	"\busername\x18\x02 \x01(\tR\busername\x12\x1a\n" +
+	"\bpassword\x18\x03 \x01(\tR\bpassword\"\x18\n" +
+	"\x16ListCredentialsRequest\"R\n" +
+	"\x17ListCredentialsResponse\x127\n" +
+	"\vcredentials\x18\x01 \x03(\v2\x15.tether.v1.CredentialR\vcredentials\"-\n" +
+	"\x17DeleteCredentialRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\x1a\n" +
+	"\x18DeleteCredentialResponse2\xd5$\n" +
 	"\fAdminService\x12G\n" +
 	"\x0eCreateTemplate\x12 .tether.v1.CreateTemplateRequest\x1a\x13.tether.v1.Template\x12A\n" +
 	"\vGetTemplate\x12\x1d.tether.v1.GetTemplateRequest\x1a\x13.tether.v1.Template\x12R\n" +
@@ -5035,7 +5352,11 @@ const file_tether_v1_admin_proto_rawDesc = "" +
 	"\x0eListIdentities\x12 .tether.v1.ListIdentitiesRequest\x1a!.tether.v1.ListIdentitiesResponse\x12L\n" +
 	"\x0eRevokeIdentity\x12 .tether.v1.RevokeIdentityRequest\x1a\x18.tether.v1.AdminIdentity\x12P\n" +
 	"\rRenewIdentity\x12\x1f.tether.v1.RenewIdentityRequest\x1a\x1e.tether.v1.IdentityCertificate\x12F\n" +
-	"\tListAudit\x12\x1b.tether.v1.ListAuditRequest\x1a\x1c.tether.v1.ListAuditResponseB8Z6github.com/tetherfleet/tether/proto/tether/v1;tetherv1b\x06proto3"
+	"\tListAudit\x12\x1b.tether.v1.ListAuditRequest\x1a\x1c.tether.v1.ListAuditResponse\x12M\n" +
+	"\x10CreateCredential\x12\".tether.v1.CreateCredentialRequest\x1a\x15.tether.v1.Credential\x12X\n" +
+	"\x0fListCredentials\x12!.tether.v1.ListCredentialsRequest\x1a\".tether.v1.ListCredentialsResponse\x12M\n" +
+	"\x10UpdateCredential\x12\".tether.v1.UpdateCredentialRequest\x1a\x15.tether.v1.Credential\x12[\n" +
+	"\x10DeleteCredential\x12\".tether.v1.DeleteCredentialRequest\x1a#.tether.v1.DeleteCredentialResponseB8Z6github.com/tetherfleet/tether/proto/tether/v1;tetherv1b\x06proto3"
 
 var (
 	file_tether_v1_admin_proto_rawDescOnce sync.Once
@@ -5049,7 +5370,7 @@ func file_tether_v1_admin_proto_rawDescGZIP() []byte {
 	return file_tether_v1_admin_proto_rawDescData
 }
 
-var file_tether_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 78)
+var file_tether_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 84)
 var file_tether_v1_admin_proto_goTypes = []any{
 	(*CreateTemplateRequest)(nil),        // 0: tether.v1.CreateTemplateRequest
 	(*GetTemplateRequest)(nil),           // 1: tether.v1.GetTemplateRequest
@@ -5129,196 +5450,215 @@ var file_tether_v1_admin_proto_goTypes = []any{
 	(*RenewIdentityRequest)(nil),         // 75: tether.v1.RenewIdentityRequest
 	(*ListAuditRequest)(nil),             // 76: tether.v1.ListAuditRequest
 	(*ListAuditResponse)(nil),            // 77: tether.v1.ListAuditResponse
-	(*ModuleRef)(nil),                    // 78: tether.v1.ModuleRef
-	(*Template)(nil),                     // 79: tether.v1.Template
-	(*ModuleSignature)(nil),              // 80: tether.v1.ModuleSignature
-	(*Module)(nil),                       // 81: tether.v1.Module
-	(*structpb.Struct)(nil),              // 82: google.protobuf.Struct
-	(*Node)(nil),                         // 83: tether.v1.Node
-	(*Instance)(nil),                     // 84: tether.v1.Instance
-	(InstanceStatus)(0),                  // 85: tether.v1.InstanceStatus
-	(*timestamppb.Timestamp)(nil),        // 86: google.protobuf.Timestamp
-	(*Certificate)(nil),                  // 87: tether.v1.Certificate
-	(TaskKind)(0),                        // 88: tether.v1.TaskKind
-	(*ExecPayload)(nil),                  // 89: tether.v1.ExecPayload
-	(TaskTarget)(0),                      // 90: tether.v1.TaskTarget
-	(TaskStatus)(0),                      // 91: tether.v1.TaskStatus
-	(*Task)(nil),                         // 92: tether.v1.Task
-	(LifecycleClass)(0),                  // 93: tether.v1.LifecycleClass
-	(*PoolMetadata)(nil),                 // 94: tether.v1.PoolMetadata
-	(*Pool)(nil),                         // 95: tether.v1.Pool
-	(Severity)(0),                        // 96: tether.v1.Severity
-	(*FleetEvent)(nil),                   // 97: tether.v1.FleetEvent
-	(*Signer)(nil),                       // 98: tether.v1.Signer
-	(*AdminIdentity)(nil),                // 99: tether.v1.AdminIdentity
-	(*AuditRecord)(nil),                  // 100: tether.v1.AuditRecord
+	(*CreateCredentialRequest)(nil),      // 78: tether.v1.CreateCredentialRequest
+	(*UpdateCredentialRequest)(nil),      // 79: tether.v1.UpdateCredentialRequest
+	(*ListCredentialsRequest)(nil),       // 80: tether.v1.ListCredentialsRequest
+	(*ListCredentialsResponse)(nil),      // 81: tether.v1.ListCredentialsResponse
+	(*DeleteCredentialRequest)(nil),      // 82: tether.v1.DeleteCredentialRequest
+	(*DeleteCredentialResponse)(nil),     // 83: tether.v1.DeleteCredentialResponse
+	(*ModuleRef)(nil),                    // 84: tether.v1.ModuleRef
+	(*Template)(nil),                     // 85: tether.v1.Template
+	(*ModuleSignature)(nil),              // 86: tether.v1.ModuleSignature
+	(*Module)(nil),                       // 87: tether.v1.Module
+	(*structpb.Struct)(nil),              // 88: google.protobuf.Struct
+	(*NodeBMC)(nil),                      // 89: tether.v1.NodeBMC
+	(*Node)(nil),                         // 90: tether.v1.Node
+	(*Instance)(nil),                     // 91: tether.v1.Instance
+	(InstanceStatus)(0),                  // 92: tether.v1.InstanceStatus
+	(*timestamppb.Timestamp)(nil),        // 93: google.protobuf.Timestamp
+	(*Certificate)(nil),                  // 94: tether.v1.Certificate
+	(TaskKind)(0),                        // 95: tether.v1.TaskKind
+	(*ExecPayload)(nil),                  // 96: tether.v1.ExecPayload
+	(TaskTarget)(0),                      // 97: tether.v1.TaskTarget
+	(TaskStatus)(0),                      // 98: tether.v1.TaskStatus
+	(*Task)(nil),                         // 99: tether.v1.Task
+	(LifecycleClass)(0),                  // 100: tether.v1.LifecycleClass
+	(*PoolMetadata)(nil),                 // 101: tether.v1.PoolMetadata
+	(*Pool)(nil),                         // 102: tether.v1.Pool
+	(Severity)(0),                        // 103: tether.v1.Severity
+	(*FleetEvent)(nil),                   // 104: tether.v1.FleetEvent
+	(*Signer)(nil),                       // 105: tether.v1.Signer
+	(*AdminIdentity)(nil),                // 106: tether.v1.AdminIdentity
+	(*AuditRecord)(nil),                  // 107: tether.v1.AuditRecord
+	(*Credential)(nil),                   // 108: tether.v1.Credential
 }
 var file_tether_v1_admin_proto_depIdxs = []int32{
-	78,  // 0: tether.v1.CreateTemplateRequest.root_modules:type_name -> tether.v1.ModuleRef
-	78,  // 1: tether.v1.CreateTemplateRequest.extension_modules:type_name -> tether.v1.ModuleRef
-	79,  // 2: tether.v1.ListTemplatesResponse.templates:type_name -> tether.v1.Template
-	78,  // 3: tether.v1.UpdateTemplateRequest.root_modules:type_name -> tether.v1.ModuleRef
-	78,  // 4: tether.v1.UpdateTemplateRequest.extension_modules:type_name -> tether.v1.ModuleRef
+	84,  // 0: tether.v1.CreateTemplateRequest.root_modules:type_name -> tether.v1.ModuleRef
+	84,  // 1: tether.v1.CreateTemplateRequest.extension_modules:type_name -> tether.v1.ModuleRef
+	85,  // 2: tether.v1.ListTemplatesResponse.templates:type_name -> tether.v1.Template
+	84,  // 3: tether.v1.UpdateTemplateRequest.root_modules:type_name -> tether.v1.ModuleRef
+	84,  // 4: tether.v1.UpdateTemplateRequest.extension_modules:type_name -> tether.v1.ModuleRef
 	8,   // 5: tether.v1.PushModuleRequest.header:type_name -> tether.v1.PushModuleHeader
-	80,  // 6: tether.v1.PushModuleHeader.signatures:type_name -> tether.v1.ModuleSignature
-	81,  // 7: tether.v1.ListModulesResponse.modules:type_name -> tether.v1.Module
-	82,  // 8: tether.v1.CreateNodeRequest.config:type_name -> google.protobuf.Struct
-	83,  // 9: tether.v1.ListNodesResponse.nodes:type_name -> tether.v1.Node
-	82,  // 10: tether.v1.UpdateNodeRequest.config:type_name -> google.protobuf.Struct
-	84,  // 11: tether.v1.ProvisionInstanceResponse.instance:type_name -> tether.v1.Instance
-	85,  // 12: tether.v1.ListInstancesRequest.status:type_name -> tether.v1.InstanceStatus
-	84,  // 13: tether.v1.ListInstancesResponse.instances:type_name -> tether.v1.Instance
-	84,  // 14: tether.v1.CordonInstanceResponse.instance:type_name -> tether.v1.Instance
-	84,  // 15: tether.v1.UncordonInstanceResponse.instance:type_name -> tether.v1.Instance
-	84,  // 16: tether.v1.DrainInstanceResponse.instance:type_name -> tether.v1.Instance
-	86,  // 17: tether.v1.CreateBootstrapTokenResponse.expires_at:type_name -> google.protobuf.Timestamp
-	87,  // 18: tether.v1.ListCertificatesResponse.certificates:type_name -> tether.v1.Certificate
-	88,  // 19: tether.v1.CreateTaskRequest.kind:type_name -> tether.v1.TaskKind
-	89,  // 20: tether.v1.CreateTaskRequest.exec:type_name -> tether.v1.ExecPayload
-	90,  // 21: tether.v1.ListTasksRequest.target:type_name -> tether.v1.TaskTarget
-	91,  // 22: tether.v1.ListTasksRequest.status:type_name -> tether.v1.TaskStatus
-	92,  // 23: tether.v1.ListTasksResponse.tasks:type_name -> tether.v1.Task
-	93,  // 24: tether.v1.CreatePoolRequest.lifecycle_class:type_name -> tether.v1.LifecycleClass
-	94,  // 25: tether.v1.CreatePoolRequest.metadata:type_name -> tether.v1.PoolMetadata
-	95,  // 26: tether.v1.ListPoolsResponse.pools:type_name -> tether.v1.Pool
-	93,  // 27: tether.v1.UpdatePoolRequest.lifecycle_class:type_name -> tether.v1.LifecycleClass
-	94,  // 28: tether.v1.UpdatePoolRequest.metadata:type_name -> tether.v1.PoolMetadata
-	95,  // 29: tether.v1.DrainPoolResponse.pool:type_name -> tether.v1.Pool
-	95,  // 30: tether.v1.ReplenishPoolResponse.pool:type_name -> tether.v1.Pool
-	95,  // 31: tether.v1.RecyclePoolResponse.pool:type_name -> tether.v1.Pool
-	93,  // 32: tether.v1.AcquirePoolMemberRequest.lifecycle_class:type_name -> tether.v1.LifecycleClass
-	84,  // 33: tether.v1.AcquirePoolMemberResponse.instance:type_name -> tether.v1.Instance
-	84,  // 34: tether.v1.ReleasePoolMemberResponse.instance:type_name -> tether.v1.Instance
-	96,  // 35: tether.v1.ListEventsRequest.min_severity:type_name -> tether.v1.Severity
-	97,  // 36: tether.v1.ListEventsResponse.events:type_name -> tether.v1.FleetEvent
-	96,  // 37: tether.v1.WatchEventsRequest.min_severity:type_name -> tether.v1.Severity
-	98,  // 38: tether.v1.ListSignersResponse.signers:type_name -> tether.v1.Signer
-	80,  // 39: tether.v1.SignModuleRequest.signature:type_name -> tether.v1.ModuleSignature
-	99,  // 40: tether.v1.IdentityCertificate.identity:type_name -> tether.v1.AdminIdentity
-	99,  // 41: tether.v1.ListIdentitiesResponse.identities:type_name -> tether.v1.AdminIdentity
-	86,  // 42: tether.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
-	100, // 43: tether.v1.ListAuditResponse.records:type_name -> tether.v1.AuditRecord
-	0,   // 44: tether.v1.AdminService.CreateTemplate:input_type -> tether.v1.CreateTemplateRequest
-	1,   // 45: tether.v1.AdminService.GetTemplate:input_type -> tether.v1.GetTemplateRequest
-	2,   // 46: tether.v1.AdminService.ListTemplates:input_type -> tether.v1.ListTemplatesRequest
-	4,   // 47: tether.v1.AdminService.UpdateTemplate:input_type -> tether.v1.UpdateTemplateRequest
-	5,   // 48: tether.v1.AdminService.DeleteTemplate:input_type -> tether.v1.DeleteTemplateRequest
-	7,   // 49: tether.v1.AdminService.PushModule:input_type -> tether.v1.PushModuleRequest
-	9,   // 50: tether.v1.AdminService.GetModule:input_type -> tether.v1.GetModuleRequest
-	10,  // 51: tether.v1.AdminService.ListModules:input_type -> tether.v1.ListModulesRequest
-	12,  // 52: tether.v1.AdminService.DeleteModule:input_type -> tether.v1.DeleteModuleRequest
-	14,  // 53: tether.v1.AdminService.CreateNode:input_type -> tether.v1.CreateNodeRequest
-	15,  // 54: tether.v1.AdminService.GetNode:input_type -> tether.v1.GetNodeRequest
-	16,  // 55: tether.v1.AdminService.ListNodes:input_type -> tether.v1.ListNodesRequest
-	18,  // 56: tether.v1.AdminService.UpdateNode:input_type -> tether.v1.UpdateNodeRequest
-	19,  // 57: tether.v1.AdminService.DeleteNode:input_type -> tether.v1.DeleteNodeRequest
-	21,  // 58: tether.v1.AdminService.ProvisionInstance:input_type -> tether.v1.ProvisionInstanceRequest
-	23,  // 59: tether.v1.AdminService.GetInstance:input_type -> tether.v1.GetInstanceRequest
-	24,  // 60: tether.v1.AdminService.ListInstances:input_type -> tether.v1.ListInstancesRequest
-	26,  // 61: tether.v1.AdminService.StartInstance:input_type -> tether.v1.InstanceActionRequest
-	26,  // 62: tether.v1.AdminService.StopInstance:input_type -> tether.v1.InstanceActionRequest
-	26,  // 63: tether.v1.AdminService.RebootInstance:input_type -> tether.v1.InstanceActionRequest
-	26,  // 64: tether.v1.AdminService.TerminateInstance:input_type -> tether.v1.InstanceActionRequest
-	27,  // 65: tether.v1.AdminService.HoldInstance:input_type -> tether.v1.HoldInstanceRequest
-	26,  // 66: tether.v1.AdminService.UnholdInstance:input_type -> tether.v1.InstanceActionRequest
-	28,  // 67: tether.v1.AdminService.CordonInstance:input_type -> tether.v1.CordonInstanceRequest
-	26,  // 68: tether.v1.AdminService.UncordonInstance:input_type -> tether.v1.InstanceActionRequest
-	31,  // 69: tether.v1.AdminService.DrainInstance:input_type -> tether.v1.DrainInstanceRequest
-	33,  // 70: tether.v1.AdminService.GetInstanceConsole:input_type -> tether.v1.GetInstanceConsoleRequest
-	35,  // 71: tether.v1.AdminService.CreateSeedISO:input_type -> tether.v1.CreateSeedISORequest
-	37,  // 72: tether.v1.AdminService.CreateBootstrapToken:input_type -> tether.v1.CreateBootstrapTokenRequest
-	39,  // 73: tether.v1.AdminService.ListCertificates:input_type -> tether.v1.ListCertificatesRequest
-	41,  // 74: tether.v1.AdminService.RevokeCertificate:input_type -> tether.v1.RevokeCertificateRequest
-	42,  // 75: tether.v1.AdminService.CreateTask:input_type -> tether.v1.CreateTaskRequest
-	43,  // 76: tether.v1.AdminService.GetTask:input_type -> tether.v1.GetTaskRequest
-	44,  // 77: tether.v1.AdminService.ListTasks:input_type -> tether.v1.ListTasksRequest
-	46,  // 78: tether.v1.AdminService.CancelTask:input_type -> tether.v1.CancelTaskRequest
-	47,  // 79: tether.v1.AdminService.CreatePool:input_type -> tether.v1.CreatePoolRequest
-	48,  // 80: tether.v1.AdminService.GetPool:input_type -> tether.v1.GetPoolRequest
-	49,  // 81: tether.v1.AdminService.ListPools:input_type -> tether.v1.ListPoolsRequest
-	51,  // 82: tether.v1.AdminService.UpdatePool:input_type -> tether.v1.UpdatePoolRequest
-	52,  // 83: tether.v1.AdminService.PausePool:input_type -> tether.v1.PoolActionRequest
-	52,  // 84: tether.v1.AdminService.ActivatePool:input_type -> tether.v1.PoolActionRequest
-	52,  // 85: tether.v1.AdminService.DrainPool:input_type -> tether.v1.PoolActionRequest
-	52,  // 86: tether.v1.AdminService.DeletePool:input_type -> tether.v1.PoolActionRequest
-	52,  // 87: tether.v1.AdminService.ReplenishPool:input_type -> tether.v1.PoolActionRequest
-	52,  // 88: tether.v1.AdminService.RecyclePool:input_type -> tether.v1.PoolActionRequest
-	57,  // 89: tether.v1.AdminService.AcquirePoolMember:input_type -> tether.v1.AcquirePoolMemberRequest
-	59,  // 90: tether.v1.AdminService.ReleasePoolMember:input_type -> tether.v1.ReleasePoolMemberRequest
-	61,  // 91: tether.v1.AdminService.ListEvents:input_type -> tether.v1.ListEventsRequest
-	63,  // 92: tether.v1.AdminService.WatchEvents:input_type -> tether.v1.WatchEventsRequest
-	64,  // 93: tether.v1.AdminService.AddSigner:input_type -> tether.v1.AddSignerRequest
-	65,  // 94: tether.v1.AdminService.ListSigners:input_type -> tether.v1.ListSignersRequest
-	67,  // 95: tether.v1.AdminService.RemoveSigner:input_type -> tether.v1.RemoveSignerRequest
-	69,  // 96: tether.v1.AdminService.SignModule:input_type -> tether.v1.SignModuleRequest
-	70,  // 97: tether.v1.AdminService.CreateIdentity:input_type -> tether.v1.CreateIdentityRequest
-	72,  // 98: tether.v1.AdminService.ListIdentities:input_type -> tether.v1.ListIdentitiesRequest
-	74,  // 99: tether.v1.AdminService.RevokeIdentity:input_type -> tether.v1.RevokeIdentityRequest
-	75,  // 100: tether.v1.AdminService.RenewIdentity:input_type -> tether.v1.RenewIdentityRequest
-	76,  // 101: tether.v1.AdminService.ListAudit:input_type -> tether.v1.ListAuditRequest
-	79,  // 102: tether.v1.AdminService.CreateTemplate:output_type -> tether.v1.Template
-	79,  // 103: tether.v1.AdminService.GetTemplate:output_type -> tether.v1.Template
-	3,   // 104: tether.v1.AdminService.ListTemplates:output_type -> tether.v1.ListTemplatesResponse
-	79,  // 105: tether.v1.AdminService.UpdateTemplate:output_type -> tether.v1.Template
-	6,   // 106: tether.v1.AdminService.DeleteTemplate:output_type -> tether.v1.DeleteTemplateResponse
-	81,  // 107: tether.v1.AdminService.PushModule:output_type -> tether.v1.Module
-	81,  // 108: tether.v1.AdminService.GetModule:output_type -> tether.v1.Module
-	11,  // 109: tether.v1.AdminService.ListModules:output_type -> tether.v1.ListModulesResponse
-	13,  // 110: tether.v1.AdminService.DeleteModule:output_type -> tether.v1.DeleteModuleResponse
-	83,  // 111: tether.v1.AdminService.CreateNode:output_type -> tether.v1.Node
-	83,  // 112: tether.v1.AdminService.GetNode:output_type -> tether.v1.Node
-	17,  // 113: tether.v1.AdminService.ListNodes:output_type -> tether.v1.ListNodesResponse
-	83,  // 114: tether.v1.AdminService.UpdateNode:output_type -> tether.v1.Node
-	20,  // 115: tether.v1.AdminService.DeleteNode:output_type -> tether.v1.DeleteNodeResponse
-	22,  // 116: tether.v1.AdminService.ProvisionInstance:output_type -> tether.v1.ProvisionInstanceResponse
-	84,  // 117: tether.v1.AdminService.GetInstance:output_type -> tether.v1.Instance
-	25,  // 118: tether.v1.AdminService.ListInstances:output_type -> tether.v1.ListInstancesResponse
-	84,  // 119: tether.v1.AdminService.StartInstance:output_type -> tether.v1.Instance
-	84,  // 120: tether.v1.AdminService.StopInstance:output_type -> tether.v1.Instance
-	84,  // 121: tether.v1.AdminService.RebootInstance:output_type -> tether.v1.Instance
-	84,  // 122: tether.v1.AdminService.TerminateInstance:output_type -> tether.v1.Instance
-	84,  // 123: tether.v1.AdminService.HoldInstance:output_type -> tether.v1.Instance
-	84,  // 124: tether.v1.AdminService.UnholdInstance:output_type -> tether.v1.Instance
-	29,  // 125: tether.v1.AdminService.CordonInstance:output_type -> tether.v1.CordonInstanceResponse
-	30,  // 126: tether.v1.AdminService.UncordonInstance:output_type -> tether.v1.UncordonInstanceResponse
-	32,  // 127: tether.v1.AdminService.DrainInstance:output_type -> tether.v1.DrainInstanceResponse
-	34,  // 128: tether.v1.AdminService.GetInstanceConsole:output_type -> tether.v1.ConsoleChunk
-	36,  // 129: tether.v1.AdminService.CreateSeedISO:output_type -> tether.v1.CreateSeedISOResponse
-	38,  // 130: tether.v1.AdminService.CreateBootstrapToken:output_type -> tether.v1.CreateBootstrapTokenResponse
-	40,  // 131: tether.v1.AdminService.ListCertificates:output_type -> tether.v1.ListCertificatesResponse
-	87,  // 132: tether.v1.AdminService.RevokeCertificate:output_type -> tether.v1.Certificate
-	92,  // 133: tether.v1.AdminService.CreateTask:output_type -> tether.v1.Task
-	92,  // 134: tether.v1.AdminService.GetTask:output_type -> tether.v1.Task
-	45,  // 135: tether.v1.AdminService.ListTasks:output_type -> tether.v1.ListTasksResponse
-	92,  // 136: tether.v1.AdminService.CancelTask:output_type -> tether.v1.Task
-	95,  // 137: tether.v1.AdminService.CreatePool:output_type -> tether.v1.Pool
-	95,  // 138: tether.v1.AdminService.GetPool:output_type -> tether.v1.Pool
-	50,  // 139: tether.v1.AdminService.ListPools:output_type -> tether.v1.ListPoolsResponse
-	95,  // 140: tether.v1.AdminService.UpdatePool:output_type -> tether.v1.Pool
-	95,  // 141: tether.v1.AdminService.PausePool:output_type -> tether.v1.Pool
-	95,  // 142: tether.v1.AdminService.ActivatePool:output_type -> tether.v1.Pool
-	53,  // 143: tether.v1.AdminService.DrainPool:output_type -> tether.v1.DrainPoolResponse
-	54,  // 144: tether.v1.AdminService.DeletePool:output_type -> tether.v1.DeletePoolResponse
-	55,  // 145: tether.v1.AdminService.ReplenishPool:output_type -> tether.v1.ReplenishPoolResponse
-	56,  // 146: tether.v1.AdminService.RecyclePool:output_type -> tether.v1.RecyclePoolResponse
-	58,  // 147: tether.v1.AdminService.AcquirePoolMember:output_type -> tether.v1.AcquirePoolMemberResponse
-	60,  // 148: tether.v1.AdminService.ReleasePoolMember:output_type -> tether.v1.ReleasePoolMemberResponse
-	62,  // 149: tether.v1.AdminService.ListEvents:output_type -> tether.v1.ListEventsResponse
-	97,  // 150: tether.v1.AdminService.WatchEvents:output_type -> tether.v1.FleetEvent
-	98,  // 151: tether.v1.AdminService.AddSigner:output_type -> tether.v1.Signer
-	66,  // 152: tether.v1.AdminService.ListSigners:output_type -> tether.v1.ListSignersResponse
-	68,  // 153: tether.v1.AdminService.RemoveSigner:output_type -> tether.v1.RemoveSignerResponse
-	81,  // 154: tether.v1.AdminService.SignModule:output_type -> tether.v1.Module
-	71,  // 155: tether.v1.AdminService.CreateIdentity:output_type -> tether.v1.IdentityCertificate
-	73,  // 156: tether.v1.AdminService.ListIdentities:output_type -> tether.v1.ListIdentitiesResponse
-	99,  // 157: tether.v1.AdminService.RevokeIdentity:output_type -> tether.v1.AdminIdentity
-	71,  // 158: tether.v1.AdminService.RenewIdentity:output_type -> tether.v1.IdentityCertificate
-	77,  // 159: tether.v1.AdminService.ListAudit:output_type -> tether.v1.ListAuditResponse
-	102, // [102:160] is the sub-list for method output_type
-	44,  // [44:102] is the sub-list for method input_type
-	44,  // [44:44] is the sub-list for extension type_name
-	44,  // [44:44] is the sub-list for extension extendee
-	0,   // [0:44] is the sub-list for field type_name
+	86,  // 6: tether.v1.PushModuleHeader.signatures:type_name -> tether.v1.ModuleSignature
+	87,  // 7: tether.v1.ListModulesResponse.modules:type_name -> tether.v1.Module
+	88,  // 8: tether.v1.CreateNodeRequest.config:type_name -> google.protobuf.Struct
+	89,  // 9: tether.v1.CreateNodeRequest.bmc:type_name -> tether.v1.NodeBMC
+	90,  // 10: tether.v1.ListNodesResponse.nodes:type_name -> tether.v1.Node
+	88,  // 11: tether.v1.UpdateNodeRequest.config:type_name -> google.protobuf.Struct
+	89,  // 12: tether.v1.UpdateNodeRequest.bmc:type_name -> tether.v1.NodeBMC
+	91,  // 13: tether.v1.ProvisionInstanceResponse.instance:type_name -> tether.v1.Instance
+	92,  // 14: tether.v1.ListInstancesRequest.status:type_name -> tether.v1.InstanceStatus
+	91,  // 15: tether.v1.ListInstancesResponse.instances:type_name -> tether.v1.Instance
+	91,  // 16: tether.v1.CordonInstanceResponse.instance:type_name -> tether.v1.Instance
+	91,  // 17: tether.v1.UncordonInstanceResponse.instance:type_name -> tether.v1.Instance
+	91,  // 18: tether.v1.DrainInstanceResponse.instance:type_name -> tether.v1.Instance
+	93,  // 19: tether.v1.CreateBootstrapTokenResponse.expires_at:type_name -> google.protobuf.Timestamp
+	94,  // 20: tether.v1.ListCertificatesResponse.certificates:type_name -> tether.v1.Certificate
+	95,  // 21: tether.v1.CreateTaskRequest.kind:type_name -> tether.v1.TaskKind
+	96,  // 22: tether.v1.CreateTaskRequest.exec:type_name -> tether.v1.ExecPayload
+	97,  // 23: tether.v1.ListTasksRequest.target:type_name -> tether.v1.TaskTarget
+	98,  // 24: tether.v1.ListTasksRequest.status:type_name -> tether.v1.TaskStatus
+	99,  // 25: tether.v1.ListTasksResponse.tasks:type_name -> tether.v1.Task
+	100, // 26: tether.v1.CreatePoolRequest.lifecycle_class:type_name -> tether.v1.LifecycleClass
+	101, // 27: tether.v1.CreatePoolRequest.metadata:type_name -> tether.v1.PoolMetadata
+	102, // 28: tether.v1.ListPoolsResponse.pools:type_name -> tether.v1.Pool
+	100, // 29: tether.v1.UpdatePoolRequest.lifecycle_class:type_name -> tether.v1.LifecycleClass
+	101, // 30: tether.v1.UpdatePoolRequest.metadata:type_name -> tether.v1.PoolMetadata
+	102, // 31: tether.v1.DrainPoolResponse.pool:type_name -> tether.v1.Pool
+	102, // 32: tether.v1.ReplenishPoolResponse.pool:type_name -> tether.v1.Pool
+	102, // 33: tether.v1.RecyclePoolResponse.pool:type_name -> tether.v1.Pool
+	100, // 34: tether.v1.AcquirePoolMemberRequest.lifecycle_class:type_name -> tether.v1.LifecycleClass
+	91,  // 35: tether.v1.AcquirePoolMemberResponse.instance:type_name -> tether.v1.Instance
+	91,  // 36: tether.v1.ReleasePoolMemberResponse.instance:type_name -> tether.v1.Instance
+	103, // 37: tether.v1.ListEventsRequest.min_severity:type_name -> tether.v1.Severity
+	104, // 38: tether.v1.ListEventsResponse.events:type_name -> tether.v1.FleetEvent
+	103, // 39: tether.v1.WatchEventsRequest.min_severity:type_name -> tether.v1.Severity
+	105, // 40: tether.v1.ListSignersResponse.signers:type_name -> tether.v1.Signer
+	86,  // 41: tether.v1.SignModuleRequest.signature:type_name -> tether.v1.ModuleSignature
+	106, // 42: tether.v1.IdentityCertificate.identity:type_name -> tether.v1.AdminIdentity
+	106, // 43: tether.v1.ListIdentitiesResponse.identities:type_name -> tether.v1.AdminIdentity
+	93,  // 44: tether.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
+	107, // 45: tether.v1.ListAuditResponse.records:type_name -> tether.v1.AuditRecord
+	108, // 46: tether.v1.ListCredentialsResponse.credentials:type_name -> tether.v1.Credential
+	0,   // 47: tether.v1.AdminService.CreateTemplate:input_type -> tether.v1.CreateTemplateRequest
+	1,   // 48: tether.v1.AdminService.GetTemplate:input_type -> tether.v1.GetTemplateRequest
+	2,   // 49: tether.v1.AdminService.ListTemplates:input_type -> tether.v1.ListTemplatesRequest
+	4,   // 50: tether.v1.AdminService.UpdateTemplate:input_type -> tether.v1.UpdateTemplateRequest
+	5,   // 51: tether.v1.AdminService.DeleteTemplate:input_type -> tether.v1.DeleteTemplateRequest
+	7,   // 52: tether.v1.AdminService.PushModule:input_type -> tether.v1.PushModuleRequest
+	9,   // 53: tether.v1.AdminService.GetModule:input_type -> tether.v1.GetModuleRequest
+	10,  // 54: tether.v1.AdminService.ListModules:input_type -> tether.v1.ListModulesRequest
+	12,  // 55: tether.v1.AdminService.DeleteModule:input_type -> tether.v1.DeleteModuleRequest
+	14,  // 56: tether.v1.AdminService.CreateNode:input_type -> tether.v1.CreateNodeRequest
+	15,  // 57: tether.v1.AdminService.GetNode:input_type -> tether.v1.GetNodeRequest
+	16,  // 58: tether.v1.AdminService.ListNodes:input_type -> tether.v1.ListNodesRequest
+	18,  // 59: tether.v1.AdminService.UpdateNode:input_type -> tether.v1.UpdateNodeRequest
+	19,  // 60: tether.v1.AdminService.DeleteNode:input_type -> tether.v1.DeleteNodeRequest
+	21,  // 61: tether.v1.AdminService.ProvisionInstance:input_type -> tether.v1.ProvisionInstanceRequest
+	23,  // 62: tether.v1.AdminService.GetInstance:input_type -> tether.v1.GetInstanceRequest
+	24,  // 63: tether.v1.AdminService.ListInstances:input_type -> tether.v1.ListInstancesRequest
+	26,  // 64: tether.v1.AdminService.StartInstance:input_type -> tether.v1.InstanceActionRequest
+	26,  // 65: tether.v1.AdminService.StopInstance:input_type -> tether.v1.InstanceActionRequest
+	26,  // 66: tether.v1.AdminService.RebootInstance:input_type -> tether.v1.InstanceActionRequest
+	26,  // 67: tether.v1.AdminService.TerminateInstance:input_type -> tether.v1.InstanceActionRequest
+	27,  // 68: tether.v1.AdminService.HoldInstance:input_type -> tether.v1.HoldInstanceRequest
+	26,  // 69: tether.v1.AdminService.UnholdInstance:input_type -> tether.v1.InstanceActionRequest
+	28,  // 70: tether.v1.AdminService.CordonInstance:input_type -> tether.v1.CordonInstanceRequest
+	26,  // 71: tether.v1.AdminService.UncordonInstance:input_type -> tether.v1.InstanceActionRequest
+	31,  // 72: tether.v1.AdminService.DrainInstance:input_type -> tether.v1.DrainInstanceRequest
+	33,  // 73: tether.v1.AdminService.GetInstanceConsole:input_type -> tether.v1.GetInstanceConsoleRequest
+	35,  // 74: tether.v1.AdminService.CreateSeedISO:input_type -> tether.v1.CreateSeedISORequest
+	37,  // 75: tether.v1.AdminService.CreateBootstrapToken:input_type -> tether.v1.CreateBootstrapTokenRequest
+	39,  // 76: tether.v1.AdminService.ListCertificates:input_type -> tether.v1.ListCertificatesRequest
+	41,  // 77: tether.v1.AdminService.RevokeCertificate:input_type -> tether.v1.RevokeCertificateRequest
+	42,  // 78: tether.v1.AdminService.CreateTask:input_type -> tether.v1.CreateTaskRequest
+	43,  // 79: tether.v1.AdminService.GetTask:input_type -> tether.v1.GetTaskRequest
+	44,  // 80: tether.v1.AdminService.ListTasks:input_type -> tether.v1.ListTasksRequest
+	46,  // 81: tether.v1.AdminService.CancelTask:input_type -> tether.v1.CancelTaskRequest
+	47,  // 82: tether.v1.AdminService.CreatePool:input_type -> tether.v1.CreatePoolRequest
+	48,  // 83: tether.v1.AdminService.GetPool:input_type -> tether.v1.GetPoolRequest
+	49,  // 84: tether.v1.AdminService.ListPools:input_type -> tether.v1.ListPoolsRequest
+	51,  // 85: tether.v1.AdminService.UpdatePool:input_type -> tether.v1.UpdatePoolRequest
+	52,  // 86: tether.v1.AdminService.PausePool:input_type -> tether.v1.PoolActionRequest
+	52,  // 87: tether.v1.AdminService.ActivatePool:input_type -> tether.v1.PoolActionRequest
+	52,  // 88: tether.v1.AdminService.DrainPool:input_type -> tether.v1.PoolActionRequest
+	52,  // 89: tether.v1.AdminService.DeletePool:input_type -> tether.v1.PoolActionRequest
+	52,  // 90: tether.v1.AdminService.ReplenishPool:input_type -> tether.v1.PoolActionRequest
+	52,  // 91: tether.v1.AdminService.RecyclePool:input_type -> tether.v1.PoolActionRequest
+	57,  // 92: tether.v1.AdminService.AcquirePoolMember:input_type -> tether.v1.AcquirePoolMemberRequest
+	59,  // 93: tether.v1.AdminService.ReleasePoolMember:input_type -> tether.v1.ReleasePoolMemberRequest
+	61,  // 94: tether.v1.AdminService.ListEvents:input_type -> tether.v1.ListEventsRequest
+	63,  // 95: tether.v1.AdminService.WatchEvents:input_type -> tether.v1.WatchEventsRequest
+	64,  // 96: tether.v1.AdminService.AddSigner:input_type -> tether.v1.AddSignerRequest
+	65,  // 97: tether.v1.AdminService.ListSigners:input_type -> tether.v1.ListSignersRequest
+	67,  // 98: tether.v1.AdminService.RemoveSigner:input_type -> tether.v1.RemoveSignerRequest
+	69,  // 99: tether.v1.AdminService.SignModule:input_type -> tether.v1.SignModuleRequest
+	70,  // 100: tether.v1.AdminService.CreateIdentity:input_type -> tether.v1.CreateIdentityRequest
+	72,  // 101: tether.v1.AdminService.ListIdentities:input_type -> tether.v1.ListIdentitiesRequest
+	74,  // 102: tether.v1.AdminService.RevokeIdentity:input_type -> tether.v1.RevokeIdentityRequest
+	75,  // 103: tether.v1.AdminService.RenewIdentity:input_type -> tether.v1.RenewIdentityRequest
+	76,  // 104: tether.v1.AdminService.ListAudit:input_type -> tether.v1.ListAuditRequest
+	78,  // 105: tether.v1.AdminService.CreateCredential:input_type -> tether.v1.CreateCredentialRequest
+	80,  // 106: tether.v1.AdminService.ListCredentials:input_type -> tether.v1.ListCredentialsRequest
+	79,  // 107: tether.v1.AdminService.UpdateCredential:input_type -> tether.v1.UpdateCredentialRequest
+	82,  // 108: tether.v1.AdminService.DeleteCredential:input_type -> tether.v1.DeleteCredentialRequest
+	85,  // 109: tether.v1.AdminService.CreateTemplate:output_type -> tether.v1.Template
+	85,  // 110: tether.v1.AdminService.GetTemplate:output_type -> tether.v1.Template
+	3,   // 111: tether.v1.AdminService.ListTemplates:output_type -> tether.v1.ListTemplatesResponse
+	85,  // 112: tether.v1.AdminService.UpdateTemplate:output_type -> tether.v1.Template
+	6,   // 113: tether.v1.AdminService.DeleteTemplate:output_type -> tether.v1.DeleteTemplateResponse
+	87,  // 114: tether.v1.AdminService.PushModule:output_type -> tether.v1.Module
+	87,  // 115: tether.v1.AdminService.GetModule:output_type -> tether.v1.Module
+	11,  // 116: tether.v1.AdminService.ListModules:output_type -> tether.v1.ListModulesResponse
+	13,  // 117: tether.v1.AdminService.DeleteModule:output_type -> tether.v1.DeleteModuleResponse
+	90,  // 118: tether.v1.AdminService.CreateNode:output_type -> tether.v1.Node
+	90,  // 119: tether.v1.AdminService.GetNode:output_type -> tether.v1.Node
+	17,  // 120: tether.v1.AdminService.ListNodes:output_type -> tether.v1.ListNodesResponse
+	90,  // 121: tether.v1.AdminService.UpdateNode:output_type -> tether.v1.Node
+	20,  // 122: tether.v1.AdminService.DeleteNode:output_type -> tether.v1.DeleteNodeResponse
+	22,  // 123: tether.v1.AdminService.ProvisionInstance:output_type -> tether.v1.ProvisionInstanceResponse
+	91,  // 124: tether.v1.AdminService.GetInstance:output_type -> tether.v1.Instance
+	25,  // 125: tether.v1.AdminService.ListInstances:output_type -> tether.v1.ListInstancesResponse
+	91,  // 126: tether.v1.AdminService.StartInstance:output_type -> tether.v1.Instance
+	91,  // 127: tether.v1.AdminService.StopInstance:output_type -> tether.v1.Instance
+	91,  // 128: tether.v1.AdminService.RebootInstance:output_type -> tether.v1.Instance
+	91,  // 129: tether.v1.AdminService.TerminateInstance:output_type -> tether.v1.Instance
+	91,  // 130: tether.v1.AdminService.HoldInstance:output_type -> tether.v1.Instance
+	91,  // 131: tether.v1.AdminService.UnholdInstance:output_type -> tether.v1.Instance
+	29,  // 132: tether.v1.AdminService.CordonInstance:output_type -> tether.v1.CordonInstanceResponse
+	30,  // 133: tether.v1.AdminService.UncordonInstance:output_type -> tether.v1.UncordonInstanceResponse
+	32,  // 134: tether.v1.AdminService.DrainInstance:output_type -> tether.v1.DrainInstanceResponse
+	34,  // 135: tether.v1.AdminService.GetInstanceConsole:output_type -> tether.v1.ConsoleChunk
+	36,  // 136: tether.v1.AdminService.CreateSeedISO:output_type -> tether.v1.CreateSeedISOResponse
+	38,  // 137: tether.v1.AdminService.CreateBootstrapToken:output_type -> tether.v1.CreateBootstrapTokenResponse
+	40,  // 138: tether.v1.AdminService.ListCertificates:output_type -> tether.v1.ListCertificatesResponse
+	94,  // 139: tether.v1.AdminService.RevokeCertificate:output_type -> tether.v1.Certificate
+	99,  // 140: tether.v1.AdminService.CreateTask:output_type -> tether.v1.Task
+	99,  // 141: tether.v1.AdminService.GetTask:output_type -> tether.v1.Task
+	45,  // 142: tether.v1.AdminService.ListTasks:output_type -> tether.v1.ListTasksResponse
+	99,  // 143: tether.v1.AdminService.CancelTask:output_type -> tether.v1.Task
+	102, // 144: tether.v1.AdminService.CreatePool:output_type -> tether.v1.Pool
+	102, // 145: tether.v1.AdminService.GetPool:output_type -> tether.v1.Pool
+	50,  // 146: tether.v1.AdminService.ListPools:output_type -> tether.v1.ListPoolsResponse
+	102, // 147: tether.v1.AdminService.UpdatePool:output_type -> tether.v1.Pool
+	102, // 148: tether.v1.AdminService.PausePool:output_type -> tether.v1.Pool
+	102, // 149: tether.v1.AdminService.ActivatePool:output_type -> tether.v1.Pool
+	53,  // 150: tether.v1.AdminService.DrainPool:output_type -> tether.v1.DrainPoolResponse
+	54,  // 151: tether.v1.AdminService.DeletePool:output_type -> tether.v1.DeletePoolResponse
+	55,  // 152: tether.v1.AdminService.ReplenishPool:output_type -> tether.v1.ReplenishPoolResponse
+	56,  // 153: tether.v1.AdminService.RecyclePool:output_type -> tether.v1.RecyclePoolResponse
+	58,  // 154: tether.v1.AdminService.AcquirePoolMember:output_type -> tether.v1.AcquirePoolMemberResponse
+	60,  // 155: tether.v1.AdminService.ReleasePoolMember:output_type -> tether.v1.ReleasePoolMemberResponse
+	62,  // 156: tether.v1.AdminService.ListEvents:output_type -> tether.v1.ListEventsResponse
+	104, // 157: tether.v1.AdminService.WatchEvents:output_type -> tether.v1.FleetEvent
+	105, // 158: tether.v1.AdminService.AddSigner:output_type -> tether.v1.Signer
+	66,  // 159: tether.v1.AdminService.ListSigners:output_type -> tether.v1.ListSignersResponse
+	68,  // 160: tether.v1.AdminService.RemoveSigner:output_type -> tether.v1.RemoveSignerResponse
+	87,  // 161: tether.v1.AdminService.SignModule:output_type -> tether.v1.Module
+	71,  // 162: tether.v1.AdminService.CreateIdentity:output_type -> tether.v1.IdentityCertificate
+	73,  // 163: tether.v1.AdminService.ListIdentities:output_type -> tether.v1.ListIdentitiesResponse
+	106, // 164: tether.v1.AdminService.RevokeIdentity:output_type -> tether.v1.AdminIdentity
+	71,  // 165: tether.v1.AdminService.RenewIdentity:output_type -> tether.v1.IdentityCertificate
+	77,  // 166: tether.v1.AdminService.ListAudit:output_type -> tether.v1.ListAuditResponse
+	108, // 167: tether.v1.AdminService.CreateCredential:output_type -> tether.v1.Credential
+	81,  // 168: tether.v1.AdminService.ListCredentials:output_type -> tether.v1.ListCredentialsResponse
+	108, // 169: tether.v1.AdminService.UpdateCredential:output_type -> tether.v1.Credential
+	83,  // 170: tether.v1.AdminService.DeleteCredential:output_type -> tether.v1.DeleteCredentialResponse
+	109, // [109:171] is the sub-list for method output_type
+	47,  // [47:109] is the sub-list for method input_type
+	47,  // [47:47] is the sub-list for extension type_name
+	47,  // [47:47] is the sub-list for extension extendee
+	0,   // [0:47] is the sub-list for field type_name
 }
 
 func init() { file_tether_v1_admin_proto_init() }
@@ -5339,7 +5679,7 @@ func file_tether_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tether_v1_admin_proto_rawDesc), len(file_tether_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   78,
+			NumMessages:   84,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1256,7 +1256,10 @@ type Node struct {
 	// Hardware addresses of the machine's NICs, lower-case colon form. A
 	// netbooting machine is matched to its node by these; each belongs to
 	// one node at most.
-	Macs          []string `protobuf:"bytes,10,rep,name=macs,proto3" json:"macs,omitempty"`
+	Macs []string `protobuf:"bytes,10,rep,name=macs,proto3" json:"macs,omitempty"`
+	// The machine's BMC, when the control plane powers it (the redfish
+	// provider); unset for one something else powers.
+	Bmc           *NodeBMC `protobuf:"bytes,11,opt,name=bmc,proto3" json:"bmc,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1361,6 +1364,174 @@ func (x *Node) GetMacs() []string {
 	return nil
 }
 
+func (x *Node) GetBmc() *NodeBMC {
+	if x != nil {
+		return x.Bmc
+	}
+	return nil
+}
+
+// A node's baseboard management controller. It names a credential and
+// never carries one.
+type NodeBMC struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// redfish://HOST[:PORT]/redfish/v1/Systems/ID
+	Address string `protobuf:"bytes,1,opt,name=address,proto3" json:"address,omitempty"`
+	// The name of a stored credential (CreateCredential).
+	Credential string `protobuf:"bytes,2,opt,name=credential,proto3" json:"credential,omitempty"`
+	// PEM CA certificates that verify the BMC's certificate chain.
+	CaPem string `protobuf:"bytes,3,opt,name=ca_pem,json=caPem,proto3" json:"ca_pem,omitempty"`
+	// A pin of the BMC's own certificate: sha256:HEX over its DER bytes.
+	Fingerprint string `protobuf:"bytes,4,opt,name=fingerprint,proto3" json:"fingerprint,omitempty"`
+	// Accept any certificate (labs only; every use raises a warning event).
+	InsecureSkipVerify bool `protobuf:"varint,5,opt,name=insecure_skip_verify,json=insecureSkipVerify,proto3" json:"insecure_skip_verify,omitempty"`
+	// The one-time boot override's mode: UEFI, Legacy, or empty for the BMC's own.
+	BootMode      string `protobuf:"bytes,6,opt,name=boot_mode,json=bootMode,proto3" json:"boot_mode,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeBMC) Reset() {
+	*x = NodeBMC{}
+	mi := &file_tether_v1_types_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeBMC) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeBMC) ProtoMessage() {}
+
+func (x *NodeBMC) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_types_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeBMC.ProtoReflect.Descriptor instead.
+func (*NodeBMC) Descriptor() ([]byte, []int) {
+	return file_tether_v1_types_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *NodeBMC) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *NodeBMC) GetCredential() string {
+	if x != nil {
+		return x.Credential
+	}
+	return ""
+}
+
+func (x *NodeBMC) GetCaPem() string {
+	if x != nil {
+		return x.CaPem
+	}
+	return ""
+}
+
+func (x *NodeBMC) GetFingerprint() string {
+	if x != nil {
+		return x.Fingerprint
+	}
+	return ""
+}
+
+func (x *NodeBMC) GetInsecureSkipVerify() bool {
+	if x != nil {
+		return x.InsecureSkipVerify
+	}
+	return false
+}
+
+func (x *NodeBMC) GetBootMode() string {
+	if x != nil {
+		return x.BootMode
+	}
+	return ""
+}
+
+// A stored BMC credential. Its password is write-only: no call returns it.
+type Credential struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Username      string                 `protobuf:"bytes,2,opt,name=username,proto3" json:"username,omitempty"`
+	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	UpdatedAt     *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Credential) Reset() {
+	*x = Credential{}
+	mi := &file_tether_v1_types_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Credential) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Credential) ProtoMessage() {}
+
+func (x *Credential) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_types_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Credential.ProtoReflect.Descriptor instead.
+func (*Credential) Descriptor() ([]byte, []int) {
+	return file_tether_v1_types_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *Credential) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Credential) GetUsername() string {
+	if x != nil {
+		return x.Username
+	}
+	return ""
+}
+
+func (x *Credential) GetCreatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAt
+	}
+	return nil
+}
+
+func (x *Credential) GetUpdatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.UpdatedAt
+	}
+	return nil
+}
+
 type CordonMarker struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	By              string                 `protobuf:"bytes,1,opt,name=by,proto3" json:"by,omitempty"`
@@ -1373,7 +1544,7 @@ type CordonMarker struct {
 
 func (x *CordonMarker) Reset() {
 	*x = CordonMarker{}
-	mi := &file_tether_v1_types_proto_msgTypes[8]
+	mi := &file_tether_v1_types_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1385,7 +1556,7 @@ func (x *CordonMarker) String() string {
 func (*CordonMarker) ProtoMessage() {}
 
 func (x *CordonMarker) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_types_proto_msgTypes[8]
+	mi := &file_tether_v1_types_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1398,7 +1569,7 @@ func (x *CordonMarker) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CordonMarker.ProtoReflect.Descriptor instead.
 func (*CordonMarker) Descriptor() ([]byte, []int) {
-	return file_tether_v1_types_proto_rawDescGZIP(), []int{8}
+	return file_tether_v1_types_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *CordonMarker) GetBy() string {
@@ -1468,7 +1639,7 @@ type Instance struct {
 
 func (x *Instance) Reset() {
 	*x = Instance{}
-	mi := &file_tether_v1_types_proto_msgTypes[9]
+	mi := &file_tether_v1_types_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1480,7 +1651,7 @@ func (x *Instance) String() string {
 func (*Instance) ProtoMessage() {}
 
 func (x *Instance) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_types_proto_msgTypes[9]
+	mi := &file_tether_v1_types_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1493,7 +1664,7 @@ func (x *Instance) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Instance.ProtoReflect.Descriptor instead.
 func (*Instance) Descriptor() ([]byte, []int) {
-	return file_tether_v1_types_proto_rawDescGZIP(), []int{9}
+	return file_tether_v1_types_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Instance) GetId() string {
@@ -1715,7 +1886,7 @@ type Certificate struct {
 
 func (x *Certificate) Reset() {
 	*x = Certificate{}
-	mi := &file_tether_v1_types_proto_msgTypes[10]
+	mi := &file_tether_v1_types_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1727,7 +1898,7 @@ func (x *Certificate) String() string {
 func (*Certificate) ProtoMessage() {}
 
 func (x *Certificate) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_types_proto_msgTypes[10]
+	mi := &file_tether_v1_types_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1740,7 +1911,7 @@ func (x *Certificate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Certificate.ProtoReflect.Descriptor instead.
 func (*Certificate) Descriptor() ([]byte, []int) {
-	return file_tether_v1_types_proto_rawDescGZIP(), []int{10}
+	return file_tether_v1_types_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Certificate) GetSerial() string {
@@ -1810,7 +1981,7 @@ type ExecPayload struct {
 
 func (x *ExecPayload) Reset() {
 	*x = ExecPayload{}
-	mi := &file_tether_v1_types_proto_msgTypes[11]
+	mi := &file_tether_v1_types_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1822,7 +1993,7 @@ func (x *ExecPayload) String() string {
 func (*ExecPayload) ProtoMessage() {}
 
 func (x *ExecPayload) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_types_proto_msgTypes[11]
+	mi := &file_tether_v1_types_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1835,7 +2006,7 @@ func (x *ExecPayload) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecPayload.ProtoReflect.Descriptor instead.
 func (*ExecPayload) Descriptor() ([]byte, []int) {
-	return file_tether_v1_types_proto_rawDescGZIP(), []int{11}
+	return file_tether_v1_types_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ExecPayload) GetArgv() []string {
@@ -1863,7 +2034,7 @@ type TaskResult struct {
 
 func (x *TaskResult) Reset() {
 	*x = TaskResult{}
-	mi := &file_tether_v1_types_proto_msgTypes[12]
+	mi := &file_tether_v1_types_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1875,7 +2046,7 @@ func (x *TaskResult) String() string {
 func (*TaskResult) ProtoMessage() {}
 
 func (x *TaskResult) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_types_proto_msgTypes[12]
+	mi := &file_tether_v1_types_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1888,7 +2059,7 @@ func (x *TaskResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TaskResult.ProtoReflect.Descriptor instead.
 func (*TaskResult) Descriptor() ([]byte, []int) {
-	return file_tether_v1_types_proto_rawDescGZIP(), []int{12}
+	return file_tether_v1_types_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *TaskResult) GetExitCode() int32 {
@@ -1935,7 +2106,7 @@ type Task struct {
 
 func (x *Task) Reset() {
 	*x = Task{}
-	mi := &file_tether_v1_types_proto_msgTypes[13]
+	mi := &file_tether_v1_types_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1947,7 +2118,7 @@ func (x *Task) String() string {
 func (*Task) ProtoMessage() {}
 
 func (x *Task) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_types_proto_msgTypes[13]
+	mi := &file_tether_v1_types_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1960,7 +2131,7 @@ func (x *Task) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Task.ProtoReflect.Descriptor instead.
 func (*Task) Descriptor() ([]byte, []int) {
-	return file_tether_v1_types_proto_rawDescGZIP(), []int{13}
+	return file_tether_v1_types_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Task) GetId() string {
@@ -2085,7 +2256,7 @@ type PoolMetadata struct {
 
 func (x *PoolMetadata) Reset() {
 	*x = PoolMetadata{}
-	mi := &file_tether_v1_types_proto_msgTypes[14]
+	mi := &file_tether_v1_types_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2097,7 +2268,7 @@ func (x *PoolMetadata) String() string {
 func (*PoolMetadata) ProtoMessage() {}
 
 func (x *PoolMetadata) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_types_proto_msgTypes[14]
+	mi := &file_tether_v1_types_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2110,7 +2281,7 @@ func (x *PoolMetadata) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolMetadata.ProtoReflect.Descriptor instead.
 func (*PoolMetadata) Descriptor() ([]byte, []int) {
-	return file_tether_v1_types_proto_rawDescGZIP(), []int{14}
+	return file_tether_v1_types_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *PoolMetadata) GetWarmingTimeoutSeconds() int32 {
@@ -2169,7 +2340,7 @@ type PoolCounts struct {
 
 func (x *PoolCounts) Reset() {
 	*x = PoolCounts{}
-	mi := &file_tether_v1_types_proto_msgTypes[15]
+	mi := &file_tether_v1_types_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2181,7 +2352,7 @@ func (x *PoolCounts) String() string {
 func (*PoolCounts) ProtoMessage() {}
 
 func (x *PoolCounts) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_types_proto_msgTypes[15]
+	mi := &file_tether_v1_types_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2194,7 +2365,7 @@ func (x *PoolCounts) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolCounts.ProtoReflect.Descriptor instead.
 func (*PoolCounts) Descriptor() ([]byte, []int) {
-	return file_tether_v1_types_proto_rawDescGZIP(), []int{15}
+	return file_tether_v1_types_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *PoolCounts) GetReady() int32 {
@@ -2253,7 +2424,7 @@ type PoolMember struct {
 
 func (x *PoolMember) Reset() {
 	*x = PoolMember{}
-	mi := &file_tether_v1_types_proto_msgTypes[16]
+	mi := &file_tether_v1_types_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2265,7 +2436,7 @@ func (x *PoolMember) String() string {
 func (*PoolMember) ProtoMessage() {}
 
 func (x *PoolMember) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_types_proto_msgTypes[16]
+	mi := &file_tether_v1_types_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2278,7 +2449,7 @@ func (x *PoolMember) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolMember.ProtoReflect.Descriptor instead.
 func (*PoolMember) Descriptor() ([]byte, []int) {
-	return file_tether_v1_types_proto_rawDescGZIP(), []int{16}
+	return file_tether_v1_types_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *PoolMember) GetInstanceId() string {
@@ -2350,7 +2521,7 @@ type Pool struct {
 
 func (x *Pool) Reset() {
 	*x = Pool{}
-	mi := &file_tether_v1_types_proto_msgTypes[17]
+	mi := &file_tether_v1_types_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2362,7 +2533,7 @@ func (x *Pool) String() string {
 func (*Pool) ProtoMessage() {}
 
 func (x *Pool) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_types_proto_msgTypes[17]
+	mi := &file_tether_v1_types_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2375,7 +2546,7 @@ func (x *Pool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Pool.ProtoReflect.Descriptor instead.
 func (*Pool) Descriptor() ([]byte, []int) {
-	return file_tether_v1_types_proto_rawDescGZIP(), []int{17}
+	return file_tether_v1_types_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Pool) GetId() string {
@@ -2521,7 +2692,7 @@ type FleetEvent struct {
 
 func (x *FleetEvent) Reset() {
 	*x = FleetEvent{}
-	mi := &file_tether_v1_types_proto_msgTypes[18]
+	mi := &file_tether_v1_types_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2533,7 +2704,7 @@ func (x *FleetEvent) String() string {
 func (*FleetEvent) ProtoMessage() {}
 
 func (x *FleetEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_types_proto_msgTypes[18]
+	mi := &file_tether_v1_types_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2546,7 +2717,7 @@ func (x *FleetEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FleetEvent.ProtoReflect.Descriptor instead.
 func (*FleetEvent) Descriptor() ([]byte, []int) {
-	return file_tether_v1_types_proto_rawDescGZIP(), []int{18}
+	return file_tether_v1_types_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *FleetEvent) GetId() string {
@@ -2683,7 +2854,7 @@ const file_tether_v1_types_proto_rawDesc = "" +
 	"\x06serial\x18\x05 \x01(\tR\x06serial\x12\x16\n" +
 	"\x06method\x18\x06 \x01(\tR\x06method\x12\x16\n" +
 	"\x06target\x18\a \x01(\tR\x06target\x12\x12\n" +
-	"\x04code\x18\b \x01(\tR\x04code\"\xec\x02\n" +
+	"\x04code\x18\b \x01(\tR\x04code\"\x92\x03\n" +
 	"\x04Node\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1f\n" +
@@ -2698,7 +2869,25 @@ const file_tether_v1_types_proto_rawDesc = "" +
 	"\n" +
 	"updated_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x12\x12\n" +
 	"\x04macs\x18\n" +
-	" \x03(\tR\x04macs\"\xa4\x01\n" +
+	" \x03(\tR\x04macs\x12$\n" +
+	"\x03bmc\x18\v \x01(\v2\x12.tether.v1.NodeBMCR\x03bmc\"\xcb\x01\n" +
+	"\aNodeBMC\x12\x18\n" +
+	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x1e\n" +
+	"\n" +
+	"credential\x18\x02 \x01(\tR\n" +
+	"credential\x12\x15\n" +
+	"\x06ca_pem\x18\x03 \x01(\tR\x05caPem\x12 \n" +
+	"\vfingerprint\x18\x04 \x01(\tR\vfingerprint\x120\n" +
+	"\x14insecure_skip_verify\x18\x05 \x01(\bR\x12insecureSkipVerify\x12\x1b\n" +
+	"\tboot_mode\x18\x06 \x01(\tR\bbootMode\"\xb2\x01\n" +
+	"\n" +
+	"Credential\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
+	"\busername\x18\x02 \x01(\tR\busername\x129\n" +
+	"\n" +
+	"created_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x129\n" +
+	"\n" +
+	"updated_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\"\xa4\x01\n" +
 	"\fCordonMarker\x12\x0e\n" +
 	"\x02by\x18\x01 \x01(\tR\x02by\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12*\n" +
@@ -2935,7 +3124,7 @@ func file_tether_v1_types_proto_rawDescGZIP() []byte {
 }
 
 var file_tether_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 10)
-var file_tether_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_tether_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_tether_v1_types_proto_goTypes = []any{
 	(InstanceStatus)(0),           // 0: tether.v1.InstanceStatus
 	(AgentPhase)(0),               // 1: tether.v1.AgentPhase
@@ -2955,82 +3144,87 @@ var file_tether_v1_types_proto_goTypes = []any{
 	(*AdminIdentity)(nil),         // 15: tether.v1.AdminIdentity
 	(*AuditRecord)(nil),           // 16: tether.v1.AuditRecord
 	(*Node)(nil),                  // 17: tether.v1.Node
-	(*CordonMarker)(nil),          // 18: tether.v1.CordonMarker
-	(*Instance)(nil),              // 19: tether.v1.Instance
-	(*Certificate)(nil),           // 20: tether.v1.Certificate
-	(*ExecPayload)(nil),           // 21: tether.v1.ExecPayload
-	(*TaskResult)(nil),            // 22: tether.v1.TaskResult
-	(*Task)(nil),                  // 23: tether.v1.Task
-	(*PoolMetadata)(nil),          // 24: tether.v1.PoolMetadata
-	(*PoolCounts)(nil),            // 25: tether.v1.PoolCounts
-	(*PoolMember)(nil),            // 26: tether.v1.PoolMember
-	(*Pool)(nil),                  // 27: tether.v1.Pool
-	(*FleetEvent)(nil),            // 28: tether.v1.FleetEvent
-	(*timestamppb.Timestamp)(nil), // 29: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),       // 30: google.protobuf.Struct
+	(*NodeBMC)(nil),               // 18: tether.v1.NodeBMC
+	(*Credential)(nil),            // 19: tether.v1.Credential
+	(*CordonMarker)(nil),          // 20: tether.v1.CordonMarker
+	(*Instance)(nil),              // 21: tether.v1.Instance
+	(*Certificate)(nil),           // 22: tether.v1.Certificate
+	(*ExecPayload)(nil),           // 23: tether.v1.ExecPayload
+	(*TaskResult)(nil),            // 24: tether.v1.TaskResult
+	(*Task)(nil),                  // 25: tether.v1.Task
+	(*PoolMetadata)(nil),          // 26: tether.v1.PoolMetadata
+	(*PoolCounts)(nil),            // 27: tether.v1.PoolCounts
+	(*PoolMember)(nil),            // 28: tether.v1.PoolMember
+	(*Pool)(nil),                  // 29: tether.v1.Pool
+	(*FleetEvent)(nil),            // 30: tether.v1.FleetEvent
+	(*timestamppb.Timestamp)(nil), // 31: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),       // 32: google.protobuf.Struct
 }
 var file_tether_v1_types_proto_depIdxs = []int32{
 	10, // 0: tether.v1.Template.root_modules:type_name -> tether.v1.ModuleRef
 	10, // 1: tether.v1.Template.extension_modules:type_name -> tether.v1.ModuleRef
-	29, // 2: tether.v1.Template.created_at:type_name -> google.protobuf.Timestamp
-	29, // 3: tether.v1.Template.updated_at:type_name -> google.protobuf.Timestamp
-	29, // 4: tether.v1.Module.created_at:type_name -> google.protobuf.Timestamp
+	31, // 2: tether.v1.Template.created_at:type_name -> google.protobuf.Timestamp
+	31, // 3: tether.v1.Template.updated_at:type_name -> google.protobuf.Timestamp
+	31, // 4: tether.v1.Module.created_at:type_name -> google.protobuf.Timestamp
 	13, // 5: tether.v1.Module.signatures:type_name -> tether.v1.ModuleSignature
-	29, // 6: tether.v1.ModuleSignature.created_at:type_name -> google.protobuf.Timestamp
-	29, // 7: tether.v1.Signer.created_at:type_name -> google.protobuf.Timestamp
-	29, // 8: tether.v1.AdminIdentity.not_after:type_name -> google.protobuf.Timestamp
-	29, // 9: tether.v1.AdminIdentity.created_at:type_name -> google.protobuf.Timestamp
-	29, // 10: tether.v1.AdminIdentity.revoked_at:type_name -> google.protobuf.Timestamp
-	29, // 11: tether.v1.AuditRecord.at:type_name -> google.protobuf.Timestamp
-	30, // 12: tether.v1.Node.config:type_name -> google.protobuf.Struct
-	29, // 13: tether.v1.Node.created_at:type_name -> google.protobuf.Timestamp
-	29, // 14: tether.v1.Node.updated_at:type_name -> google.protobuf.Timestamp
-	29, // 15: tether.v1.CordonMarker.at:type_name -> google.protobuf.Timestamp
-	2,  // 16: tether.v1.CordonMarker.pool_state_before:type_name -> tether.v1.PoolState
-	0,  // 17: tether.v1.Instance.status:type_name -> tether.v1.InstanceStatus
-	2,  // 18: tether.v1.Instance.pool_state:type_name -> tether.v1.PoolState
-	29, // 19: tether.v1.Instance.pool_warming_started_at:type_name -> google.protobuf.Timestamp
-	29, // 20: tether.v1.Instance.pool_ready_at:type_name -> google.protobuf.Timestamp
-	29, // 21: tether.v1.Instance.pool_acquired_at:type_name -> google.protobuf.Timestamp
-	18, // 22: tether.v1.Instance.cordon:type_name -> tether.v1.CordonMarker
-	29, // 23: tether.v1.Instance.last_heartbeat_at:type_name -> google.protobuf.Timestamp
-	1,  // 24: tether.v1.Instance.agent_phase:type_name -> tether.v1.AgentPhase
-	29, // 25: tether.v1.Instance.created_at:type_name -> google.protobuf.Timestamp
-	29, // 26: tether.v1.Instance.updated_at:type_name -> google.protobuf.Timestamp
-	29, // 27: tether.v1.Instance.terminate_requested_at:type_name -> google.protobuf.Timestamp
-	29, // 28: tether.v1.Instance.silent_since:type_name -> google.protobuf.Timestamp
-	9,  // 29: tether.v1.Certificate.kind:type_name -> tether.v1.CertificateKind
-	29, // 30: tether.v1.Certificate.not_before:type_name -> google.protobuf.Timestamp
-	29, // 31: tether.v1.Certificate.not_after:type_name -> google.protobuf.Timestamp
-	29, // 32: tether.v1.Certificate.revoked_at:type_name -> google.protobuf.Timestamp
-	5,  // 33: tether.v1.Task.target:type_name -> tether.v1.TaskTarget
-	6,  // 34: tether.v1.Task.kind:type_name -> tether.v1.TaskKind
-	21, // 35: tether.v1.Task.exec:type_name -> tether.v1.ExecPayload
-	7,  // 36: tether.v1.Task.status:type_name -> tether.v1.TaskStatus
-	29, // 37: tether.v1.Task.lease_expires_at:type_name -> google.protobuf.Timestamp
-	22, // 38: tether.v1.Task.result:type_name -> tether.v1.TaskResult
-	29, // 39: tether.v1.Task.created_at:type_name -> google.protobuf.Timestamp
-	29, // 40: tether.v1.Task.updated_at:type_name -> google.protobuf.Timestamp
-	2,  // 41: tether.v1.PoolMember.pool_state:type_name -> tether.v1.PoolState
-	0,  // 42: tether.v1.PoolMember.status:type_name -> tether.v1.InstanceStatus
-	29, // 43: tether.v1.PoolMember.pool_warming_started_at:type_name -> google.protobuf.Timestamp
-	29, // 44: tether.v1.PoolMember.pool_acquired_at:type_name -> google.protobuf.Timestamp
-	4,  // 45: tether.v1.Pool.lifecycle_class:type_name -> tether.v1.LifecycleClass
-	3,  // 46: tether.v1.Pool.status:type_name -> tether.v1.PoolStatus
-	24, // 47: tether.v1.Pool.metadata:type_name -> tether.v1.PoolMetadata
-	25, // 48: tether.v1.Pool.counts:type_name -> tether.v1.PoolCounts
-	29, // 49: tether.v1.Pool.last_replenished_at:type_name -> google.protobuf.Timestamp
-	26, // 50: tether.v1.Pool.members:type_name -> tether.v1.PoolMember
-	29, // 51: tether.v1.Pool.created_at:type_name -> google.protobuf.Timestamp
-	29, // 52: tether.v1.Pool.updated_at:type_name -> google.protobuf.Timestamp
-	8,  // 53: tether.v1.FleetEvent.severity:type_name -> tether.v1.Severity
-	30, // 54: tether.v1.FleetEvent.payload:type_name -> google.protobuf.Struct
-	29, // 55: tether.v1.FleetEvent.created_at:type_name -> google.protobuf.Timestamp
-	56, // [56:56] is the sub-list for method output_type
-	56, // [56:56] is the sub-list for method input_type
-	56, // [56:56] is the sub-list for extension type_name
-	56, // [56:56] is the sub-list for extension extendee
-	0,  // [0:56] is the sub-list for field type_name
+	31, // 6: tether.v1.ModuleSignature.created_at:type_name -> google.protobuf.Timestamp
+	31, // 7: tether.v1.Signer.created_at:type_name -> google.protobuf.Timestamp
+	31, // 8: tether.v1.AdminIdentity.not_after:type_name -> google.protobuf.Timestamp
+	31, // 9: tether.v1.AdminIdentity.created_at:type_name -> google.protobuf.Timestamp
+	31, // 10: tether.v1.AdminIdentity.revoked_at:type_name -> google.protobuf.Timestamp
+	31, // 11: tether.v1.AuditRecord.at:type_name -> google.protobuf.Timestamp
+	32, // 12: tether.v1.Node.config:type_name -> google.protobuf.Struct
+	31, // 13: tether.v1.Node.created_at:type_name -> google.protobuf.Timestamp
+	31, // 14: tether.v1.Node.updated_at:type_name -> google.protobuf.Timestamp
+	18, // 15: tether.v1.Node.bmc:type_name -> tether.v1.NodeBMC
+	31, // 16: tether.v1.Credential.created_at:type_name -> google.protobuf.Timestamp
+	31, // 17: tether.v1.Credential.updated_at:type_name -> google.protobuf.Timestamp
+	31, // 18: tether.v1.CordonMarker.at:type_name -> google.protobuf.Timestamp
+	2,  // 19: tether.v1.CordonMarker.pool_state_before:type_name -> tether.v1.PoolState
+	0,  // 20: tether.v1.Instance.status:type_name -> tether.v1.InstanceStatus
+	2,  // 21: tether.v1.Instance.pool_state:type_name -> tether.v1.PoolState
+	31, // 22: tether.v1.Instance.pool_warming_started_at:type_name -> google.protobuf.Timestamp
+	31, // 23: tether.v1.Instance.pool_ready_at:type_name -> google.protobuf.Timestamp
+	31, // 24: tether.v1.Instance.pool_acquired_at:type_name -> google.protobuf.Timestamp
+	20, // 25: tether.v1.Instance.cordon:type_name -> tether.v1.CordonMarker
+	31, // 26: tether.v1.Instance.last_heartbeat_at:type_name -> google.protobuf.Timestamp
+	1,  // 27: tether.v1.Instance.agent_phase:type_name -> tether.v1.AgentPhase
+	31, // 28: tether.v1.Instance.created_at:type_name -> google.protobuf.Timestamp
+	31, // 29: tether.v1.Instance.updated_at:type_name -> google.protobuf.Timestamp
+	31, // 30: tether.v1.Instance.terminate_requested_at:type_name -> google.protobuf.Timestamp
+	31, // 31: tether.v1.Instance.silent_since:type_name -> google.protobuf.Timestamp
+	9,  // 32: tether.v1.Certificate.kind:type_name -> tether.v1.CertificateKind
+	31, // 33: tether.v1.Certificate.not_before:type_name -> google.protobuf.Timestamp
+	31, // 34: tether.v1.Certificate.not_after:type_name -> google.protobuf.Timestamp
+	31, // 35: tether.v1.Certificate.revoked_at:type_name -> google.protobuf.Timestamp
+	5,  // 36: tether.v1.Task.target:type_name -> tether.v1.TaskTarget
+	6,  // 37: tether.v1.Task.kind:type_name -> tether.v1.TaskKind
+	23, // 38: tether.v1.Task.exec:type_name -> tether.v1.ExecPayload
+	7,  // 39: tether.v1.Task.status:type_name -> tether.v1.TaskStatus
+	31, // 40: tether.v1.Task.lease_expires_at:type_name -> google.protobuf.Timestamp
+	24, // 41: tether.v1.Task.result:type_name -> tether.v1.TaskResult
+	31, // 42: tether.v1.Task.created_at:type_name -> google.protobuf.Timestamp
+	31, // 43: tether.v1.Task.updated_at:type_name -> google.protobuf.Timestamp
+	2,  // 44: tether.v1.PoolMember.pool_state:type_name -> tether.v1.PoolState
+	0,  // 45: tether.v1.PoolMember.status:type_name -> tether.v1.InstanceStatus
+	31, // 46: tether.v1.PoolMember.pool_warming_started_at:type_name -> google.protobuf.Timestamp
+	31, // 47: tether.v1.PoolMember.pool_acquired_at:type_name -> google.protobuf.Timestamp
+	4,  // 48: tether.v1.Pool.lifecycle_class:type_name -> tether.v1.LifecycleClass
+	3,  // 49: tether.v1.Pool.status:type_name -> tether.v1.PoolStatus
+	26, // 50: tether.v1.Pool.metadata:type_name -> tether.v1.PoolMetadata
+	27, // 51: tether.v1.Pool.counts:type_name -> tether.v1.PoolCounts
+	31, // 52: tether.v1.Pool.last_replenished_at:type_name -> google.protobuf.Timestamp
+	28, // 53: tether.v1.Pool.members:type_name -> tether.v1.PoolMember
+	31, // 54: tether.v1.Pool.created_at:type_name -> google.protobuf.Timestamp
+	31, // 55: tether.v1.Pool.updated_at:type_name -> google.protobuf.Timestamp
+	8,  // 56: tether.v1.FleetEvent.severity:type_name -> tether.v1.Severity
+	32, // 57: tether.v1.FleetEvent.payload:type_name -> google.protobuf.Struct
+	31, // 58: tether.v1.FleetEvent.created_at:type_name -> google.protobuf.Timestamp
+	59, // [59:59] is the sub-list for method output_type
+	59, // [59:59] is the sub-list for method input_type
+	59, // [59:59] is the sub-list for extension type_name
+	59, // [59:59] is the sub-list for extension extendee
+	0,  // [0:59] is the sub-list for field type_name
 }
 
 func init() { file_tether_v1_types_proto_init() }
@@ -3038,14 +3232,14 @@ func file_tether_v1_types_proto_init() {
 	if File_tether_v1_types_proto != nil {
 		return
 	}
-	file_tether_v1_types_proto_msgTypes[14].OneofWrappers = []any{}
+	file_tether_v1_types_proto_msgTypes[16].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tether_v1_types_proto_rawDesc), len(file_tether_v1_types_proto_rawDesc)),
 			NumEnums:      10,
-			NumMessages:   19,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
