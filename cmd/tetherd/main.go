@@ -10,6 +10,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -93,6 +94,16 @@ func serveCmd() *cobra.Command {
 	f.StringVar(&o.QEMUBoot, "qemu-boot", "direct", "how qemu VMs boot: direct (kernel, initramfs and token handed to QEMU), bios (SeaBIOS + the NIC's iPXE ROM) or uefi (OVMF); bios and uefi fetch everything over the network")
 	f.StringVar(&o.QEMUTap, "qemu-tap", "", "put qemu VMs on this tap device (a bridge port where tetherd's DHCP answers) instead of QEMU's user-mode network; one VM at a time")
 	f.StringVar(&o.QEMUStateDir, "qemu-state-dir", "", "qemu VM state directory (default DATA/machines; QMP sockets live here, so keep it short)")
+	f.StringVar(&o.Libvirt.URI, "libvirt-uri", "", "enable the libvirt provider on this libvirtd: qemu:///system, qemu:///session, qemu+unix:///system?socket=PATH, qemu+tcp://HOST/system or qemu+tls://HOST/system (off by default)")
+	f.StringVar(&o.Libvirt.StateDir, "libvirt-state-dir", "", "libvirt provider state directory: console logs, and token files while a domain boots (default DATA/libvirt)")
+	f.StringVar(&o.Libvirt.Boot, "libvirt-boot", "direct", "how libvirt domains boot: direct (kernel, initramfs and token handed to libvirtd; needs a local libvirtd) or network (the firmware's iPXE fetches everything from --netboot-listen)")
+	f.StringVar(&o.Libvirt.Firmware, "libvirt-firmware", "bios", "libvirt domain firmware: bios (SeaBIOS) or uefi (OVMF, with a per-domain NVRAM removed on terminate)")
+	f.StringVar(&o.Libvirt.Network, "libvirt-network", "user", "libvirt domain NIC: user (QEMU user-mode networking, the host is 10.0.2.2), network:NAME (a libvirt network) or bridge:NAME")
+	f.StringVar(&o.Libvirt.DomainType, "libvirt-domain-type", "auto", "libvirt domain type: auto (kvm when libvirtd offers it, else qemu), kvm or qemu (TCG)")
+	f.IntVar(&o.Libvirt.MemoryMiB, "libvirt-memory", 512, "libvirt domain memory in MiB")
+	f.IntVar(&o.Libvirt.CPUs, "libvirt-cpus", 1, "libvirt domain vCPUs")
+	f.StringVar(&o.Libvirt.FileOwner, "libvirt-file-owner", "", "give the files QEMU reads and writes in the libvirt state directory to this user (USER or UID:GID): the user libvirtd runs QEMU as, e.g. libvirt-qemu for Debian's qemu:///system (default: leave them tetherd's)")
+	f.DurationVar(&o.Libvirt.StopGrace, "libvirt-stop-grace", 3*time.Second, "how long a libvirt stop waits after the ACPI power button before destroying the domain")
 	f.StringVar(&o.Kernel, "kernel", "", "default netboot kernel (bzImage); stored content addressed in the data dir at start-up")
 	f.StringVar(&o.Initramfs, "initramfs", "", "default netboot initramfs; stored content addressed in the data dir at start-up")
 	f.StringVar(&o.NetbootListen, "netboot-listen", "", "serve kernels, initramfs and per-instance iPXE scripts over HTTP on this address (off by default)")

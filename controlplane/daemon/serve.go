@@ -70,6 +70,9 @@ type ServeOptions struct {
 	// QEMUTap puts qemu VMs on this tap device instead of QEMU's user-mode
 	// network (one VM at a time).
 	QEMUTap string
+	// Libvirt configures the libvirt provider; it is off unless
+	// Libvirt.URI is set.
+	Libvirt LibvirtOptions
 	// Kernel and Initramfs are the default netboot artifacts, ingested into
 	// the blob store at start-up (templates may name others by digest).
 	Kernel, Initramfs string

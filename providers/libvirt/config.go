@@ -133,10 +133,11 @@ type Config struct {
 	// domain's own variable store (NVRAM); default Debian's.
 	OVMFCode, OVMFVars string
 	// FileOwner, "USER" or "UID:GID", owns the files QEMU reads or writes
-	// (the instance directory, the token file): the user libvirtd runs
-	// QEMU as (libvirt-qemu under Debian's qemu:///system). Empty: they
-	// stay the control plane's, with mode 0700/0600, which works when QEMU
-	// runs as the same user.
+	// (the instance directory, the token file, and copies of the kernel
+	// and initramfs, which the control plane keeps private): the user
+	// libvirtd runs QEMU as (libvirt-qemu under Debian's qemu:///system).
+	// Empty: QEMU is handed the control plane's own files, which works
+	// when QEMU runs as the same user.
 	FileOwner string
 	// StopGrace is how long Stop waits after an ACPI shutdown before it
 	// destroys the domain (default 3 s; Tether's initramfs agent has no

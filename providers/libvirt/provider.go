@@ -7,14 +7,16 @@
 // libvirtd is the provider's memory: the domain's definition carries its
 // instance id, its MAC and its UUID, and every state comes from
 // DomainGetState, never from a stored value. The state directory holds
-// only what QEMU reads and writes on this host: the serial console and,
-// for the moment of a boot, the one-time token's file.
+// only what QEMU reads and writes on this host: the serial console, for
+// the moment of a boot the one-time token's file, and, when QEMU runs as
+// another user, its copies of the kernel and initramfs.
 package libvirt
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/url"
@@ -369,6 +371,16 @@ func (p *Provider) boot(h hypervisor, op, id string, boot providers.Boot, mac st
 	if err := p.ownedDir(dir); err != nil {
 		return providers.Machine{}, transient(op, id, err)
 	}
+	if s.Boot == BootDirect && p.owner != nil {
+		// QEMU runs as another user, who cannot read the control plane's
+		// files (its blob store is private): it gets its own copies.
+		if s.Kernel, err = p.stage(dir, "kernel", s.Kernel); err != nil {
+			return providers.Machine{}, transient(op, id, err)
+		}
+		if s.Initramfs, err = p.stage(dir, "initramfs", s.Initramfs); err != nil {
+			return providers.Machine{}, transient(op, id, err)
+		}
+	}
 	if s.Boot == BootDirect && boot.Enrollment.Token != "" {
 		s.TokenFile = filepath.Join(dir, tokenFile)
 		// The file exists only until DomainCreate returns: by then QEMU
@@ -695,6 +707,49 @@ func (p *Provider) ownedDir(dir string) error {
 		}
 	}
 	return nil
+}
+
+// stage copies src into the instance directory as NAME-<base of src>,
+// owned by FileOwner, unless a copy of the same size is there already (the
+// control plane's artifacts are content-addressed: their base name is their
+// digest). Copies of other artifacts under NAME are removed.
+func (p *Provider) stage(dir, name, src string) (string, error) {
+	dst := filepath.Join(dir, name+"-"+filepath.Base(src))
+	si, err := os.Stat(src)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", name, err)
+	}
+	if old, _ := filepath.Glob(filepath.Join(dir, name+"-*")); len(old) > 0 {
+		for _, o := range old {
+			if o == dst {
+				continue
+			}
+			removeQuietly(o)
+		}
+	}
+	if di, err := os.Stat(dst); err == nil && di.Size() == si.Size() {
+		return dst, nil
+	}
+	in, err := os.Open(src)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", name, err)
+	}
+	defer in.Close()
+	tmp, err := os.CreateTemp(dir, ".stage-*")
+	if err != nil {
+		return "", fmt.Errorf("stage the %s for QEMU: %w", name, err)
+	}
+	_, cerr := io.Copy(tmp, in)
+	oerr := tmp.Chown(p.owner[0], p.owner[1])
+	if err := errors.Join(cerr, oerr, tmp.Close()); err != nil {
+		removeQuietly(tmp.Name())
+		return "", fmt.Errorf("stage the %s for QEMU: %w", name, err)
+	}
+	if err := os.Rename(tmp.Name(), dst); err != nil {
+		removeQuietly(tmp.Name())
+		return "", fmt.Errorf("stage the %s for QEMU: %w", name, err)
+	}
+	return dst, nil
 }
 
 // writeSecret writes a new 0600 file for QEMU to read; it refuses to follow

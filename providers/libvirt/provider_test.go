@@ -436,3 +436,33 @@ func mustProvision(t *testing.T, f *unitFixture, id string) {
 		t.Fatalf("provision %s = %+v, %v", id, m, err)
 	}
 }
+
+func TestStagesBootFilesForAnotherQEMUUser(t *testing.T) {
+	owner := fmt.Sprintf("%d:%d", os.Getuid(), os.Getgid())
+	f := newUnit(t, func(c *Config) { c.FileOwner = owner })
+	mustProvision(t, f, "i-1")
+	dir := filepath.Join(f.p.cfg.StateDir, "i-1")
+	x := f.lv.domain("tether-i-1").xml
+	for _, want := range []string{"<kernel>" + filepath.Join(dir, "kernel-vmlinuz") + "</kernel>", "<initrd>" + filepath.Join(dir, "initramfs-initrd") + "</initrd>"} {
+		if !strings.Contains(x, want) {
+			t.Fatalf("definition lacks %q:\n%s", want, x)
+		}
+	}
+	// A new artifact replaces the old copy; the same one is not copied again.
+	k2 := filepath.Join(f.dir, "vmlinuz-2")
+	if err := os.WriteFile(k2, []byte("kernel two"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b := f.boot("tok-" + strings.Repeat("q", 20))
+	b.KernelPath = k2
+	if _, err := f.p.Reboot(ctx, "i-1", b); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := filepath.Glob(filepath.Join(dir, "kernel-*"))
+	if !slices.Equal(got, []string{filepath.Join(dir, "kernel-vmlinuz-2")}) {
+		t.Fatalf("staged kernels = %v", got)
+	}
+	if fi, err := os.Stat(filepath.Dir(dir)); err != nil || fi.Mode().Perm() != 0o711 {
+		t.Fatalf("state dir mode = %v, %v; want 0711 so QEMU's user can pass", fi.Mode().Perm(), err)
+	}
+}

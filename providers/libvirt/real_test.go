@@ -53,7 +53,9 @@ func newRealFixture(t *testing.T) *realFixture {
 	d := libvirttest.Start(t)
 	kernel := qemutest.FetchKernel(t)
 	initrd := qemutest.TinyInitramfs(t, kernel)
-	f := &realFixture{d: d, kernel: d.Stage(t, kernel.Path), initrd: d.Stage(t, initrd), logs: &syncBuffer{}}
+	// The initramfs sits in the test's private temp dir, where the
+	// daemon's user cannot read it: the provider stages its own copies.
+	f := &realFixture{d: d, kernel: kernel.Path, initrd: initrd, logs: &syncBuffer{}}
 	p, err := New(Config{URI: d.URI, StateDir: d.StateDir, FileOwner: d.Owner, DomainType: DomainTypeAuto,
 		StopGrace: time.Second, Logger: slog.New(slog.NewTextHandler(f.logs, nil))})
 	if err != nil {
@@ -232,7 +234,7 @@ func TestRealLibvirtMissingKernel(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), vmBound)
 	defer cancel()
 	b := f.boot("tok-" + strings.Repeat("x", 32))
-	b.KernelPath = filepath.Join(f.d.Dir, "files", "no-such-kernel")
+	b.KernelPath = filepath.Join(f.d.Dir, "no-such-kernel")
 	_, err := f.p.Provision(ctx, providers.Spec{InstanceID: "lvtest-bad", Boot: b})
 	if providers.KindOf(err) != providers.KindPermanent || !strings.Contains(err.Error(), "kernel") {
 		t.Fatalf("provision with a missing kernel = %v, want permanent naming the kernel", err)

@@ -8,8 +8,8 @@
 // libvirtd run as root is the system daemon, with paths fixed at build
 // time; so when the test runs as root the daemon runs as nobody, in
 // session mode, and QEMU with it. The files QEMU reads must then be
-// readable by nobody: Stage copies them into the daemon's directory, and
-// Owner is what the provider's FileOwner must be.
+// readable by nobody: Owner is what the provider's FileOwner must be, and
+// the provider then stages its own copies.
 //
 // It is an ordinary package (not a _test file) so that the benchmark in
 // e2e can use it too. Without libvirtd or QEMU it skips loudly, naming
@@ -20,7 +20,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -84,7 +83,7 @@ func Start(tb testing.TB) *Daemon {
 		log: filepath.Join(dir, "libvirtd.log")}
 	home, run := filepath.Join(dir, "home"), filepath.Join(dir, "run")
 	cfgDir := filepath.Join(home, ".config", "libvirt")
-	for _, p := range []string{cfgDir, run, filepath.Join(dir, "files")} {
+	for _, p := range []string{cfgDir, run} {
 		if err := os.MkdirAll(p, 0o700); err != nil {
 			tb.Fatal(err)
 		}
@@ -171,35 +170,6 @@ func chownTree(dir string, uid, gid int) error {
 		}
 		return os.Lchown(p, uid, gid)
 	})
-}
-
-// Stage copies a file (a kernel, an initramfs) where the daemon's QEMU can
-// read it, and returns the copy's path.
-func (d *Daemon) Stage(tb testing.TB, src string) string {
-	tb.Helper()
-	dst := filepath.Join(d.Dir, "files", filepath.Base(src))
-	in, err := os.Open(src)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		tb.Fatal(err)
-	}
-	if err := out.Close(); err != nil {
-		tb.Fatal(err)
-	}
-	if d.Owner != "" {
-		if err := os.Chown(filepath.Join(d.Dir, "files"), d.uid, d.uid); err != nil {
-			tb.Fatal(err)
-		}
-	}
-	return dst
 }
 
 // Connect opens a go-libvirt connection to the daemon, for tests that
