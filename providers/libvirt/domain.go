@@ -51,6 +51,19 @@ const baseKernelArgs = "console=ttyS0 panic=-1"
 // user-mode network (see domainXML).
 const netbootNetdev = "tethernet0"
 
+// netbootNICSlot places that NIC on the root bus in a slot libvirtd does
+// not hand out (it fills slots from 1 up, with root ports for its own
+// devices): a device without an address would take slot 1 and collide.
+const netbootNICSlot = "addr=0x10"
+
+// rootBus is the machine type's root PCI bus.
+func rootBus(machine string) string {
+	if strings.Contains(machine, "q35") {
+		return "pcie.0"
+	}
+	return "pci.0"
+}
+
 var (
 	// validID limits instance ids to names safe as a path element and in
 	// a domain name.
@@ -136,6 +149,12 @@ func domainXML(s domainSpec) (string, error) {
 	}
 
 	if s.Boot == BootNetwork {
+		if s.Firmware == FirmwareBIOS {
+			// SeaBIOS and iPXE write to the serial console only when
+			// asked: without it the console of a netboot starts with the
+			// kernel, and an operator cannot see a DHCP or fetch fail.
+			d.OS.BIOS = &libvirtxml.DomainBIOS{UseSerial: "yes"}
+		}
 		if s.MAC == "" {
 			return "", errors.New("a netbooting domain needs a hardware address (the node's MAC), and none was given")
 		}
@@ -149,7 +168,7 @@ func domainXML(s domainSpec) (string, error) {
 			// tainted (custom-argv), which is all it costs.
 			d.QEMUCommandline = &libvirtxml.DomainQEMUCommandline{Args: []libvirtxml.DomainQEMUCommandlineArg{
 				{Value: "-netdev"}, {Value: "user,id=" + netbootNetdev + ",bootfile=" + optEscape(s.BootFile)},
-				{Value: "-device"}, {Value: "virtio-net-pci,netdev=" + netbootNetdev + ",mac=" + s.MAC + ",bootindex=1"},
+				{Value: "-device"}, {Value: "virtio-net-pci,netdev=" + netbootNetdev + ",mac=" + s.MAC + ",bootindex=1,bus=" + rootBus(s.Machine) + "," + netbootNICSlot},
 			}}
 		} else {
 			nic := nicFor(s)

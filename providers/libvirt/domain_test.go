@@ -49,8 +49,14 @@ func TestDomainXML(t *testing.T) {
 			s.Boot, s.MAC, s.BootFile = BootNetwork, "52:54:00:aa:bb:cc", "http://10.0.2.2:8080/ipxe/boot?mac=52:54:00:aa:bb:cc"
 		}, want: []string{`<commandline xmlns="http://libvirt.org/schemas/domain/qemu/1.0">`,
 			`value="user,id=tethernet0,bootfile=http://10.0.2.2:8080/ipxe/boot?mac=52:54:00:aa:bb:cc"`,
-			`value="virtio-net-pci,netdev=tethernet0,mac=52:54:00:aa:bb:cc,bootindex=1"`},
+			`value="virtio-net-pci,netdev=tethernet0,mac=52:54:00:aa:bb:cc,bootindex=1,bus=pcie.0,addr=0x10"`},
 			notWant: []string{"<kernel>", "<interface", "fwcfg", "token"}},
+		{name: "netboot, bios: SeaBIOS and iPXE on the serial console", mod: func(s *domainSpec) {
+			s.Boot, s.MAC, s.BootFile = BootNetwork, "52:54:00:aa:bb:cc", "http://h/x"
+		}, want: []string{`<bios useserial="yes">`}},
+		{name: "netboot, uefi, machine pc", mod: func(s *domainSpec) {
+			s.Boot, s.MAC, s.BootFile, s.Firmware, s.Machine = BootNetwork, "52:54:00:aa:bb:cc", "http://h/x", FirmwareUEFI, "pc"
+		}, want: []string{"bus=pci.0,addr=0x10", "<loader"}, notWant: []string{"useserial"}},
 		{name: "netboot, bootfile with a comma is escaped", mod: func(s *domainSpec) {
 			s.Boot, s.MAC, s.BootFile = BootNetwork, "52:54:00:aa:bb:cc", "http://h/x,y"
 		}, want: []string{"bootfile=http://h/x,,y"}},
