@@ -138,7 +138,11 @@ func domainXML(s domainSpec) (string, error) {
 			// seconds under TCG and the agent's first getrandom waits.
 			RNGs: []libvirtxml.DomainRNG{{Model: "virtio",
 				Backend: &libvirtxml.DomainRNGBackend{Random: &libvirtxml.DomainRNGBackendRandom{Device: "/dev/urandom"}}}},
-			MemBalloon: &libvirtxml.DomainMemBalloon{Model: "none"},
+			// No USB controller and no balloon: libvirtd adds both unless
+			// told not to, and under TCG every device the firmware and the
+			// kernel probe costs boot time the machine does not use.
+			Controllers: []libvirtxml.DomainController{{Type: "usb", Model: "none"}},
+			MemBalloon:  &libvirtxml.DomainMemBalloon{Model: "none"},
 		},
 	}
 	if s.Firmware == FirmwareUEFI {

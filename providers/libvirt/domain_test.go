@@ -34,6 +34,7 @@ func TestDomainXML(t *testing.T) {
 			`<interface type="user">`, `<model type="virtio">`, `<acpi>`,
 			`<on_poweroff>destroy</on_poweroff>`, `<on_reboot>destroy</on_reboot>`, `<on_crash>destroy</on_crash>`,
 			`<serial type="file">`, `path="/s/i-1/console.log" append="on"`, `<rng model="virtio">`,
+			`<controller type="usb" model="none">`, `<memballoon model="none">`,
 		}, notWant: []string{"<loader", "<nvram", "commandline", "<uuid>"}},
 		{name: "kvm, uefi, known uuid and mac", mod: func(s *domainSpec) {
 			s.Type, s.Firmware, s.UUID, s.MAC = "kvm", FirmwareUEFI, "c3a7c1c7-a269-4a12-b085-37fba2baa882", "52:54:00:aa:bb:cc"
