@@ -24,6 +24,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	golibvirt "github.com/digitalocean/go-libvirt"
@@ -103,9 +104,33 @@ func newProvider(cfg Config, dial dialFunc) (*Provider, error) {
 	if err := os.Chmod(cfg.StateDir, mode); err != nil {
 		return nil, fmt.Errorf("libvirt: state dir: %w", err)
 	}
+	if p.owner != nil {
+		if dir := blockedParent(cfg.StateDir, p.owner[0]); dir != "" {
+			cfg.Logger.Warn("libvirt: QEMU's user cannot pass through a parent of the state directory: direct boots will fail with Permission denied; give it o+x or use --libvirt-state-dir elsewhere",
+				"dir", dir, "state_dir", cfg.StateDir, "file_owner", cfg.FileOwner)
+		}
+	}
 	cfg.Logger.Info("libvirt provider", "uri", cfg.URI, "boot", cfg.Boot, "firmware", cfg.Firmware,
 		"network", cfg.Network.String(), "domain_type", cfg.DomainType, "state_dir", cfg.StateDir)
 	return p, nil
+}
+
+// blockedParent returns the first parent of dir that uid cannot search
+// (no x for others, and not uid's own), or "".
+func blockedParent(dir string, uid int) string {
+	for d := filepath.Dir(dir); ; d = filepath.Dir(d) {
+		fi, err := os.Stat(d)
+		if err == nil {
+			st, ok := fi.Sys().(*syscall.Stat_t)
+			mine := ok && int(st.Uid) == uid && fi.Mode().Perm()&0o100 != 0
+			if !mine && fi.Mode().Perm()&0o001 == 0 {
+				return d
+			}
+		}
+		if d == filepath.Dir(d) {
+			return ""
+		}
+	}
 }
 
 // Name implements providers.Provider.

@@ -466,3 +466,30 @@ func TestStagesBootFilesForAnotherQEMUUser(t *testing.T) {
 		t.Fatalf("state dir mode = %v, %v; want 0711 so QEMU's user can pass", fi.Mode().Perm(), err)
 	}
 }
+
+func TestBlockedParent(t *testing.T) {
+	dir := t.TempDir()
+	private := filepath.Join(dir, "private")
+	open := filepath.Join(dir, "open")
+	for p, mode := range map[string]os.FileMode{private: 0o700, open: 0o711} {
+		if err := os.Mkdir(p, mode); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(p, mode); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	const other = 54321
+	if got := blockedParent(filepath.Join(private, "libvirt"), other); got != private {
+		t.Errorf("blockedParent under a 0700 dir = %q, want %q", got, private)
+	}
+	if got := blockedParent(filepath.Join(private, "libvirt"), os.Getuid()); got != "" && got != private {
+		t.Errorf("blockedParent for the owner = %q", got)
+	}
+	if got := blockedParent(filepath.Join(open, "libvirt"), other); got != "" && !strings.HasPrefix(dir, got) {
+		t.Errorf("blockedParent under a 0711 dir = %q, want none below %s", got, dir)
+	}
+}
