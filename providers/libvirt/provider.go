@@ -18,8 +18,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -31,6 +29,7 @@ import (
 	"libvirt.org/go/libvirtxml"
 
 	"github.com/tetherfleet/tether/providers"
+	"github.com/tetherfleet/tether/providers/internal/keyed"
 )
 
 // Files in an instance directory.
@@ -56,7 +55,7 @@ type Provider struct {
 	target target
 	dial   dialFunc
 	log    *slog.Logger
-	locks  *keyedMutex
+	locks  *keyed.Mutex
 	owner  *[2]int // uid, gid; nil: leave files as they are
 
 	mu      sync.Mutex
@@ -83,7 +82,7 @@ func newProvider(cfg Config, dial dialFunc) (*Provider, error) {
 	if dial == nil {
 		dial = rpcDialer(t)
 	}
-	p := &Provider{cfg: cfg, target: t, dial: dial, log: cfg.Logger, locks: newKeyedMutex()}
+	p := &Provider{cfg: cfg, target: t, dial: dial, log: cfg.Logger, locks: keyed.New()}
 	if cfg.DomainType != DomainTypeAuto {
 		p.domType = cfg.DomainType
 	}
@@ -265,7 +264,7 @@ func (p *Provider) Provision(ctx context.Context, spec providers.Spec) (provider
 			return providers.Machine{}, err
 		}
 	}
-	unlock, err := p.locks.lock(ctx, id)
+	unlock, err := p.locks.Lock(ctx, id)
 	if err != nil {
 		return providers.Machine{}, transient(opProvision, id, err)
 	}
@@ -327,7 +326,7 @@ func (p *Provider) power(ctx context.Context, op, id string, boot providers.Boot
 	if err := p.checkBoot(op, id, boot); err != nil {
 		return providers.Machine{}, err
 	}
-	unlock, err := p.locks.lock(ctx, id)
+	unlock, err := p.locks.Lock(ctx, id)
 	if err != nil {
 		return providers.Machine{}, transient(op, id, err)
 	}
@@ -471,7 +470,7 @@ func (p *Provider) Stop(ctx context.Context, id string) (providers.Machine, erro
 	if err := checkID(opStop, id); err != nil {
 		return providers.Machine{}, err
 	}
-	unlock, err := p.locks.lock(ctx, id)
+	unlock, err := p.locks.Lock(ctx, id)
 	if err != nil {
 		return providers.Machine{}, transient(opStop, id, err)
 	}
@@ -551,7 +550,7 @@ func (p *Provider) Terminate(ctx context.Context, id string) error {
 	if err := checkID(opTerminate, id); err != nil {
 		return err
 	}
-	unlock, err := p.locks.lock(ctx, id)
+	unlock, err := p.locks.Lock(ctx, id)
 	if err != nil {
 		return transient(opTerminate, id, err)
 	}
@@ -698,25 +697,13 @@ func (p *Provider) checkBoot(op, id string, b providers.Boot) error {
 	return nil
 }
 
-// BootScriptPath is the control plane's boot route for a hardware address.
-func BootScriptPath(mac string) string { return "/ipxe/boot?mac=" + mac }
-
-// bootFileURL is what QEMU's user-mode DHCP hands the domain's iPXE: the
-// boot route on the server that serves the kernel.
 func bootFileURL(b providers.Boot, mac string) (string, error) {
-	u, err := url.Parse(b.KernelURL)
-	if err != nil || b.KernelURL == "" || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return "", fmt.Errorf("netboot over QEMU's user-mode network needs the netboot server's URL (kernel URL %q); start tetherd with its netboot server", b.KernelURL)
-	}
-	return u.Scheme + "://" + u.Host + BootScriptPath(mac), nil
+	return providers.UserNetBootFile(b, mac)
 }
 
-// checkMAC validates a domain's hardware address: six colon-separated hex
-// bytes, unicast.
 func checkMAC(op, id, mac string) error {
-	hw, err := net.ParseMAC(mac)
-	if err != nil || len(hw) != 6 || hw[0]&1 != 0 || strings.ContainsAny(mac, "-.") {
-		return permanent(op, id, fmt.Errorf("hardware address %q is not a unicast MAC in colon form", mac))
+	if err := providers.CheckNICAddress(mac); err != nil {
+		return permanent(op, id, err)
 	}
 	return nil
 }
