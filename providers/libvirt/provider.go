@@ -499,10 +499,9 @@ func (p *Provider) Stop(ctx context.Context, id string) (providers.Machine, erro
 // to power off, then destroys the domain.
 func (p *Provider) halt(ctx context.Context, h hypervisor, id string, d golibvirt.Domain) error {
 	if err := h.Shutdown(d); err != nil {
-		if isCode(err, golibvirt.ErrOperationInvalid) {
-			return nil // it stopped on its own meanwhile
-		}
-		// A guest that cannot take the button still gets destroyed.
+		// A guest that cannot take the button (a paused one, one without
+		// ACPI) still gets destroyed; one that stopped meanwhile makes
+		// the destroy a no-op.
 		p.log.Info("libvirt stop: ACPI shutdown refused; destroying", "instance", id, "err", err)
 	} else if off, err := p.awaitOff(ctx, h, d); err != nil {
 		return err

@@ -228,6 +228,17 @@ func TestStop(t *testing.T) {
 			t.Fatalf("stop = %+v, %v", m, err)
 		}
 	})
+	t.Run("paused: the button is refused, the domain destroyed", func(t *testing.T) {
+		f := newUnit(t, nil)
+		mustProvision(t, f, "i-1")
+		f.lv.setState("tether-i-1", golibvirt.DomainPaused, 0)
+		if m, err := f.p.Stop(ctx, "i-1"); err != nil || m.State != providers.StateStopped {
+			t.Fatalf("stop = %+v, %v", m, err)
+		}
+		if d := f.lv.domain("tether-i-1"); d.state != golibvirt.DomainShutoff {
+			t.Fatalf("a paused domain was left in state %d", d.state)
+		}
+	})
 	t.Run("destroy fails", func(t *testing.T) {
 		f := newUnit(t, nil)
 		mustProvision(t, f, "i-1")
