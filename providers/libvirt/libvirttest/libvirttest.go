@@ -73,9 +73,14 @@ func Start(tb testing.TB) *Daemon {
 	}
 	qemutest.RequireQEMU(tb)
 
-	// Short: libvirtd's monitor sockets live under it, and a unix socket
-	// path has 107 bytes.
-	dir, err := os.MkdirTemp("", "lvt")
+	// Short, since libvirtd's monitor sockets live under it and a unix
+	// socket path has 107 bytes; and every parent must let nobody pass:
+	// /tmp is both, a deep or private $TMPDIR may be neither.
+	base := os.TempDir()
+	if len(base) > 40 || (os.Geteuid() == 0 && !othersPass(base)) {
+		base = "/tmp"
+	}
+	dir, err := os.MkdirTemp(base, "lvt")
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -161,6 +166,20 @@ func Start(tb testing.TB) *Daemon {
 		tb.Fatal(err)
 	}
 	return d
+}
+
+// othersPass reports whether every directory from dir up is searchable by
+// any user.
+func othersPass(dir string) bool {
+	for d := dir; ; d = filepath.Dir(d) {
+		fi, err := os.Stat(d)
+		if err != nil || fi.Mode().Perm()&0o001 == 0 {
+			return false
+		}
+		if d == filepath.Dir(d) {
+			return true
+		}
+	}
 }
 
 func chownTree(dir string, uid, gid int) error {
