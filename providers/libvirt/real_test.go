@@ -268,3 +268,45 @@ func grepTree(t *testing.T, dir, s string) []string {
 	})
 	return hits
 }
+
+// TestRealLibvirtUEFINVRAM: a UEFI domain gets its own NVRAM from the
+// firmware's template, and terminate removes it with the domain.
+func TestRealLibvirtUEFINVRAM(t *testing.T) {
+	for _, f := range []string{defaultOVMFCode, defaultOVMFVars} {
+		if _, err := os.Stat(f); err != nil {
+			qemutest.SkipLoudly(t, "%s is missing (install the ovmf package): %v", f, err)
+		}
+	}
+	d := libvirttest.Start(t)
+	kernel := qemutest.FetchKernel(t)
+	initrd := qemutest.TinyInitramfs(t, kernel)
+	p, err := New(Config{URI: d.URI, StateDir: d.StateDir, FileOwner: d.Owner, Firmware: FirmwareUEFI, StopGrace: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*vmBound)
+	defer cancel()
+	const id = "lvtest-uefi"
+	b := providers.Boot{KernelPath: kernel.Path, InitramfsPath: initrd,
+		Enrollment: providers.Enrollment{ControlPlaneURL: "https://10.0.2.2:7443", Token: "uefi-token-" + strings.Repeat("u", 32)}}
+	if m, err := p.Provision(ctx, providers.Spec{InstanceID: id, Boot: b}); err != nil || m.State != providers.StateRunning {
+		t.Fatalf("provision = %+v, %v", m, err)
+	}
+	nvram := func() []string {
+		got, _ := filepath.Glob(filepath.Join(d.Dir, "home", ".config", "libvirt", "qemu", "nvram", "*"))
+		return got
+	}
+	if got := nvram(); len(got) != 1 || !strings.Contains(got[0], DomainName(id)) {
+		t.Fatalf("NVRAM files = %v, want the domain's one", got)
+	}
+	waitLine(t, ctx, p.ConsoleLogPath(id), qemutest.TinyInitMarker, 1)
+	if err := p.Terminate(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if got := nvram(); len(got) != 0 {
+		t.Fatalf("NVRAM left after terminate: %v", got)
+	}
+	if names := d.DomainNames(t); len(names) != 0 {
+		t.Fatalf("domains after terminate = %v", names)
+	}
+}
