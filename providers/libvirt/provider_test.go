@@ -504,3 +504,28 @@ func TestBlockedParent(t *testing.T) {
 		t.Errorf("blockedParent under a 0711 dir = %q, want none below %s", got, dir)
 	}
 }
+
+func TestDomainTypeFollowsLibvirtd(t *testing.T) {
+	cases := []struct {
+		name, configured, caps, want string
+	}{
+		{"auto, kvm offered", DomainTypeAuto, `<capabilities><guest><os_type>hvm</os_type><arch name='x86_64'><domain type='qemu'/><domain type='kvm'/></arch></guest></capabilities>`, `type="kvm"`},
+		{"auto, TCG only", DomainTypeAuto, `<capabilities><guest><os_type>hvm</os_type><arch name='x86_64'><domain type='qemu'/></arch></guest></capabilities>`, `type="qemu"`},
+		{"forced qemu", DomainTypeQEMU, `<capabilities><guest><os_type>hvm</os_type><arch name='x86_64'><domain type='kvm'/></arch></guest></capabilities>`, `type="qemu"`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newUnit(t, func(c *Config) { c.DomainType = tc.configured })
+			f.lv.caps = tc.caps
+			mustProvision(t, f, "i-1")
+			if x := f.lv.domain("tether-i-1").xml; !strings.Contains(x, `<domain `+tc.want) {
+				t.Fatalf("definition does not start with <domain %s:\n%s", tc.want, x)
+			}
+		})
+	}
+	f := newUnit(t, nil)
+	f.lv.failNext("Capabilities", lverr(golibvirt.ErrRPC, "connection reset"))
+	if _, err := f.p.Provision(ctx, providers.Spec{InstanceID: "i-1", Boot: f.boot("t-" + strings.Repeat("k", 20))}); providers.KindOf(err) != providers.KindTransient || !strings.Contains(err.Error(), "capabilities") {
+		t.Fatalf("provision when the capabilities fail = %v, want transient naming them", err)
+	}
+}
