@@ -1,5 +1,12 @@
 package providers
 
+import (
+	"fmt"
+	"net"
+	"net/url"
+	"strings"
+)
+
 // Netbooter is implemented by providers whose machines may boot from their
 // firmware over the network (DHCP, TFTP/HTTP, iPXE) rather than being
 // handed a kernel, an initramfs and a token directly. When Netboots is
@@ -13,4 +20,31 @@ package providers
 // it does not netboot.
 type Netbooter interface {
 	Netboots() bool
+}
+
+// BootScriptPath is the control plane's boot route for a hardware address
+// (what tetherd's DHCP hands iPXE, and what QEMU's user-mode DHCP hands it
+// for the qemu and libvirt providers).
+func BootScriptPath(mac string) string { return "/ipxe/boot?mac=" + mac }
+
+// UserNetBootFile is what QEMU's user-mode DHCP hands a netbooting guest's
+// iPXE: the boot route on the server that serves the boot's kernel (the
+// guest reaches the host as 10.0.2.2, which is how the control plane
+// writes its URLs).
+func UserNetBootFile(b Boot, mac string) (string, error) {
+	u, err := url.Parse(b.KernelURL)
+	if err != nil || b.KernelURL == "" || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return "", fmt.Errorf("netboot over QEMU's user-mode network needs the netboot server's URL (kernel URL %q); start tetherd with its netboot server", b.KernelURL)
+	}
+	return u.Scheme + "://" + u.Host + BootScriptPath(mac), nil
+}
+
+// CheckNICAddress validates a virtual NIC's hardware address: QEMU takes
+// six colon-separated hex bytes, and a multicast address cannot be a NIC's.
+func CheckNICAddress(mac string) error {
+	hw, err := net.ParseMAC(mac)
+	if err != nil || len(hw) != 6 || hw[0]&1 != 0 || strings.ContainsAny(mac, "-.") {
+		return fmt.Errorf("hardware address %q is not a unicast MAC in colon form", mac)
+	}
+	return nil
 }

@@ -86,3 +86,52 @@ func TestServeRefusesAMissingKernel(t *testing.T) {
 		t.Fatalf("serve with a missing kernel: %v", err)
 	}
 }
+
+func TestBuildProvidersLibvirt(t *testing.T) {
+	dir := t.TempDir()
+	// A socket nobody listens on: the provider is built, and the probe's
+	// failure is a warning, not a refusal to start.
+	absent := "qemu+unix:///system?socket=" + filepath.Join(dir, "no-libvirtd.sock")
+	tests := []struct {
+		name    string
+		lo      LibvirtOptions
+		wantErr string
+		want    bool
+		wantLog string
+	}{
+		{name: "off unless a URI is given", want: false},
+		{name: "on with a URI, libvirtd away", lo: LibvirtOptions{URI: absent}, want: true, wantLog: "libvirtd does not answer"},
+		{name: "bad boot", lo: LibvirtOptions{URI: absent, Boot: "pxe"}, wantErr: "--libvirt-boot"},
+		{name: "bad firmware", lo: LibvirtOptions{URI: absent, Firmware: "coreboot"}, wantErr: "--libvirt-firmware"},
+		{name: "bad network", lo: LibvirtOptions{URI: absent, Network: "tap:tap0"}, wantErr: "--libvirt-network"},
+		{name: "bad URI", lo: LibvirtOptions{URI: "xen:///system"}, wantErr: "only the qemu driver"},
+		{name: "direct boot on a remote libvirtd", lo: LibvirtOptions{URI: "qemu+tcp://lab1/system"}, wantErr: "local libvirtd"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var logs strings.Builder
+			log := slog.New(slog.NewTextHandler(&logs, nil))
+			ps, err := buildProviders(ServeOptions{DataDir: dir, QEMUMode: "disabled", Libvirt: tc.lo}, log, clock.Real{})
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err %v, want %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, ok := ps["libvirt"]; ok != tc.want {
+				t.Fatalf("libvirt provider present: %v, want %v", ok, tc.want)
+			}
+			if !strings.Contains(logs.String(), tc.wantLog) {
+				t.Fatalf("log lacks %q:\n%s", tc.wantLog, logs.String())
+			}
+			if tc.want {
+				if fi, err := os.Stat(filepath.Join(dir, LibvirtDir)); err != nil || !fi.IsDir() {
+					t.Fatalf("default state dir DATA/%s: %v", LibvirtDir, err)
+				}
+			}
+		})
+	}
+}

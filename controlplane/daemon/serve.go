@@ -77,6 +77,9 @@ type ServeOptions struct {
 	// waits for PowerState to show it, and the bound on one BMC request
 	// (zero: the provider's defaults, 60 s, 60 s and 15 s).
 	RedfishGracefulTimeout, RedfishPowerTimeout, RedfishRequestTimeout time.Duration
+	// Libvirt configures the libvirt provider; it is off unless
+	// Libvirt.URI is set.
+	Libvirt LibvirtOptions
 	// Kernel and Initramfs are the default netboot artifacts, ingested into
 	// the blob store at start-up (templates may name others by digest).
 	Kernel, Initramfs string

@@ -157,7 +157,7 @@ func (a *App) instanceCmd() *cobra.Command {
 
 	var follow bool
 	var tail int64
-	console := &cobra.Command{Use: "console ID", Short: "Show a qemu instance's serial console log", Args: cobra.ExactArgs(1), RunE: func(_ *cobra.Command, args []string) error {
+	console := &cobra.Command{Use: "console ID", Short: "Show a qemu or libvirt instance's serial console log", Args: cobra.ExactArgs(1), RunE: func(_ *cobra.Command, args []string) error {
 		c, err := a.dial()
 		if err != nil {
 			return err

@@ -6,6 +6,8 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+
+	"github.com/tetherfleet/tether/providers"
 )
 
 // Files in an instance directory.
@@ -25,10 +27,8 @@ const (
 	ovmfVarsFile = "OVMF_VARS.fd"
 )
 
-// BootScriptPath is the control plane's boot route for a hardware address
-// (what tetherd's DHCP hands iPXE, and what QEMU's user-mode DHCP hands it
-// here).
-func BootScriptPath(mac string) string { return "/ipxe/boot?mac=" + mac }
+// BootScriptPath is the control plane's boot route for a hardware address.
+func BootScriptPath(mac string) string { return providers.BootScriptPath(mac) }
 
 // fw_cfg names the agent reads (docs/design.md §3.2).
 const (

@@ -383,32 +383,3 @@ func TestRecorderIsBounded(t *testing.T) {
 		t.Fatalf("list = %d machines, want 5 (the cap is on records, not machines)", len(list))
 	}
 }
-
-func TestKeyedMutex(t *testing.T) {
-	k := newKeyedMutex()
-	unlock, err := k.lock(context.Background(), "a")
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Another key is independent.
-	unlockB, err := k.lock(context.Background(), "b")
-	if err != nil {
-		t.Fatal(err)
-	}
-	unlockB()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
-	defer cancel()
-	if _, err := k.lock(ctx, "a"); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("second lock err = %v, want deadline", err)
-	}
-	unlock()
-	unlock() // idempotent
-	u2, err := k.lock(context.Background(), "a")
-	if err != nil {
-		t.Fatal(err)
-	}
-	u2()
-	if n := len(k.entries); n != 0 {
-		t.Fatalf("%d entries left after all unlocks", n)
-	}
-}

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +15,7 @@ import (
 	"time"
 
 	"github.com/tetherfleet/tether/providers"
+	"github.com/tetherfleet/tether/providers/internal/keyed"
 )
 
 // realDriver boots real QEMU processes. It keeps no machine state of its own
@@ -27,7 +26,7 @@ type realDriver struct {
 	cfg   Config
 	accel string
 	log   *slog.Logger
-	locks *keyedMutex
+	locks *keyed.Mutex
 
 	mu    sync.Mutex
 	procs map[string]*proc
@@ -41,7 +40,7 @@ func newRealDriver(cfg Config, accel string) (*realDriver, error) {
 		cfg:   cfg,
 		accel: accel,
 		log:   cfg.Logger,
-		locks: newKeyedMutex(),
+		locks: keyed.New(),
 		procs: map[string]*proc{},
 	}, nil
 }
@@ -95,7 +94,7 @@ func (r *realDriver) Provision(ctx context.Context, spec providers.Spec) (provid
 	if err := checkBoot(r.cfg, opProvision, id, spec.Boot); err != nil {
 		return providers.Machine{}, err
 	}
-	unlock, err := r.locks.lock(ctx, id)
+	unlock, err := r.locks.Lock(ctx, id)
 	if err != nil {
 		return providers.Machine{}, transient(opProvision, id, err)
 	}
@@ -160,7 +159,7 @@ func (r *realDriver) boot(ctx context.Context, op, id string, boot providers.Boo
 	if err := checkBoot(r.cfg, op, id, boot); err != nil {
 		return providers.Machine{}, err
 	}
-	unlock, err := r.locks.lock(ctx, id)
+	unlock, err := r.locks.Lock(ctx, id)
 	if err != nil {
 		return providers.Machine{}, transient(op, id, err)
 	}
@@ -188,7 +187,7 @@ func (r *realDriver) Stop(ctx context.Context, id string) (providers.Machine, er
 	if err := checkID(opStop, id); err != nil {
 		return providers.Machine{}, err
 	}
-	unlock, err := r.locks.lock(ctx, id)
+	unlock, err := r.locks.Lock(ctx, id)
 	if err != nil {
 		return providers.Machine{}, transient(opStop, id, err)
 	}
@@ -214,7 +213,7 @@ func (r *realDriver) Terminate(ctx context.Context, id string) error {
 	if err := checkID(opTerminate, id); err != nil {
 		return err
 	}
-	unlock, err := r.locks.lock(ctx, id)
+	unlock, err := r.locks.Lock(ctx, id)
 	if err != nil {
 		return transient(opTerminate, id, err)
 	}
@@ -245,7 +244,7 @@ func (r *realDriver) Status(ctx context.Context, id string) (providers.Machine, 
 	if err := checkID(opStatus, id); err != nil {
 		return providers.Machine{}, err
 	}
-	unlock, err := r.locks.lock(ctx, id)
+	unlock, err := r.locks.Lock(ctx, id)
 	if err != nil {
 		return providers.Machine{}, transient(opStatus, id, err)
 	}
@@ -520,23 +519,13 @@ func checkBoot(cfg Config, op, id string, b providers.Boot) error {
 	return nil
 }
 
-// bootFileURL is what QEMU's user-mode DHCP hands the VM's iPXE: the
-// boot route on the server that serves the kernel (the guest reaches the
-// host as 10.0.2.2, which is how the control plane writes its URLs).
 func bootFileURL(b providers.Boot, mac string) (string, error) {
-	u, err := url.Parse(b.KernelURL)
-	if err != nil || b.KernelURL == "" || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return "", fmt.Errorf("netboot over QEMU's user-mode network needs the netboot server's URL (kernel URL %q); start tetherd with its netboot server", b.KernelURL)
-	}
-	return u.Scheme + "://" + u.Host + BootScriptPath(mac), nil
+	return providers.UserNetBootFile(b, mac)
 }
 
-// checkMAC validates a VM's hardware address: QEMU takes six
-// colon-separated hex bytes, and a multicast address cannot be a NIC's.
 func checkMAC(op, id, mac string) error {
-	hw, err := net.ParseMAC(mac)
-	if err != nil || len(hw) != 6 || hw[0]&1 != 0 || strings.ContainsAny(mac, "-.") {
-		return permanent(op, id, fmt.Errorf("hardware address %q is not a unicast MAC in colon form", mac))
+	if err := providers.CheckNICAddress(mac); err != nil {
+		return permanent(op, id, err)
 	}
 	return nil
 }
