@@ -111,7 +111,7 @@ func TestBuildProvidersLibvirt(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var logs strings.Builder
 			log := slog.New(slog.NewTextHandler(&logs, nil))
-			ps, err := buildProviders(ServeOptions{DataDir: dir, QEMUMode: "disabled", Libvirt: tc.lo}, log, clock.Real{})
+			ps, err := buildProviders(ServeOptions{DataDir: dir, QEMUMode: "disabled", Libvirt: tc.lo}, log, clock.Real{}, &bmc.Resolver{})
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("err %v, want %q", err, tc.wantErr)
