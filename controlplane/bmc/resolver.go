@@ -3,7 +3,7 @@
 // length of one call) and how its certificate is verified. The provider
 // knows machines only by id (redfish:<node>); this is the small lookup
 // over the store it is given instead of the store itself
-// (docs/adr/0010-redfish-provider-resolves-nodes-through-a-lookup.md).
+// (docs/adr/0012-redfish-provider-resolves-nodes-through-a-lookup.md).
 package bmc
 
 import (

@@ -2,7 +2,7 @@
 // key and signs node, admin and server certificates. Node certificates are
 // built from scratch (never from what the CSR asks for), checked against
 // smallstep's X.509 name policy engine (only tether://instance/...
-// identities) and signed with crypto/x509 (docs/adr/0010).
+// identities) and signed with crypto/x509 (docs/adr/0011).
 //
 // The agent must never import this package.
 package ca
