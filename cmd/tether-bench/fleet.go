@@ -259,7 +259,11 @@ func fleet(args []string) error {
 			}
 		}
 	}
-	if n := float64(st.Connected); n > 0 {
+	n := float64(st.Connected)
+	if sr != nil {
+		n = float64(total) // the hold's fleet: the storm's end says nothing of it
+	}
+	if n > 0 {
 		r.RSSPerAgentKiB = float64(rss2-rss0) / 1024 / n
 		r.CPUPerAgentUSPerS = float64((cpu1 - cpu0).Microseconds()) / holdSecs / n
 		if live0 > 0 && live1 > 0 {

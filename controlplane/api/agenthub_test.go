@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -104,16 +105,20 @@ func TestSweepWakesOnlyStreamsWithWork(t *testing.T) {
 	}
 }
 
-// blockingTx holds every transaction until released.
+// blockingTx holds its first transaction until released; later ones (a
+// batch put back after the first failed, the last flush) pass.
 type blockingTx struct {
 	store.Store
+	once    sync.Once
 	entered chan struct{}
 	release chan struct{}
 }
 
 func (b *blockingTx) Tx(ctx context.Context, fn func(store.Queries) error) error {
-	b.entered <- struct{}{}
-	<-b.release
+	b.once.Do(func() {
+		b.entered <- struct{}{}
+		<-b.release
+	})
 	return b.Store.Tx(ctx, fn)
 }
 
@@ -143,7 +148,7 @@ func TestNotificationIsNotHeldBehindAHeartbeatFlush(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("the stream was not woken while a heartbeat flush was in its transaction")
 	}
-	close(st.release) // the batch is written; nothing is left for the last flush
+	close(st.release)
 	stopRun()
 	<-done
 }
