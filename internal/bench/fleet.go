@@ -64,6 +64,10 @@ type FleetOptions struct {
 	HealthyAfter time.Duration
 	// Now is the clock of the timeline (default time.Now).
 	Now func() time.Time
+	// Progress, if set, is called after every heartbeat sent and every
+	// stream accepted, so a caller can wait on the fleet's counts without
+	// polling them. It must not block.
+	Progress func()
 }
 
 // Fleet is a running simulated fleet.
@@ -338,6 +342,7 @@ func (f *Fleet) session(a *SimAgent, src net.IP, reconnect bool) (established bo
 	}
 	f.connected.Add(1)
 	defer f.connected.Add(-1)
+	f.progress()
 	a.online.Store(true)
 	defer a.online.Store(false)
 	f.mu.Lock()
@@ -386,9 +391,17 @@ func (f *Fleet) session(a *SimAgent, src net.IP, reconnect bool) (established bo
 				return true, fmt.Errorf("heartbeat: %w", err)
 			}
 			f.sent.Add(1)
+			f.progress()
 			j := 1 + f.o.Jitter*(2*rand.Float64()-1)
 			timer.Reset(time.Duration(float64(f.o.Heartbeat) * j))
 		}
+	}
+}
+
+// progress tells FleetOptions.Progress that a count moved.
+func (f *Fleet) progress() {
+	if f.o.Progress != nil {
+		f.o.Progress()
 	}
 }
 

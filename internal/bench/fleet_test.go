@@ -42,14 +42,25 @@ func TestFleetConnectsEveryAgentFromItsSource(t *testing.T) {
 	if err != nil || len(known) != 0 {
 		t.Fatalf("identities: %d known, %v", len(known), err)
 	}
+	// progress hears of every stream accepted and heartbeat sent: the
+	// waits below block on it instead of polling the counts.
+	progress := make(chan struct{}, 1)
+	tick := func() {
+		select {
+		case progress <- struct{}{}:
+		default:
+		}
+	}
 	f := bench.StartFleet(ctx, bench.FleetOptions{Agents: n, Offset: 1, EnrollRate: 100, Heartbeat: 50 * time.Millisecond,
-		Sources: srcs, Dial: dial, Admin: cp.Admin, Enroll: v1.NewEnrollmentServiceClient(cp.Dial(nil)), Node: fleet.Node, Save: ids.Save})
+		Sources: srcs, Dial: dial, Admin: cp.Admin, Enroll: v1.NewEnrollmentServiceClient(cp.Dial(nil)), Node: fleet.Node, Save: ids.Save,
+		Progress: tick})
 	// Each agent sends a heartbeat on connecting and more on its schedule.
 	for st := f.Stats(); f.Connected() < n || st.Sent < 3*n; st = f.Stats() {
-		if ctx.Err() != nil {
+		select {
+		case <-progress:
+		case <-ctx.Done():
 			t.Fatalf("fleet never got going: %+v", st)
 		}
-		time.Sleep(20 * time.Millisecond)
 	}
 	lat, errs, first := f.PushProbe(ctx, 4)
 	if len(lat) != 4 || errs != 0 {
@@ -86,12 +97,13 @@ func TestFleetConnectsEveryAgentFromItsSource(t *testing.T) {
 	}
 	defer ids.Close()
 	again := bench.StartFleet(ctx, bench.FleetOptions{Agents: n, EnrollRate: 100, Dial: dial, Admin: cp.Admin,
-		Enroll: v1.NewEnrollmentServiceClient(cp.Dial(nil)), Node: fleet.Node, Known: known, Save: ids.Save})
+		Enroll: v1.NewEnrollmentServiceClient(cp.Dial(nil)), Node: fleet.Node, Known: known, Save: ids.Save, Progress: tick})
 	for again.Connected() < n {
-		if ctx.Err() != nil {
+		select {
+		case <-progress:
+		case <-ctx.Done():
 			t.Fatalf("second run never connected: %+v", again.Stats())
 		}
-		time.Sleep(20 * time.Millisecond)
 	}
 	again.Stop()
 	if st := again.Stats(); st.Reused != n || st.Enrolled != 0 || st.Errors != 0 {
