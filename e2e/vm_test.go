@@ -365,7 +365,14 @@ func TestVMTamperedModule(t *testing.T) {
 		}
 		time.Sleep(250 * time.Millisecond)
 	}
+	// The heartbeat carrying the error can reach tetherd before QEMU has
+	// written the same line from the emulated serial port to the console
+	// file: poll that file (another process's output) for a few seconds.
 	console := env.console(ctx, id)
+	for lineDeadline := time.Now().Add(10 * time.Second); !strings.Contains(console, "mismatch") && time.Now().Before(lineDeadline); {
+		time.Sleep(100 * time.Millisecond)
+		console = env.console(ctx, id)
+	}
 	if !strings.Contains(console, "mismatch") {
 		t.Errorf("console does not say why:\n%s", tail(console, 3000))
 	}
