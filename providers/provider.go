@@ -141,6 +141,15 @@ func Errorf(kind Kind, provider, op, format string, args ...any) error {
 	return &Error{Kind: kind, Provider: provider, Op: op, Err: fmt.Errorf(format, args...)}
 }
 
+// MachineError is the typed error of one provider operation on machine id
+// (id may be empty), so every provider names the machine the same way.
+func MachineError(kind Kind, provider, op, id string, err error) error {
+	if id != "" {
+		err = fmt.Errorf("%s: %w", id, err)
+	}
+	return &Error{Kind: kind, Provider: provider, Op: op, Err: err}
+}
+
 // KindOf returns the kind of a provider error; untyped errors count as
 // transient because a retry is the safe default for an unknown failure.
 func KindOf(err error) Kind {

@@ -2,7 +2,6 @@ package qemu
 
 import (
 	"errors"
-	"fmt"
 
 	"github.com/tetherfleet/tether/providers"
 )
@@ -19,10 +18,7 @@ const (
 )
 
 func provErr(kind providers.Kind, op, id string, err error) error {
-	if id != "" {
-		err = fmt.Errorf("%s: %w", id, err)
-	}
-	return &providers.Error{Kind: kind, Provider: Name, Op: op, Err: err}
+	return providers.MachineError(kind, Name, op, id, err)
 }
 
 func permanent(op, id string, err error) error {
