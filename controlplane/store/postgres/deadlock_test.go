@@ -186,8 +186,8 @@ func TestTxRetryIsBounded(t *testing.T) {
 		code      string
 		wantTries int32
 	}{
-		{"40P01", 5}, // deadlock_detected
-		{"40001", 5}, // serialization_failure
+		{"40P01", 8}, // deadlock_detected
+		{"40001", 8}, // serialization_failure
 		{"23514", 1}, // check_violation: the same on every attempt
 	} {
 		t.Run(tc.code, func(t *testing.T) {

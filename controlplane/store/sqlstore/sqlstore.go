@@ -9,10 +9,13 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/tetherfleet/tether/controlplane/store"
+	"github.com/tetherfleet/tether/internal/clock"
 )
 
 // Dialect is what differs between backends.
@@ -56,9 +59,24 @@ type TxRetrier interface {
 }
 
 // maxTxAttempts bounds how often Tx runs one transaction that keeps losing
-// to concurrent writers. Each loss means another writer committed, so a
-// few attempts cover any real contention; a steady loop would be a bug.
-const maxTxAttempts = 5
+// to concurrent writers; a steady loop would be a bug.
+const maxTxAttempts = 8
+
+// retryBase and retryCap shape the pause before a re-run: a random wait
+// in [0, retryBase·2^(attempt-1)], at most retryCap. Without it the victim
+// re-ran at once, straight back into the writers it had just crossed, and
+// under load the same transaction could lose five times in a row (CI saw
+// it). The random spread lets the survivors finish first.
+const (
+	retryBase = 5 * time.Millisecond
+	retryCap  = 250 * time.Millisecond
+)
+
+// retryDelay is the pause before attempt+1, given that attempt failed.
+func retryDelay(attempt int) time.Duration {
+	ceiling := min(retryBase<<(attempt-1), retryCap)
+	return rand.N(ceiling + 1)
+}
 
 // Execer is satisfied by *sql.DB, *sql.Conn and *sql.Tx.
 type Execer interface {
@@ -83,6 +101,7 @@ type DB struct {
 	dialect  Dialect
 	notifier Notifier
 	onRetry  func(attempt int, err error)
+	clock    clock.Clock
 	// stmts caches rebound query text.
 	rebound sync.Map
 }
@@ -94,11 +113,16 @@ type Options struct {
 	// OnRetry, if set, hears about every transaction Tx runs again (for a
 	// log line: a steady stream of them is contention worth a look).
 	OnRetry func(attempt int, err error)
+	// Clock times the pause between re-runs; the real clock if nil.
+	Clock clock.Clock
 }
 
 // New wraps an open database.
 func New(db *sql.DB, o Options) *DB {
-	d := &DB{db: db, dialect: o.Dialect, notifier: o.Notifier, onRetry: o.OnRetry}
+	d := &DB{db: db, dialect: o.Dialect, notifier: o.Notifier, onRetry: o.OnRetry, clock: o.Clock}
+	if d.clock == nil {
+		d.clock = clock.Real{}
+	}
 	d.queries = &queries{ex: db, db: d}
 	return d
 }
@@ -112,8 +136,8 @@ func (d *DB) Subscribe(channel string) (<-chan string, func()) {
 }
 
 // Tx implements store.Store. A transaction the dialect reports as safe to
-// re-run (a deadlock victim, a serialization failure) is rolled back and
-// run again, up to maxTxAttempts times, so that a write the caller was told
+// re-run (a deadlock victim, a serialization failure) is rolled back and,
+// after a short random pause, run again, up to maxTxAttempts times, so that a write the caller was told
 // succeeded is never one PostgreSQL threw away, and contention alone never
 // reaches a client as Internal. fn must therefore be safe to call again:
 // it starts from what it reads through q, not from effects of an earlier
@@ -130,6 +154,11 @@ func (d *DB) Tx(ctx context.Context, fn func(q store.Queries) error) error {
 		}
 		if d.onRetry != nil {
 			d.onRetry(attempt, err)
+		}
+		select {
+		case <-d.clock.After(retryDelay(attempt)):
+		case <-ctx.Done():
+			return fmt.Errorf("%w (gave up waiting to retry: %w)", err, ctx.Err())
 		}
 	}
 }
