@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials"
 
 	"github.com/tetherfleet/tether/internal/clock"
@@ -189,6 +190,11 @@ func (m *Manager) Dial(clientCert bool) (*grpc.ClientConn, error) {
 		// tls.Conn buffers what it reads already; gRPC's 32 KiB read buffer
 		// in front of it would only copy every module byte once more.
 		grpc.WithReadBufferSize(0),
+		// gRPC's own redial back-off would grow to 120 s while the session
+		// retries every few seconds and fails fast; capped like the
+		// session's (30 s) an agent is never parked longer than its own
+		// back-off says after a long outage.
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: redialBackoff, MinConnectTimeout: 20 * time.Second}),
 	}
 	if m.failover != nil {
 		// Several control planes: each connection goes to the first that
@@ -204,6 +210,9 @@ func (m *Manager) Dial(clientCert bool) (*grpc.ClientConn, error) {
 	}
 	return conn, nil
 }
+
+// redialBackoff is gRPC's default schedule with the session's cap.
+var redialBackoff = backoff.Config{BaseDelay: time.Second, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 30 * time.Second}
 
 // Load restores the identity saved in the state directory. It returns
 // ErrNoIdentity when there is none. A saved identity for another control

@@ -51,3 +51,17 @@ func (b Backoff) Delay(attempt int) time.Duration {
 	}
 	return time.Duration(n(int64(b.Ceiling(attempt)) + 1))
 }
+
+// DelaySpread draws attempt n's delay over [0, max(Ceiling(n), spread)]:
+// the window the control plane asked its fleet to spread reconnections
+// over (Settings.reconnect_spread_ms), when that is longer than the
+// back-off's own step. A large fleet that lost its control plane at once
+// then comes back at the rate the control plane can admit, from the first
+// attempt on.
+func (b Backoff) DelaySpread(attempt int, spread time.Duration) time.Duration {
+	n := b.Int64N
+	if n == nil {
+		n = rand.Int64N
+	}
+	return time.Duration(n(int64(max(b.Ceiling(attempt), spread)) + 1))
+}

@@ -46,6 +46,9 @@ type Settings struct {
 	HeartbeatInterval  time.Duration
 	TaskLease          time.Duration
 	MaxTaskOutputBytes int
+	// ReconnectSpread is the window the control plane asks reconnections
+	// to be spread over (zero until it says).
+	ReconnectSpread time.Duration
 }
 
 // Defaults used until the control plane says otherwise.
@@ -56,6 +59,9 @@ const (
 	// minInterval keeps a misconfigured control plane from making the
 	// agent spin.
 	minInterval = time.Second
+	// maxReconnectSpread keeps a misconfigured control plane from parking
+	// its agents for long after a restart.
+	maxReconnectSpread = 2 * time.Minute
 )
 
 // DefaultSettings are in force before the first Settings message.
@@ -73,6 +79,9 @@ func settingsFrom(m *tetherv1.Settings) Settings {
 	}
 	if v := m.GetMaxTaskOutputBytes(); v > 0 {
 		s.MaxTaskOutputBytes = int(v)
+	}
+	if v := m.GetReconnectSpreadMs(); v > 0 {
+		s.ReconnectSpread = min(time.Duration(v)*time.Millisecond, maxReconnectSpread)
 	}
 	return s
 }
@@ -297,7 +306,7 @@ func (s *Session) Run(ctx context.Context) error {
 		if established && s.cfg.Clock.Now().Sub(start) >= s.cfg.HealthyAfter {
 			attempt = 0
 		}
-		d := s.cfg.Backoff.Delay(attempt)
+		d := s.cfg.Backoff.DelaySpread(attempt, s.Settings().ReconnectSpread)
 		attempt++
 		s.cfg.Logf("control plane stream lost: %v; reconnecting in %s (tasks keep running; their updates are queued)", err, d.Round(time.Millisecond))
 		select {

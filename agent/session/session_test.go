@@ -444,3 +444,57 @@ func TestPrintable(t *testing.T) {
 		}
 	}
 }
+
+// The control plane's reconnection window widens the wait after a lost
+// stream when it is longer than the back-off's own step, and a window
+// past the agent's bound is cut to it. The back-off here always draws the
+// top of its window, so the wait the session arms is the window itself.
+func TestReconnectSpreadFromSettings(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		spreadMs int32
+		want     time.Duration
+	}{
+		{"none sent", 0, 500 * time.Millisecond},
+		{"shorter than the first step", 100, 500 * time.Millisecond},
+		{"a large fleet", 38000, 38 * time.Second},
+		{"past the agent's bound", 3_600_000, maxReconnectSpread},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := start(t, func(c *Config) {
+				c.Backoff = Backoff{Base: 500 * time.Millisecond, Cap: 30 * time.Second, Int64N: func(n int64) int64 { return n - 1 }}
+			})
+			s := h.cp.nextStream(t)
+			s.heartbeat(t)
+			s.send <- &tetherv1.ControlMessage{Msg: &tetherv1.ControlMessage_Settings{Settings: &tetherv1.Settings{ReconnectSpreadMs: tc.spreadMs}}}
+			// The settings have landed when the heartbeat wait is re-armed for them.
+			h.clock.waitForN(t, DefaultHeartbeatInterval, 2)
+			s.end <- errors.New("control plane restarting")
+			h.clock.waitFor(t, tc.want)
+			h.clock.Advance(tc.want)
+			h.cp.nextStream(t).heartbeat(t)
+		})
+	}
+}
+
+// Spread over the window a 19,000-agent tetherd hands out (38 s), the
+// reconnections of a fleet that lost it at once hold close to their mean
+// rate: no second takes more than twice its share.
+func TestDelaySpreadFlattensAStorm(t *testing.T) {
+	const agents, spread = 19000, 38 * time.Second
+	seconds := map[int64]int{}
+	for i := 0; i < agents; i++ {
+		b := DefaultBackoff(rand.New(rand.NewPCG(uint64(i), 7)))
+		d := b.DelaySpread(0, spread)
+		if d < 0 || d > spread {
+			t.Fatalf("delay %v outside [0, %v]", d, spread)
+		}
+		seconds[int64(d/time.Second)]++
+	}
+	mean := float64(agents) / spread.Seconds()
+	for s, n := range seconds {
+		if float64(n) > 2*mean {
+			t.Errorf("second %d holds %d reconnections, mean %.0f", s, n, mean)
+		}
+	}
+}

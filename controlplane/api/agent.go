@@ -255,10 +255,12 @@ func (a *agentServer) Connect(stream v1.AgentService_ConnectServer) error {
 }
 
 func (a *agentServer) settings() *v1.Settings {
+	connected := a.Agents.Connected()
 	return &v1.Settings{
-		HeartbeatIntervalSeconds: int32(HeartbeatInterval(a.Agents.Connected()) / time.Second),
+		HeartbeatIntervalSeconds: int32(HeartbeatInterval(connected) / time.Second),
 		MaxTaskOutputBytes:       int32(a.Tasks.MaxOutput()),
 		TaskLeaseSeconds:         int32(a.Tasks.LeaseDuration() / time.Second),
+		ReconnectSpreadMs:        int32(ReconnectSpread(connected) / time.Millisecond),
 	}
 }
 
@@ -369,8 +371,27 @@ func HeartbeatInterval(connected int) time.Duration {
 	return d
 }
 
-// Heartbeat rate limits.
+// ReconnectSpread is the window over which this replica's agents spread
+// their reconnections after losing it: long enough that they arrive at
+// most MaxReconnectsPerSecond, at most MaxReconnectSpread. A small fleet
+// gets a few milliseconds and comes straight back; 19,000 agents spread
+// over 38 s. Without it every agent's back-off started at the same
+// 500 ms, 19,000 TLS handshakes landed in one second on a tetherd that
+// had just restarted, most missed the handshake deadline, and their
+// retries kept the CPU starved (docs/reliability.md, reconnect storm).
+func ReconnectSpread(connected int) time.Duration {
+	d := time.Duration(float64(connected) / MaxReconnectsPerSecond * float64(time.Second))
+	return min(d, MaxReconnectSpread)
+}
+
+// Heartbeat and reconnection rate limits. MaxReconnectsPerSecond is a
+// fraction of what one tetherd admitted on two shared cores (bursts of
+// 1,700 new streams a second): a reconnection costs a TLS handshake and
+// a stream, far more than a heartbeat. MaxReconnectSpread stays well
+// inside liveness' 3-minute silent threshold.
 const (
 	BaseHeartbeatInterval  = 30 * time.Second
 	MaxHeartbeatsPerSecond = 2000.0
+	MaxReconnectsPerSecond = 500.0
+	MaxReconnectSpread     = 60 * time.Second
 )

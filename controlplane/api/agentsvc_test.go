@@ -207,7 +207,8 @@ func TestTaskPushLeaseAndResult(t *testing.T) {
 	fleet := cp.SeedFleet(ctx, "edge")
 	inst, cert := enrolled(t, cp, fleet.Node)
 	stream, settings := connect(t, ctx, cp, cert)
-	if settings.HeartbeatIntervalSeconds != 30 || settings.MaxTaskOutputBytes <= 0 {
+	// One agent connected: its reconnection window is a few milliseconds.
+	if settings.HeartbeatIntervalSeconds != 30 || settings.MaxTaskOutputBytes <= 0 || settings.ReconnectSpreadMs > 10 {
 		t.Fatalf("settings %+v", settings)
 	}
 	if err := stream.Send(&v1.AgentMessage{Msg: &v1.AgentMessage_Heartbeat{Heartbeat: &v1.Heartbeat{Phase: v1.AgentPhase_AGENT_PHASE_READY, AgentVersion: "test"}}}); err != nil {

@@ -287,7 +287,8 @@ func (f *Fleet) second() *Second {
 }
 
 // run keeps one agent connected, reconnecting with the agent's own
-// full-jitter backoff, until the fleet stops.
+// full-jitter backoff, spread over the window the control plane last
+// asked for, until the fleet stops.
 func (f *Fleet) run(a *SimAgent, src net.IP) {
 	defer f.wg.Done()
 	attempt, lost := 0, false
@@ -304,7 +305,9 @@ func (f *Fleet) run(a *SimAgent, src net.IP) {
 				attempt = 0
 			}
 		}
-		d := f.o.Backoff.Delay(attempt)
+		// As the real agent: the control plane's reconnection window
+		// widens the back-off (agent/session.Backoff.DelaySpread).
+		d := f.o.Backoff.DelaySpread(attempt, a.spread)
 		attempt++
 		select {
 		case <-f.ctx.Done():
@@ -337,8 +340,12 @@ func (f *Fleet) session(a *SimAgent, src net.IP, reconnect bool) (established bo
 	}
 	f.sent.Add(1)
 	// The server sends its settings first: that is the stream accepted.
-	if _, err := s.Recv(); err != nil {
+	first, err := s.Recv()
+	if err != nil {
 		return false, fmt.Errorf("stream: %w", err)
+	}
+	if ms := first.GetSettings().GetReconnectSpreadMs(); ms > 0 {
+		a.spread = time.Duration(ms) * time.Millisecond
 	}
 	f.connected.Add(1)
 	defer f.connected.Add(-1)

@@ -722,8 +722,14 @@ type Settings struct {
 	MaxTaskOutputBytes int32 `protobuf:"varint,2,opt,name=max_task_output_bytes,json=maxTaskOutputBytes,proto3" json:"max_task_output_bytes,omitempty"`
 	// Tasks must report progress within this many seconds or the lease lapses.
 	TaskLeaseSeconds int32 `protobuf:"varint,3,opt,name=task_lease_seconds,json=taskLeaseSeconds,proto3" json:"task_lease_seconds,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// After a lost stream the agent waits a uniformly random time in
+	// [0, this] (or its own back-off, if longer) before each reconnection,
+	// so that a fleet that lost its control plane at one moment (a restart,
+	// a crash) comes back at the rate the control plane can admit, not all
+	// in the same second. It grows with the agents connected.
+	ReconnectSpreadMs int32 `protobuf:"varint,4,opt,name=reconnect_spread_ms,json=reconnectSpreadMs,proto3" json:"reconnect_spread_ms,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *Settings) Reset() {
@@ -773,6 +779,13 @@ func (x *Settings) GetMaxTaskOutputBytes() int32 {
 func (x *Settings) GetTaskLeaseSeconds() int32 {
 	if x != nil {
 		return x.TaskLeaseSeconds
+	}
+	return 0
+}
+
+func (x *Settings) GetReconnectSpreadMs() int32 {
+	if x != nil {
+		return x.ReconnectSpreadMs
 	}
 	return 0
 }
@@ -941,11 +954,12 @@ const file_tether_v1_agent_proto_rawDesc = "" +
 	"\bsettings\x18\x01 \x01(\v2\x13.tether.v1.SettingsH\x00R\bsettings\x12/\n" +
 	"\x04task\x18\x02 \x01(\v2\x19.tether.v1.TaskAssignmentH\x00R\x04task\x12/\n" +
 	"\x06cancel\x18\x03 \x01(\v2\x15.tether.v1.TaskCancelH\x00R\x06cancelB\x05\n" +
-	"\x03msg\"\xa9\x01\n" +
+	"\x03msg\"\xd9\x01\n" +
 	"\bSettings\x12<\n" +
 	"\x1aheartbeat_interval_seconds\x18\x01 \x01(\x05R\x18heartbeatIntervalSeconds\x121\n" +
 	"\x15max_task_output_bytes\x18\x02 \x01(\x05R\x12maxTaskOutputBytes\x12,\n" +
-	"\x12task_lease_seconds\x18\x03 \x01(\x05R\x10taskLeaseSeconds\"\xc4\x01\n" +
+	"\x12task_lease_seconds\x18\x03 \x01(\x05R\x10taskLeaseSeconds\x12.\n" +
+	"\x13reconnect_spread_ms\x18\x04 \x01(\x05R\x11reconnectSpreadMs\"\xc4\x01\n" +
 	"\x0eTaskAssignment\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12'\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x13.tether.v1.TaskKindR\x04kind\x12*\n" +
