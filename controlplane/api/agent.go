@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/bits"
 	"os"
 	"time"
 
@@ -219,6 +220,9 @@ func (a *agentServer) Connect(stream v1.AgentService_ConnectServer) error {
 	defer a.Agents.unregister(id, conn)
 	defer a.Revoked.OnRevoke(c.Serial, func() { end(fail.Unauthenticated("certificate %s was revoked", c.Serial)) })()
 
+	// Taken before the first settings go out, so a growth in between is
+	// not missed.
+	grown := a.Agents.Grown()
 	if err := stream.Send(&v1.ControlMessage{Msg: &v1.ControlMessage_Settings{Settings: a.settings()}}); err != nil {
 		return err
 	}
@@ -235,9 +239,11 @@ func (a *agentServer) Connect(stream v1.AgentService_ConnectServer) error {
 	// sweep query (AgentHub.SweepWork) wakes the streams whose
 	// notification was lost. An idle stream costs no CPU.
 	sentCancel := map[string]bool{}
-	for {
-		if err := a.push(ctx, id, stream, sentCancel); err != nil {
-			return err
+	for look := true; ; look = true {
+		if look {
+			if err := a.push(ctx, id, stream, sentCancel); err != nil {
+				return err
+			}
 		}
 		select {
 		case <-ctx.Done():
@@ -250,6 +256,14 @@ func (a *agentServer) Connect(stream v1.AgentService_ConnectServer) error {
 		case why := <-ended:
 			return why
 		case <-wake:
+		case <-grown:
+			// The fleet doubled since this agent was told its settings:
+			// its reconnection window is too short for the fleet it would
+			// come back with. Nothing to look up, so no task query.
+			grown, look = a.Agents.Grown(), false
+			if err := stream.Send(&v1.ControlMessage{Msg: &v1.ControlMessage_Settings{Settings: a.settings()}}); err != nil {
+				return err
+			}
 		}
 	}
 }
@@ -382,6 +396,16 @@ func HeartbeatInterval(connected int) time.Duration {
 func ReconnectSpread(connected int) time.Duration {
 	d := time.Duration(float64(connected) / MaxReconnectsPerSecond * float64(time.Second))
 	return min(d, MaxReconnectSpread)
+}
+
+// settingsTier grows by one each time the connected fleet doubles past
+// one second's worth of reconnections. A replica resends its settings to
+// every stream when the tier rises, so the agents that connected while
+// the fleet was small learn the longer reconnection window too: told only
+// at connect time, the first agents kept windows of a second or two and
+// a restart brought them all back in its first second.
+func settingsTier(connected int) int {
+	return bits.Len(uint(connected / int(MaxReconnectsPerSecond)))
 }
 
 // Heartbeat and reconnection rate limits. MaxReconnectsPerSecond is a

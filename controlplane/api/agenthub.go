@@ -28,6 +28,11 @@ type AgentHub struct {
 	mu      sync.Mutex
 	streams map[string]*agentConn
 	pending map[string]store.Heartbeat
+	// grown is closed, and replaced, when the fleet reaches a new
+	// settingsTier: every stream waiting on it resends its settings. One
+	// channel for all streams, so the news costs no goroutine per stream.
+	grown chan struct{}
+	tier  int
 }
 
 // DefaultSweep bounds how late a task whose notification was lost reaches
@@ -46,7 +51,8 @@ type agentConn struct {
 
 // NewAgentHub returns an idle hub; Run starts it.
 func NewAgentHub(s store.Store, log *slog.Logger, flush time.Duration) *AgentHub {
-	return &AgentHub{Store: s, Log: log, Flush: flush, streams: map[string]*agentConn{}, pending: map[string]store.Heartbeat{}}
+	return &AgentHub{Store: s, Log: log, Flush: flush, streams: map[string]*agentConn{}, pending: map[string]store.Heartbeat{},
+		grown: make(chan struct{})}
 }
 
 // Run follows task notifications and flushes heartbeats until ctx ends,
@@ -107,11 +113,26 @@ func (h *AgentHub) Connected() int {
 	return len(h.streams)
 }
 
+// Grown is closed when the fleet next reaches a new settings tier.
+func (h *AgentHub) Grown() <-chan struct{} {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.grown
+}
+
 func (h *AgentHub) register(id string, wake, kick func()) *agentConn {
 	c := &agentConn{wake: wake, kick: kick}
 	h.mu.Lock()
 	old := h.streams[id]
 	h.streams[id] = c
+	// Only a rise counts: a shrinking fleet leaves agents with a longer
+	// window than needed, which is safe, and a fleet hovering at a tier's
+	// edge does not resend settings on every connect.
+	if t := settingsTier(len(h.streams)); t > h.tier {
+		h.tier = t
+		close(h.grown)
+		h.grown = make(chan struct{})
+	}
 	h.mu.Unlock()
 	if old != nil {
 		old.kick()

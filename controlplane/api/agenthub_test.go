@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"path/filepath"
@@ -151,4 +152,59 @@ func TestNotificationIsNotHeldBehindAHeartbeatFlush(t *testing.T) {
 	close(st.release)
 	stopRun()
 	<-done
+}
+
+// The hub announces each doubling of the fleet past 500 streams, once,
+// and never a shrink: streams resend their settings on the announcement.
+func TestGrownAnnouncesEachDoubling(t *testing.T) {
+	h := NewAgentHub(nil, slog.New(slog.DiscardHandler), time.Second)
+	closed := func(ch <-chan struct{}) bool {
+		select {
+		case <-ch:
+			return true
+		default:
+			return false
+		}
+	}
+	conns := map[string]*agentConn{}
+	next := 0
+	connect := func(from, to int) {
+		for range to - from {
+			next++
+			id := fmt.Sprintf("i-%d", next)
+			conns[id] = h.register(id, func() {}, func() {})
+		}
+	}
+	for _, tc := range []struct {
+		name     string
+		to       int // streams open after the step (from the previous step's count)
+		announce bool
+	}{
+		{"below one second's worth", 499, false},
+		{"reaches 500", 500, true},
+		{"on to 999", 999, false},
+		{"doubles to 1,000", 1000, true},
+		{"shrinks to 10", 10, false},
+		{"back to 1,999", 1999, false},
+		{"doubles again to 2,000", 2000, true},
+	} {
+		ch := h.Grown()
+		if n := len(conns); tc.to >= n {
+			connect(n, tc.to)
+		} else {
+			for id, c := range conns {
+				if len(conns) == tc.to {
+					break
+				}
+				h.unregister(id, c)
+				delete(conns, id)
+			}
+		}
+		if got := closed(ch); got != tc.announce {
+			t.Fatalf("%s (%d streams): announced = %v, want %v", tc.name, h.Connected(), got, tc.announce)
+		}
+		if tc.announce && closed(h.Grown()) {
+			t.Fatalf("%s: the next announcement is already made", tc.name)
+		}
+	}
 }

@@ -26,9 +26,9 @@ type SimAgent struct {
 	stream     v1.AgentService_ConnectClient
 	sendMu     sync.Mutex
 	online     atomic.Bool
-	// spread is the reconnection window from the last Settings (read and
-	// written only by the agent's own run loop).
-	spread time.Duration
+	// spread is the reconnection window from the last Settings, in ns
+	// (written by the stream's receiver, read by the run loop).
+	spread atomic.Int64
 }
 
 // EnrollAgents provisions and enrolls n external instances of node.

@@ -307,13 +307,21 @@ func (f *Fleet) run(a *SimAgent, src net.IP) {
 		}
 		// As the real agent: the control plane's reconnection window
 		// widens the back-off (agent/session.Backoff.DelaySpread).
-		d := f.o.Backoff.DelaySpread(attempt, a.spread)
+		d := f.o.Backoff.DelaySpread(attempt, time.Duration(a.spread.Load()))
 		attempt++
 		select {
 		case <-f.ctx.Done():
 			return
 		case <-time.After(d):
 		}
+	}
+}
+
+// learn keeps the reconnection window of a Settings message, as the real
+// agent does; the control plane resends settings as its fleet grows.
+func (a *SimAgent) learn(m *v1.ControlMessage) {
+	if ms := m.GetSettings().GetReconnectSpreadMs(); ms > 0 {
+		a.spread.Store(int64(time.Duration(ms) * time.Millisecond))
 	}
 }
 
@@ -344,9 +352,7 @@ func (f *Fleet) session(a *SimAgent, src net.IP, reconnect bool) (established bo
 	if err != nil {
 		return false, fmt.Errorf("stream: %w", err)
 	}
-	if ms := first.GetSettings().GetReconnectSpreadMs(); ms > 0 {
-		a.spread = time.Duration(ms) * time.Millisecond
-	}
+	a.learn(first)
 	f.connected.Add(1)
 	defer f.connected.Add(-1)
 	f.progress()
@@ -368,6 +374,7 @@ func (f *Fleet) session(a *SimAgent, src net.IP, reconnect bool) (established bo
 				recvErr <- err
 				return
 			}
+			a.learn(m)
 			if t := m.GetTask(); t != nil {
 				if ch, ok := f.waiting.Load(a.InstanceID); ok {
 					select {
