@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -40,16 +41,17 @@ type fleetReport struct {
 	HeartbeatsPerSec  float64 `json:"heartbeats_ingested_per_second"`
 	// Server figures from /proc/PID: RSS before any agent and at the end
 	// of the hold, and CPU over the hold.
-	RSSBaseMiB        float64  `json:"server_rss_base_mib"`
-	RSSEndMiB         float64  `json:"server_rss_end_mib"`
-	RSSPerAgentKiB    float64  `json:"server_rss_per_agent_kib"`
-	RSSHoldGrowthMiB  float64  `json:"server_rss_growth_during_hold_mib"`
-	GoInUsePerAgentKB float64  `json:"server_go_heap_stack_per_agent_kib,omitempty"`
-	CPUPercentOfCore  float64  `json:"server_cpu_percent_of_a_core"`
-	CPUPerHeartbeatUS float64  `json:"server_cpu_us_per_heartbeat"`
-	CPUPerAgentUSPerS float64  `json:"server_cpu_us_per_agent_per_second"`
-	FirstErrors       []string `json:"first_errors,omitempty"`
-	ReusedIdentities  int64    `json:"reused_identities"`
+	RSSBaseMiB        float64          `json:"server_rss_base_mib"`
+	RSSEndMiB         float64          `json:"server_rss_end_mib"`
+	RSSPerAgentKiB    float64          `json:"server_rss_per_agent_kib"`
+	RSSHoldGrowthMiB  float64          `json:"server_rss_growth_during_hold_mib"`
+	GoInUsePerAgentKB float64          `json:"server_go_heap_stack_per_agent_kib,omitempty"`
+	CPUPercentOfCore  float64          `json:"server_cpu_percent_of_a_core"`
+	CPUPerHeartbeatUS float64          `json:"server_cpu_us_per_heartbeat"`
+	CPUPerAgentUSPerS float64          `json:"server_cpu_us_per_agent_per_second"`
+	FirstErrors       []string         `json:"first_errors,omitempty"`
+	FailuresByCause   map[string]int64 `json:"failures_by_cause,omitempty"`
+	ReusedIdentities  int64            `json:"reused_identities"`
 	// Task create -> agent receives, over --push-tasks probes.
 	PushTasks  int     `json:"push_tasks,omitempty"`
 	PushErrors int     `json:"push_errors,omitempty"`
@@ -241,7 +243,7 @@ func fleet(args []string) error {
 		EnrollSeconds: enrollSecs, HoldSeconds: holdSecs, Connected: st.Connected, Errors: st.Errors, Reconnects: st.Reconnects,
 		HeartbeatsPerSec: (hb1 - hb0) / holdSecs, RSSBaseMiB: float64(rss0) / (1 << 20), RSSEndMiB: float64(rss2) / (1 << 20),
 		RSSHoldGrowthMiB: float64(rss2-rss1) / (1 << 20), CPUPercentOfCore: 100 * (cpu1 - cpu0).Seconds() / holdSecs,
-		FirstErrors: st.FirstErrs, ReusedIdentities: st.Reused, RSSSamplesMiB: rssSamples}
+		FirstErrors: st.FirstErrs, FailuresByCause: st.Causes, ReusedIdentities: st.Reused, RSSSamplesMiB: rssSamples}
 	if len(push.Lat) > 0 || push.Errors > 0 {
 		r.PushTasks, r.PushErrors = len(push.Lat)+push.Errors, push.Errors
 		r.PushP50MS = float64(bench.Percentile(push.Lat, 0.5).Microseconds()) / 1000
@@ -288,6 +290,14 @@ func printFleet(w io.Writer, r fleetReport, asJSON bool) {
 	}
 	if r.Storm != nil {
 		printStorm(w, r.Storm)
+	}
+	causes := make([]string, 0, len(r.FailuresByCause))
+	for c := range r.FailuresByCause {
+		causes = append(causes, c)
+	}
+	sort.Slice(causes, func(i, j int) bool { return r.FailuresByCause[causes[i]] > r.FailuresByCause[causes[j]] })
+	for _, c := range causes {
+		fmt.Fprintf(w, "failures: %7d  %s\n", r.FailuresByCause[c], c)
 	}
 	for _, e := range r.FirstErrors {
 		fmt.Fprintln(w, "error:", e)

@@ -3,10 +3,12 @@ package bench
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -84,6 +86,7 @@ type Fleet struct {
 	reconnect atomic.Int64
 	mu        sync.Mutex
 	firstErrs []string
+	causes    map[string]int64
 	timeline  map[int64]*Second
 	agents    []*SimAgent
 	// waiting maps an instance to the probe awaiting its next task.
@@ -111,7 +114,9 @@ type FleetStats struct {
 	Errors     int64    `json:"errors"`
 	Reconnects int64    `json:"reconnects"`
 	FirstErrs  []string `json:"first_errors,omitempty"`
-	Timeline   []Second `json:"timeline,omitempty"`
+	// Causes counts the errors by FailureCause.
+	Causes   map[string]int64 `json:"failures_by_cause,omitempty"`
+	Timeline []Second         `json:"timeline,omitempty"`
 }
 
 // Add sums another shard's counts into s; timelines merge by second.
@@ -127,6 +132,12 @@ func (s *FleetStats) Add(o FleetStats) {
 		if len(s.FirstErrs) < 5 {
 			s.FirstErrs = append(s.FirstErrs, e)
 		}
+	}
+	for k, v := range o.Causes {
+		if s.Causes == nil {
+			s.Causes = map[string]int64{}
+		}
+		s.Causes[k] += v
 	}
 	s.Timeline = MergeTimelines(s.Timeline, o.Timeline)
 }
@@ -271,6 +282,10 @@ func (f *Fleet) fail(err error) {
 	if len(f.firstErrs) < 5 {
 		f.firstErrs = append(f.firstErrs, err.Error())
 	}
+	if f.causes == nil {
+		f.causes = map[string]int64{}
+	}
+	f.causes[FailureCause(err)]++
 	f.second().Failures++
 	f.mu.Unlock()
 }
@@ -315,6 +330,40 @@ func (f *Fleet) run(a *SimAgent, src net.IP) {
 		case <-time.After(d):
 		}
 	}
+}
+
+// errLost marks an error that ended an established stream, as against
+// one that failed an attempt to open one.
+var errLost = errors.New("stream lost")
+
+// FailureCause sorts an error into a few kinds for the report: whether
+// it ended a stream or failed an attempt, and what the transport said.
+// A storm's failures say where reconnections were lost (refused at the
+// port, a handshake past its deadline, a reset) without reading logs.
+func FailureCause(err error) string {
+	phase := "attempt"
+	if errors.Is(err, errLost) {
+		phase = "stream lost"
+	}
+	msg := err.Error()
+	for _, c := range []struct{ needle, cause string }{
+		{"connection refused", "connection refused"},
+		{"connection reset", "connection reset"},
+		{"broken pipe", "broken pipe"},
+		{"server preface", "no HTTP/2 preface from the server"},
+		{"handshake", "TLS handshake failed"},
+		{"i/o timeout", "timeout"},
+		{"DeadlineExceeded", "timeout"},
+		{"EOF", "EOF"},
+	} {
+		if strings.Contains(msg, c.needle) {
+			return phase + ": " + c.cause
+		}
+	}
+	if st, ok := status.FromError(err); ok && st.Code() != codes.Unknown {
+		return phase + ": " + st.Code().String()
+	}
+	return phase + ": other"
 }
 
 // learn keeps the reconnection window of a Settings message, as the real
@@ -399,10 +448,10 @@ func (f *Fleet) session(a *SimAgent, src net.IP, reconnect bool) (established bo
 			_ = s.CloseSend()
 			return true, nil
 		case err := <-recvErr:
-			return true, fmt.Errorf("stream: %w", err)
+			return true, fmt.Errorf("%w: %w", errLost, err)
 		case <-next:
 			if err := a.Heartbeat(v1.AgentPhase_AGENT_PHASE_READY); err != nil {
-				return true, fmt.Errorf("heartbeat: %w", err)
+				return true, fmt.Errorf("%w: heartbeat: %w", errLost, err)
 			}
 			f.sent.Add(1)
 			f.progress()
@@ -426,10 +475,14 @@ func (f *Fleet) Connected() int { return int(f.connected.Load()) }
 func (f *Fleet) Stats() FleetStats {
 	f.mu.Lock()
 	errs := append([]string(nil), f.firstErrs...)
+	causes := make(map[string]int64, len(f.causes))
+	for k, v := range f.causes {
+		causes[k] = v
+	}
 	tl := sortedSeconds(f.timeline)
 	f.mu.Unlock()
 	return FleetStats{Agents: f.o.Agents, Enrolled: f.enrolled.Load(), Reused: f.reused.Load(), Connected: f.connected.Load(),
-		Sent: f.sent.Load(), Errors: f.errs.Load(), Reconnects: f.reconnect.Load(), FirstErrs: errs, Timeline: tl}
+		Sent: f.sent.Load(), Errors: f.errs.Load(), Reconnects: f.reconnect.Load(), FirstErrs: errs, Causes: causes, Timeline: tl}
 }
 
 // Stop ends every stream and waits for the agents to go.
