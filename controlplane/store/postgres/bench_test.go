@@ -14,6 +14,7 @@ import (
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/controlplane/store/postgres"
 	"github.com/tetherfleet/tether/controlplane/store/sqlite"
+	"github.com/tetherfleet/tether/controlplane/store/storetest"
 )
 
 // benchClients is the number of concurrent claimers.
@@ -109,3 +110,11 @@ func percentile(d []time.Duration, p int) time.Duration {
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// BenchmarkRecordHeartbeats: see storetest.BenchRecordHeartbeats. It runs
+// on the durable server (fsync on), as SQLite's synchronous=FULL does.
+//
+//	nice -n 10 go test -tags nobadger,nobbolt,nomysql -run '^$' -bench RecordHeartbeats -benchtime 2s -count 3 ./controlplane/store/postgres/
+func BenchmarkRecordHeartbeats(b *testing.B) {
+	storetest.BenchRecordHeartbeats(b, open(b, pgDurable.DSN(b), postgres.Options{}))
+}
