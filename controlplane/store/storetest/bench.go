@@ -20,8 +20,10 @@ const benchFleet = 1000
 // heartbeats. One op is one heartbeat, so ns/op is the wall time per
 // heartbeat; cpu-ns/heartbeat is this process's CPU (user + system) per
 // heartbeat: all of the server's for SQLite, only the client side for
-// PostgreSQL, whose work runs in its own backend processes.
-func BenchRecordHeartbeats(b *testing.B, s store.Store) {
+// PostgreSQL, whose work runs in its own processes. serverCPU, if not nil,
+// reads an out-of-process server's CPU time so far, reported as
+// server-cpu-ns/heartbeat.
+func BenchRecordHeartbeats(b *testing.B, s store.Store, serverCPU func() (time.Duration, error)) {
 	// No deadline: ctx's 30 s would end a -count 3 run midway.
 	c := context.Background()
 	n := seedNode(b, s, "bench")
@@ -44,6 +46,7 @@ func BenchRecordHeartbeats(b *testing.B, s store.Store) {
 			batch := make([]store.Heartbeat, 0, size)
 			next := 0
 			cpu0 := cpuTime(b)
+			srv0 := readServerCPU(b, serverCPU)
 			b.ResetTimer()
 			for done := 0; done < b.N; done += len(batch) {
 				at = at.Add(time.Millisecond)
@@ -61,6 +64,9 @@ func BenchRecordHeartbeats(b *testing.B, s store.Store) {
 			}
 			b.StopTimer()
 			b.ReportMetric(float64(cpuTime(b)-cpu0)/float64(b.N), "cpu-ns/heartbeat")
+			if serverCPU != nil {
+				b.ReportMetric(float64(readServerCPU(b, serverCPU)-srv0)/float64(b.N), "server-cpu-ns/heartbeat")
+			}
 		})
 	}
 }
@@ -72,4 +78,15 @@ func cpuTime(b *testing.B) time.Duration {
 		b.Fatalf("getrusage: %v", err)
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func readServerCPU(b *testing.B, serverCPU func() (time.Duration, error)) time.Duration {
+	if serverCPU == nil {
+		return 0
+	}
+	d, err := serverCPU()
+	if err != nil {
+		b.Fatalf("server CPU time: %v", err)
+	}
+	return d
 }
