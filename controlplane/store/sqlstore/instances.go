@@ -234,8 +234,8 @@ const heartbeatChunk = 512
 // heartbeatUpdates[k] writes 2^k heartbeats in one statement, k = 0..9.
 // A batch is cut into full chunks and then into powers of two (see
 // heartbeatChunkSize), so these ten texts are the only ones there are:
-// each is rebound and, on PostgreSQL, prepared once per connection, not
-// once per batch size.
+// each is prepared once per connection (execPrepared; pgx's own cache on
+// PostgreSQL), not once per batch size.
 //
 // The rows come in as a VALUES list joined on id (UPDATE ... FROM, SQLite
 // 3.33+). Neither dialect takes a column list on the alias in the other's
@@ -271,7 +271,8 @@ WHERE instances.id = hb.column1 AND (instances.last_heartbeat_at IS NULL OR inst
 
 // heartbeatChunkSize is how many of n remaining heartbeats the next
 // statement writes: a full chunk, else the largest power of two not above
-// n. A batch of n takes at most ceil(n/512) + 8 statements.
+// n. A batch of n takes n/512 statements and one per bit set in n%512: at
+// most n/512 + 9.
 func heartbeatChunkSize(n int) int {
 	if n >= heartbeatChunk {
 		return heartbeatChunk
@@ -294,7 +295,7 @@ func (q *queries) RecordHeartbeats(ctx context.Context, hbs []store.Heartbeat) e
 			args = append(args, hb.InstanceID, ts(hb.At), hb.Phase, hb.AgentVersion, jsonList(hb.RunningModules),
 				hb.AgentError, jsonList(hb.Addresses), hb.BootID)
 		}
-		if _, err := q.exec(ctx, heartbeatUpdates[bits.Len(uint(n))-1], args...); err != nil {
+		if _, err := q.execPrepared(ctx, heartbeatUpdates[bits.Len(uint(n))-1], args...); err != nil {
 			return fmt.Errorf("record heartbeats %d-%d of %d (first %s): %w", done+1, done+n, total, chunk[0].InstanceID, err)
 		}
 		done += n
