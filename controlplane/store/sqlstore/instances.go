@@ -228,7 +228,7 @@ func (q *queries) UpdateInstance(ctx context.Context, in *store.Instance) error 
 
 // heartbeatChunk bounds the rows of one heartbeat UPDATE. At 8 parameters
 // a row a full chunk binds 4,096, far under SQLite's limit (32,766) and
-// PostgreSQL's (65,535), and its text stays about 40 KB.
+// PostgreSQL's (65,535), and its text stays 20-30 KB.
 const heartbeatChunk = 512
 
 // heartbeatUpdates[k] writes 2^k heartbeats in one statement, k = 0..9.
@@ -238,12 +238,12 @@ const heartbeatChunk = 512
 // PostgreSQL), not once per batch size.
 //
 // The rows come in as a VALUES list joined on id (UPDATE ... FROM, SQLite
-// 3.33+). Neither dialect takes a column list on the alias in the other's
-// way, but both name VALUES columns column1, column2, ..., so the query
+// 3.33+). SQLite takes no column list on the alias (AS hb(id, ...)), but
+// both backends name VALUES columns column1, column2, ..., so the query
 // uses those. The time is cast in every row: PostgreSQL would otherwise
 // resolve the untyped parameters of a VALUES column to text, and
-// comparing that with the BIGINT column fails; on SQLite the cast is a
-// no-op.
+// "bigint <= text" does not exist (SQLSTATE 42883); on SQLite the cast is
+// a no-op.
 var heartbeatUpdates = func() [10]string {
 	var out [10]string
 	for k := range out {
