@@ -31,7 +31,13 @@ var (
 	_ sqlstore.Dialect         = dialect{}
 	_ sqlstore.EventSerializer = dialect{}
 	_ sqlstore.TxRetrier       = dialect{}
+	_ sqlstore.StatementCacher = dialect{}
 )
+
+// CachesStatements implements sqlstore.StatementCacher: pgx prepares
+// each query text once per connection and keeps it (its default
+// QueryExecModeCacheStatement).
+func (dialect) CachesStatements() bool { return true }
 
 func (dialect) Name() string       { return "postgres" }
 func (dialect) LockRow() string    { return " FOR UPDATE" }

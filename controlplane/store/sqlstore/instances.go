@@ -4,6 +4,8 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"math/bits"
+	"slices"
 	"strings"
 
 	"github.com/tetherfleet/tether/controlplane/store"
@@ -224,18 +226,101 @@ func (q *queries) UpdateInstance(ctx context.Context, in *store.Instance) error 
 	return mustAffect(res, err, "instance", in.ID)
 }
 
-func (q *queries) RecordHeartbeats(ctx context.Context, hbs []store.Heartbeat) error {
-	for _, hb := range hbs {
-		// A heartbeat never moves last_heartbeat_at backwards (batches from
-		// two replicas may land out of order) and always ends a silence.
-		_, err := q.exec(ctx, `UPDATE instances SET last_heartbeat_at = ?, agent_phase = ?, agent_version = ?, running_modules = ?,
-			agent_error = ?, addresses = ?, boot_id = ?, silent_since = NULL, heartbeat_stale_flagged = ?
-			WHERE id = ? AND (last_heartbeat_at IS NULL OR last_heartbeat_at <= ?)`,
-			ts(hb.At), hb.Phase, hb.AgentVersion, jsonList(hb.RunningModules), hb.AgentError, jsonList(hb.Addresses), hb.BootID, false,
-			hb.InstanceID, ts(hb.At))
-		if err != nil {
-			return fmt.Errorf("record heartbeat of %s: %w", hb.InstanceID, err)
+// heartbeatChunk bounds the rows of one heartbeat UPDATE. At 8 parameters
+// a row a full chunk binds 4,096, far under SQLite's limit (32,766) and
+// PostgreSQL's (65,535), and its text stays 20-30 KB.
+const heartbeatChunk = 512
+
+// heartbeatUpdates[k] writes 2^k heartbeats in one statement, k = 0..9.
+// A batch is cut into full chunks and then into powers of two (see
+// heartbeatChunkSize), so these ten texts are the only ones there are:
+// each is prepared once per connection (execPrepared; pgx's own cache on
+// PostgreSQL), not once per batch size.
+//
+// The rows come in as a VALUES list joined on id (UPDATE ... FROM, SQLite
+// 3.33+). SQLite takes no column list on the alias (AS hb(id, ...)), but
+// both backends name VALUES columns column1, column2, ..., so the query
+// uses those. The time is cast in every row: PostgreSQL would otherwise
+// resolve the untyped parameters of a VALUES column to text, and
+// "bigint <= text" does not exist (SQLSTATE 42883); on SQLite the cast is
+// a no-op.
+var heartbeatUpdates = func() [10]string {
+	var out [10]string
+	for k := range out {
+		var b strings.Builder
+		// A heartbeat never moves last_heartbeat_at backwards (batches
+		// from two replicas may land out of order) and always ends a
+		// silence. An id with no instance matches no row and is skipped,
+		// as a single-row UPDATE of it would be.
+		b.WriteString(`UPDATE instances SET last_heartbeat_at = hb.column2, agent_phase = hb.column3, agent_version = hb.column4,
+	running_modules = hb.column5, agent_error = hb.column6, addresses = hb.column7, boot_id = hb.column8,
+	silent_since = NULL, heartbeat_stale_flagged = FALSE
+FROM (VALUES `)
+		for i := 0; i < 1<<k; i++ {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			b.WriteString("(?, CAST(? AS BIGINT), ?, ?, ?, ?, ?, ?)")
 		}
+		b.WriteString(`) AS hb
+WHERE instances.id = hb.column1 AND (instances.last_heartbeat_at IS NULL OR instances.last_heartbeat_at <= hb.column2)`)
+		out[k] = b.String()
+	}
+	return out
+}()
+
+// heartbeatChunkSize is how many of n remaining heartbeats the next
+// statement writes: a full chunk, else the largest power of two not above
+// n. A batch of n takes n/512 statements and one per bit set in n%512: at
+// most n/512 + 9.
+func heartbeatChunkSize(n int) int {
+	if n >= heartbeatChunk {
+		return heartbeatChunk
+	}
+	return 1 << (bits.Len(uint(n)) - 1)
+}
+
+// RecordHeartbeats writes hbs with one multi-row UPDATE per chunk, not
+// one per heartbeat: at fleet scale the per-statement cost (SQLite
+// parsing and planning the same UPDATE again, a PostgreSQL round trip)
+// was most of the write.
+func (q *queries) RecordHeartbeats(ctx context.Context, hbs []store.Heartbeat) error {
+	hbs = newestPerInstance(hbs)
+	total := len(hbs)
+	for done := 0; done < total; {
+		n := heartbeatChunkSize(total - done)
+		chunk := hbs[done : done+n]
+		args := make([]any, 0, 8*n)
+		for _, hb := range chunk {
+			args = append(args, hb.InstanceID, ts(hb.At), hb.Phase, hb.AgentVersion, jsonList(hb.RunningModules),
+				hb.AgentError, jsonList(hb.Addresses), hb.BootID)
+		}
+		if _, err := q.execPrepared(ctx, heartbeatUpdates[bits.Len(uint(n))-1], args...); err != nil {
+			return fmt.Errorf("record heartbeats %d-%d of %d (first %s): %w", done+1, done+n, total, chunk[0].InstanceID, err)
+		}
+		done += n
 	}
 	return nil
+}
+
+// newestPerInstance returns hbs with one heartbeat per instance, sorted by
+// id. The hub keys its batch by instance, but a join with two rows for
+// one target row would update it from either, unpredictably; this keeps
+// what writing them one by one in order would have left: the newest, and
+// of equal times the later. Sorting gives concurrent writers (replicas
+// flushing overlapping batches) one row order to lock in.
+func newestPerInstance(hbs []store.Heartbeat) []store.Heartbeat {
+	out := slices.Clone(hbs)
+	slices.SortStableFunc(out, func(a, b store.Heartbeat) int { return strings.Compare(a.InstanceID, b.InstanceID) })
+	keep := out[:0]
+	for _, hb := range out {
+		if n := len(keep); n > 0 && keep[n-1].InstanceID == hb.InstanceID {
+			if !hb.At.Before(keep[n-1].At) {
+				keep[n-1] = hb
+			}
+			continue
+		}
+		keep = append(keep, hb)
+	}
+	return keep
 }

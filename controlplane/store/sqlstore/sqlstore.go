@@ -58,6 +58,15 @@ type TxRetrier interface {
 	IsRetryable(err error) bool
 }
 
+// StatementCacher is an optional Dialect extension for a driver that
+// keeps its own per-connection cache of prepared statements, keyed by
+// query text (pgx does). execPrepared then leaves the statement to the
+// driver instead of holding a database/sql one beside it, which measured
+// no faster there and cost client CPU.
+type StatementCacher interface {
+	CachesStatements() bool
+}
+
 // maxTxAttempts bounds how often Tx runs one transaction that keeps losing
 // to concurrent writers; a steady loop would be a bug.
 const maxTxAttempts = 8
@@ -104,6 +113,8 @@ type DB struct {
 	clock    clock.Clock
 	// stmts caches rebound query text.
 	rebound sync.Map
+	// prepared holds the statements execPrepared runs, by query text.
+	prepared sync.Map
 }
 
 // Options configure New.
@@ -210,6 +221,56 @@ func (q *queries) sql(query string) string {
 func (q *queries) exec(ctx context.Context, query string, args ...any) (sql.Result, error) {
 	res, err := q.ex.ExecContext(ctx, q.sql(query), args...)
 	return res, q.db.classify(err)
+}
+
+// execPrepared is exec for a statement worth preparing once per
+// connection instead of once per call: SQLite (modernc) parses every
+// ExecContext's text again, which for a long statement run often (the
+// heartbeat UPDATE) is a third of its cost. database/sql keeps the
+// statement prepared on each connection it has run on, and a transaction
+// borrows it for its own connection.
+func (q *queries) execPrepared(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	if c, ok := q.db.dialect.(StatementCacher); ok && c.CachesStatements() {
+		return q.exec(ctx, query, args...)
+	}
+	st, err := q.db.prepare(ctx, q.sql(query))
+	if err != nil {
+		return nil, err
+	}
+	var res sql.Result
+	switch ex := q.ex.(type) {
+	case *sql.Tx:
+		txst := ex.StmtContext(ctx, st)
+		res, err = txst.ExecContext(ctx, args...)
+		// Closing the transaction's copy leaves the connection's
+		// statement to st.
+		if cerr := txst.Close(); err == nil && cerr != nil {
+			err = fmt.Errorf("close statement: %w", cerr)
+		}
+	case *sql.DB:
+		res, err = st.ExecContext(ctx, args...)
+	default: // a *sql.Conn cannot borrow a pool's statement
+		res, err = q.ex.ExecContext(ctx, q.sql(query), args...)
+	}
+	return res, q.db.classify(err)
+}
+
+// prepare returns the pool-wide statement for the (rebound) query,
+// preparing it on first use. Two callers racing on first use may both
+// prepare; the loser closes its copy.
+func (d *DB) prepare(ctx context.Context, query string) (*sql.Stmt, error) {
+	if v, ok := d.prepared.Load(query); ok {
+		return v.(*sql.Stmt), nil
+	}
+	st, err := d.db.PrepareContext(ctx, query)
+	if err != nil {
+		return nil, d.classify(fmt.Errorf("prepare: %w", err))
+	}
+	if v, loaded := d.prepared.LoadOrStore(query, st); loaded {
+		_ = st.Close() // an unused duplicate; nothing ran on it
+		return v.(*sql.Stmt), nil
+	}
+	return st, nil
 }
 
 func (q *queries) query(ctx context.Context, query string, args ...any) (*sql.Rows, error) {

@@ -36,6 +36,9 @@ func Run(t *testing.T, newStore Factory) {
 		{"DHCPLeaseRace", testDHCPLeaseRace},
 		{"Instances", testInstances},
 		{"Heartbeats", testHeartbeats},
+		{"HeartbeatBatch", testHeartbeatBatch},
+		{"HeartbeatBatchesOutOfOrder", testHeartbeatBatchesOutOfOrder},
+		{"HeartbeatDuplicates", testHeartbeatDuplicates},
 		{"Tokens", testTokens},
 		{"TokenRace", testTokenRace},
 		{"Certificates", testCertificates},
@@ -65,13 +68,13 @@ func Run(t *testing.T, newStore Factory) {
 
 var t0 = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 
-func ctx(t *testing.T) context.Context {
+func ctx(t testing.TB) context.Context {
 	c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
 	return c
 }
 
-func must(t *testing.T, err error) {
+func must(t testing.TB, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
@@ -85,20 +88,20 @@ func wantErr(t *testing.T, err, sentinel error) {
 	}
 }
 
-func seedModule(t *testing.T, s store.Store, name, version string) *store.Module {
+func seedModule(t testing.TB, s store.Store, name, version string) *store.Module {
 	m := &store.Module{Name: name, Version: version, Digest: "sha256:" + fmt.Sprintf("%064x", len(name)+len(version)), Size: 4096, CreatedAt: t0}
 	must(t, s.CreateModule(ctx(t), m))
 	return m
 }
 
-func seedTemplate(t *testing.T, s store.Store, name string) *store.Template {
+func seedTemplate(t testing.TB, s store.Store, name string) *store.Template {
 	seedModule(t, s, name+"-base", "1")
 	tpl := &store.Template{Name: name, RootModules: []store.ModuleRef{{Name: name + "-base", Version: "1"}}, CreatedAt: t0, UpdatedAt: t0}
 	must(t, s.CreateTemplate(ctx(t), tpl))
 	return tpl
 }
 
-func seedNode(t *testing.T, s store.Store, name string) *store.Node {
+func seedNode(t testing.TB, s store.Store, name string) *store.Node {
 	tpl := seedTemplate(t, s, name+"-tpl")
 	n := &store.Node{Name: name, TemplateID: tpl.ID, Enabled: true, Config: []byte(`{"owner":"ops"}`), CreatedAt: t0, UpdatedAt: t0}
 	must(t, s.CreateNode(ctx(t), n))
