@@ -12,11 +12,39 @@ import (
 
 // ReadyHook runs in the transaction that records an agent's first
 // phase=ready heartbeat (the pool service moves warming members to ready).
+// It runs only for an instance that is booting or a pool member still
+// warming (readyMatters): a hook must not need any other.
 type ReadyHook func(ctx context.Context, q store.Queries, in *store.Instance) error
+
+// readyMatters says whether a ready report can change in: it is booting,
+// or a pool member not yet moved to ready.
+func readyMatters(in *store.Instance) bool {
+	switch in.Status {
+	case lifecycle.Provisioning, lifecycle.Starting, lifecycle.Rebooting:
+		return true
+	}
+	return in.PoolID != "" && in.PoolState == lifecycle.PoolWarming
+}
 
 // AgentReady handles a phase=ready heartbeat: a booting instance
 // (provisioning, starting, rebooting) becomes running.
+//
+// Every agent that reconnects reports ready on its new stream, and for
+// almost all of them (running, not warming) nothing changes. A read
+// decides that first: taking the write transaction anyway put each of
+// the 19,000 reconnections after a tetherd restart through SQLite's one
+// writer, and the reads of the connections behind them waited for it
+// (docs/reliability.md, reconnect storm). The read may be stale only in
+// a way the next boot repairs: an instance rebooted after it is read
+// reports ready again from its new boot.
 func (s *Service) AgentReady(ctx context.Context, instanceID string, hooks ...ReadyHook) error {
+	in, err := s.Store.GetInstance(ctx, instanceID)
+	if err != nil {
+		return err
+	}
+	if !readyMatters(in) {
+		return nil
+	}
 	return s.Store.Tx(ctx, func(q store.Queries) error {
 		in, err := q.LockInstance(ctx, instanceID)
 		if err != nil {
