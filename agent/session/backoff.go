@@ -44,13 +44,7 @@ func (b Backoff) Ceiling(attempt int) time.Duration {
 }
 
 // Delay draws attempt n's delay (n counts from 0).
-func (b Backoff) Delay(attempt int) time.Duration {
-	n := b.Int64N
-	if n == nil {
-		n = rand.Int64N
-	}
-	return time.Duration(n(int64(b.Ceiling(attempt)) + 1))
-}
+func (b Backoff) Delay(attempt int) time.Duration { return b.DelaySpread(attempt, 0) }
 
 // DelaySpread draws attempt n's delay over [0, max(Ceiling(n), spread)]:
 // the window the control plane asked its fleet to spread reconnections
