@@ -233,7 +233,7 @@ func (a *agentServer) Connect(stream v1.AgentService_ConnectServer) error {
 	// context writes Canceled to the agent itself), so the reasons above
 	// need this goroutine to return them.
 	recvErr := make(chan error, 1)
-	go func() { recvErr <- a.receive(ctx, id, stream) }()
+	go func() { recvErr <- a.receive(ctx, in, stream) }()
 
 	// No per-stream poll: work arrives by notification, and the hub's one
 	// sweep query (AgentHub.SweepWork) wakes the streams whose
@@ -315,8 +315,12 @@ func (a *agentServer) push(ctx context.Context, id string, stream v1.AgentServic
 	return nil
 }
 
-// receive handles what the agent sends until the stream ends.
-func (a *agentServer) receive(ctx context.Context, id string, stream v1.AgentService_ConnectServer) error {
+// receive handles what the agent sends until the stream ends. opened is
+// the instance as Connect read it; the stream's first ready report
+// decides from it whether there is anything to mark, rather than reading
+// the row again (every reconnection reports ready at once).
+func (a *agentServer) receive(ctx context.Context, opened *store.Instance, stream v1.AgentService_ConnectServer) error {
+	id := opened.ID
 	var lastPhase, lastError string
 	for {
 		msg, err := stream.Recv()
@@ -340,7 +344,14 @@ func (a *agentServer) receive(ctx context.Context, id string, stream v1.AgentSer
 			}
 			lastError = hb.Error
 			if phase == "ready" && lastPhase != "ready" {
-				if err := a.Instances.AgentReady(ctx, id, a.ReadyHooks...); err != nil {
+				var err error
+				if opened != nil {
+					err = a.Instances.AgentReadyAsSeen(ctx, opened, a.ReadyHooks...)
+					opened = nil // later reports read afresh
+				} else {
+					err = a.Instances.AgentReady(ctx, id, a.ReadyHooks...)
+				}
+				if err != nil {
 					// Not marked running: forget this ready so the agent's next
 					// ready heartbeat tries again, rather than leaving the
 					// instance in its boot state until the boot timeout.

@@ -99,7 +99,7 @@ func TestHeartbeatFieldsAreBoundedAndTyped(t *testing.T) {
 			a := &agentServer{Config: Config{Clock: clock.NewFake(t0), Agents: hub}}
 			hb := good()
 			tc.edit(hb)
-			err := a.receive(context.Background(), "inst-1", &recvStream{msgs: []*v1.AgentMessage{{Msg: &v1.AgentMessage_Heartbeat{Heartbeat: hb}}}})
+			err := a.receive(context.Background(), &store.Instance{ID: "inst-1"}, &recvStream{msgs: []*v1.AgentMessage{{Msg: &v1.AgentMessage_Heartbeat{Heartbeat: hb}}}})
 			queued := len(hub.pending)
 			if tc.field == "" {
 				if !errors.Is(err, io.EOF) || queued != 1 {
@@ -130,7 +130,7 @@ func TestTaskUpdateTextIsRefusedWithControlCharacters(t *testing.T) {
 		{&v1.TaskUpdate{TaskId: "t", ErrorMessage: strings.Repeat("e", 4097)}, "task_update.error_message"},
 	} {
 		a := &agentServer{Config: Config{Clock: clock.NewFake(t0)}}
-		err := a.receive(context.Background(), "inst-1", &recvStream{msgs: []*v1.AgentMessage{{Msg: &v1.AgentMessage_TaskUpdate{TaskUpdate: tc.u}}}})
+		err := a.receive(context.Background(), &store.Instance{ID: "inst-1"}, &recvStream{msgs: []*v1.AgentMessage{{Msg: &v1.AgentMessage_TaskUpdate{TaskUpdate: tc.u}}}})
 		if status.Code(err) != codes.InvalidArgument || !strings.HasPrefix(status.Convert(err).Message(), tc.field+": ") {
 			t.Errorf("%+v: got %v, want InvalidArgument naming %s", tc.u, err, tc.field)
 		}

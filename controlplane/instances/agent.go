@@ -42,9 +42,18 @@ func (s *Service) AgentReady(ctx context.Context, instanceID string, hooks ...Re
 	if err != nil {
 		return err
 	}
-	if !readyMatters(in) {
+	return s.AgentReadyAsSeen(ctx, in, hooks...)
+}
+
+// AgentReadyAsSeen is AgentReady for a caller that has just read the
+// instance (a stream reads it when it opens, and its agent reports ready
+// right after): seen decides whether to take the transaction, which reads
+// the row again under its lock.
+func (s *Service) AgentReadyAsSeen(ctx context.Context, seen *store.Instance, hooks ...ReadyHook) error {
+	if !readyMatters(seen) {
 		return nil
 	}
+	instanceID := seen.ID
 	return s.Store.Tx(ctx, func(q store.Queries) error {
 		in, err := q.LockInstance(ctx, instanceID)
 		if err != nil {
