@@ -249,9 +249,13 @@ func (s *Sensor) bootTimeouts(ctx context.Context, res *Result) error {
 		limit = DefaultBootTimeout
 	}
 	now := s.Clock.Now()
+	// Only rows past the limit are read: a mass boot keeps thousands of
+	// instances booting, and listing all of them every tick was a third
+	// of tetherd's CPU while 40,000 enrolled at once.
+	cutoff := now.Add(-limit)
 	page := store.Page{Limit: store.MaxPageSize}
 	for {
-		ins, err := s.Store.ListInstances(ctx, store.InstanceFilter{Statuses: booting}, page)
+		ins, err := s.Store.ListInstances(ctx, store.InstanceFilter{Statuses: booting, UpdatedBefore: &cutoff}, page)
 		if err != nil {
 			return fmt.Errorf("liveness: list booting instances: %w", err)
 		}

@@ -252,6 +252,9 @@ type InstanceFilter struct {
 	// HeartbeatBefore matches instances whose last heartbeat (or, with
 	// none yet, creation) is older than the time.
 	HeartbeatBefore *time.Time
+	// UpdatedBefore matches instances whose row last changed (a
+	// transition, an agent error; not a heartbeat) before the time.
+	UpdatedBefore *time.Time
 	// TerminateRequested matches instances with a recorded terminate intent.
 	TerminateRequested bool
 	// OldestFirst orders by creation (default is by id, which is also

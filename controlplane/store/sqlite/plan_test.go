@@ -9,37 +9,61 @@ import (
 	"github.com/tetherfleet/tether/controlplane/store/sqlite"
 )
 
-// The terminate reconciler's read, every loop tick, goes through the
-// partial index of instances with a terminate intent, not the status
-// index, which visited every running instance (migration 0007). SQLite
-// has no statistics here, so this pins the planner's choice.
-func TestTerminateReconcilerReadUsesItsIndex(t *testing.T) {
+// The loops' reads that run every tick go through indexes that visit only
+// the rows they want, not the status index, which visited every running
+// or booting instance (migrations 0007 and 0008). SQLite has no
+// statistics here, so this pins the planner's choice.
+func TestLoopReadsUseTheirIndexes(t *testing.T) {
 	ctx := context.Background()
 	s, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "tether.db"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	rows, err := s.SQL().QueryContext(ctx, `EXPLAIN QUERY PLAN SELECT id FROM instances
+	cases := []struct {
+		name, query, want string
+	}{
+		{
+			name: "terminate reconciler",
+			query: `SELECT id FROM instances
 		WHERE id > ? AND status IN ('provisioning', 'running', 'stopping', 'stopped', 'starting', 'rebooting', 'terminating', 'error')
-		AND terminate_requested_at IS NOT NULL ORDER BY id LIMIT 1000`, "")
-	if err != nil {
-		t.Fatal(err)
+		AND terminate_requested_at IS NOT NULL ORDER BY id LIMIT 1000`,
+			want: "instances_terminate_requested (status=? AND terminate_requested_at>?)",
+		},
+		{
+			name: "boot timeouts",
+			query: `SELECT id FROM instances
+		WHERE 1 = 1 AND status IN ('provisioning', 'starting', 'rebooting') AND updated_at < ? AND id > ? ORDER BY id LIMIT 1000`,
+			want: "instances_status_updated (status=? AND updated_at<?)",
+		},
 	}
-	defer rows.Close()
-	var plan []string
-	for rows.Next() {
-		var id, parent, notused int
-		var detail string
-		if err := rows.Scan(&id, &parent, &notused, &detail); err != nil {
-			t.Fatal(err)
-		}
-		plan = append(plan, detail)
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	if got := strings.Join(plan, "; "); !strings.Contains(got, "instances_terminate_requested") {
-		t.Fatalf("plan = %q, want the instances_terminate_requested index", got)
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			n := strings.Count(tc.query, "?")
+			args := make([]any, n)
+			for i := range args {
+				args[i] = ""
+			}
+			rows, err := s.SQL().QueryContext(ctx, `EXPLAIN QUERY PLAN `+tc.query, args...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer rows.Close()
+			var plan []string
+			for rows.Next() {
+				var id, parent, notused int
+				var detail string
+				if err := rows.Scan(&id, &parent, &notused, &detail); err != nil {
+					t.Fatal(err)
+				}
+				plan = append(plan, detail)
+			}
+			if err := rows.Err(); err != nil {
+				t.Fatal(err)
+			}
+			if got := strings.Join(plan, "; "); !strings.Contains(got, tc.want) {
+				t.Fatalf("plan = %q, want %q", got, tc.want)
+			}
+		})
 	}
 }

@@ -171,6 +171,9 @@ func instanceWhere(f store.InstanceFilter) (string, []any, error) {
 	if f.HeartbeatBefore != nil {
 		conds, args = append(conds, "COALESCE(last_heartbeat_at, created_at) < ?"), append(args, ts(*f.HeartbeatBefore))
 	}
+	if f.UpdatedBefore != nil {
+		conds, args = append(conds, "updated_at < ?"), append(args, ts(*f.UpdatedBefore))
+	}
 	if f.TerminateRequested {
 		conds = append(conds, "terminate_requested_at IS NOT NULL")
 	}

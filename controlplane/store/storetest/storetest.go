@@ -36,6 +36,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"DHCPLeaseRace", testDHCPLeaseRace},
 		{"Instances", testInstances},
 		{"Heartbeats", testHeartbeats},
+		{"UpdatedBefore", testUpdatedBefore},
 		{"HeartbeatBatch", testHeartbeatBatch},
 		{"HeartbeatBatchesOutOfOrder", testHeartbeatBatchesOutOfOrder},
 		{"HeartbeatDuplicates", testHeartbeatDuplicates},
@@ -483,6 +484,43 @@ func testHeartbeats(t *testing.T, s store.Store) {
 	must(t, err)
 	if len(fresh) != 0 {
 		t.Fatalf("HeartbeatBefore(at) = %d, want 0", len(fresh))
+	}
+}
+
+// UpdatedBefore selects rows by their last change, and a heartbeat is
+// not a change: the liveness loop's boot timeout rests on both.
+func testUpdatedBefore(t *testing.T, s store.Store) {
+	c := ctx(t)
+	n := seedNode(t, s, "n")
+	old, recent, other := newInstance(n.ID, lifecycle.Provisioning), newInstance(n.ID, lifecycle.Provisioning), newInstance(n.ID, lifecycle.Running)
+	recent.UpdatedAt = t0.Add(time.Hour)
+	for _, in := range []*store.Instance{old, recent, other} {
+		must(t, s.CreateInstance(c, in))
+	}
+	must(t, s.RecordHeartbeats(c, []store.Heartbeat{{InstanceID: old.ID, At: t0.Add(2 * time.Hour), Phase: "pulling"}}))
+	cases := []struct {
+		name   string
+		filter store.InstanceFilter
+		want   []string
+	}{
+		{"before both", store.InstanceFilter{UpdatedBefore: ptr(t0)}, nil},
+		{"between", store.InstanceFilter{UpdatedBefore: ptr(t0.Add(time.Minute)), Statuses: []lifecycle.State{lifecycle.Provisioning}}, []string{old.ID}},
+		{"after both", store.InstanceFilter{UpdatedBefore: ptr(t0.Add(2 * time.Hour)), Statuses: []lifecycle.State{lifecycle.Provisioning}}, []string{old.ID, recent.ID}},
+		{"any status", store.InstanceFilter{UpdatedBefore: ptr(t0.Add(time.Minute))}, []string{old.ID, other.ID}},
+	}
+	for _, tc := range cases {
+		got, err := s.ListInstances(c, tc.filter, store.Page{})
+		must(t, err)
+		var ids []string
+		for _, in := range got {
+			ids = append(ids, in.ID)
+		}
+		slices.Sort(ids)
+		want := slices.Clone(tc.want)
+		slices.Sort(want)
+		if !slices.Equal(ids, want) {
+			t.Errorf("%s: got %v, want %v", tc.name, ids, want)
+		}
 	}
 }
 
