@@ -2,6 +2,7 @@ package sqlstore
 
 import (
 	"context"
+	"errors"
 	"database/sql"
 	"fmt"
 	"math/bits"
@@ -107,8 +108,8 @@ func openTestDB(t *testing.T) *DB {
 	return New(db, Options{Dialect: testDialect{}})
 }
 
-// execPrepared runs the same way in autocommit, in a transaction and on a
-// pinned connection, and prepares a text once however many run it at once.
+// exec runs the same way in autocommit, in a transaction and on a pinned
+// connection, and prepares a text once however many run it at once.
 func TestExecPrepared(t *testing.T) {
 	d := openTestDB(t)
 	ctx := context.Background()
@@ -119,7 +120,7 @@ func TestExecPrepared(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, err := d.execPrepared(ctx, ins, "auto", 1)
+			_, err := d.exec(ctx, ins, "auto", 1)
 			if err != nil {
 				errs <- fmt.Errorf("goroutine %d: %w", i, err)
 			}
@@ -132,7 +133,7 @@ func TestExecPrepared(t *testing.T) {
 	}
 	err := d.Tx(ctx, func(q store.Queries) error {
 		for range 3 {
-			if _, err := q.(*queries).execPrepared(ctx, ins, "tx", 1); err != nil {
+			if _, err := q.(*queries).exec(ctx, ins, "tx", 1); err != nil {
 				return err
 			}
 		}
@@ -146,7 +147,7 @@ func TestExecPrepared(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	if _, err := (&queries{ex: conn, db: d}).execPrepared(ctx, ins, "conn", 1); err != nil {
+	if _, err := (&queries{ex: conn, db: d}).exec(ctx, ins, "conn", 1); err != nil {
 		t.Fatalf("on a connection: %v", err)
 	}
 	for k, want := range map[string]int{"auto": 16, "tx": 3, "conn": 1} {
@@ -162,15 +163,15 @@ func TestExecPrepared(t *testing.T) {
 	}
 }
 
-// A statement that does not prepare is an error, and is not cached: the
-// next call tries again.
+// A statement that does not prepare is an error (from running its text
+// unprepared), and is not cached: the next call tries again.
 func TestExecPreparedBadStatement(t *testing.T) {
 	d := openTestDB(t)
 	ctx := context.Background()
 	for range 2 {
-		_, err := d.execPrepared(ctx, `UPDATE no_such_table SET v = ?`, 1)
-		if err == nil || !strings.Contains(err.Error(), "prepare") || !strings.Contains(err.Error(), "no_such_table") {
-			t.Fatalf("err = %v, want a prepare error naming the table", err)
+		_, err := d.exec(ctx, `UPDATE no_such_table SET v = ?`, 1)
+		if err == nil || !strings.Contains(err.Error(), "no_such_table") {
+			t.Fatalf("err = %v, want an error naming the table", err)
 		}
 	}
 	d.prepared.Range(func(k, _ any) bool { t.Fatalf("cached a statement that failed to prepare: %v", k); return false })
@@ -179,19 +180,112 @@ func TestExecPreparedBadStatement(t *testing.T) {
 	if _, err := d.db.Exec(`CREATE TABLE strict (v INTEGER NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := d.execPrepared(ctx, `INSERT INTO strict (v) VALUES (?)`, nil); err == nil || !strings.Contains(err.Error(), "NOT NULL") {
+	if _, err := d.exec(ctx, `INSERT INTO strict (v) VALUES (?)`, nil); err == nil || !strings.Contains(err.Error(), "NOT NULL") {
 		t.Fatalf("err = %v, want the NOT NULL failure", err)
 	}
 }
 
-// Where the driver caches statements itself, execPrepared holds none.
+// Where the driver caches statements itself, queries hold none.
 func TestExecPreparedLeavesCachingDriversAlone(t *testing.T) {
 	d := openTestDB(t)
 	d.dialect = cachingDialect{}
-	if _, err := d.execPrepared(context.Background(), `INSERT INTO kv (k, v) VALUES (?, ?)`, "a", 1); err != nil {
+	if _, err := d.exec(context.Background(), `INSERT INTO kv (k, v) VALUES (?, ?)`, "a", 1); err != nil {
 		t.Fatal(err)
 	}
 	d.prepared.Range(func(k, _ any) bool { t.Fatalf("prepared %v though the driver caches statements", k); return false })
+}
+
+// Reads go through the prepared statements too: rows and single rows in
+// autocommit and in a transaction, a statement run again before the last
+// one's rows were read to the end, and a write after a read in one
+// transaction (a statement left open would hold SQLite's read snapshot).
+func TestQueriesThroughPreparedStatements(t *testing.T) {
+	d := openTestDB(t)
+	ctx := context.Background()
+	for i, k := range []string{"a", "b", "c"} {
+		if _, err := d.exec(ctx, `INSERT INTO kv (k, v) VALUES (?, ?)`, k, i+1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sum := func(q *queries) (int, error) {
+		rows, err := q.query(ctx, `SELECT v FROM kv WHERE v > ? ORDER BY k`, 0)
+		if err != nil {
+			return 0, err
+		}
+		defer rows.Close()
+		total := 0
+		for rows.Next() {
+			var v int
+			if err := rows.Scan(&v); err != nil {
+				return 0, err
+			}
+			total += v
+		}
+		return total, rows.Err()
+	}
+	one := func(q *queries, k string) (int, error) {
+		var v int
+		err := q.row(ctx, `SELECT v FROM kv WHERE k = ?`, k).Scan(&v)
+		return v, err
+	}
+	for range 3 {
+		if got, err := sum(d.queries); err != nil || got != 6 {
+			t.Fatalf("sum = %d, %v; want 6", got, err)
+		}
+		if got, err := one(d.queries, "b"); err != nil || got != 2 {
+			t.Fatalf("row b = %d, %v; want 2", got, err)
+		}
+	}
+	if _, err := one(d.queries, "zz"); !errors.Is(err, sql.ErrNoRows) {
+		t.Fatalf("missing row: err = %v, want sql.ErrNoRows", err)
+	}
+	err := d.Tx(ctx, func(sq store.Queries) error {
+		q := sq.(*queries)
+		// A first read left unfinished, then the same text again.
+		open, err := q.query(ctx, `SELECT v FROM kv WHERE v > ? ORDER BY k`, 0)
+		if err != nil {
+			return err
+		}
+		if !open.Next() {
+			return fmt.Errorf("no first row: %v", open.Err())
+		}
+		if got, err := sum(q); err != nil || got != 6 {
+			return fmt.Errorf("sum in tx = %d, %v; want 6", got, err)
+		}
+		open.Close()
+		if _, err := q.exec(ctx, `UPDATE kv SET v = v * 10 WHERE k = ?`, "a"); err != nil {
+			return err
+		}
+		if got, err := one(q, "a"); err != nil || got != 10 {
+			return fmt.Errorf("row a in tx = %d, %v; want 10", got, err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := sum(d.queries); err != nil || got != 15 {
+		t.Fatalf("sum after commit = %d, %v; want 15", got, err)
+	}
+}
+
+// Past maxPrepared distinct texts a new one runs unprepared, and still
+// runs.
+func TestPreparedIsBounded(t *testing.T) {
+	d := openTestDB(t)
+	ctx := context.Background()
+	for i := range maxPrepared + 10 {
+		q := fmt.Sprintf(`SELECT %d FROM kv WHERE k = ?`, i)
+		var v int
+		if err := d.row(ctx, q, "none").Scan(&v); !errors.Is(err, sql.ErrNoRows) {
+			t.Fatalf("query %d: err = %v, want sql.ErrNoRows", i, err)
+		}
+	}
+	n := 0
+	d.prepared.Range(func(any, any) bool { n++; return true })
+	if n != maxPrepared || d.nprepared.Load() != maxPrepared {
+		t.Fatalf("%d statements cached (counted %d), want %d", n, d.nprepared.Load(), maxPrepared)
+	}
 }
 
 type cachingDialect struct{ testDialect }

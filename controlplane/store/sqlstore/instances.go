@@ -237,7 +237,7 @@ const heartbeatChunk = 512
 // heartbeatUpdates[k] writes 2^k heartbeats in one statement, k = 0..9.
 // A batch is cut into full chunks and then into powers of two (see
 // heartbeatChunkSize), so these ten texts are the only ones there are:
-// each is prepared once per connection (execPrepared; pgx's own cache on
+// each is prepared once per connection (queries.stmt; pgx's own cache on
 // PostgreSQL), not once per batch size.
 //
 // The rows come in as a VALUES list joined on id (UPDATE ... FROM, SQLite
@@ -298,7 +298,7 @@ func (q *queries) RecordHeartbeats(ctx context.Context, hbs []store.Heartbeat) e
 			args = append(args, hb.InstanceID, ts(hb.At), hb.Phase, hb.AgentVersion, jsonList(hb.RunningModules),
 				hb.AgentError, jsonList(hb.Addresses), hb.BootID)
 		}
-		if _, err := q.execPrepared(ctx, heartbeatUpdates[bits.Len(uint(n))-1], args...); err != nil {
+		if _, err := q.exec(ctx, heartbeatUpdates[bits.Len(uint(n))-1], args...); err != nil {
 			return fmt.Errorf("record heartbeats %d-%d of %d (first %s): %w", done+1, done+n, total, chunk[0].InstanceID, err)
 		}
 		done += n

@@ -12,6 +12,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tetherfleet/tether/controlplane/store"
@@ -60,7 +61,7 @@ type TxRetrier interface {
 
 // StatementCacher is an optional Dialect extension for a driver that
 // keeps its own per-connection cache of prepared statements, keyed by
-// query text (pgx does). execPrepared then leaves the statement to the
+// query text (pgx does). queries then leave the statement to the
 // driver instead of holding a database/sql one beside it, which measured
 // no faster there and cost client CPU.
 type StatementCacher interface {
@@ -113,8 +114,10 @@ type DB struct {
 	clock    clock.Clock
 	// stmts caches rebound query text.
 	rebound sync.Map
-	// prepared holds the statements execPrepared runs, by query text.
-	prepared sync.Map
+	// prepared holds the statements stmt hands out, by query text, and
+	// nprepared counts them.
+	prepared  sync.Map
+	nprepared atomic.Int64
 }
 
 // Options configure New.
@@ -219,67 +222,100 @@ func (q *queries) sql(query string) string {
 }
 
 func (q *queries) exec(ctx context.Context, query string, args ...any) (sql.Result, error) {
-	res, err := q.ex.ExecContext(ctx, q.sql(query), args...)
-	return res, q.db.classify(err)
-}
-
-// execPrepared is exec for a statement worth preparing once per
-// connection instead of once per call: SQLite (modernc) parses every
-// ExecContext's text again, which for a long statement run often (the
-// heartbeat UPDATE) is a third of its cost. database/sql keeps the
-// statement prepared on each connection it has run on, and a transaction
-// borrows it for its own connection.
-func (q *queries) execPrepared(ctx context.Context, query string, args ...any) (sql.Result, error) {
-	if c, ok := q.db.dialect.(StatementCacher); ok && c.CachesStatements() {
-		return q.exec(ctx, query, args...)
-	}
-	st, err := q.db.prepare(ctx, q.sql(query))
-	if err != nil {
-		return nil, err
-	}
 	var res sql.Result
-	switch ex := q.ex.(type) {
-	case *sql.Tx:
-		txst := ex.StmtContext(ctx, st)
-		res, err = txst.ExecContext(ctx, args...)
-		// Closing the transaction's copy leaves the connection's
-		// statement to st.
-		if cerr := txst.Close(); err == nil && cerr != nil {
-			err = fmt.Errorf("close statement: %w", cerr)
-		}
-	case *sql.DB:
+	var err error
+	if st := q.stmt(ctx, query); st != nil {
 		res, err = st.ExecContext(ctx, args...)
-	default: // a *sql.Conn cannot borrow a pool's statement
+	} else {
 		res, err = q.ex.ExecContext(ctx, q.sql(query), args...)
 	}
 	return res, q.db.classify(err)
 }
 
-// prepare returns the pool-wide statement for the (rebound) query,
-// preparing it on first use. Two callers racing on first use may both
-// prepare; the loser closes its copy.
-func (d *DB) prepare(ctx context.Context, query string) (*sql.Stmt, error) {
-	if v, ok := d.prepared.Load(query); ok {
-		return v.(*sql.Stmt), nil
-	}
-	st, err := d.db.PrepareContext(ctx, query)
-	if err != nil {
-		return nil, d.classify(fmt.Errorf("prepare: %w", err))
-	}
-	if v, loaded := d.prepared.LoadOrStore(query, st); loaded {
-		_ = st.Close() // an unused duplicate; nothing ran on it
-		return v.(*sql.Stmt), nil
-	}
-	return st, nil
-}
-
 func (q *queries) query(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
-	rows, err := q.ex.QueryContext(ctx, q.sql(query), args...)
+	var rows *sql.Rows
+	var err error
+	// In a transaction every statement runs on one connection, where one
+	// prepared statement cannot serve a second query while the first's
+	// rows are still open (SQLite: "API misuse"); a text prepared per call
+	// can. Outside one, an open result holds its connection, so the next
+	// call runs on another.
+	var st *sql.Stmt
+	if !q.inTx {
+		st = q.stmt(ctx, query)
+	}
+	if st != nil {
+		rows, err = st.QueryContext(ctx, args...)
+	} else {
+		rows, err = q.ex.QueryContext(ctx, q.sql(query), args...)
+	}
 	return rows, q.db.classify(err)
 }
 
 func (q *queries) row(ctx context.Context, query string, args ...any) *sql.Row {
+	if st := q.stmt(ctx, query); st != nil {
+		return st.QueryRowContext(ctx, args...)
+	}
 	return q.ex.QueryRowContext(ctx, q.sql(query), args...)
+}
+
+// maxPrepared bounds the statements kept prepared. The texts are the
+// store's own, but a few are built per call (an IN list as long as a
+// filter), so a text past the bound runs unprepared rather than grow the
+// cache without end.
+const maxPrepared = 512
+
+// stmt returns the prepared statement to run query through, bound to q's
+// transaction when there is one, or nil to run the text directly: where
+// the driver keeps its own statement cache (pgx), on a *sql.Conn (which
+// cannot borrow a pool's statement), past maxPrepared, or when preparing
+// failed (running the text then reports the error in its place).
+//
+// Preparing once per connection matters on SQLite: modernc parses every
+// call's text again, and at fleet scale and under enrollment load that
+// was a tenth of tetherd's CPU (the heartbeat UPDATE: a third of its
+// write). database/sql keeps the statement prepared on every connection
+// it has run on, and a transaction borrows it for its own connection;
+// the transaction's copy is closed with the transaction.
+func (q *queries) stmt(ctx context.Context, query string) *sql.Stmt {
+	if c, ok := q.db.dialect.(StatementCacher); ok && c.CachesStatements() {
+		return nil
+	}
+	switch ex := q.ex.(type) {
+	case *sql.Tx:
+		st := q.db.prepare(ctx, q.sql(query))
+		if st == nil {
+			return nil
+		}
+		return ex.StmtContext(ctx, st)
+	case *sql.DB:
+		return q.db.prepare(ctx, q.sql(query))
+	default:
+		return nil
+	}
+}
+
+// prepare returns the pool-wide statement for the (rebound) query,
+// preparing it on first use, or nil past maxPrepared or on an error. Two
+// callers racing on first use may both prepare; the loser closes its
+// copy.
+func (d *DB) prepare(ctx context.Context, query string) *sql.Stmt {
+	if v, ok := d.prepared.Load(query); ok {
+		return v.(*sql.Stmt)
+	}
+	if d.nprepared.Load() >= maxPrepared {
+		return nil
+	}
+	st, err := d.db.PrepareContext(ctx, query)
+	if err != nil {
+		return nil
+	}
+	if v, loaded := d.prepared.LoadOrStore(query, st); loaded {
+		_ = st.Close() // an unused duplicate; nothing ran on it
+		return v.(*sql.Stmt)
+	}
+	d.nprepared.Add(1)
+	return st
 }
 
 // Notify implements store.Queries.
