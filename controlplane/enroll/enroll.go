@@ -126,14 +126,14 @@ func (s *Service) Enroll(ctx context.Context, token, csrPEM string) (*Issued, er
 			}
 			return err
 		}
-		inst, err := q.GetInstance(ctx, tok.InstanceID)
+		status, err := q.InstanceStatus(ctx, tok.InstanceID)
 		if errors.Is(err, store.ErrNotFound) {
 			return errTerminated
 		}
 		if err != nil {
 			return err
 		}
-		if inst.Status == lifecycle.Terminated {
+		if status == lifecycle.Terminated {
 			return errTerminated
 		}
 		if err := q.CreateCertificate(ctx, record(cert, tok.InstanceID, now)); err != nil {

@@ -9,6 +9,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/tetherfleet/tether/controlplane/lifecycle"
 )
 
 // Sentinel errors. Backends wrap them with context; callers test with
@@ -162,6 +164,10 @@ type Queries interface {
 
 	CreateInstance(ctx context.Context, in *Instance) error
 	GetInstance(ctx context.Context, id string) (*Instance, error)
+	// InstanceStatus reads only an instance's state (ErrNotFound if there
+	// is no such instance): enrollment checks it for every certificate,
+	// and the whole row cost it a third of its store work.
+	InstanceStatus(ctx context.Context, id string) (lifecycle.State, error)
 	// LockInstance reads an instance and, on PostgreSQL, locks its row
 	// until the transaction ends. Use it before a read-modify-write.
 	LockInstance(ctx context.Context, id string) (*Instance, error)

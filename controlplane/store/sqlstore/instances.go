@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/tetherfleet/tether/controlplane/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/store"
 )
 
@@ -128,6 +129,18 @@ func (q *queries) getInstance(ctx context.Context, suffix, id string) (*store.In
 
 func (q *queries) GetInstance(ctx context.Context, id string) (*store.Instance, error) {
 	return q.getInstance(ctx, "", id)
+}
+
+func (q *queries) InstanceStatus(ctx context.Context, id string) (lifecycle.State, error) {
+	var status string
+	if err := q.row(ctx, `SELECT status FROM instances WHERE id = ?`, id).Scan(&status); err != nil {
+		return "", notFound(q.db.classify(err), "instance", id)
+	}
+	st, err := parseStoredState(status)
+	if err != nil {
+		return "", fmt.Errorf("instance %s: %w", id, err)
+	}
+	return st, nil
 }
 
 func (q *queries) LockInstance(ctx context.Context, id string) (*store.Instance, error) {

@@ -416,6 +416,11 @@ func testInstances(t *testing.T, s store.Store) {
 	if got.Status != lifecycle.Provisioning || got.Cordon != nil || got.TerminateRequestedAt == nil || !got.CreatedAt.Equal(t0) {
 		t.Fatalf("update not applied: %+v", got)
 	}
+	if st, err := s.InstanceStatus(c, in.ID); err != nil || st != lifecycle.Provisioning {
+		t.Fatalf("InstanceStatus = %q, %v; want provisioning", st, err)
+	}
+	_, err = s.InstanceStatus(c, "no-such-instance")
+	wantErr(t, err, store.ErrNotFound)
 
 	pending, err := s.ListInstances(c, store.InstanceFilter{Statuses: []lifecycle.State{lifecycle.Pending}}, store.Page{})
 	must(t, err)
