@@ -25,6 +25,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"time"
 
 	"github.com/smallstep/certificates/authority/policy"
@@ -63,6 +64,9 @@ type CA struct {
 	policy *policy.Engine
 	clock  clock.Clock
 	pool   *x509.CertPool
+	// signed counts node certificates, to pick which signatures
+	// createCertificate checks.
+	signed atomic.Uint64
 }
 
 // KeyType is the CA key's algorithm.
@@ -245,7 +249,7 @@ func (c *CA) SignNode(_ context.Context, csr *x509.CertificateRequest, instanceI
 	if err := c.policy.IsX509CertificateAllowed(tpl); err != nil {
 		return nil, fmt.Errorf("sign node certificate: %w", err)
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tpl, c.cert, csr.PublicKey, c.key)
+	der, err := c.createCertificate(tpl, csr.PublicKey)
 	if err != nil {
 		return nil, fmt.Errorf("sign node certificate: %w", err)
 	}
