@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"os/exec"
 	"syscall"
@@ -32,19 +33,38 @@ func TestStormFinishAlignsTheAgentsTimelineOnTheSignal(t *testing.T) {
 }
 
 func TestProcessCommandAndWaitGone(t *testing.T) {
-	cmd := exec.Command("sleep", "60")
+	// The child says it is running before its command line is read:
+	// Start returns as soon as execve has swapped the address space, and
+	// until the kernel has laid out the new arguments, /proc/PID/cmdline
+	// is empty (a third of runs read it so). The shell then waits on its
+	// stdin rather than exec another program, which would open that
+	// window again.
+	const script = "echo running; read line"
+	cmd := exec.Command("/bin/sh", "-c", script)
 	cmd.Dir = t.TempDir()
 	cmd.Env = []string{"TETHER_TEST=1"}
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := cmd.Start(); err != nil {
-		t.Skipf("no sleep(1) to play tetherd: %v", err)
+		t.Skipf("no /bin/sh to play tetherd: %v", err)
 	}
 	defer cmd.Process.Kill()
+	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "running\n" {
+		t.Fatalf("child said %q, %v; want running", line, err)
+	}
 	argv, dir, env, err := processCommand(cmd.Process.Pid)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(argv) != 2 || argv[1] != "60" || dir != cmd.Dir || len(env) != 1 || env[0] != "TETHER_TEST=1" {
-		t.Fatalf("read %q in %s with %q; want [sleep 60] in %s with [TETHER_TEST=1]", argv, dir, env, cmd.Dir)
+	if len(argv) != 3 || argv[2] != script || dir != cmd.Dir || len(env) != 1 || env[0] != "TETHER_TEST=1" {
+		t.Fatalf("read %q in %s with %q; want [/bin/sh -c %q] in %s with [TETHER_TEST=1]", argv, dir, env, script, cmd.Dir)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
