@@ -218,6 +218,12 @@ type Queries interface {
 	// leased or running one asked to cancel. It is the safety-net sweep
 	// behind task notifications: one query for every stream of a replica.
 	ListInstancesWithAgentWork(ctx context.Context) ([]string, error)
+	// AgentWork is what a new agent stream asks about its instance: is an
+	// agent task pending, and which leased or running ones are asked to
+	// cancel. Every stream asks it once on connect, so it is three index
+	// seeks in one statement, with no sort and no IN list (each of which
+	// made SQLite build a temporary b-tree per call).
+	AgentWork(ctx context.Context, instanceID string) (pending bool, cancels []*Task, err error)
 
 	// AppendEvent assigns e.ID and notifies ChannelEvents on commit. In a
 	// transaction on PostgreSQL the event is written at commit (so that the

@@ -224,25 +224,12 @@ func (s *Service) LeaseNext(ctx context.Context, instanceID string) (*store.Task
 
 var errWarming = errors.New("warming pool members lease no tasks")
 
-// Open reads an instance's unfinished agent tasks once and says whether
-// any is waiting to be leased, and which leased ones were asked to
-// cancel. A stream checks this on every wake and poll; only when a task
+// Open says whether an instance has an agent task waiting to be leased,
+// and which leased or running ones were asked to cancel (store.AgentWork,
+// one statement of three index seeks). A stream checks this on every wake and poll; only when a task
 // is pending does it pay for a claim transaction.
 func (s *Service) Open(ctx context.Context, instanceID string) (pending bool, cancels []*store.Task, err error) {
-	ts, err := s.Store.ListTasks(ctx, store.TaskFilter{InstanceID: instanceID, Target: store.TaskTargetAgent,
-		Statuses: []string{store.TaskPending, store.TaskLeased, store.TaskRunning}}, store.Page{Limit: store.MaxPageSize})
-	if err != nil {
-		return false, nil, err
-	}
-	for _, t := range ts {
-		switch {
-		case t.Status == store.TaskPending:
-			pending = true
-		case t.CancelRequested:
-			cancels = append(cancels, t)
-		}
-	}
-	return pending, cancels, nil
+	return s.Store.AgentWork(ctx, instanceID)
 }
 
 // Update is an executor's report.

@@ -21,3 +21,12 @@ func BenchmarkRecordHeartbeats(b *testing.B) {
 	// The server is this process: cpu-ns/heartbeat is all of it.
 	storetest.BenchRecordHeartbeats(b, s, nil)
 }
+
+func BenchmarkStreamTaskCheck(b *testing.B) {
+	s, err := sqlite.Open(context.Background(), filepath.Join(b.TempDir(), "tether.db"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { s.Close() })
+	storetest.BenchStreamTaskCheck(b, s)
+}

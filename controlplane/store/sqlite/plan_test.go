@@ -22,6 +22,8 @@ func TestLoopReadsUseTheirIndexes(t *testing.T) {
 	defer s.Close()
 	cases := []struct {
 		name, query, want string
+		// once: the plan must not build a temporary b-tree.
+		once bool
 	}{
 		{
 			name: "terminate reconciler",
@@ -35,6 +37,15 @@ func TestLoopReadsUseTheirIndexes(t *testing.T) {
 			query: `SELECT id FROM instances
 		WHERE 1 = 1 AND status IN ('provisioning', 'starting', 'rebooting') AND updated_at < ? AND id > ? ORDER BY id LIMIT 1000`,
 			want: "instances_status_updated (status=? AND updated_at<?)",
+		},
+		{
+			// Every new agent stream runs it once (store.AgentWork).
+			name: "stream's task check",
+			query: `SELECT id FROM (SELECT id FROM tasks WHERE status = 'pending' AND target = ? AND instance_id = ? LIMIT 1) AS p
+	UNION ALL SELECT id FROM tasks WHERE status = 'leased' AND target = ? AND instance_id = ? AND cancel_requested = ?
+	UNION ALL SELECT id FROM tasks WHERE status = 'running' AND target = ? AND instance_id = ? AND cancel_requested = ?`,
+			want: "SEARCH tasks USING INDEX tasks_claim (status=? AND target=? AND instance_id=?)",
+			once: true,
 		},
 	}
 	for _, tc := range cases {
@@ -61,8 +72,12 @@ func TestLoopReadsUseTheirIndexes(t *testing.T) {
 			if err := rows.Err(); err != nil {
 				t.Fatal(err)
 			}
-			if got := strings.Join(plan, "; "); !strings.Contains(got, tc.want) {
+			got := strings.Join(plan, "; ")
+			if !strings.Contains(got, tc.want) {
 				t.Fatalf("plan = %q, want %q", got, tc.want)
+			}
+			if tc.once && (strings.Contains(got, "TEMP B-TREE") || strings.Count(got, tc.want) != 3) {
+				t.Fatalf("plan = %q, want three seeks of %q and no temporary b-tree", got, tc.want)
 			}
 		})
 	}

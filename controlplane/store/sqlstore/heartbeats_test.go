@@ -2,8 +2,8 @@ package sqlstore
 
 import (
 	"context"
-	"errors"
 	"database/sql"
+	"errors"
 	"fmt"
 	"math/bits"
 	"path/filepath"

@@ -153,6 +153,34 @@ func (q *queries) ExpireTaskLeases(ctx context.Context, now time.Time) ([]*store
 	return expired, nil
 }
 
+// agentWork's arms each seek tasks_claim (status, target, instance_id).
+// The pending arm stops at its first row: one is enough to say so.
+var agentWork = `SELECT ` + taskCols + ` FROM (SELECT ` + taskCols + ` FROM tasks WHERE status = 'pending' AND target = ? AND instance_id = ? LIMIT 1) AS p
+	UNION ALL SELECT ` + taskCols + ` FROM tasks WHERE status = 'leased' AND target = ? AND instance_id = ? AND cancel_requested = ?
+	UNION ALL SELECT ` + taskCols + ` FROM tasks WHERE status = 'running' AND target = ? AND instance_id = ? AND cancel_requested = ?`
+
+func (q *queries) AgentWork(ctx context.Context, instanceID string) (bool, []*store.Task, error) {
+	a := store.TaskTargetAgent
+	rows, err := q.query(ctx, agentWork, a, instanceID, a, instanceID, true, a, instanceID, true)
+	if err != nil {
+		return false, nil, fmt.Errorf("agent work of %s: %w", instanceID, err)
+	}
+	ts, err := collect(q, rows, scanTask)
+	if err != nil {
+		return false, nil, fmt.Errorf("agent work of %s: %w", instanceID, err)
+	}
+	pending := false
+	var cancels []*store.Task
+	for _, t := range ts {
+		if t.Status == store.TaskPending {
+			pending = true
+		} else {
+			cancels = append(cancels, t)
+		}
+	}
+	return pending, cancels, nil
+}
+
 func (q *queries) ListInstancesWithAgentWork(ctx context.Context) ([]string, error) {
 	rows, err := q.query(ctx, `SELECT DISTINCT instance_id FROM tasks WHERE target = ?
 		AND (status = 'pending' OR (status IN ('leased', 'running') AND cancel_requested = ?))`, store.TaskTargetAgent, true)

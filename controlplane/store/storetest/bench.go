@@ -3,6 +3,7 @@ package storetest
 import (
 	"context"
 	"strconv"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -95,4 +96,60 @@ func readServerCPU(b *testing.B, serverCPU func() (time.Duration, error)) time.D
 		b.Fatalf("server CPU time: %v", err)
 	}
 	return d
+}
+
+// BenchStreamTaskCheck measures what each new agent stream asks of the
+// store on connect, AgentWork, beside the ListTasks call it replaced (an
+// IN list and a sort), from 8 goroutines at once as in a reconnect storm.
+// The instances have finished tasks and one in ten a pending one.
+func BenchStreamTaskCheck(b *testing.B, s store.Store) {
+	c := context.Background()
+	const instances = 2000
+	ids := make([]string, instances)
+	must(b, s.Tx(c, func(q store.Queries) error {
+		for i := range ids {
+			ids[i] = "bench-" + strconv.Itoa(i)
+			for j := range 4 {
+				t := newTask(ids[i], store.TaskTargetAgent, t0.Add(time.Duration(j)*time.Second))
+				t.Status = store.TaskSucceeded
+				if err := q.CreateTask(c, t); err != nil {
+					return err
+				}
+			}
+			if i%10 == 0 {
+				if err := q.CreateTask(c, newTask(ids[i], store.TaskTargetAgent, t0)); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}))
+	for _, tc := range []struct {
+		name  string
+		check func(id string) error
+	}{
+		{"AgentWork", func(id string) error { _, _, err := s.AgentWork(c, id); return err }},
+		{"ListTasks", func(id string) error {
+			_, err := s.ListTasks(c, store.TaskFilter{InstanceID: id, Target: store.TaskTargetAgent,
+				Statuses: []string{store.TaskPending, store.TaskLeased, store.TaskRunning}}, store.Page{Limit: store.MaxPageSize})
+			return err
+		}},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			var next atomic.Int64
+			cpu0 := cpuTime(b)
+			b.SetParallelism(4) // 8 goroutines on 2 cores
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					if err := tc.check(ids[next.Add(1)%instances]); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+			b.StopTimer()
+			b.ReportMetric(float64(cpuTime(b)-cpu0)/float64(b.N), "cpu-ns/op")
+		})
+	}
 }

@@ -765,6 +765,39 @@ func testInstancesWithAgentWork(t *testing.T, s store.Store) {
 	if want := []string{"leased-cancel", "pending", "pending-twice", "running-cancel"}; !slices.Equal(got, want) {
 		t.Fatalf("instances with agent work = %v, want %v", got, want)
 	}
+	// What each instance's stream sees on connect.
+	add("both", store.TaskTargetAgent, store.TaskPending, false)
+	add("both", store.TaskTargetAgent, store.TaskRunning, true)
+	add("both", store.TaskTargetAgent, store.TaskLeased, true)
+	add("both", store.TaskTargetAgent, store.TaskRunning, false)
+	add("both", store.TaskTargetWorker, store.TaskRunning, true)
+	add("both", store.TaskTargetAgent, store.TaskSucceeded, true)
+	for _, tc := range []struct {
+		instance string
+		pending  bool
+		cancels  int
+	}{
+		{"pending", true, 0},
+		{"pending-twice", true, 0},
+		{"worker-only", false, 0},
+		{"leased", false, 0},
+		{"running-cancel", false, 1},
+		{"leased-cancel", false, 1},
+		{"done", false, 0},
+		{"both", true, 2},
+		{"nobody", false, 0},
+	} {
+		pending, cancels, err := s.AgentWork(c, tc.instance)
+		must(t, err)
+		if pending != tc.pending || len(cancels) != tc.cancels {
+			t.Errorf("AgentWork(%s) = pending %v, %d cancels; want %v, %d", tc.instance, pending, len(cancels), tc.pending, tc.cancels)
+		}
+		for _, k := range cancels {
+			if k.InstanceID != tc.instance || !k.CancelRequested || k.Target != store.TaskTargetAgent || (k.Status != store.TaskLeased && k.Status != store.TaskRunning) {
+				t.Errorf("AgentWork(%s) cancel %+v: not a cancel-requested agent task of it", tc.instance, k)
+			}
+		}
+	}
 }
 
 // testTaskClaimRace: 64 concurrent claimers over 200 tasks never lease the
