@@ -177,6 +177,9 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 		c.Kills.Load(), c.Restarts.Load(), c.StoreRestarts.Load(), len(l.Enrollments), c.AgentsConnected.Load(), c.Provisions.Load(), len(l.Tasks), c.TasksFinished.Load(),
 		len(l.Claims), len(l.Releases), len(l.Terminates), c.Drops.Load(), len(l.Live), l.Replays, c.CallErrors.Load())
 	fmt.Fprintf(cfg.Out, "call errors by code: %v\n", h.errCodes)
+	if h.unknown != nil {
+		fmt.Fprintf(cfg.Out, "first error without a gRPC status (counted as Unknown): %v\n", h.unknown)
+	}
 	states := map[string]int{}
 	for _, in := range o.Instances {
 		states[in.Status]++
@@ -242,6 +245,9 @@ type harness struct {
 	mu       sync.Mutex
 	agents   map[string]bool // machine id + token already booted
 	errCodes map[codes.Code]int
+	// unknown is the first error that carried no gRPC status (Unknown):
+	// tetherd never answers with Unknown, so it names what did.
+	unknown error
 	running  []string // instances whose agent reported ready
 	cancels  []context.CancelFunc
 	agentWG  sync.WaitGroup
@@ -251,7 +257,11 @@ func (h *harness) callErr(err error) {
 	if err != nil {
 		h.c.CallErrors.Add(1)
 		h.mu.Lock()
-		h.errCodes[status.Code(err)]++
+		c := status.Code(err)
+		h.errCodes[c]++
+		if c == codes.Unknown && h.unknown == nil {
+			h.unknown = err
+		}
 		h.mu.Unlock()
 	}
 }
