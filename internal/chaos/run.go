@@ -248,9 +248,9 @@ type harness struct {
 	// unknown is the first error that carried no gRPC status (Unknown):
 	// tetherd never answers with Unknown, so it names what did.
 	unknown error
-	running  []string // instances whose agent reported ready
-	cancels  []context.CancelFunc
-	agentWG  sync.WaitGroup
+	running []string // instances whose agent reported ready
+	cancels []context.CancelFunc
+	agentWG sync.WaitGroup
 }
 
 func (h *harness) callErr(err error) {
