@@ -249,11 +249,7 @@ func (c *CA) SignNode(_ context.Context, csr *x509.CertificateRequest, instanceI
 	if err := c.policy.IsX509CertificateAllowed(tpl); err != nil {
 		return nil, fmt.Errorf("sign node certificate: %w", err)
 	}
-	der, err := c.createCertificate(tpl, csr.PublicKey)
-	if err != nil {
-		return nil, fmt.Errorf("sign node certificate: %w", err)
-	}
-	cert, err := x509.ParseCertificate(der)
+	cert, err := c.createCertificate(tpl, csr.PublicKey)
 	if err != nil {
 		return nil, fmt.Errorf("sign node certificate: %w", err)
 	}

@@ -47,7 +47,10 @@ func (t *tbsCapture) SignMessage(_ io.Reader, msg []byte, opts crypto.SignerOpts
 // encodes the whole body; only the signature and the outer SEQUENCE are
 // done here. The first signature and one in checkEvery after it are still
 // checked, so a signer that is wrong every time is caught at once.
-func (c *CA) createCertificate(tpl *x509.Certificate, pub crypto.PublicKey) ([]byte, error) {
+//
+// It returns the certificate parsed, since SignNode needs it so and the
+// check reads it so.
+func (c *CA) createCertificate(tpl *x509.Certificate, pub crypto.PublicKey) (*x509.Certificate, error) {
 	capture := &tbsCapture{pub: c.key.Public()}
 	_, err := x509.CreateCertificate(rand.Reader, tpl, c.cert, pub, capture)
 	if !errors.Is(err, errTBSCaptured) {
@@ -74,16 +77,16 @@ func (c *CA) createCertificate(tpl *x509.Certificate, pub crypto.PublicKey) ([]b
 	if err != nil {
 		return nil, fmt.Errorf("encode certificate: %w", err)
 	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, fmt.Errorf("parse the new certificate: %w", err)
+	}
 	if c.signed.Add(1)%checkEvery == 1 {
-		cert, err := x509.ParseCertificate(der)
-		if err != nil {
-			return nil, fmt.Errorf("check signature: %w", err)
-		}
 		if err := cert.CheckSignatureFrom(c.cert); err != nil {
 			return nil, fmt.Errorf("the CA key's signature does not verify: %w", err)
 		}
 	}
-	return der, nil
+	return cert, nil
 }
 
 // signatureAlgorithm returns the DER AlgorithmIdentifier inside a
