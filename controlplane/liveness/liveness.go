@@ -260,7 +260,7 @@ func (s *Sensor) bootTimeouts(ctx context.Context, res *Result) error {
 			return fmt.Errorf("liveness: list booting instances: %w", err)
 		}
 		for _, in := range ins {
-			if in.TerminateRequestedAt != nil || in.PoolState == lifecycle.PoolWarming || now.Sub(in.UpdatedAt) < limit {
+			if in.TerminateRequestedAt != nil || in.PoolState == lifecycle.PoolWarming {
 				continue
 			}
 			if err := s.timeOut(ctx, in.ID, limit, now, res); err != nil {

@@ -22,8 +22,9 @@ func TestLoopReadsUseTheirIndexes(t *testing.T) {
 	defer s.Close()
 	cases := []struct {
 		name, query, want string
-		// once: the plan must not build a temporary b-tree.
-		once bool
+		// seeksOnly: the plan is three seeks of want and builds no
+		// temporary b-tree.
+		seeksOnly bool
 	}{
 		{
 			name: "terminate reconciler",
@@ -44,8 +45,8 @@ func TestLoopReadsUseTheirIndexes(t *testing.T) {
 			query: `SELECT id FROM (SELECT id FROM tasks WHERE status = 'pending' AND target = ? AND instance_id = ? LIMIT 1) AS p
 	UNION ALL SELECT id FROM tasks WHERE status = 'leased' AND target = ? AND instance_id = ? AND cancel_requested = ?
 	UNION ALL SELECT id FROM tasks WHERE status = 'running' AND target = ? AND instance_id = ? AND cancel_requested = ?`,
-			want: "SEARCH tasks USING INDEX tasks_claim (status=? AND target=? AND instance_id=?)",
-			once: true,
+			want:      "SEARCH tasks USING INDEX tasks_claim (status=? AND target=? AND instance_id=?)",
+			seeksOnly: true,
 		},
 	}
 	for _, tc := range cases {
@@ -76,7 +77,7 @@ func TestLoopReadsUseTheirIndexes(t *testing.T) {
 			if !strings.Contains(got, tc.want) {
 				t.Fatalf("plan = %q, want %q", got, tc.want)
 			}
-			if tc.once && (strings.Contains(got, "TEMP B-TREE") || strings.Count(got, tc.want) != 3) {
+			if tc.seeksOnly && (strings.Contains(got, "TEMP B-TREE") || strings.Count(got, tc.want) != 3) {
 				t.Fatalf("plan = %q, want three seeks of %q and no temporary b-tree", got, tc.want)
 			}
 		})
