@@ -87,8 +87,8 @@ type Provider struct {
 	faults    map[Op]*fault
 	delays    map[Op]time.Duration
 	gates     map[Op]*gate
-	// stateFile, when set, receives the machine list after every call that
-	// changes it (see Open).
+	// stateFile, when set, holds the machine list: every call reloads it
+	// under its lock and rewrites it if it changed a machine (see Open).
 	stateFile string
 }
 
@@ -244,29 +244,34 @@ func (p *Provider) do(ctx context.Context, c Call, effect func() error) error {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	f := p.takeFault(c.Op)
 	var err error
-	switch {
-	case f == nil:
-		err = effect()
-	case f.AfterEffect:
-		if err = effect(); err == nil {
-			err = f.err(c.Op)
-		}
-	default:
-		err = f.err(c.Op)
-	}
-	if p.stateFile != "" && mutates(c.Op) {
-		if serr := p.save(); serr != nil {
-			// The effect happened but is not durable: report it the way a
-			// provider reports a lost answer, so the caller reconciles.
-			err = providers.Errorf(providers.KindTransient, Name, string(c.Op), "%v", serr)
-		}
+	if ferr := p.inFile(mutates(c.Op), func() { err = p.apply(c.Op, effect) }); ferr != nil {
+		// The state file could not be read (no effect) or written (an
+		// effect that is not durable): report it the way a provider
+		// reports a lost answer, so the caller reconciles.
+		err = providers.Errorf(providers.KindTransient, Name, string(c.Op), "%v", ferr)
 	}
 	c.Err = err
 	c.At = p.clock.Now()
 	p.calls = append(p.calls, c)
 	return err
+}
+
+// apply runs effect with any injected fault of op around it. Callers hold
+// p.mu.
+func (p *Provider) apply(op Op, effect func() error) error {
+	f := p.takeFault(op)
+	switch {
+	case f == nil:
+		return effect()
+	case f.AfterEffect:
+		if err := effect(); err != nil {
+			return err
+		}
+		return f.err(op)
+	default:
+		return f.err(op)
+	}
 }
 
 func (p *Provider) record(c Call, err error) {
@@ -453,32 +458,37 @@ func (p *Provider) ResetCalls() {
 
 // Enrollment returns the enrollment of the machine's latest boot: what a
 // real machine would have found in fw_cfg.
-func (p *Provider) Enrollment(id string) (providers.Enrollment, bool) {
+func (p *Provider) Enrollment(id string) (e providers.Enrollment, ok bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	m, ok := p.machines[id]
-	if !ok {
-		return providers.Enrollment{}, false
-	}
-	return m.enrollment, true
+	p.mustInFile(false, func() {
+		var m *machine
+		if m, ok = p.machines[id]; ok {
+			e = m.enrollment
+		}
+	})
+	return e, ok
 }
 
 // Boots returns how many times the machine has booted (provision counts as
 // the first).
-func (p *Provider) Boots(id string) int {
+func (p *Provider) Boots(id string) (n int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if m, ok := p.machines[id]; ok {
-		return m.boots
-	}
-	return 0
+	p.mustInFile(false, func() {
+		if m, ok := p.machines[id]; ok {
+			n = m.boots
+		}
+	})
+	return n
 }
 
 // Machines returns the machines that exist, sorted by id.
-func (p *Provider) Machines() []providers.Machine {
+func (p *Provider) Machines() (out []providers.Machine) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.snapshot()
+	p.mustInFile(false, func() { out = p.snapshot() })
+	return out
 }
 
 func (p *Provider) snapshot() []providers.Machine {
@@ -498,42 +508,48 @@ func clone(m providers.Machine) providers.Machine {
 // Vanish removes a machine behind the control plane's back, as a cloud
 // console delete or a crashed hypervisor would. It reports whether the
 // machine existed.
-func (p *Provider) Vanish(id string) bool {
+func (p *Provider) Vanish(id string) (ok bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	m, ok := p.machines[id]
-	if ok {
-		p.graveyard[id] = m
-		delete(p.machines, id)
-	}
+	p.mustInFile(true, func() {
+		var m *machine
+		if m, ok = p.machines[id]; ok {
+			p.graveyard[id] = m
+			delete(p.machines, id)
+		}
+	})
 	return ok
 }
 
 // Resurrect brings a terminated or vanished machine back as running: the
 // "terminated row whose guest still exists" drift. It reports whether the
-// fake remembered the machine.
-func (p *Provider) Resurrect(id string) bool {
+// fake remembered the machine. The graveyard is this Provider's own: with
+// a state file, only a machine this process saw go can come back.
+func (p *Provider) Resurrect(id string) (ok bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	m, ok := p.graveyard[id]
-	if !ok {
-		return false
-	}
-	delete(p.graveyard, id)
-	m.m.State = providers.StateRunning
-	p.machines[id] = m
-	return true
+	p.mustInFile(true, func() {
+		var m *machine
+		if m, ok = p.graveyard[id]; ok {
+			delete(p.graveyard, id)
+			m.m.State = providers.StateRunning
+			p.machines[id] = m
+		}
+	})
+	return ok
 }
 
 // Plant adds (or replaces) a machine the control plane never asked for.
 func (p *Provider) Plant(m providers.Machine) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
 	if m.State == "" {
 		m.State = providers.StateRunning
 	}
-	delete(p.graveyard, m.ID)
-	p.machines[m.ID] = &machine{m: clone(m), boots: 1}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.mustInFile(true, func() {
+		delete(p.graveyard, m.ID)
+		p.machines[m.ID] = &machine{m: clone(m), boots: 1}
+	})
 }
 
 // SetState forces a machine's observed state. StateGone is the same as
@@ -544,14 +560,18 @@ func (p *Provider) SetState(id string, state providers.MachineState) bool {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	m, ok := p.machines[id]
-	if ok {
-		m.m.State = state
-	}
+	var ok bool
+	p.mustInFile(true, func() {
+		var m *machine
+		if m, ok = p.machines[id]; ok {
+			m.m.State = state
+		}
+	})
 	return ok
 }
 
-// String summarises the fake for test failure messages.
+// String summarises the fake for test failure messages. It reports the
+// machine list as last loaded, without touching the state file.
 func (p *Provider) String() string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
