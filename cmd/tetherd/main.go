@@ -58,6 +58,7 @@ func serveCmd() *cobra.Command {
 	var o daemon.ServeOptions
 	var level, format string
 	var providerFake bool
+	var fakeState string
 	cmd := &cobra.Command{
 		Use:   "serve --data-dir DIR",
 		Short: "Run the control plane",
@@ -69,11 +70,14 @@ func serveCmd() *cobra.Command {
 			}
 			o.Log = log
 			if providerFake {
-				p, err := fake.Open(filepath.Join(o.DataDir, FakeMachinesFile))
-				if err != nil {
-					return err
+				if fakeState == "" {
+					fakeState = filepath.Join(o.DataDir, FakeMachinesFile)
 				}
-				log.Warn("the fake provider is enabled: for chaos runs and tests only", "state", filepath.Join(o.DataDir, FakeMachinesFile))
+				p, err := fake.Open(fakeState)
+				if err != nil {
+					return fmt.Errorf("--provider-fake: %w", err)
+				}
+				log.Warn("the fake provider is enabled: for chaos runs and tests only", "state", fakeState)
 				o.Providers = append(o.Providers, p)
 			}
 			if o.Store == "" {
@@ -133,6 +137,7 @@ func serveCmd() *cobra.Command {
 	f.BoolVar(&o.DisableAudit, "no-audit", false, "turn the audit trail off (only to measure its cost)")
 	_ = f.MarkHidden("no-audit")
 	f.BoolVar(&providerFake, "provider-fake", false, "TESTING ONLY (make chaos): add the in-memory fake provider, its machines kept in DATA/"+FakeMachinesFile+" with their tokens")
+	f.StringVar(&fakeState, "provider-fake-state", "", "TESTING ONLY: the --provider-fake machine file (default DATA/"+FakeMachinesFile+"); replicas given one file share one machine list (it is flock'ed)")
 	f.StringVar(&level, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&format, "log-format", "text", "text or json")
 	_ = cmd.MarkFlagRequired("data-dir")
