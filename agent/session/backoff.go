@@ -28,7 +28,10 @@ func DefaultBackoff(r *rand.Rand) Backoff {
 }
 
 // Ceiling is the upper bound of attempt n's delay: min(Cap, Base·2^n).
-func (b Backoff) Ceiling(attempt int) time.Duration {
+func (b Backoff) Ceiling(attempt int) time.Duration { return b.ceiling(attempt, 0) }
+
+// ceiling is Ceiling with the cap raised to at least floor.
+func (b Backoff) ceiling(attempt int, floor time.Duration) time.Duration {
 	base, limit := b.Base, b.Cap
 	if base <= 0 {
 		base = 500 * time.Millisecond
@@ -36,6 +39,7 @@ func (b Backoff) Ceiling(attempt int) time.Duration {
 	if limit <= 0 {
 		limit = 30 * time.Second
 	}
+	limit = max(limit, floor)
 	d := base
 	for i := 0; i < attempt && d < limit; i++ {
 		d *= 2
@@ -46,16 +50,26 @@ func (b Backoff) Ceiling(attempt int) time.Duration {
 // Delay draws attempt n's delay (n counts from 0).
 func (b Backoff) Delay(attempt int) time.Duration { return b.DelaySpread(attempt, 0) }
 
-// DelaySpread draws attempt n's delay over [0, max(Ceiling(n), spread)]:
-// the window the control plane asked its fleet to spread reconnections
-// over (Settings.reconnect_spread_ms), when that is longer than the
-// back-off's own step. A large fleet that lost its control plane at once
-// then comes back at the rate the control plane can admit, from the first
-// attempt on.
+// DelaySpread draws attempt n's delay when the control plane asked its
+// fleet to spread reconnections over a window (Settings.reconnect_spread_ms).
+//
+// The first attempt after losing a stream (n == 0) draws over the whole
+// window, when that is longer than the back-off's own step: that is what
+// brings a large fleet that lost its control plane at once back at the
+// rate the control plane can admit. Later attempts draw over the
+// back-off's step again, which climbs to max(Cap, spread): an agent whose
+// attempt failed in a storm tries again within a second or two instead of
+// drawing a fresh place anywhere in the window (which, at 19,000 agents,
+// sent every failure up to 38 s to the back of the storm), and an agent
+// whose control plane stays down slows to the fleet's pace.
 func (b Backoff) DelaySpread(attempt int, spread time.Duration) time.Duration {
 	n := b.Int64N
 	if n == nil {
 		n = rand.Int64N
 	}
-	return time.Duration(n(int64(max(b.Ceiling(attempt), spread)) + 1))
+	ceil := b.ceiling(attempt, spread)
+	if attempt == 0 {
+		ceil = max(ceil, spread)
+	}
+	return time.Duration(n(int64(ceil) + 1))
 }

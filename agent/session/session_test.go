@@ -477,6 +477,34 @@ func TestReconnectSpreadFromSettings(t *testing.T) {
 	}
 }
 
+// The window spreads the first attempt after a lost stream only; a failed
+// attempt climbs the back-off's own ladder again, up to the window.
+func TestDelaySpreadCeilings(t *testing.T) {
+	top := func(n int64) int64 { return n - 1 } // the longest delay
+	cases := []struct {
+		name    string
+		attempt int
+		spread  time.Duration
+		cap     time.Duration
+		want    time.Duration
+	}{
+		{"first attempt, no window", 0, 0, 0, 500 * time.Millisecond},
+		{"first attempt spreads over the window", 0, 38 * time.Second, 0, 38 * time.Second},
+		{"a window shorter than the step", 0, 100 * time.Millisecond, 0, 500 * time.Millisecond},
+		{"a failed attempt retries soon", 1, 38 * time.Second, 0, time.Second},
+		{"and climbs", 4, 38 * time.Second, 0, 8 * time.Second},
+		{"to the window, past the cap", 7, 38 * time.Second, 0, 38 * time.Second},
+		{"a short window keeps the default cap", 9, 2 * time.Second, 0, 30 * time.Second},
+		{"a long cap stays", 9, 2 * time.Second, time.Minute, time.Minute},
+	}
+	for _, c := range cases {
+		b := Backoff{Cap: c.cap, Int64N: top}
+		if got := b.DelaySpread(c.attempt, c.spread); got != c.want {
+			t.Errorf("%s: DelaySpread(%d, %v) at most %v, want %v", c.name, c.attempt, c.spread, got, c.want)
+		}
+	}
+}
+
 // Spread over the window a 19,000-agent tetherd hands out (38 s), the
 // reconnections of a fleet that lost it at once hold close to their mean
 // rate: no second takes more than twice its share.
