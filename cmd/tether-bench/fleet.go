@@ -96,6 +96,7 @@ func fleet(args []string) error {
 	stormTimeout := fs.Duration("storm-timeout", 3*time.Minute, "give up waiting for every agent to reconnect after this long")
 	stormTail := fs.Duration("storm-tail", 30*time.Second, "keep watching this long after every agent is back (late reconnections, liveness marks)")
 	series := fs.String("series", "", "write the storm's per-second series (JSON) here, for tether-bench plot")
+	connecting := fs.Int("max-connecting", 64, "agents of one process opening a stream at once (0: no bound); simulated agents share cores that real ones do not")
 	maxRun := fs.Duration("max-run", 15*time.Minute, "stop the whole run after this long, whatever phase it is in")
 	_ = fs.Parse(args)
 	if *storm != "" && *storm != "term" && *storm != "kill" {
@@ -112,7 +113,7 @@ func fleet(args []string) error {
 	}
 	ctx, cancelRun := context.WithTimeout(context.Background(), *maxRun)
 	defer cancelRun()
-	sp := shardParams{agents: *agents, rate: *rate, interval: *interval, srcs: srcs, node: *node, idDir: *idDir}
+	sp := shardParams{agents: *agents, rate: *rate, interval: *interval, srcs: srcs, node: *node, idDir: *idDir, connecting: *connecting}
 	if *shardSpec != "" {
 		return runChildShard(ctx, tg, *shardSpec, sp)
 	}
@@ -381,6 +382,8 @@ type shardParams struct {
 	srcs     []net.IP
 	node     string
 	idDir    string
+	// connecting bounds each process's agents opening a stream at once.
+	connecting int
 }
 
 // localShard runs agents in this process.
@@ -398,7 +401,8 @@ func startLocalShard(ctx context.Context, tg *fleetTarget, i, n int, p shardPara
 	}
 	s := &localShard{done: make(chan struct{}), ctx: ctx}
 	o := bench.FleetOptions{Agents: per, Offset: offset, EnrollRate: p.rate / float64(n), Heartbeat: p.interval,
-		Sources: p.srcs, Dial: tg.dialFrom, Admin: tg.admin, Enroll: v1.NewEnrollmentServiceClient(mustDial(tg.target)), Node: p.node}
+		Sources: p.srcs, Dial: tg.dialFrom, Admin: tg.admin, Enroll: v1.NewEnrollmentServiceClient(mustDial(tg.target)), Node: p.node,
+		MaxConnecting: p.connecting}
 	var enrollConns []*grpc.ClientConn
 	if len(p.srcs) > 0 {
 		// Enrollment is rate-limited per source: enroll from the agent's.

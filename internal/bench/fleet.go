@@ -66,6 +66,13 @@ type FleetOptions struct {
 	HealthyAfter time.Duration
 	// Now is the clock of the timeline (default time.Now).
 	Now func() time.Time
+	// MaxConnecting bounds this process's agents that are opening a
+	// stream at once (dial, TLS handshake, first message; 0: no bound).
+	// Real agents each handshake on their own machine; thousands of
+	// simulated ones sharing a core slow each other's handshakes past the
+	// server's deadline and fail attempts a real fleet would not. The
+	// bound keeps that contention out of what a storm measures.
+	MaxConnecting int
 	// Progress, if set, is called after every heartbeat sent and every
 	// stream accepted, so a caller can wait on the fleet's counts without
 	// polling them. It must not block.
@@ -84,11 +91,14 @@ type Fleet struct {
 	sent      atomic.Int64
 	errs      atomic.Int64
 	reconnect atomic.Int64
-	mu        sync.Mutex
-	firstErrs []string
-	causes    map[string]int64
-	timeline  map[int64]*Second
-	agents    []*SimAgent
+	// connecting holds a token per agent opening a stream (MaxConnecting);
+	// nil: no bound.
+	connecting chan struct{}
+	mu         sync.Mutex
+	firstErrs  []string
+	causes     map[string]int64
+	timeline   map[int64]*Second
+	agents     []*SimAgent
 	// waiting maps an instance to the probe awaiting its next task.
 	waiting sync.Map
 }
@@ -191,6 +201,9 @@ func StartFleet(ctx context.Context, o FleetOptions) *Fleet {
 	}
 	fctx, cancel := context.WithCancel(ctx)
 	f := &Fleet{o: o, ctx: fctx, cancel: cancel, timeline: map[int64]*Second{}}
+	if o.MaxConnecting > 0 {
+		f.connecting = make(chan struct{}, o.MaxConnecting)
+	}
 	jobs := make(chan int)
 	var enrolling sync.WaitGroup
 	for w := 0; w < o.Workers; w++ {
@@ -321,7 +334,8 @@ func (f *Fleet) run(a *SimAgent, src net.IP) {
 			}
 		}
 		// As the real agent: the control plane's reconnection window
-		// widens the back-off (agent/session.Backoff.DelaySpread).
+		// spreads the first attempt after a lost stream, and a failed
+		// attempt climbs the back-off (agent/session.Backoff.DelaySpread).
 		d := f.o.Backoff.DelaySpread(attempt, time.Duration(a.spread.Load()))
 		attempt++
 		select {
@@ -330,6 +344,21 @@ func (f *Fleet) run(a *SimAgent, src net.IP) {
 		case <-time.After(d):
 		}
 	}
+}
+
+// startConnecting takes a place among the agents opening a stream
+// (MaxConnecting). release gives it back; calling it again does nothing.
+func (f *Fleet) startConnecting() (release func(), err error) {
+	if f.connecting == nil {
+		return func() {}, nil
+	}
+	select {
+	case f.connecting <- struct{}{}:
+	case <-f.ctx.Done():
+		return nil, f.ctx.Err()
+	}
+	var once sync.Once
+	return func() { once.Do(func() { <-f.connecting }) }, nil
 }
 
 // errLost marks an error that ended an established stream, as against
@@ -378,6 +407,11 @@ func (a *SimAgent) learn(m *v1.ControlMessage) {
 // accepted it (its first message arrived). reconnect marks a stream
 // that replaces a lost one.
 func (f *Fleet) session(a *SimAgent, src net.IP, reconnect bool) (established bool, err error) {
+	release, err := f.startConnecting()
+	if err != nil {
+		return false, err
+	}
+	defer release()
 	conn, err := f.o.Dial(src, &a.Cert)
 	if err != nil {
 		return false, err
@@ -402,6 +436,7 @@ func (f *Fleet) session(a *SimAgent, src net.IP, reconnect bool) (established bo
 		return false, fmt.Errorf("stream: %w", err)
 	}
 	a.learn(first)
+	release()
 	f.connected.Add(1)
 	defer f.connected.Add(-1)
 	f.progress()

@@ -97,7 +97,8 @@ func TestFleetConnectsEveryAgentFromItsSource(t *testing.T) {
 	}
 	defer ids.Close()
 	again := bench.StartFleet(ctx, bench.FleetOptions{Agents: n, EnrollRate: 100, Dial: dial, Admin: cp.Admin,
-		Enroll: v1.NewEnrollmentServiceClient(cp.Dial(nil)), Node: fleet.Node, Known: known, Save: ids.Save, Progress: tick})
+		Enroll: v1.NewEnrollmentServiceClient(cp.Dial(nil)), Node: fleet.Node, Known: known, Save: ids.Save, Progress: tick,
+		MaxConnecting: 2})
 	for again.Connected() < n {
 		select {
 		case <-progress:
