@@ -13,21 +13,23 @@ import (
 	"github.com/tetherfleet/tether/internal/pgtest"
 )
 
-// chaosCmd is `make chaos`: kill -9 a real tetherd under load and check
-// the invariants afterwards. It exits non-zero when one is broken.
+// chaosCmd is `make chaos`: kill -9 a real tetherd under load (on
+// PostgreSQL, one of two replicas at a time) and check the invariants
+// afterwards. It exits non-zero when one is broken.
 func chaosCmd(args []string) error {
 	fs := flag.NewFlagSet("chaos", flag.ExitOnError)
 	var cfg chaos.Config
 	fs.StringVar(&cfg.Tetherd, "tetherd", "bin/tetherd", "tetherd binary to run (a separate process, so kill -9 is real)")
 	fs.StringVar(&cfg.WorkDir, "dir", "", "work directory (default: a new temporary directory, kept for its logs)")
 	fs.DurationVar(&cfg.Duration, "duration", 2*time.Minute, "how long load and faults run")
-	store := fs.String("store", "sqlite", "sqlite or postgres (a throwaway PostgreSQL server)")
+	store := fs.String("store", "sqlite", "sqlite (one tetherd) or postgres (a throwaway PostgreSQL server and two tetherd replicas on it)")
 	fs.IntVar(&cfg.Instances, "instances", 150, "non-pooled fake instances to provision (each one a simulated agent)")
 	fs.IntVar(&cfg.Pools, "pools", 4, "pools backed by the fake provider")
 	fs.IntVar(&cfg.PoolSize, "pool-size", 12, "target size of each pool")
 	fs.IntVar(&cfg.Claimers, "claimers", 32, "concurrent claim/release loops")
 	fs.DurationVar(&cfg.KillMin, "kill-min", 5*time.Second, "shortest wait between two kill -9s")
 	fs.DurationVar(&cfg.KillMax, "kill-max", 20*time.Second, "longest wait between two kill -9s")
+	fs.DurationVar(&cfg.DownMax, "down-max", 3*time.Second, "with replicas (postgres), how long a killed replica may stay down before its restart, the other serving")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -39,7 +41,7 @@ func chaosCmd(args []string) error {
 		}
 		cfg.WorkDir = d
 	}
-	fmt.Printf("chaos: work dir %s (tetherd.log is there)\n", cfg.WorkDir)
+	fmt.Printf("chaos: work dir %s (tetherd.log, or tetherd-0.log and tetherd-1.log for replicas, are there)\n", cfg.WorkDir)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	switch *store {

@@ -19,12 +19,14 @@ import (
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
 
-// daemon is one tetherd process over a data dir that outlives it.
+// daemon is one tetherd process over a data dir that outlives it. Replicas
+// share the data dir (one CA, one blob store), the store and the fake's
+// machine file (fakeState), and differ in listen address and log.
 type daemon struct {
-	bin, dataDir, listen, store, logPath string
-	extra                                []string
-	cmd                                  *exec.Cmd
-	exited                               chan struct{}
+	bin, dataDir, listen, store, logPath, fakeState string
+	extra                                           []string
+	cmd                                             *exec.Cmd
+	exited                                          chan struct{}
 }
 
 func freeAddr() (string, error) {
@@ -50,7 +52,7 @@ func (d *daemon) start() error {
 		return fmt.Errorf("tetherd log: %w", err)
 	}
 	args := append([]string{"serve", "--data-dir", d.dataDir, "--listen", d.listen, "--provider-fake",
-		"--provider-sync-every", "2s", "--log-level", "warn"}, d.extra...)
+		"--provider-fake-state", d.fakeState, "--provider-sync-every", "2s", "--log-level", "warn"}, d.extra...)
 	if d.store != "" {
 		args = append(args, "--store", d.store)
 	}
@@ -119,15 +121,17 @@ type clientConfig struct {
 	Key      string `yaml:"key"`
 }
 
-// dialer builds connections to tetherd from the admin client config that
-// `tetherd init` writes (DATA/admin/tetherconfig.yaml).
+// dialer builds connections to the tetherd replicas with the CA and admin
+// identity of the admin client config that `tetherd init` writes
+// (DATA/admin/tetherconfig.yaml). Its endpoint names one address; the
+// replicas' are the harness's to give.
 type dialer struct {
-	endpoint string
-	pool     *x509.CertPool
-	admin    tls.Certificate
+	endpoints []string
+	pool      *x509.CertPool
+	admin     tls.Certificate
 }
 
-func newDialer(dataDir string) (*dialer, error) {
+func newDialer(dataDir string, endpoints []string) (*dialer, error) {
 	path := filepath.Join(dataDir, "admin", "tetherconfig.yaml")
 	raw, err := os.ReadFile(path)
 	if err != nil {
@@ -153,18 +157,42 @@ func newDialer(dataDir string) (*dialer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("admin config key pair: %w", err)
 	}
-	return &dialer{endpoint: cfg.Endpoint, pool: pool, admin: cert}, nil
+	return &dialer{endpoints: endpoints, pool: pool, admin: cert}, nil
 }
 
-func (d *dialer) dial(c *tls.Certificate) (*grpc.ClientConn, error) {
-	host, _, _ := net.SplitHostPort(d.endpoint)
+// dial connects to replica i (lazily: no connection is made before the
+// first call), presenting c when it is set.
+func (d *dialer) dial(i int, c *tls.Certificate) (*grpc.ClientConn, error) {
+	endpoint := d.endpoints[i]
+	host, _, _ := net.SplitHostPort(endpoint)
 	t := &tls.Config{RootCAs: d.pool, ServerName: host, MinVersion: tls.VersionTLS13}
 	if c != nil {
 		t.Certificates = []tls.Certificate{*c}
 	}
-	conn, err := grpc.NewClient(d.endpoint, grpc.WithTransportCredentials(credentials.NewTLS(t)))
+	conn, err := grpc.NewClient(endpoint, grpc.WithTransportCredentials(credentials.NewTLS(t)))
 	if err != nil {
-		return nil, fmt.Errorf("dial %s: %w", d.endpoint, err)
+		return nil, fmt.Errorf("dial %s: %w", endpoint, err)
 	}
 	return conn, nil
+}
+
+// dialAll connects to every replica, presenting c when it is set. On an
+// error it closes what it opened.
+func (d *dialer) dialAll(c *tls.Certificate) ([]*grpc.ClientConn, error) {
+	conns := make([]*grpc.ClientConn, 0, len(d.endpoints))
+	for i := range d.endpoints {
+		conn, err := d.dial(i, c)
+		if err != nil {
+			closeAll(conns)
+			return nil, err
+		}
+		conns = append(conns, conn)
+	}
+	return conns, nil
+}
+
+func closeAll(conns []*grpc.ClientConn) {
+	for _, c := range conns {
+		_ = c.Close()
+	}
 }

@@ -35,7 +35,9 @@ type Config struct {
 	Tetherd  string        // path to the tetherd binary
 	WorkDir  string        // data dir, logs and the fake's machine file go here
 	Duration time.Duration // how long load and faults run
-	Store    string        // "" (SQLite) or a postgres:// URL
+	// Store is "" (SQLite, one tetherd) or a postgres:// URL (two tetherd
+	// replicas on it, killed one at a time).
+	Store string
 	// Instances is how many non-pooled fake instances the provisioner keeps;
 	// with the pool members they are the simulated agents.
 	Instances int
@@ -44,6 +46,10 @@ type Config struct {
 	Claimers  int // concurrent claim/release loops
 	// KillMin and KillMax bound the random wait between two kill -9s.
 	KillMin, KillMax time.Duration
+	// DownMax bounds how long a killed replica stays down before its
+	// restart (replicas only: a lone tetherd restarts at once), so that the
+	// load has to fail over to the other.
+	DownMax time.Duration
 	// RestartStore, when set, restarts the database once, half-way through
 	// the run (PostgreSQL).
 	RestartStore func() error
@@ -54,57 +60,57 @@ type Config struct {
 type Counters struct {
 	Kills, Restarts, StoreRestarts, Drops, Provisions, CallErrors atomic.Int64
 	AgentsEnrolled, AgentsConnected, TasksFinished                atomic.Int64
+	// Failovers are calls that failed Unavailable on one replica and
+	// returned OK on another; AgentMoves are agents that moved to the next
+	// replica after theirs failed them.
+	Failovers, AgentMoves atomic.Int64
 }
 
-// Run starts tetherd, drives load and faults for cfg.Duration, lets it
-// recover, and checks the invariants. It returns the results; err is set
-// when the run itself could not be carried out.
+// Run starts tetherd (two replicas when cfg.Store is set, else one), drives
+// load and faults for cfg.Duration, lets it recover, and checks the
+// invariants. It returns the results; err is set when the run itself could
+// not be carried out.
 func Run(ctx context.Context, cfg Config) ([]Result, error) {
-	addr, err := freeAddr()
+	ds, err := newDaemons(cfg)
 	if err != nil {
 		return nil, err
 	}
-	d := &daemon{bin: cfg.Tetherd, dataDir: filepath.Join(cfg.WorkDir, "data"), listen: addr, store: cfg.Store,
-		logPath: filepath.Join(cfg.WorkDir, "tetherd.log")}
-	// Provisioning wants boot artifacts; fake machines never read them.
-	for _, a := range []string{"kernel", "initramfs"} {
-		p := filepath.Join(cfg.WorkDir, a)
-		if err := os.WriteFile(p, []byte("chaos "+a), 0o600); err != nil {
-			return nil, fmt.Errorf("boot artifact: %w", err)
+	if err := ds[0].init(ctx); err != nil {
+		return nil, err
+	}
+	defer stopAll(ds)
+	for _, d := range ds {
+		if err := d.start(); err != nil {
+			return nil, err
 		}
-		d.extra = append(d.extra, "--"+a, p)
 	}
-	if err := d.init(ctx); err != nil {
-		return nil, err
-	}
-	if err := d.start(); err != nil {
-		return nil, err
-	}
-	defer d.stop()
-	dl, err := newDialer(d.dataDir)
+	dl, err := newDialer(ds[0].dataDir, listens(ds))
 	if err != nil {
 		return nil, err
 	}
-	conn, err := dl.dial(&dl.admin)
+	conns, err := dl.dialAll(&dl.admin)
 	if err != nil {
 		return nil, err
 	}
-	defer conn.Close()
-	admin := v1.NewAdminServiceClient(conn)
-	if err := waitReady(ctx, admin); err != nil {
+	defer closeAll(conns)
+	var admins []v1.AdminServiceClient
+	for _, c := range conns {
+		admins = append(admins, v1.NewAdminServiceClient(c))
+	}
+	if err := waitAllReady(ctx, admins); err != nil {
 		return nil, err
 	}
-	node, pools, err := seed(ctx, admin, cfg)
+	node, pools, err := seed(ctx, admins[0], cfg)
 	if err != nil {
 		return nil, err
 	}
 	fmt.Fprintf(cfg.Out, "chaos: tetherd on %s, %d pools x %d, %d instances, %d claimers, for %s\n",
-		addr, cfg.Pools, cfg.PoolSize, cfg.Instances, cfg.Claimers, cfg.Duration)
+		strings.Join(listens(ds), " and "), cfg.Pools, cfg.PoolSize, cfg.Instances, cfg.Claimers, cfg.Duration)
 
 	l := &Ledger{}
 	var c Counters
-	h := &harness{cfg: cfg, admin: admin, dl: dl, ledger: l, c: &c, node: node, pools: pools,
-		machinesFile: filepath.Join(d.dataDir, "fake-machines.json"), agents: map[string]bool{}, errCodes: map[codes.Code]int{}}
+	h := &harness{cfg: cfg, admins: admins, dl: dl, ledger: l, c: &c, node: node, pools: pools, kills: make([]int, len(ds)),
+		machinesFile: ds[0].fakeState, agents: map[string]bool{}, errCodes: map[codes.Code]int{}}
 	loadCtx, stopLoad := context.WithTimeout(ctx, cfg.Duration)
 	var wg sync.WaitGroup
 	spawn := func(f func(context.Context)) { wg.Add(1); go func() { defer wg.Done(); f(loadCtx) }() }
@@ -112,8 +118,10 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	spawn(h.provisioner)
 	spawn(h.terminator)
 	spawn(h.tasks)
-	spawn(h.watcher)
 	spawn(h.dropper)
+	for i := range admins {
+		spawn(func(ctx context.Context) { h.watcher(ctx, i) })
+	}
 	for i := 0; i < cfg.Claimers; i++ {
 		spawn(h.claimer)
 	}
@@ -128,75 +136,187 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 			}
 		})
 	}
-	// The killer: kill -9 at a random moment every KillMin..KillMax, and
-	// restart on the same data dir.
-	for loadCtx.Err() == nil {
-		wait := cfg.KillMin + time.Duration(mrand.Int64N(int64(cfg.KillMax-cfg.KillMin)+1))
-		select {
-		case <-loadCtx.Done():
-		case <-time.After(wait):
-			d.kill()
-			c.Kills.Add(1)
-			if err := d.start(); err != nil {
-				stopLoad()
-				wg.Wait()
-				return nil, err
-			}
-			c.Restarts.Add(1)
-		}
-	}
+	kerr := h.killer(loadCtx, ds)
 	stopLoad()
 	wg.Wait()
 	h.stopAgents()
+	if kerr != nil {
+		return nil, kerr
+	}
+	if err := h.recover(ctx, ds); err != nil {
+		return nil, err
+	}
+	res, o, err := h.converge(ctx)
+	if err != nil {
+		return nil, err
+	}
+	h.report(o, res)
+	return res, nil
+}
 
-	// Recovery: one last kill -9 with no load, restart, and wait for the
-	// reconciliation loops to converge before reading the state.
-	d.kill()
-	c.Kills.Add(1)
-	if err := d.start(); err != nil {
-		return nil, err
+// newDaemons describes the tetherd processes of a run: one on SQLite, or
+// two replicas on the PostgreSQL store. Replicas share the data dir, as
+// the replica tests do (store/postgres/servertest): one `tetherd init`
+// gives them one CA, server certificate, credentials key and blob store.
+// They share the fake's machine file too, so both providers see every
+// machine and provider sync on either compares the store with all of them.
+func newDaemons(cfg Config) ([]*daemon, error) {
+	n := 1
+	if cfg.Store != "" {
+		n = 2
 	}
-	if err := waitReady(ctx, admin); err != nil {
-		return nil, err
+	dataDir := filepath.Join(cfg.WorkDir, "data")
+	var extra []string
+	// Provisioning wants boot artifacts; fake machines never read them.
+	for _, a := range []string{"kernel", "initramfs"} {
+		p := filepath.Join(cfg.WorkDir, a)
+		if err := os.WriteFile(p, []byte("chaos "+a), 0o600); err != nil {
+			return nil, fmt.Errorf("boot artifact: %w", err)
+		}
+		extra = append(extra, "--"+a, p)
 	}
-	var res []Result
-	var o Observed
-	deadline := time.Now().Add(90 * time.Second)
-	for {
-		o, err = observe(ctx, admin, h.machinesFile)
+	var ds []*daemon
+	for i := 0; i < n; i++ {
+		addr, err := freeAddr()
 		if err != nil {
 			return nil, err
 		}
-		res = Check(l, o)
+		d := &daemon{bin: cfg.Tetherd, dataDir: dataDir, listen: addr, store: cfg.Store, extra: extra,
+			logPath: filepath.Join(cfg.WorkDir, "tetherd.log"), fakeState: filepath.Join(dataDir, "fake-machines.json")}
+		if n > 1 {
+			d.logPath = filepath.Join(cfg.WorkDir, fmt.Sprintf("tetherd-%d.log", i))
+			// Tells the replicas apart in pg_stat_activity.
+			d.store = fmt.Sprintf("%s&application_name=tetherd-%d", cfg.Store, i)
+		}
+		ds = append(ds, d)
+	}
+	return ds, nil
+}
+
+func listens(ds []*daemon) []string {
+	var out []string
+	for _, d := range ds {
+		out = append(out, d.listen)
+	}
+	return out
+}
+
+func stopAll(ds []*daemon) {
+	for _, d := range ds {
+		d.stop()
+	}
+}
+
+func waitAllReady(ctx context.Context, admins []v1.AdminServiceClient) error {
+	for i, a := range admins {
+		if err := waitReady(ctx, a); err != nil {
+			return fmt.Errorf("replica %d: %w", i, err)
+		}
+	}
+	return nil
+}
+
+// killer kill -9s a tetherd at a random moment every KillMin..KillMax
+// until ctx ends, and restarts it on the same data dir. With replicas it
+// kills one at random, keeps it down for up to DownMax while the other
+// serves, and waits for it to answer again before the next kill, so one
+// is always up (the database restart aside).
+func (h *harness) killer(ctx context.Context, ds []*daemon) error {
+	for {
+		wait := h.cfg.KillMin + time.Duration(mrand.Int64N(int64(h.cfg.KillMax-h.cfg.KillMin)+1))
+		if !sleep(ctx, wait) {
+			return nil
+		}
+		i := mrand.IntN(len(ds))
+		ds[i].kill()
+		h.c.Kills.Add(1)
+		h.kills[i]++
+		if len(ds) > 1 && h.cfg.DownMax > 0 {
+			sleep(ctx, time.Duration(mrand.Int64N(int64(h.cfg.DownMax)+1)))
+		}
+		if err := ds[i].start(); err != nil {
+			return err
+		}
+		h.c.Restarts.Add(1)
+		if len(ds) > 1 {
+			if err := waitReady(ctx, h.admins[i]); err != nil && ctx.Err() == nil {
+				return fmt.Errorf("replica %d after its restart: %w", i, err)
+			}
+		}
+	}
+}
+
+// recover is the last kill -9, of every tetherd, with no load; then the
+// restart, waiting until each answers.
+func (h *harness) recover(ctx context.Context, ds []*daemon) error {
+	for i, d := range ds {
+		d.kill()
+		h.c.Kills.Add(1)
+		h.kills[i]++
+	}
+	for _, d := range ds {
+		if err := d.start(); err != nil {
+			return err
+		}
+	}
+	return waitAllReady(ctx, h.admins)
+}
+
+// converge reads the state and checks it until every invariant holds or
+// 90 s have passed, as the reconciliation loops catch up.
+func (h *harness) converge(ctx context.Context) ([]Result, Observed, error) {
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		o, err := observe(ctx, h.admins[0], h.machinesFile)
+		if err != nil {
+			return nil, o, err
+		}
+		res := Check(h.ledger, o)
 		if allOK(res) || time.Now().After(deadline) {
-			break
+			return res, o, nil
 		}
 		time.Sleep(2 * time.Second) // the provider-sync loop runs every 2 s
 	}
-	fmt.Fprintf(cfg.Out, "load: %d kill -9 (%d restarts, %d database restarts), %d agents enrolled, %d agent connections, %d provisions, %d tasks created, %d finished by agents, %d claims, %d releases, %d terminates, %d dropped calls, %d watcher streams, %d replayed tokens, %d call errors (expected while tetherd is down)\n",
-		c.Kills.Load(), c.Restarts.Load(), c.StoreRestarts.Load(), len(l.Enrollments), c.AgentsConnected.Load(), c.Provisions.Load(), len(l.Tasks), c.TasksFinished.Load(),
-		len(l.Claims), len(l.Releases), len(l.Terminates), c.Drops.Load(), len(l.Live), l.Replays, c.CallErrors.Load())
-	fmt.Fprintf(cfg.Out, "call errors by code: %v\n", h.errCodes)
+}
+
+// report prints what the load did, the state after recovery and the
+// invariants.
+func (h *harness) report(o Observed, res []Result) {
+	c, l, out := h.c, h.ledger, h.cfg.Out
+	kills := fmt.Sprintf("%d kill -9 (%d restarts, %d database restarts)", c.Kills.Load(), c.Restarts.Load(), c.StoreRestarts.Load())
+	failover := ""
+	if len(h.kills) > 1 {
+		var per []string
+		for i, n := range h.kills {
+			per = append(per, fmt.Sprintf("replica %d: %d", i, n))
+		}
+		kills = fmt.Sprintf("%d kill -9 (%s; %d restarts, %d database restarts)", c.Kills.Load(), strings.Join(per, ", "),
+			c.Restarts.Load(), c.StoreRestarts.Load())
+		failover = fmt.Sprintf(", %d calls failed over to the other replica, %d agent moves", c.Failovers.Load(), c.AgentMoves.Load())
+	}
+	fmt.Fprintf(out, "load: %s, %d agents enrolled, %d agent connections, %d provisions, %d tasks created, %d finished by agents, %d claims, %d releases, %d terminates, %d dropped calls, %d watcher streams, %d replayed tokens, %d call errors (expected while tetherd is down)%s\n",
+		kills, len(l.Enrollments), c.AgentsConnected.Load(), c.Provisions.Load(), len(l.Tasks), c.TasksFinished.Load(),
+		len(l.Claims), len(l.Releases), len(l.Terminates), c.Drops.Load(), len(l.Live), l.Replays, c.CallErrors.Load(), failover)
+	fmt.Fprintf(out, "call errors by code: %v\n", h.errCodes)
 	if h.unknown != nil {
-		fmt.Fprintf(cfg.Out, "first error without a gRPC status (counted as Unknown): %v\n", h.unknown)
+		fmt.Fprintf(out, "first error without a gRPC status (counted as Unknown): %v\n", h.unknown)
 	}
 	states := map[string]int{}
 	for _, in := range o.Instances {
 		states[in.Status]++
 	}
-	fmt.Fprintf(cfg.Out, "after recovery: %d instances by state %v, %d fake machines, %d events, %d tasks\n",
+	fmt.Fprintf(out, "after recovery: %d instances by state %v, %d fake machines, %d events, %d tasks\n",
 		len(o.Instances), states, len(o.Machines), len(o.Events), len(o.Tasks))
 	for _, r := range res {
-		fmt.Fprintln(cfg.Out, r)
+		fmt.Fprintln(out, r)
 		for i, v := range r.Violations {
 			if i == 20 {
-				fmt.Fprintf(cfg.Out, "    ... and %d more\n", len(r.Violations)-20)
+				fmt.Fprintf(out, "    ... and %d more\n", len(r.Violations)-20)
 				break
 			}
-			fmt.Fprintln(cfg.Out, "    "+v)
+			fmt.Fprintln(out, "    "+v)
 		}
 	}
-	return res, nil
 }
 
 func allOK(rs []Result) bool {
@@ -233,14 +353,18 @@ func seed(ctx context.Context, admin v1.AdminServiceClient, cfg Config) (string,
 }
 
 type harness struct {
-	cfg          Config
-	admin        v1.AdminServiceClient
+	cfg Config
+	// admins are one admin client per replica (one without replicas).
+	admins       []v1.AdminServiceClient
 	dl           *dialer
 	ledger       *Ledger
 	c            *Counters
 	node         string
 	pools        []string
 	machinesFile string
+	// kills counts the kill -9s of each replica; only the killer and the
+	// recovery, both on Run's goroutine, touch it.
+	kills []int
 
 	mu       sync.Mutex
 	agents   map[string]bool // machine id + token already booted
@@ -268,6 +392,43 @@ func (h *harness) callErr(err error) {
 
 func call(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, 10*time.Second)
+}
+
+// adminCall makes one admin call on a replica picked at random and, when
+// that one answers Unavailable (it is down), on the next, the way a client
+// behind a load balancer fails over. Each failed attempt but the last is
+// counted here; the caller counts the last and records the call in the
+// ledger only when it returned OK. An Unavailable attempt may still have
+// committed (killed before it answered): its retry is then a second call,
+// as a client's would be, and only the acknowledged one is recorded.
+func (h *harness) adminCall(ctx context.Context, f func(context.Context, v1.AdminServiceClient) error) error {
+	first := mrand.IntN(len(h.admins))
+	for k := 0; ; k++ {
+		cctx, cancel := call(ctx)
+		err := f(cctx, h.admins[(first+k)%len(h.admins)])
+		cancel()
+		if err == nil {
+			if k > 0 {
+				h.c.Failovers.Add(1)
+			}
+			return nil
+		}
+		if status.Code(err) != codes.Unavailable || k == len(h.admins)-1 {
+			return err
+		}
+		h.callErr(err)
+	}
+}
+
+// next is the replica an agent turns to when cur failed it: the next in
+// its list, as the real agent moves along tether.url=URL1,URL2
+// (docs/design.md §3.2).
+func (h *harness) next(cur int) int {
+	if len(h.admins) == 1 {
+		return cur
+	}
+	h.c.AgentMoves.Add(1)
+	return (cur + 1) % len(h.admins)
 }
 
 // machines plays the fake provider's machines: each new boot (a machine
@@ -328,24 +489,27 @@ func (h *harness) agent(ctx context.Context, token string) {
 		return
 	}
 	csr := string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}))
-	conn, err := h.dl.dial(nil)
+	conns, err := h.dl.dialAll(nil)
 	if err != nil {
 		h.callErr(err)
 		return
 	}
-	defer conn.Close()
-	enroll := v1.NewEnrollmentServiceClient(conn)
+	defer closeAll(conns)
+	// Agents start spread over the replicas and stay on the one that
+	// answered until it fails them.
+	cur := mrand.IntN(len(conns))
 	sum := sha256.Sum256([]byte(token))
 	var resp *v1.EnrollResponse
 	for resp == nil {
 		cctx, cancel := call(ctx)
-		resp, err = enroll.Enroll(cctx, &v1.EnrollRequest{Token: token, CsrPem: csr})
+		resp, err = v1.NewEnrollmentServiceClient(conns[cur]).Enroll(cctx, &v1.EnrollRequest{Token: token, CsrPem: csr})
 		cancel()
 		if err != nil {
 			h.callErr(err)
 			if c := status.Code(err); c != codes.Unavailable && c != codes.DeadlineExceeded || ctx.Err() != nil {
 				return // spent or refused (an answer lost in a kill); the instance's boot timeout owns it
 			}
+			cur = h.next(cur)
 			if !sleep(ctx, 500*time.Millisecond) {
 				return
 			}
@@ -354,8 +518,10 @@ func (h *harness) agent(ctx context.Context, token string) {
 	h.ledger.Enroll(Enrollment{InstanceID: resp.InstanceId, TokenHash: hex.EncodeToString(sum[:])})
 	h.c.AgentsEnrolled.Add(1)
 	if mrand.IntN(4) == 0 {
+		// The replay goes to another replica when there is one: a token
+		// spent on one must be spent on all.
 		cctx, cancel := call(ctx)
-		_, rerr := enroll.Enroll(cctx, &v1.EnrollRequest{Token: token, CsrPem: csr})
+		_, rerr := v1.NewEnrollmentServiceClient(conns[(cur+1)%len(conns)]).Enroll(cctx, &v1.EnrollRequest{Token: token, CsrPem: csr})
 		cancel()
 		if c := status.Code(rerr); c != codes.Unavailable && c != codes.DeadlineExceeded {
 			h.ledger.Replay(rerr == nil)
@@ -367,20 +533,20 @@ func (h *harness) agent(ctx context.Context, token string) {
 		return
 	}
 	cert := tls.Certificate{Certificate: [][]byte{block.Bytes}, PrivateKey: key}
-	aconn, err := h.dl.dial(&cert)
+	aconns, err := h.dl.dialAll(&cert)
 	if err != nil {
 		h.callErr(err)
 		return
 	}
-	defer aconn.Close()
-	client := v1.NewAgentServiceClient(aconn)
+	defer closeAll(aconns)
 	first := true
 	for ctx.Err() == nil {
-		if err := h.stream(ctx, client, resp.InstanceId, &first); err != nil {
+		if err := h.stream(ctx, v1.NewAgentServiceClient(aconns[cur]), resp.InstanceId, &first); err != nil {
 			if c := status.Code(err); c == codes.PermissionDenied || c == codes.Unauthenticated || c == codes.NotFound {
 				return // terminated: the certificate no longer opens a stream
 			}
 			h.callErr(err)
+			cur = h.next(cur)
 		}
 		if !sleep(ctx, time.Duration(500+mrand.IntN(1500))*time.Millisecond) {
 			return
@@ -466,9 +632,10 @@ func (h *harness) randomRunning() string {
 // provisioner keeps creating non-pooled fake instances up to cfg.Instances.
 func (h *harness) provisioner(ctx context.Context) {
 	for n := 0; n < h.cfg.Instances && ctx.Err() == nil; {
-		cctx, cancel := call(ctx)
-		_, err := h.admin.ProvisionInstance(cctx, &v1.ProvisionInstanceRequest{Node: h.node, Provider: fake.Name})
-		cancel()
+		err := h.adminCall(ctx, func(ctx context.Context, admin v1.AdminServiceClient) error {
+			_, err := admin.ProvisionInstance(ctx, &v1.ProvisionInstanceRequest{Node: h.node, Provider: fake.Name})
+			return err
+		})
 		if err != nil {
 			h.callErr(err)
 			sleep(ctx, 300*time.Millisecond)
@@ -488,9 +655,10 @@ func (h *harness) terminator(ctx context.Context) {
 		if id == "" {
 			continue
 		}
-		cctx, cancel := call(ctx)
-		_, err := h.admin.TerminateInstance(cctx, &v1.InstanceActionRequest{Id: id})
-		cancel()
+		err := h.adminCall(ctx, func(ctx context.Context, admin v1.AdminServiceClient) error {
+			_, err := admin.TerminateInstance(ctx, &v1.InstanceActionRequest{Id: id})
+			return err
+		})
 		if err != nil {
 			h.callErr(err)
 			continue
@@ -506,10 +674,13 @@ func (h *harness) tasks(ctx context.Context) {
 		if id == "" {
 			continue
 		}
-		cctx, cancel := call(ctx)
-		t, err := h.admin.CreateTask(cctx, &v1.CreateTaskRequest{InstanceId: id, Kind: v1.TaskKind_TASK_KIND_EXEC,
-			Exec: &v1.ExecPayload{Argv: []string{"true"}}})
-		cancel()
+		var t *v1.Task
+		err := h.adminCall(ctx, func(ctx context.Context, admin v1.AdminServiceClient) error {
+			var err error
+			t, err = admin.CreateTask(ctx, &v1.CreateTaskRequest{InstanceId: id, Kind: v1.TaskKind_TASK_KIND_EXEC,
+				Exec: &v1.ExecPayload{Argv: []string{"true"}}})
+			return err
+		})
 		if err != nil {
 			h.callErr(err)
 			continue
@@ -523,9 +694,12 @@ func (h *harness) tasks(ctx context.Context) {
 func (h *harness) claimer(ctx context.Context) {
 	for sleep(ctx, time.Duration(mrand.IntN(200))*time.Millisecond) {
 		pool := h.pools[mrand.IntN(len(h.pools))]
-		cctx, cancel := call(ctx)
-		r, err := h.admin.AcquirePoolMember(cctx, &v1.AcquirePoolMemberRequest{PoolName: pool, AcquiredBy: "chaos"})
-		cancel()
+		var r *v1.AcquirePoolMemberResponse
+		err := h.adminCall(ctx, func(ctx context.Context, admin v1.AdminServiceClient) error {
+			var err error
+			r, err = admin.AcquirePoolMember(ctx, &v1.AcquirePoolMemberRequest{PoolName: pool, AcquiredBy: "chaos"})
+			return err
+		})
 		if err != nil {
 			h.callErr(err)
 			continue
@@ -535,9 +709,10 @@ func (h *harness) claimer(ctx context.Context) {
 		for attempt := 0; attempt < 50; attempt++ {
 			// The release must go out even as the run ends: a claim left
 			// open is not a broken invariant, but it is not the load asked.
-			cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			_, err := h.admin.ReleasePoolMember(cctx, &v1.ReleasePoolMemberRequest{InstanceId: r.Instance.GetId()})
-			cancel()
+			err := h.adminCall(context.Background(), func(ctx context.Context, admin v1.AdminServiceClient) error {
+				_, err := admin.ReleasePoolMember(ctx, &v1.ReleasePoolMemberRequest{InstanceId: r.Instance.GetId()})
+				return err
+			})
 			if err == nil {
 				h.ledger.Release(Release{InstanceID: r.Instance.GetId(), ClaimID: r.ClaimId})
 				break
@@ -555,7 +730,7 @@ func (h *harness) claimer(ctx context.Context) {
 // resets the HTTP/2 stream while the server is still working on it.
 func (h *harness) dropper(ctx context.Context) {
 	for sleep(ctx, time.Duration(50+mrand.IntN(200))*time.Millisecond) {
-		conn, err := h.dl.dial(&h.dl.admin)
+		conn, err := h.dl.dial(mrand.IntN(len(h.admins)), &h.dl.admin)
 		if err != nil {
 			h.callErr(err)
 			continue
@@ -595,19 +770,16 @@ func (h *harness) dropper(ctx context.Context) {
 	}
 }
 
-// watcher follows the event stream, opening a new one after every kill.
-func (h *harness) watcher(ctx context.Context) {
-	conn, err := h.dl.dial(&h.dl.admin)
-	if err != nil {
-		h.callErr(err)
-		return
-	}
-	defer conn.Close()
-	admin := v1.NewAdminServiceClient(conn)
+// watcher follows the event stream from replica cur, opening a new one
+// after every kill: on the same tetherd when it is alone (it waits for it
+// to come back), on the next replica when there are several.
+func (h *harness) watcher(ctx context.Context, cur int) {
+	alone := len(h.admins) == 1
 	for ctx.Err() == nil {
-		s, err := admin.WatchEvents(ctx, &v1.WatchEventsRequest{}, grpc.WaitForReady(true))
+		s, err := h.admins[cur].WatchEvents(ctx, &v1.WatchEventsRequest{}, grpc.WaitForReady(alone))
 		if err != nil {
 			h.callErr(err)
+			cur = (cur + 1) % len(h.admins)
 			sleep(ctx, 300*time.Millisecond)
 			continue
 		}
@@ -619,6 +791,7 @@ func (h *harness) watcher(ctx context.Context) {
 			}
 			rec(e.Id)
 		}
+		cur = (cur + 1) % len(h.admins)
 	}
 }
 
