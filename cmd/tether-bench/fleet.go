@@ -16,6 +16,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -23,6 +24,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"gopkg.in/yaml.v3"
 
+	agentenroll "github.com/tetherfleet/tether/agent/enroll"
 	"github.com/tetherfleet/tether/internal/bench"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
@@ -96,6 +98,7 @@ func fleet(args []string) error {
 	stormTimeout := fs.Duration("storm-timeout", 3*time.Minute, "give up waiting for every agent to reconnect after this long")
 	stormTail := fs.Duration("storm-tail", 30*time.Second, "keep watching this long after every agent is back (late reconnections, liveness marks)")
 	series := fs.String("series", "", "write the storm's per-second series (JSON) here, for tether-bench plot")
+	endpoints := fs.String("endpoints", "", "the agents' control plane addresses, host:port,host:port (default: the config's endpoint); each agent starts on the first and moves on when one refuses or is down, as the agent's tether.url=URL,URL does")
 	connecting := fs.Int("max-connecting", 64, "agents of one process opening a stream at once (0: no bound); simulated agents share cores that real ones do not")
 	maxRun := fs.Duration("max-run", 15*time.Minute, "stop the whole run after this long, whatever phase it is in")
 	_ = fs.Parse(args)
@@ -107,7 +110,7 @@ func fleet(args []string) error {
 	if err != nil {
 		return err
 	}
-	tg, err := connectFleetTarget(*cfgPath)
+	tg, err := connectFleetTarget(*cfgPath, *endpoints)
 	if err != nil {
 		return err
 	}
@@ -335,7 +338,7 @@ type fleetTarget struct {
 	dialFrom func(src net.IP, cert *tls.Certificate) (*grpc.ClientConn, error)
 }
 
-func connectFleetTarget(cfgPath string) (*fleetTarget, error) {
+func connectFleetTarget(cfgPath, endpoints string) (*fleetTarget, error) {
 	tg, err := connectTarget(cfgPath)
 	if err != nil {
 		return nil, err
@@ -359,6 +362,11 @@ func connectFleetTarget(cfgPath string) (*fleetTarget, error) {
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(caPEM)
 	host, _, _ := net.SplitHostPort(cfg.Endpoint)
+	eps, err := fleetEndpoints(endpoints, host)
+	if err != nil {
+		return nil, err
+	}
+	failovers := &agentFailovers{}
 	dialFrom := func(src net.IP, c *tls.Certificate) (*grpc.ClientConn, error) {
 		t := &tls.Config{RootCAs: pool, ServerName: host, MinVersion: tls.VersionTLS13}
 		if c != nil {
@@ -368,10 +376,49 @@ func connectFleetTarget(cfgPath string) (*fleetTarget, error) {
 		if src != nil {
 			d.LocalAddr = &net.TCPAddr{IP: src}
 		}
+		dial := func(ctx context.Context, addr string) (net.Conn, error) { return d.DialContext(ctx, "tcp", addr) }
+		if c != nil && len(eps) > 1 {
+			dial = failovers.of(c, eps, d).DialContext
+		}
 		return grpc.NewClient(cfg.Endpoint, grpc.WithTransportCredentials(credentials.NewTLS(t)),
-			grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) { return d.DialContext(ctx, "tcp", addr) }))
+			grpc.WithContextDialer(dial),
+			// As tetherd does for its side: a simulated agent is an idle
+			// connection most of the time, and gRPC's 32 KiB read buffer and
+			// per-connection write buffer were most of the simulator's
+			// 122 KiB per agent, which would cap a 100,000-agent run on
+			// this machine's memory before anything it measures.
+			grpc.WithReadBufferSize(0), grpc.WithSharedWriteBuffer(true))
 	}
 	return &fleetTarget{target: tg, dialFrom: dialFrom}, nil
+}
+
+// fleetEndpoints parses --endpoints; every replica serves the one
+// certificate, issued for host.
+func fleetEndpoints(raw, host string) ([]agentenroll.Endpoint, error) {
+	if raw == "" {
+		return nil, nil
+	}
+	var eps []agentenroll.Endpoint
+	for _, t := range strings.Split(raw, ",") {
+		if _, _, err := net.SplitHostPort(strings.TrimSpace(t)); err != nil {
+			return nil, fmt.Errorf("--endpoints: %q: %w", t, err)
+		}
+		eps = append(eps, agentenroll.Endpoint{Target: strings.TrimSpace(t), Host: host})
+	}
+	return eps, nil
+}
+
+// agentFailovers keeps each simulated agent's failover dialer, keyed by
+// its certificate (one per agent, for the fleet's life), so that an agent
+// that moved to another replica stays there, as the real agent does.
+type agentFailovers struct{ m sync.Map }
+
+func (a *agentFailovers) of(cert *tls.Certificate, eps []agentenroll.Endpoint, d *net.Dialer) *agentenroll.Failover {
+	if f, ok := a.m.Load(cert); ok {
+		return f.(*agentenroll.Failover)
+	}
+	f, _ := a.m.LoadOrStore(cert, &agentenroll.Failover{Endpoints: eps, Dial: d.DialContext})
+	return f.(*agentenroll.Failover)
 }
 
 // shardParams are the fleet flags a shard needs.
