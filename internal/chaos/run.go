@@ -14,6 +14,7 @@ import (
 	"io"
 	"io/fs"
 	mrand "math/rand/v2"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -185,12 +186,21 @@ func newDaemons(cfg Config) ([]*daemon, error) {
 			logPath: filepath.Join(cfg.WorkDir, "tetherd.log"), fakeState: filepath.Join(dataDir, "fake-machines.json")}
 		if n > 1 {
 			d.logPath = filepath.Join(cfg.WorkDir, fmt.Sprintf("tetherd-%d.log", i))
-			// Tells the replicas apart in pg_stat_activity.
-			d.store = fmt.Sprintf("%s&application_name=tetherd-%d", cfg.Store, i)
+			d.store = withAppName(cfg.Store, fmt.Sprintf("tetherd-%d", i))
 		}
 		ds = append(ds, d)
 	}
 	return ds, nil
+}
+
+// withAppName adds application_name to a postgres:// URL, which tells the
+// replicas' sessions apart in pg_stat_activity and pg_locks.
+func withAppName(dsn, name string) string {
+	sep := "&"
+	if !strings.Contains(dsn, "?") {
+		sep = "?"
+	}
+	return dsn + sep + "application_name=" + url.QueryEscape(name)
 }
 
 func listens(ds []*daemon) []string {
