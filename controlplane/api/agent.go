@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math/bits"
+	"math/rand/v2"
 	"os"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/tetherfleet/tether/controlplane/modules"
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/controlplane/tasks"
+	"github.com/tetherfleet/tether/internal/clock"
 	"github.com/tetherfleet/tether/internal/modulewire"
 	"github.com/tetherfleet/tether/pki/ca"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
@@ -239,12 +241,14 @@ func (a *agentServer) Connect(stream v1.AgentService_ConnectServer) error {
 	// sweep query (AgentHub.SweepWork) wakes the streams whose
 	// notification was lost. An idle stream costs no CPU.
 	sentCancel := map[string]bool{}
-	for look := true; ; look = true {
+	resend := settingsResend{clock: a.Clock}
+	for look := true; ; {
 		if look {
 			if err := a.push(ctx, id, stream, sentCancel); err != nil {
 				return err
 			}
 		}
+		look = false
 		select {
 		case <-ctx.Done():
 			return nil
@@ -256,17 +260,56 @@ func (a *agentServer) Connect(stream v1.AgentService_ConnectServer) error {
 		case why := <-ended:
 			return why
 		case <-wake:
+			look = true
 		case <-grown:
 			// The fleet doubled since this agent was told its settings:
 			// its reconnection window is too short for the fleet it would
 			// come back with. Nothing to look up, so no task query.
-			grown, look = a.Agents.Grown(), false
+			grown = a.Agents.Grown()
+			resend.grew()
+		case <-resend.due:
+			resend.sent()
 			if err := stream.Send(&v1.ControlMessage{Msg: &v1.ControlMessage_Settings{Settings: a.settings()}}); err != nil {
 				return err
 			}
 		}
 	}
 }
+
+// settingsResendSpread is the most a stream waits to resend its settings
+// after the fleet doubled. Every stream learns of a doubling at the same
+// instant: sent at once, 16,000 settings messages (and, before, 16,000
+// task queries) stalled new connections for 4–5 s in the middle of every
+// 19,000-agent reconnect storm (docs/reliability.md).
+const settingsResendSpread = 20 * time.Second
+
+// settingsResend paces one stream's settings resend: one per doubling (or
+// run of doublings), after a random pause of up to settingsResendSpread.
+type settingsResend struct {
+	clock clock.Clock
+	// int64N draws the pause (default math/rand/v2).
+	int64N func(int64) int64
+	due    <-chan time.Time // nil: nothing to resend
+}
+
+// grew arms the resend, unless one is already due.
+func (r *settingsResend) grew() {
+	if r.due != nil {
+		return
+	}
+	n := r.int64N
+	if n == nil {
+		n = rand.Int64N
+	}
+	c := r.clock
+	if c == nil {
+		c = clock.Real{}
+	}
+	r.due = c.After(time.Duration(n(int64(settingsResendSpread))))
+}
+
+// sent disarms it.
+func (r *settingsResend) sent() { r.due = nil }
 
 func (a *agentServer) settings() *v1.Settings {
 	connected := a.Agents.Connected()
