@@ -8,6 +8,7 @@ import (
 	mrand "math/rand/v2"
 	"net"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -44,7 +45,9 @@ const maxFailoverPause = time.Second
 // one that answered last. When a dial fails, or a TLS handshake fails on
 // what it dialled (a control plane refusing connections past its budget
 // closes them at once), the next dial moves to the next endpoint after a
-// jittered pause.
+// jittered pause. "Next" is in the agent's own order of the endpoints
+// after the first, so the agents of a replica that went away spread over
+// the others.
 type Failover struct {
 	Endpoints []Endpoint
 	// Dial opens a TCP connection (default: a net.Dialer).
@@ -55,12 +58,39 @@ type Failover struct {
 	// Clock times the pause (default: the wall clock).
 	Clock clock.Clock
 	Logf  func(format string, args ...any)
+	// Shuffle orders the endpoints after the first for this agent
+	// (default: math/rand/v2's Shuffle). A fleet is given one list; were
+	// "the next" the same endpoint for every agent, all the agents of a
+	// replica that went away would land on one other replica.
+	Shuffle func(n int, swap func(i, j int))
 
-	next atomic.Int64
+	next     atomic.Int64 // a position in order
+	once     sync.Once
+	orderArr []int // endpoint indexes: the first, then the others in this agent's order
 }
 
-// endpointConn remembers which endpoint a connection reached, so the
-// handshake verifies that endpoint's name.
+// order is the agent's walk over the endpoints: the first one given, then
+// the others in an order of its own.
+func (f *Failover) order() []int {
+	f.once.Do(func() {
+		f.orderArr = make([]int, len(f.Endpoints))
+		for i := range f.orderArr {
+			f.orderArr[i] = i
+		}
+		shuffle := f.Shuffle
+		if shuffle == nil {
+			shuffle = mrand.Shuffle
+		}
+		if rest := f.orderArr[1:]; len(rest) > 1 {
+			shuffle(len(rest), func(i, j int) { rest[i], rest[j] = rest[j], rest[i] })
+		}
+	})
+	return f.orderArr
+}
+
+// endpointConn remembers which endpoint a connection reached (its
+// position in the agent's order), so the handshake verifies that
+// endpoint's name.
 type endpointConn struct {
 	net.Conn
 	index int
@@ -75,11 +105,13 @@ func (f *Failover) DialContext(ctx context.Context, _ string) (net.Conn, error) 
 		var d net.Dialer
 		dial = d.DialContext
 	}
-	n := len(f.Endpoints)
+	order := f.order()
+	n := len(order)
 	start := int(f.next.Load()) % n
 	var errs []error
 	for i := 0; i < n; i++ {
-		k := (start + i) % n
+		pos := (start + i) % n
+		k := order[pos]
 		if i > 0 {
 			if err := f.pause(ctx); err != nil {
 				return nil, errors.Join(append(errs, err)...)
@@ -87,12 +119,12 @@ func (f *Failover) DialContext(ctx context.Context, _ string) (net.Conn, error) 
 		}
 		c, err := dial(ctx, "tcp", f.Endpoints[k].Target)
 		if err == nil {
-			f.next.Store(int64(k))
-			return &endpointConn{Conn: c, index: k, ep: f.Endpoints[k]}, nil
+			f.next.Store(int64(pos))
+			return &endpointConn{Conn: c, index: pos, ep: f.Endpoints[k]}, nil
 		}
 		errs = append(errs, fmt.Errorf("control plane %s: %w", f.Endpoints[k].Target, err))
 		if n > 1 {
-			f.logf("control plane %s is unreachable (%v); trying %s next", f.Endpoints[k].Target, err, f.Endpoints[(k+1)%n].Target)
+			f.logf("control plane %s is unreachable (%v); trying %s next", f.Endpoints[k].Target, err, f.Endpoints[order[(pos+1)%n]].Target)
 		}
 	}
 	f.next.Store(int64((start + 1) % n)) // none answered: the next round starts further on
@@ -121,12 +153,13 @@ func (f *Failover) pause(ctx context.Context) error {
 	}
 }
 
-// refused moves the next dial past endpoint k, unless another dial has
-// already moved it.
-func (f *Failover) refused(k int) {
-	next := (k + 1) % len(f.Endpoints)
-	if f.next.CompareAndSwap(int64(k), int64(next)) {
-		f.logf("control plane %s refused the connection; trying %s next", f.Endpoints[k].Target, f.Endpoints[next].Target)
+// refused moves the next dial past the endpoint at position pos of the
+// agent's order, unless another dial has already moved it.
+func (f *Failover) refused(pos int) {
+	order := f.order()
+	next := (pos + 1) % len(order)
+	if f.next.CompareAndSwap(int64(pos), int64(next)) {
+		f.logf("control plane %s refused the connection; trying %s next", f.Endpoints[order[pos]].Target, f.Endpoints[order[next]].Target)
 	}
 }
 

@@ -2,6 +2,7 @@ package enroll
 
 import (
 	"context"
+	mrand "math/rand/v2"
 	"net"
 	"strings"
 	"sync/atomic"
@@ -167,6 +168,7 @@ func TestManagerMovesToTheNextControlPlane(t *testing.T) {
 		t.Fatal("three URLs, yet no failover")
 	}
 	m.failover.Pause = func() time.Duration { return 0 }
+	m.failover.Shuffle = func(int, func(i, j int)) {} // the refusing one second, as listed
 	token := good.AddToken("i-failover")
 	conn, err := m.Dial(false)
 	if err != nil {
@@ -223,5 +225,35 @@ func TestFailoverPauseUsesTheClock(t *testing.T) {
 	clk.Advance(pause)
 	if err := <-dialled; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Every agent walks the endpoints from the first given, then the others in
+// an order of its own: the agents of a replica that went away spread over
+// the rest instead of landing on the one listed after it.
+func TestFailoverOrderSpreadsTheAgents(t *testing.T) {
+	eps := []Endpoint{{"a:1", "a"}, {"b:1", "b"}, {"c:1", "c"}, {"d:1", "d"}}
+	const agents = 3000
+	second := map[int]int{}
+	for i := 0; i < agents; i++ {
+		r := mrand.New(mrand.NewPCG(uint64(i), 1))
+		f := &Failover{Endpoints: eps, Shuffle: r.Shuffle}
+		order := f.order()
+		if order[0] != 0 {
+			t.Fatalf("agent %d starts on endpoint %d, want the first given", i, order[0])
+		}
+		seen := map[int]bool{}
+		for _, k := range order {
+			seen[k] = true
+		}
+		if len(seen) != len(eps) {
+			t.Fatalf("agent %d walks %v: not every endpoint once", i, order)
+		}
+		second[order[1]]++
+	}
+	for k := 1; k < len(eps); k++ {
+		if share := float64(second[k]) / agents; share < 0.28 || share > 0.39 {
+			t.Errorf("endpoint %d is next after the first for %.2f of the agents, want about 1/3", k, share)
+		}
 	}
 }
