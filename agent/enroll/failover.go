@@ -93,8 +93,8 @@ func (f *Failover) order() []int {
 // endpoint's name.
 type endpointConn struct {
 	net.Conn
-	index int
-	ep    Endpoint
+	pos int
+	ep  Endpoint
 }
 
 // DialContext is a grpc.WithContextDialer dialer; it ignores gRPC's
@@ -120,7 +120,7 @@ func (f *Failover) DialContext(ctx context.Context, _ string) (net.Conn, error) 
 		c, err := dial(ctx, "tcp", f.Endpoints[k].Target)
 		if err == nil {
 			f.next.Store(int64(pos))
-			return &endpointConn{Conn: c, index: pos, ep: f.Endpoints[k]}, nil
+			return &endpointConn{Conn: c, pos: pos, ep: f.Endpoints[k]}, nil
 		}
 		errs = append(errs, fmt.Errorf("control plane %s: %w", f.Endpoints[k].Target, err))
 		if n > 1 {
@@ -196,7 +196,7 @@ func (c *failoverCreds) ClientHandshake(ctx context.Context, authority string, r
 	cfg.VerifyConnection = func(cs tls.ConnectionState) error { return c.pin.verifyName(cs, host) }
 	conn, info, err := credentials.NewTLS(cfg).ClientHandshake(ctx, ec.ep.Host, raw)
 	if err != nil {
-		c.f.refused(ec.index)
+		c.f.refused(ec.pos)
 	}
 	return conn, info, err
 }

@@ -98,7 +98,7 @@ func fleet(args []string) error {
 	stormTimeout := fs.Duration("storm-timeout", 3*time.Minute, "give up waiting for every agent to reconnect after this long")
 	stormTail := fs.Duration("storm-tail", 30*time.Second, "keep watching this long after every agent is back (late reconnections, liveness marks)")
 	series := fs.String("series", "", "write the storm's per-second series (JSON) here, for tether-bench plot")
-	endpoints := fs.String("endpoints", "", "the agents' control plane addresses, host:port,host:port (default: the config's endpoint); each agent starts on the first and moves on when one refuses or is down, as the agent's tether.url=URL,URL does")
+	endpoints := fs.String("endpoints", "", "the agents' control planes, https://HOST:PORT,https://HOST:PORT as in tether.url (default: the config's endpoint); each agent starts on the first and moves on when one refuses or is down, as the agent's tether.url=URL,URL does")
 	connecting := fs.Int("max-connecting", 64, "agents of one process opening a stream at once (0: no bound); simulated agents share cores that real ones do not")
 	maxRun := fs.Duration("max-run", 15*time.Minute, "stop the whole run after this long, whatever phase it is in")
 	_ = fs.Parse(args)
@@ -362,7 +362,7 @@ func connectFleetTarget(cfgPath, endpoints string) (*fleetTarget, error) {
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(caPEM)
 	host, _, _ := net.SplitHostPort(cfg.Endpoint)
-	eps, err := fleetEndpoints(endpoints, host)
+	eps, err := fleetEndpoints(endpoints)
 	if err != nil {
 		return nil, err
 	}
@@ -392,18 +392,15 @@ func connectFleetTarget(cfgPath, endpoints string) (*fleetTarget, error) {
 	return &fleetTarget{target: tg, dialFrom: dialFrom}, nil
 }
 
-// fleetEndpoints parses --endpoints; every replica serves the one
-// certificate, issued for host.
-func fleetEndpoints(raw, host string) ([]agentenroll.Endpoint, error) {
+// fleetEndpoints parses --endpoints, which takes the agent's own
+// tether.url syntax (https://HOST:PORT,https://HOST:PORT).
+func fleetEndpoints(raw string) ([]agentenroll.Endpoint, error) {
 	if raw == "" {
 		return nil, nil
 	}
-	var eps []agentenroll.Endpoint
-	for _, t := range strings.Split(raw, ",") {
-		if _, _, err := net.SplitHostPort(strings.TrimSpace(t)); err != nil {
-			return nil, fmt.Errorf("--endpoints: %q: %w", t, err)
-		}
-		eps = append(eps, agentenroll.Endpoint{Target: strings.TrimSpace(t), Host: host})
+	eps, err := agentenroll.SplitURLs(raw)
+	if err != nil {
+		return nil, fmt.Errorf("--endpoints: %w", err)
 	}
 	return eps, nil
 }

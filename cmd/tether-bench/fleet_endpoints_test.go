@@ -14,11 +14,11 @@ func TestFleetEndpoints(t *testing.T) {
 		err     string
 	}{
 		{raw: "", targets: nil},
-		{raw: "127.0.0.1:18443", targets: []string{"127.0.0.1:18443"}},
-		{raw: "127.0.0.1:18443, 127.0.0.1:18445", targets: []string{"127.0.0.1:18443", "127.0.0.1:18445"}},
-		{raw: "127.0.0.1:18443,127.0.0.1", err: `"127.0.0.1"`},
+		{raw: "https://127.0.0.1:18443", targets: []string{"127.0.0.1:18443"}},
+		{raw: "https://127.0.0.1:18443, https://127.0.0.1:18445", targets: []string{"127.0.0.1:18443", "127.0.0.1:18445"}},
+		{raw: "https://127.0.0.1:18443,127.0.0.1:18445", err: `"127.0.0.1:18445"`},
 	} {
-		eps, err := fleetEndpoints(tc.raw, "127.0.0.1")
+		eps, err := fleetEndpoints(tc.raw)
 		if tc.err != "" {
 			if err == nil || !strings.Contains(err.Error(), tc.err) {
 				t.Errorf("%q: error %v, want one naming %s", tc.raw, err, tc.err)
@@ -32,7 +32,7 @@ func TestFleetEndpoints(t *testing.T) {
 		for _, e := range eps {
 			got = append(got, e.Target)
 			if e.Host != "127.0.0.1" {
-				t.Errorf("%q: host %q, want the config's", tc.raw, e.Host)
+				t.Errorf("%q: host %q, want the URL's", tc.raw, e.Host)
 			}
 		}
 		if strings.Join(got, ",") != strings.Join(tc.targets, ",") {
@@ -44,7 +44,7 @@ func TestFleetEndpoints(t *testing.T) {
 // An agent keeps one failover dialer for the fleet's life, so the replica
 // it moved to is where its next connection starts.
 func TestAgentFailoversOnePerAgent(t *testing.T) {
-	eps, err := fleetEndpoints("127.0.0.1:1,127.0.0.1:2", "127.0.0.1")
+	eps, err := fleetEndpoints("https://127.0.0.1:1,https://127.0.0.1:2")
 	if err != nil {
 		t.Fatal(err)
 	}
