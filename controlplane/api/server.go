@@ -44,6 +44,10 @@ import (
 // ResourceExhausted before it is parsed.
 const MaxRecvMsgSize = 4 << 20
 
+// staticWindow is each connection's and each stream's fixed HTTP/2
+// receive window (see NewServer).
+const staticWindow = 1 << 20
+
 // Config wires the server.
 type Config struct {
 	Store      store.Store
@@ -155,6 +159,16 @@ func New(cfg Config) *Server {
 		// is released after each flush instead of held per connection.
 		grpc.ReadBufferSize(0),
 		grpc.SharedWriteBuffer(true),
+		// Fixed flow-control windows turn off gRPC's bandwidth-delay
+		// estimator. It answers each DATA frame that arrives while none of
+		// its pings is out with a WINDOW_UPDATE and a PING, which the peer
+		// acks: a heartbeat every 30 s on an otherwise quiet connection
+		// always finds none out, so each one cost tetherd a second write
+		// and a second wake-up, and the agent a write of its own. 1 MiB
+		// keeps a module upload (PushModule) streaming over a long round
+		// trip; the estimator could grow the window to 16 MiB.
+		grpc.StaticStreamWindowSize(staticWindow),
+		grpc.StaticConnWindowSize(staticWindow),
 		// FetchModule sends *modulewire.Chunk, framed straight from the
 		// buffer ReadAt filled instead of copied into a new one (half the
 		// memory traffic of serving a module); every other message goes to
