@@ -238,7 +238,8 @@ type Queries interface {
 	ListEvents(ctx context.Context, f EventFilter, p Page) ([]*Event, error)
 	// ListEventsSince is oldest first: events with id > afterID.
 	ListEventsSince(ctx context.Context, f EventFilter, afterID int64, limit int) ([]*Event, error)
-	// LatestEventID is 0 when there are none.
+	// LatestEventID is where a watcher of new events starts: no event at
+	// or below it can still appear. It is 0 when there are none.
 	LatestEventID(ctx context.Context) (int64, error)
 	// PruneEvents deletes low/medium events older than lowBefore and
 	// high/critical ones older than highBefore.

@@ -45,11 +45,19 @@ func (dialect) SkipLocked() string { return " FOR UPDATE SKIP LOCKED" }
 
 // SerializeEvents implements sqlstore.EventSerializer. Sequence values are
 // drawn at INSERT but become visible at COMMIT, so two transactions can
-// publish event ids out of order, and a watcher that follows ids would
-// step over the late one for good. Holding this lock from the INSERT to
-// the end of the transaction makes event writers commit in id order.
+// publish event ids out of order. Each writer holds the events lock in
+// shared mode from just before its INSERT to the end of its transaction:
+// writers do not wait for each other, and their commits share WAL
+// flushes. Only EventHorizon's brief exclusive hold waits for them.
 func (dialect) SerializeEvents() string {
-	return "SELECT pg_advisory_xact_lock(" + strconv.FormatInt(eventsLockKey, 10) + ")"
+	return "SELECT pg_advisory_xact_lock_shared(" + strconv.FormatInt(eventsLockKey, 10) + ")"
+}
+
+// EventHorizon implements sqlstore.EventSerializer with the function of
+// migration 0009: the events lock in exclusive mode, then the sequence's
+// last value.
+func (dialect) EventHorizon() string {
+	return "SELECT tether_event_horizon(" + strconv.FormatInt(eventsLockKey, 10) + ")"
 }
 
 // Rebind turns ? placeholders into $1, $2, ... It leaves quoted text

@@ -191,6 +191,18 @@ func (q *queries) ListEvents(ctx context.Context, f store.EventFilter, p store.P
 func (q *queries) ListEventsSince(ctx context.Context, f store.EventFilter, afterID int64, limit int) ([]*store.Event, error) {
 	conds, args := eventWhere(f)
 	conds, args = append(conds, "id > ?"), append(args, afterID)
+	if _, ok := q.db.dialect.(EventSerializer); ok {
+		// Past the horizon an id may still be in flight, and a reader that
+		// moved beyond it would never come back for it.
+		h, err := q.eventHorizon(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("list events since %d: %w", afterID, err)
+		}
+		if h <= afterID {
+			return nil, nil
+		}
+		conds, args = append(conds, "id <= ?"), append(args, h)
+	}
 	if limit <= 0 || limit > store.MaxPageSize {
 		limit = store.MaxPageSize
 	}
@@ -205,7 +217,23 @@ func (q *queries) ListEventsSince(ctx context.Context, f store.EventFilter, afte
 	return out, nil
 }
 
+// eventHorizon is EventSerializer.EventHorizon's answer.
+func (q *queries) eventHorizon(ctx context.Context) (int64, error) {
+	var h int64
+	if err := q.row(ctx, q.db.dialect.(EventSerializer).EventHorizon()).Scan(&h); err != nil {
+		return 0, fmt.Errorf("event horizon: %w", q.db.classify(err))
+	}
+	return h, nil
+}
+
+// LatestEventID is where a watcher of new events starts. Where ids can
+// become visible out of order it is the horizon, not the highest visible
+// id: an event below that one could still commit, and such a watcher
+// would never see it.
 func (q *queries) LatestEventID(ctx context.Context) (int64, error) {
+	if _, ok := q.db.dialect.(EventSerializer); ok {
+		return q.eventHorizon(ctx)
+	}
 	var id int64
 	if err := q.row(ctx, `SELECT COALESCE(MAX(id), 0) FROM events`).Scan(&id); err != nil {
 		return 0, fmt.Errorf("latest event id: %w", q.db.classify(err))

@@ -39,16 +39,24 @@ type Dialect interface {
 // EventSerializer is an optional Dialect extension. Where transactions can
 // commit in another order than the one their event ids were drawn in
 // (PostgreSQL sequences), a reader following ids (events.Watch) could step
-// over an event that commits late. The statement it returns runs before
-// each event INSERT and must serialise event writers until their
-// transaction ends, so that ids become visible in order.
+// over an event that commits late.
 //
-// That lock is taken at commit, after everything else the transaction
-// does (see flushEvents): a writer holding it then waits on nothing but
-// its own INSERT, so it cannot close a deadlock with a row lock taken
-// after an append.
+// SerializeEvents runs before each transaction's event INSERT and holds
+// until the transaction ends; writers must not exclude each other with it,
+// or the fleet's event writes take turns at one commit at a time (what
+// stopped six replicas short of 100,000 agents, docs/reliability.md).
+// EventHorizon is a query, run as a statement of its own, for the highest
+// id at or below which every drawn id belongs to a transaction that has
+// ended: it waits for the writers that hold SerializeEvents. Readers that
+// follow ids read only up to it.
+//
+// The writers' statement is taken at commit, after everything else the
+// transaction does (see flushEvents): a writer holding it then waits on
+// nothing but its own INSERT, so it cannot close a deadlock with a row
+// lock taken after an append, nor with a reader waiting for the horizon.
 type EventSerializer interface {
 	SerializeEvents() string
+	EventHorizon() string
 }
 
 // TxRetrier is an optional Dialect extension naming the errors after which
