@@ -3,6 +3,7 @@ package provsync_test
 import (
 	"context"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -147,5 +148,107 @@ func TestListFailureConcludesNothing(t *testing.T) {
 	}
 	if got := f.get(t, in.ID); got.Status != lifecycle.Running {
 		t.Fatalf("errored on a failed list: %s", got.Status)
+	}
+}
+
+// trace records, in order, the running-row reads and provider lists a tick
+// makes, as "rows <provider>" and "list <provider>".
+type trace struct{ calls []string }
+
+type tracingStore struct {
+	store.Store
+	tr *trace
+}
+
+func (s tracingStore) ListInstances(ctx context.Context, f store.InstanceFilter, p store.Page) ([]*store.Instance, error) {
+	s.tr.calls = append(s.tr.calls, "rows "+f.Provider)
+	return s.Store.ListInstances(ctx, f, p)
+}
+
+type tracingProvider struct {
+	providers.Provider
+	tr *trace
+}
+
+func (p tracingProvider) List(ctx context.Context) ([]providers.Machine, error) {
+	p.tr.calls = append(p.tr.calls, "list "+p.Name())
+	return p.Provider.List(ctx)
+}
+
+// A provider that cannot list is asked before its rows are read, so its
+// rows are read only on the tick that learns it; one that lists has its
+// rows read before every list, and one that starts listing goes back to
+// that order, conclusions included.
+func TestRowsAreReadOnlyForProvidersThatList(t *testing.T) {
+	type tick struct {
+		before      func(f *fixture)
+		want        []string // the provider's calls, in order
+		wantSkipped bool
+		wantErrored int
+	}
+	unsupported := func(f *fixture) { f.fake.FailAlways(fake.OpList, providers.KindUnsupported) }
+	listsAgain := func(f *fixture) { f.fake.ClearFailures(fake.OpList) }
+	rowsThenList, listOnly := []string{"rows", "list"}, []string{"list"}
+	for _, tc := range []struct {
+		name, provider string
+		ticks          []tick
+	}{
+		{"external cannot list", external.Name, []tick{
+			{want: rowsThenList, wantSkipped: true},
+			{want: listOnly, wantSkipped: true},
+			{want: listOnly, wantSkipped: true},
+		}},
+		{"fake lists", fake.Name, []tick{
+			{want: rowsThenList, wantErrored: 1},
+			{want: rowsThenList},
+		}},
+		{"fake stops listing and starts again", fake.Name, []tick{
+			{before: unsupported, want: rowsThenList, wantSkipped: true},
+			{want: listOnly, wantSkipped: true},
+			// The first list was taken before the rows: it is not used.
+			{before: listsAgain, want: []string{"list", "rows", "list"}, wantErrored: 1},
+			{want: rowsThenList},
+		}},
+		{"fake fails transiently", fake.Name, []tick{
+			{before: unsupported, want: rowsThenList, wantSkipped: true},
+			// Only KindUnsupported skips the rows: a transient failure
+			// says nothing of the next list.
+			{before: func(f *fixture) { f.fake.FailAlways(fake.OpList, providers.KindTransient) }, want: listOnly, wantSkipped: true},
+			{before: listsAgain, want: rowsThenList, wantErrored: 1},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := setup(t)
+			tr := &trace{}
+			f.syncer.Store = tracingStore{Store: f.st, tr: tr}
+			for name, p := range f.syncer.Instances.Machines {
+				f.syncer.Instances.Machines[name] = tracingProvider{Provider: p, tr: tr}
+			}
+			// A running row whose machine vanished: errored once a list
+			// shows it missing.
+			lost := f.instance(t, tc.provider, lifecycle.Running)
+			if tc.provider == fake.Name {
+				f.fake.Vanish(lost.CloudInstanceID)
+			}
+			for i, tk := range tc.ticks {
+				if tk.before != nil {
+					tk.before(f)
+				}
+				tr.calls = nil
+				res, _ := f.syncer.Tick(f.ctx)
+				var got []string
+				for _, c := range tr.calls {
+					if op, p, _ := strings.Cut(c, " "); p == tc.provider {
+						got = append(got, op)
+					}
+				}
+				if !slices.Equal(got, tk.want) {
+					t.Errorf("tick %d: calls %v, want %v", i+1, got, tk.want)
+				}
+				if slices.Contains(res.Skipped, tc.provider) != tk.wantSkipped || res.Errored != tk.wantErrored {
+					t.Errorf("tick %d: result %+v, want skipped %v, errored %d", i+1, res, tk.wantSkipped, tk.wantErrored)
+				}
+			}
+		})
 	}
 }
