@@ -3,6 +3,8 @@ package api
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"strings"
 
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/encoding/protowire"
@@ -19,50 +21,95 @@ func checkStrict(m proto.Message) error {
 	if m == nil {
 		return nil
 	}
-	return walk(m.ProtoReflect(), string(m.ProtoReflect().Descriptor().Name()))
+	r := m.ProtoReflect()
+	se := walk(r)
+	if se == nil {
+		return nil
+	}
+	var path strings.Builder
+	path.WriteString(string(r.Descriptor().Name()))
+	for i := len(se.rev) - 1; i >= 0; i-- {
+		path.WriteString(se.rev[i])
+	}
+	return fail.Invalid(path.String(), "%s", se.msg)
 }
 
-func walk(m protoreflect.Message, path string) error {
+// refusal is why walk refused a message, with the path to the offending
+// field gathered as walk unwinds: every message received is walked
+// (heartbeats included) and almost none is refused, so building each
+// field's path on the way in was wasted work.
+type refusal struct {
+	rev []string // path elements, innermost first
+	msg string
+}
+
+func (r *refusal) at(elem string) { r.rev = append(r.rev, elem) }
+
+func walk(m protoreflect.Message) *refusal {
 	if raw := m.GetUnknown(); len(raw) > 0 {
 		num, _, n := protowire.ConsumeTag(raw)
 		if n < 0 {
-			return fail.Invalid(path, "malformed unknown field data")
+			return &refusal{msg: "malformed unknown field data"}
 		}
-		return fail.Invalid(path, "unknown field number %d (this server does not know it; check the client and server versions)", num)
+		return &refusal{msg: fmt.Sprintf("unknown field number %d (this server does not know it; check the client and server versions)", num)}
 	}
-	var err error
+	var se *refusal
 	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
-		name := path + "." + string(fd.Name())
 		switch {
 		case fd.IsList():
+			if !mayRefuse(fd) {
+				return true
+			}
 			l := v.List()
-			for i := 0; i < l.Len() && err == nil; i++ {
-				err = checkValue(fd, l.Get(i), fmt.Sprintf("%s[%d]", name, i))
+			for i := 0; i < l.Len(); i++ {
+				if se = checkValue(fd, l.Get(i)); se != nil {
+					se.at("[" + strconv.Itoa(i) + "]")
+					break
+				}
 			}
 		case fd.IsMap():
+			if !mayRefuse(fd.MapValue()) {
+				return true
+			}
 			v.Map().Range(func(k protoreflect.MapKey, mv protoreflect.Value) bool {
-				err = checkValue(fd.MapValue(), mv, fmt.Sprintf("%s[%v]", name, k.Interface()))
-				return err == nil
+				if se = checkValue(fd.MapValue(), mv); se != nil {
+					se.at(fmt.Sprintf("[%v]", k.Interface()))
+				}
+				return se == nil
 			})
 		default:
-			err = checkValue(fd, v, name)
+			se = checkValue(fd, v)
 		}
-		return err == nil
+		if se != nil {
+			se.at("." + string(fd.Name()))
+		}
+		return se == nil
 	})
-	return err
+	return se
 }
 
-func checkValue(fd protoreflect.FieldDescriptor, v protoreflect.Value, path string) error {
+// mayRefuse reports whether a value of fd can be refused: only messages
+// (walked) and enums (checked) can, so lists and maps of anything else are
+// not iterated.
+func mayRefuse(fd protoreflect.FieldDescriptor) bool {
+	switch fd.Kind() {
+	case protoreflect.MessageKind, protoreflect.GroupKind, protoreflect.EnumKind:
+		return true
+	}
+	return false
+}
+
+func checkValue(fd protoreflect.FieldDescriptor, v protoreflect.Value) *refusal {
 	switch fd.Kind() {
 	case protoreflect.MessageKind, protoreflect.GroupKind:
 		// google.protobuf.Struct and friends carry free-form keys and values,
 		// which walk never refuses; but an unknown field number inside one is
 		// dropped by the decoder like anywhere else, so they are walked too
 		// (the fuzzer found a CreateNodeRequest.config carrying one).
-		return walk(v.Message(), path)
+		return walk(v.Message())
 	case protoreflect.EnumKind:
 		if fd.Enum().Values().ByNumber(v.Enum()) == nil {
-			return fail.Invalid(path, "unknown %s value %d", fd.Enum().Name(), v.Enum())
+			return &refusal{msg: fmt.Sprintf("unknown %s value %d", fd.Enum().Name(), v.Enum())}
 		}
 	}
 	return nil
