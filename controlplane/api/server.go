@@ -45,7 +45,7 @@ import (
 const MaxRecvMsgSize = 4 << 20
 
 // staticWindow is each connection's and each stream's fixed HTTP/2
-// receive window (see NewServer).
+// receive window (see New).
 const staticWindow = 1 << 20
 
 // Config wires the server.
