@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
+	"encoding/pem"
 	"flag"
 	"fmt"
 	"io"
@@ -26,6 +27,7 @@ import (
 
 	agentenroll "github.com/tetherfleet/tether/agent/enroll"
 	"github.com/tetherfleet/tether/internal/bench"
+	"github.com/tetherfleet/tether/pki"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
 
@@ -359,15 +361,48 @@ func connectFleetTarget(cfgPath, endpoints string) (*fleetTarget, error) {
 	if err != nil {
 		return nil, err
 	}
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(caPEM)
 	host, _, _ := net.SplitHostPort(cfg.Endpoint)
 	eps, err := fleetEndpoints(endpoints)
 	if err != nil {
 		return nil, err
 	}
+	block, _ := pem.Decode(caPEM)
+	if block == nil {
+		return nil, fmt.Errorf("%s: no PEM certificate", caPath)
+	}
+	ca, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", caPath, err)
+	}
+	dialFrom, err := agentDialer(ca, host, cfg.Endpoint, eps)
+	if err != nil {
+		return nil, err
+	}
+	return &fleetTarget{target: tg, dialFrom: dialFrom}, nil
+}
+
+// agentDialer opens a simulated agent's connection to target from its
+// source address. With several endpoints, each agent (known by its
+// certificate) walks them as the real agent does, through its own
+// enroll.Failover: the failover's dialer and its credentials, whose
+// failed handshake (a replica at its connection cap accepts and closes at
+// once) moves the agent on. With the dialer alone, an agent refused that
+// way retried the same full replica for ever.
+func agentDialer(ca *x509.Certificate, host, target string, eps []agentenroll.Endpoint) (func(src net.IP, cert *tls.Certificate) (*grpc.ClientConn, error), error) {
+	pool := x509.NewCertPool()
+	pool.AddCert(ca)
+	var pin *agentenroll.Pin
+	if len(eps) > 1 {
+		var err error
+		if pin, err = agentenroll.NewPin(pki.Fingerprint(ca.Raw), host, time.Now); err != nil {
+			return nil, err
+		}
+		if err := pin.SetKnownCA(ca); err != nil {
+			return nil, err
+		}
+	}
 	failovers := &agentFailovers{}
-	dialFrom := func(src net.IP, c *tls.Certificate) (*grpc.ClientConn, error) {
+	return func(src net.IP, c *tls.Certificate) (*grpc.ClientConn, error) {
 		t := &tls.Config{RootCAs: pool, ServerName: host, MinVersion: tls.VersionTLS13}
 		if c != nil {
 			t.Certificates = []tls.Certificate{*c}
@@ -377,10 +412,14 @@ func connectFleetTarget(cfgPath, endpoints string) (*fleetTarget, error) {
 			d.LocalAddr = &net.TCPAddr{IP: src}
 		}
 		dial := func(ctx context.Context, addr string) (net.Conn, error) { return d.DialContext(ctx, "tcp", addr) }
-		if c != nil && len(eps) > 1 {
-			dial = failovers.of(c, eps, d).DialContext
+		creds := credentials.NewTLS(t)
+		if c != nil && pin != nil {
+			f := failovers.of(c, eps, d)
+			pt := pin.TLSConfig(nil)
+			pt.Certificates = []tls.Certificate{*c}
+			dial, creds = f.DialContext, f.Credentials(pt, pin)
 		}
-		return grpc.NewClient(cfg.Endpoint, grpc.WithTransportCredentials(credentials.NewTLS(t)),
+		return grpc.NewClient(target, grpc.WithTransportCredentials(creds),
 			grpc.WithContextDialer(dial),
 			// As tetherd does for its side: a simulated agent is an idle
 			// connection most of the time, and gRPC's 32 KiB read buffer and
@@ -388,8 +427,7 @@ func connectFleetTarget(cfgPath, endpoints string) (*fleetTarget, error) {
 			// 122 KiB per agent, which would cap a 100,000-agent run on
 			// this machine's memory before anything it measures.
 			grpc.WithReadBufferSize(0), grpc.WithSharedWriteBuffer(true))
-	}
-	return &fleetTarget{target: tg, dialFrom: dialFrom}, nil
+	}, nil
 }
 
 // fleetEndpoints parses --endpoints, which takes the agent's own

@@ -1,10 +1,20 @@
 package main
 
 import (
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
 	"crypto/tls"
+	"crypto/x509"
+	"math/big"
 	"net"
 	"strings"
 	"testing"
+	"time"
+
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/tetherfleet/tether/internal/testcp"
 )
 
 func TestFleetEndpoints(t *testing.T) {
@@ -57,4 +67,68 @@ func TestAgentFailoversOnePerAgent(t *testing.T) {
 	if fs.of(&a, eps, d) == fs.of(&b, eps, d) {
 		t.Error("two agents share a failover dialer")
 	}
+}
+
+// A replica at its connection cap accepts and closes at once. An agent
+// refused that way moves on to the next control plane, as the real agent
+// does, rather than dialling the full one again (which stranded 1,129
+// agents of a 100,000-agent run).
+func TestAgentMovesPastAReplicaThatClosesAtOnce(t *testing.T) {
+	cp := testcp.Start(t)
+	full, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer full.Close()
+	go func() {
+		for {
+			c, err := full.Accept()
+			if err != nil {
+				return
+			}
+			_ = c.Close()
+		}
+	}()
+	eps, err := fleetEndpoints("https://" + full.Addr().String() + ",https://" + cp.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dial, err := agentDialer(cp.CA, "127.0.0.1", full.Addr().String(), eps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cert := selfSigned(t)
+	check := func() error {
+		conn, err := dial(nil, &cert)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		_, err = healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
+		return err
+	}
+	if err := check(); err == nil {
+		t.Fatal("the first attempt reached a control plane; it should have met the full one")
+	}
+	if err := check(); err != nil {
+		t.Fatalf("the second attempt did not move past the full control plane: %v", err)
+	}
+}
+
+// selfSigned is a client certificate no one issued: enough for a TLS
+// handshake and the health service.
+func selfSigned(t *testing.T) tls.Certificate {
+	t.Helper()
+	pub, key, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tpl := &x509.Certificate{SerialNumber: big.NewInt(1), NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
+	der, err := x509.CreateCertificate(rand.Reader, tpl, tpl, pub, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 }
