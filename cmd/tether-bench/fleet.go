@@ -7,9 +7,11 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"encoding/pem"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"os"
 	"os/exec"
@@ -64,6 +66,9 @@ type fleetReport struct {
 	// RSSSamplesMiB is tetherd's RSS every 10 s of the hold.
 	RSSSamplesMiB []float64    `json:"server_rss_samples_mib,omitempty"`
 	Storm         *stormReport `json:"storm,omitempty"`
+	// ServerExited: the --server-pid process was gone at the end of the
+	// hold, so the server figures above are zero, not measured.
+	ServerExited bool `json:"server_exited_during_hold,omitempty"`
 }
 
 // shard is one part of the fleet: in this process or in a child.
@@ -174,15 +179,7 @@ func fleet(args []string) error {
 	fmt.Fprintf(progress, "fleet: %d of %d agents connected in %.0f s; settling %s\n", total, *agents, enrollSecs, *settle)
 	time.Sleep(*settle)
 
-	rss1, err := bench.ProcessRSS(*pid)
-	if err != nil {
-		return err
-	}
-	hb0, err := counter(*metrics, "tether_heartbeats_total")
-	if err != nil {
-		return err
-	}
-	cpu0, err := bench.ProcessCPU(*pid)
+	before, err := sampleServer(*pid, *metrics)
 	if err != nil {
 		return err
 	}
@@ -196,19 +193,17 @@ func fleet(args []string) error {
 		}
 	}
 	holdSecs := time.Since(holdStart).Seconds()
-	cpu1, err := bench.ProcessCPU(*pid)
-	if err != nil {
+	// A replica killed during the hold (the kill-one-replica run) ends its
+	// own figures, not the fleet's: its agents' moves, the other replicas'
+	// pushes and the shards' counts are still worth the report.
+	after, err := sampleServer(*pid, *metrics)
+	serverGone := errors.Is(err, errServerGone)
+	switch {
+	case serverGone:
+		fmt.Fprintf(progress, "fleet: %v; its CPU, RSS and heartbeats over the hold are not reported\n", err)
+	case err != nil:
 		return err
 	}
-	hb1, err := counter(*metrics, "tether_heartbeats_total")
-	if err != nil {
-		return err
-	}
-	rss2, err := bench.ProcessRSS(*pid)
-	if err != nil {
-		return err
-	}
-	live1, _ := goInUse(*metrics)
 
 	var push pushResult
 	if *pushTasks > 0 {
@@ -226,6 +221,9 @@ func fleet(args []string) error {
 		}
 	}
 	var sr *stormReport
+	if *storm != "" && serverGone {
+		return fmt.Errorf("--storm %s: tetherd (pid %d) exited during the hold, before the storm could restart it", *storm, *pid)
+	}
 	if *storm != "" {
 		sig := syscall.SIGTERM
 		if *storm == "kill" {
@@ -247,9 +245,14 @@ func fleet(args []string) error {
 	}
 	r := fleetReport{Agents: *agents, Procs: *procs, Sources: len(srcs), HeartbeatInterval: interval.String(),
 		EnrollSeconds: enrollSecs, HoldSeconds: holdSecs, Connected: st.Connected, Errors: st.Errors, Reconnects: st.Reconnects,
-		HeartbeatsPerSec: (hb1 - hb0) / holdSecs, RSSBaseMiB: float64(rss0) / (1 << 20), RSSEndMiB: float64(rss2) / (1 << 20),
-		RSSHoldGrowthMiB: float64(rss2-rss1) / (1 << 20), CPUPercentOfCore: 100 * (cpu1 - cpu0).Seconds() / holdSecs,
-		FirstErrors: st.FirstErrs, FailuresByCause: st.Causes, ReusedIdentities: st.Reused, RSSSamplesMiB: rssSamples}
+		RSSBaseMiB: float64(rss0) / (1 << 20), FirstErrors: st.FirstErrs, FailuresByCause: st.Causes, ReusedIdentities: st.Reused,
+		RSSSamplesMiB: rssSamples, ServerExited: serverGone}
+	if !serverGone {
+		r.HeartbeatsPerSec = (after.heartbeats - before.heartbeats) / holdSecs
+		r.RSSEndMiB = float64(after.rss) / (1 << 20)
+		r.RSSHoldGrowthMiB = float64(after.rss-before.rss) / (1 << 20)
+		r.CPUPercentOfCore = 100 * (after.cpu - before.cpu).Seconds() / holdSecs
+	}
 	if len(push.Lat) > 0 || push.Errors > 0 {
 		r.PushTasks, r.PushErrors = len(push.Lat)+push.Errors, push.Errors
 		r.PushP50MS = float64(bench.Percentile(push.Lat, 0.5).Microseconds()) / 1000
@@ -271,21 +274,24 @@ func fleet(args []string) error {
 	if sr != nil {
 		n = float64(total) // the hold's fleet: the storm's end says nothing of it
 	}
-	if n > 0 {
-		r.RSSPerAgentKiB = float64(rss2-rss0) / 1024 / n
-		r.CPUPerAgentUSPerS = float64((cpu1 - cpu0).Microseconds()) / holdSecs / n
-		if live0 > 0 && live1 > 0 {
-			r.GoInUsePerAgentKB = (live1 - live0) / 1024 / n
+	if n > 0 && !serverGone {
+		r.RSSPerAgentKiB = float64(after.rss-rss0) / 1024 / n
+		r.CPUPerAgentUSPerS = float64((after.cpu - before.cpu).Microseconds()) / holdSecs / n
+		if live0 > 0 && after.goInUse > 0 {
+			r.GoInUsePerAgentKB = (after.goInUse - live0) / 1024 / n
 		}
 	}
-	if hb := hb1 - hb0; hb > 0 {
-		r.CPUPerHeartbeatUS = float64((cpu1 - cpu0).Microseconds()) / hb
+	if hb := after.heartbeats - before.heartbeats; hb > 0 && !serverGone {
+		r.CPUPerHeartbeatUS = float64((after.cpu - before.cpu).Microseconds()) / hb
 	}
 	printFleet(os.Stdout, r, *out == "json")
 	return nil
 }
 
 func printFleet(w io.Writer, r fleetReport, asJSON bool) {
+	if r.ServerExited {
+		fmt.Fprintln(w, "tetherd exited during the hold: the server columns below are not measured")
+	}
 	fmt.Fprintln(w, "| agents | procs | heartbeat | connected | errors | heartbeats/s | RSS/agent | Go heap+stack/agent | RSS growth in hold | CPU | CPU/heartbeat | CPU/agent/s |")
 	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|")
 	fmt.Fprintf(w, "| %d | %d | %s | %d | %d | %.0f | %.1f KiB | %.1f KiB | %.1f MiB in %.0f s | %.1f%% of a core | %.0f µs | %.2f µs |\n",
@@ -679,4 +685,40 @@ func (c *childShard) stop() (bench.FleetStats, error) {
 		return st, fmt.Errorf("shard result: %w", err)
 	}
 	return st, c.cmd.Wait()
+}
+
+// errServerGone marks a --server-pid process that no longer exists.
+var errServerGone = errors.New("tetherd is gone")
+
+// serverSample is tetherd's counters at one moment of the run.
+type serverSample struct {
+	cpu        time.Duration
+	rss        int64
+	heartbeats float64
+	goInUse    float64 // 0 when the metrics do not say
+}
+
+// sampleServer reads pid's CPU and RSS from /proc and its heartbeat count
+// from its metrics. A process that has exited is errServerGone, so that a
+// hold can outlive a replica killed under it.
+func sampleServer(pid int, metrics string) (serverSample, error) {
+	var s serverSample
+	var err error
+	if s.cpu, err = bench.ProcessCPU(pid); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return s, fmt.Errorf("%w (pid %d exited)", errServerGone, pid)
+		}
+		return s, err
+	}
+	if s.rss, err = bench.ProcessRSS(pid); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return s, fmt.Errorf("%w (pid %d exited)", errServerGone, pid)
+		}
+		return s, err
+	}
+	if s.heartbeats, err = counter(metrics, "tether_heartbeats_total"); err != nil {
+		return s, fmt.Errorf("tetherd's metrics: %w", err)
+	}
+	s.goInUse, _ = goInUse(metrics)
+	return s, nil
 }
