@@ -137,6 +137,7 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 			}
 		})
 	}
+	spawn(func(ctx context.Context) { h.progress(ctx, time.Now()) })
 	kerr := h.killer(loadCtx, ds)
 	stopLoad()
 	wg.Wait()
@@ -144,9 +145,11 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	if kerr != nil {
 		return nil, kerr
 	}
+	fmt.Fprintf(cfg.Out, "chaos: load done (%s); the last kill -9, of every tetherd, then recovery\n", h.progressLine())
 	if err := h.recover(ctx, ds); err != nil {
 		return nil, err
 	}
+	fmt.Fprintln(cfg.Out, "chaos: checking the invariants until they hold or 90 s pass")
 	res, o, err := h.converge(ctx)
 	if err != nil {
 		return nil, err
@@ -254,6 +257,35 @@ func (h *harness) killer(ctx context.Context, ds []*daemon) error {
 			}
 		}
 	}
+}
+
+// progressEvery spaces the progress lines of a run: a 30-minute run
+// should not be silent until its end.
+const progressEvery = 30 * time.Second
+
+// progress prints what the load has done so far every progressEvery until
+// ctx ends.
+func (h *harness) progress(ctx context.Context, start time.Time) {
+	t := time.NewTicker(progressEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			fmt.Fprintf(h.cfg.Out, "chaos: %s of %s: %s\n", time.Since(start).Round(time.Second), h.cfg.Duration, h.progressLine())
+		}
+	}
+}
+
+// progressLine is the load's running totals, in a line.
+func (h *harness) progressLine() string {
+	c, l := h.c, h.ledger
+	l.mu.Lock()
+	tasks, claims, enrolled := len(l.Tasks), len(l.Claims), len(l.Enrollments)
+	l.mu.Unlock()
+	return fmt.Sprintf("%d kill -9, %d database restarts, %d agents enrolled, %d provisions, %d tasks created, %d claims, %d call errors",
+		c.Kills.Load(), c.StoreRestarts.Load(), enrolled, c.Provisions.Load(), tasks, claims, c.CallErrors.Load())
 }
 
 // recover is the last kill -9, of every tetherd, with no load; then the

@@ -12,3 +12,16 @@ func TestWithAppName(t *testing.T) {
 		}
 	}
 }
+
+func TestProgressLineCountsWhatTheLoadDid(t *testing.T) {
+	h := &harness{ledger: &Ledger{}, c: &Counters{}}
+	h.c.Kills.Add(3)
+	h.c.CallErrors.Add(7)
+	h.ledger.Task("t-1")
+	h.ledger.Claim(Claim{})
+	h.ledger.Claim(Claim{})
+	want := "3 kill -9, 0 database restarts, 0 agents enrolled, 0 provisions, 1 tasks created, 2 claims, 7 call errors"
+	if got := h.progressLine(); got != want {
+		t.Fatalf("progress line\n got %q\nwant %q", got, want)
+	}
+}
