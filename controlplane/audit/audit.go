@@ -99,7 +99,13 @@ func Finish(ctx context.Context, s store.Store, e *Entry, code string) error {
 		return nil
 	}
 	r := e.record(code)
-	if err := s.AppendAudit(context.WithoutCancel(ctx), &r); err != nil {
+	// Through a transaction, not a bare write: on SQLite that joins the
+	// group commit, where a bare write waited in SQLite's busy handler
+	// behind it and, under load, gave up after 10 s (SQLITE_BUSY) and lost
+	// the records of failed calls. The entry is taken off the context, or
+	// Wrap's Tx would append it a second time.
+	bare := With(context.WithoutCancel(ctx), nil)
+	if err := s.Tx(bare, func(q store.Queries) error { return q.AppendAudit(bare, &r) }); err != nil {
 		return fmt.Errorf("audit %s by %s: %w", r.Method, r.Identity, err)
 	}
 	e.markWritten()

@@ -92,3 +92,37 @@ func TestRecordWrittenWithTheFirstEffect(t *testing.T) {
 		t.Fatalf("%d records, want 3", n)
 	}
 }
+
+// bareWrites fails a test on an audit record appended outside a
+// transaction: on SQLite such a write does not join the group commit.
+type bareWrites struct {
+	store.Store
+	t *testing.T
+}
+
+func (b bareWrites) AppendAudit(context.Context, *store.AuditRecord) error {
+	b.t.Error("an audit record was appended outside a transaction")
+	return nil
+}
+
+func TestFinishWritesInATransaction(t *testing.T) {
+	ctx := context.Background()
+	raw, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "t.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { raw.Close() })
+	for _, st := range []store.Store{bareWrites{raw, t}, audit.Wrap(bareWrites{raw, t})} {
+		e := audit.NewEntry(store.AuditRecord{At: time.Unix(0, 0), Identity: "otto", Method: "ClaimFromPool"})
+		if err := audit.Finish(audit.With(ctx, e), st, e, "ResourceExhausted"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rs, err := raw.ListAudit(ctx, store.AuditFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rs) != 2 || rs[0].Code != "ResourceExhausted" || rs[1].Code != "ResourceExhausted" {
+		t.Fatalf("records = %+v, want one per Finish", rs)
+	}
+}
