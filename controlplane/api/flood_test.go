@@ -147,7 +147,7 @@ func TestRefusalFloodsLeaveBoundedEvents(t *testing.T) {
 	// Retention (the defaults: medium events 90 days, high 365) trims
 	// every one of them.
 	later := clk.Now().Add(366 * 24 * time.Hour)
-	if _, err := st.PruneEvents(context.Background(), later.Add(-90*24*time.Hour), later.Add(-365*24*time.Hour)); err != nil {
+	if _, err := st.PruneEvents(context.Background(), later.Add(-90*24*time.Hour), later.Add(-365*24*time.Hour), 0); err != nil {
 		t.Fatal(err)
 	}
 	if n := rows(); n != 0 {

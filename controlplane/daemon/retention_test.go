@@ -48,3 +48,109 @@ func TestRetentionTick(t *testing.T) {
 		t.Fatalf("a live token was pruned: %v", err)
 	}
 }
+
+// seedOldEvents writes n low-severity events 400 days old in one statement.
+func seedOldEvents(tb testing.TB, st *sqlite.Store, n int, now time.Time) {
+	tb.Helper()
+	if _, err := st.SQL().ExecContext(context.Background(), `WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c WHERE x < ?)
+		INSERT INTO events (kind, severity, instance_id, pool_id, correlation_id, message, payload, created_at)
+		SELECT 'instance.transition', 0, 'i-' || (x % 100000), '', 'c-' || x, 'instance moved from booting to running', '{}', ? + x FROM c`,
+		n, now.Add(-400*24*time.Hour).UnixMicro()); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// countedTx counts the store's transactions.
+type countedTx struct {
+	store.Store
+	n int
+}
+
+func (c *countedTx) Tx(ctx context.Context, fn func(store.Queries) error) error {
+	c.n++
+	return c.Store.Tx(ctx, fn)
+}
+
+// A backlog is pruned in transactions of pruneBatch rows, never in one
+// that would hold SQLite's writer for as long as the whole backlog takes.
+func TestRetentionPrunesInBatches(t *testing.T) {
+	ctx := context.Background()
+	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "tether.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	now := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
+	seedOldEvents(t, st, 2*pruneBatch+5, now)
+	c := &countedTx{Store: st}
+	o := ServeOptions{Clock: clock.NewFake(now), EventRetentionLow: 90 * 24 * time.Hour, EventRetentionHigh: 365 * 24 * time.Hour}
+	if err := prune(ctx, c, slog.New(slog.NewTextHandler(io.Discard, nil)), o); err != nil {
+		t.Fatal(err)
+	}
+	if c.n != 3 {
+		t.Fatalf("%d transactions for %d events, want 3 of at most %d", c.n, 2*pruneBatch+5, pruneBatch)
+	}
+	if evs, _ := st.ListEvents(ctx, store.EventFilter{}, store.Page{Limit: 1}); len(evs) != 0 {
+		t.Fatalf("an old event survived: %v", evs[0])
+	}
+}
+
+// BenchmarkRetentionBesideWrites prunes a backlog of old events while
+// another writer commits every 5 ms, and reports the longest that writer
+// waited: with one transaction it waits for the whole backlog.
+func BenchmarkRetentionBesideWrites(b *testing.B) {
+	const backlog = 200_000
+	for _, bc := range []struct {
+		name  string
+		batch int
+	}{{"one-transaction", 0}, {"batches", pruneBatch}} {
+		b.Run(bc.name, func(b *testing.B) {
+			ctx := context.Background()
+			var worst time.Duration
+			for i := 0; i < b.N; i++ {
+				b.StopTimer()
+				st, err := sqlite.Open(ctx, filepath.Join(b.TempDir(), "tether.db"))
+				if err != nil {
+					b.Fatal(err)
+				}
+				now := time.Now()
+				seedOldEvents(b, st, backlog, now)
+				o := ServeOptions{Clock: clock.NewFake(now), EventRetentionLow: 90 * 24 * time.Hour, EventRetentionHigh: 365 * 24 * time.Hour}
+				stop, done := make(chan struct{}), make(chan error, 1)
+				go func() {
+					tick := time.NewTicker(5 * time.Millisecond)
+					defer tick.Stop()
+					for {
+						select {
+						case <-stop:
+							done <- nil
+							return
+						case <-tick.C:
+						}
+						t0 := time.Now()
+						err := st.Tx(ctx, func(q store.Queries) error {
+							return q.AppendEvent(ctx, &store.Event{Kind: "bench.write", CreatedAt: now})
+						})
+						if err != nil {
+							done <- err
+							return
+						}
+						worst = max(worst, time.Since(t0))
+					}
+				}()
+				b.StartTimer()
+				err = pruneInBatches(ctx, st, slog.New(slog.NewTextHandler(io.Discard, nil)), o, bc.batch)
+				b.StopTimer()
+				close(stop)
+				if werr := <-done; werr != nil {
+					b.Fatalf("a write beside the prune failed: %v", werr)
+				}
+				if err != nil {
+					b.Fatal(err)
+				}
+				st.Close()
+			}
+			b.ReportMetric(float64(worst.Microseconds())/1000, "worst-write-wait-ms")
+		})
+	}
+}

@@ -426,14 +426,14 @@ func (g *guardedStore) Notify(a0 context.Context, a1 string, a2 string) error {
 	return g.Store.Notify(a0, a1, a2)
 }
 
-func (g *guardedStore) PruneEvents(a0 context.Context, a1 time.Time, a2 time.Time) (int64, error) {
+func (g *guardedStore) PruneEvents(a0 context.Context, a1 time.Time, a2 time.Time, a3 int) (int64, error) {
 	g.use("PruneEvents")
-	return g.Store.PruneEvents(a0, a1, a2)
+	return g.Store.PruneEvents(a0, a1, a2, a3)
 }
 
-func (g *guardedStore) PruneRecords(a0 context.Context, a1 time.Time, a2 time.Time, a3 time.Time) (store.Pruned, error) {
+func (g *guardedStore) PruneRecords(a0 context.Context, a1 time.Time, a2 time.Time, a3 time.Time, a4 int) (store.Pruned, error) {
 	g.use("PruneRecords")
-	return g.Store.PruneRecords(a0, a1, a2, a3)
+	return g.Store.PruneRecords(a0, a1, a2, a3, a4)
 }
 
 func (g *guardedStore) RecordHeartbeats(a0 context.Context, a1 []store.Heartbeat) error {

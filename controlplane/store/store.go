@@ -133,8 +133,9 @@ type Queries interface {
 
 	AppendAudit(ctx context.Context, r *AuditRecord) error
 	ListAudit(ctx context.Context, f AuditFilter) ([]*AuditRecord, error)
-	// DeleteAuditBefore trims the audit trail, as event retention does.
-	DeleteAuditBefore(ctx context.Context, before time.Time) (int, error)
+	// DeleteAuditBefore trims the audit trail, as event retention does:
+	// at most limit records, the oldest first (all when limit <= 0).
+	DeleteAuditBefore(ctx context.Context, before time.Time, limit int) (int, error)
 
 	// CreateNode and UpdateNode write n.MACs too (UpdateNode replaces the
 	// set); an address of another node is a *MACInUseError. Call them in a
@@ -242,15 +243,19 @@ type Queries interface {
 	// or below it can still appear. It is 0 when there are none.
 	LatestEventID(ctx context.Context) (int64, error)
 	// PruneEvents deletes low/medium events older than lowBefore and
-	// high/critical ones older than highBefore.
-	PruneEvents(ctx context.Context, lowBefore, highBefore time.Time) (int64, error)
+	// high/critical ones older than highBefore, the oldest first, at most
+	// limit of them (all when limit <= 0). Retention calls it in batches,
+	// one transaction each, so that a large backlog never holds the
+	// store's writer for long.
+	PruneEvents(ctx context.Context, lowBefore, highBefore time.Time, limit int) (int64, error)
 
-	// PruneRecords deletes what no longer matters past the cut-offs:
-	// finished tasks last updated before tasksBefore, tokens that expired
-	// before tokensBefore (a spent token is refused anyway once expired),
-	// and certificates that expired before certsBefore (revocation checks
-	// only need unexpired ones).
-	PruneRecords(ctx context.Context, tasksBefore, tokensBefore, certsBefore time.Time) (Pruned, error)
+	// PruneRecords deletes what no longer matters past the cut-offs, at
+	// most limit rows of each kind (all when limit <= 0): finished tasks
+	// last updated before tasksBefore, tokens that expired before
+	// tokensBefore (a spent token is refused anyway once expired), and
+	// certificates that expired before certsBefore (revocation checks only
+	// need unexpired ones).
+	PruneRecords(ctx context.Context, tasksBefore, tokensBefore, certsBefore time.Time, limit int) (Pruned, error)
 
 	PoolQueries
 	DHCPQueries

@@ -241,9 +241,11 @@ func (q *queries) LatestEventID(ctx context.Context) (int64, error) {
 	return id, nil
 }
 
-func (q *queries) PruneEvents(ctx context.Context, lowBefore, highBefore time.Time) (int64, error) {
-	res, err := q.exec(ctx, `DELETE FROM events WHERE (severity < ? AND created_at < ?) OR (severity >= ? AND created_at < ?)`,
-		store.SeverityHigh, ts(lowBefore), store.SeverityHigh, ts(highBefore))
+func (q *queries) PruneEvents(ctx context.Context, lowBefore, highBefore time.Time, limit int) (int64, error) {
+	// The bound on created_at lets the batch walk the events_created index
+	// from its oldest end instead of scanning the table.
+	res, err := q.exec(ctx, limited("events", "id", `created_at < ? AND ((severity < ? AND created_at < ?) OR (severity >= ? AND created_at < ?))`,
+		"created_at", limit), ts(later(lowBefore, highBefore)), store.SeverityHigh, ts(lowBefore), store.SeverityHigh, ts(highBefore))
 	if err != nil {
 		return 0, fmt.Errorf("prune events: %w", err)
 	}

@@ -190,8 +190,8 @@ func (q *queries) ListAudit(ctx context.Context, f store.AuditFilter) ([]*store.
 	return out, nil
 }
 
-func (q *queries) DeleteAuditBefore(ctx context.Context, before time.Time) (int, error) {
-	res, err := q.exec(ctx, `DELETE FROM audit WHERE at < ?`, ts(before))
+func (q *queries) DeleteAuditBefore(ctx context.Context, before time.Time, limit int) (int, error) {
+	res, err := q.exec(ctx, limited("audit", "id", `at < ?`, "at", limit), ts(before))
 	if err != nil {
 		return 0, fmt.Errorf("prune audit: %w", err)
 	}

@@ -936,10 +936,16 @@ func testEvents(t *testing.T, s store.Store) {
 		t.Fatalf("LatestEventID = %d, want %d", latest, all[0].ID)
 	}
 	// Low/medium older than day 2 go; the high one (day 3) stays until its own window.
-	n, err := s.PruneEvents(c, t0.Add(36*time.Hour), t0.Add(48*time.Hour))
-	must(t, err)
-	if n != 2 {
-		t.Fatalf("PruneEvents = %d, want 2", n)
+	// In batches: a limit of one deletes one, and the next batch the rest.
+	for _, b := range []struct {
+		limit int
+		want  int64
+	}{{1, 1}, {5, 1}, {0, 0}} {
+		n, err := s.PruneEvents(c, t0.Add(36*time.Hour), t0.Add(48*time.Hour), b.limit)
+		must(t, err)
+		if n != b.want {
+			t.Fatalf("PruneEvents(limit %d) = %d, want %d", b.limit, n, b.want)
+		}
 	}
 	left, err := s.ListEvents(c, store.EventFilter{}, store.Page{})
 	must(t, err)
@@ -1213,6 +1219,9 @@ func testPruneRecords(t *testing.T, s store.Store) {
 	done := newTask("i1", store.TaskTargetAgent, old)
 	done.Status, done.UpdatedAt = store.TaskSucceeded, old
 	must(t, s.CreateTask(c, done))
+	done2 := newTask("i1", store.TaskTargetAgent, old)
+	done2.Status, done2.UpdatedAt = store.TaskCancelled, old
+	must(t, s.CreateTask(c, done2))
 	running := newTask("i1", store.TaskTargetAgent, old)
 	running.Status, running.UpdatedAt = store.TaskRunning, old
 	must(t, s.CreateTask(c, running))
@@ -1225,13 +1234,22 @@ func testPruneRecords(t *testing.T, s store.Store) {
 	must(t, s.CreateCertificate(c, &store.Certificate{Serial: "live", InstanceID: "i1", Kind: store.CertKindNode, NotBefore: recent, NotAfter: recent.Add(24 * time.Hour), CreatedAt: recent}))
 
 	cut := t0.Add(-30 * 24 * time.Hour)
-	p, err := s.PruneRecords(c, cut, cut, cut)
-	must(t, err)
-	if p != (store.Pruned{Tasks: 1, Tokens: 1, Certificates: 1}) {
-		t.Fatalf("pruned %+v, want one of each", p)
+	// A batch of one takes one of the two old finished tasks; the next
+	// batch the other.
+	for _, b := range []struct {
+		limit int
+		want  store.Pruned
+	}{{1, store.Pruned{Tasks: 1, Tokens: 1, Certificates: 1}}, {0, store.Pruned{Tasks: 1}}, {0, store.Pruned{}}} {
+		p, err := s.PruneRecords(c, cut, cut, cut, b.limit)
+		must(t, err)
+		if p != b.want {
+			t.Fatalf("PruneRecords(limit %d) = %+v, want %+v", b.limit, p, b.want)
+		}
 	}
-	if _, err := s.GetTask(c, done.ID); !errors.Is(err, store.ErrNotFound) {
-		t.Fatal("an old finished task survived")
+	for _, id := range []string{done.ID, done2.ID} {
+		if _, err := s.GetTask(c, id); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("old finished task %s survived", id)
+		}
 	}
 	for _, id := range []string{running.ID, fresh.ID} {
 		if _, err := s.GetTask(c, id); err != nil {

@@ -112,9 +112,15 @@ func testTrust(t *testing.T, s store.Store) {
 	if len(after) != 1 || after[0].ID <= otto[1].ID {
 		t.Fatalf("records after %d = %+v", otto[1].ID, after)
 	}
-	n, err := s.DeleteAuditBefore(c, t0.Add(2*time.Hour))
+	// A batch of one takes the oldest record; the next batch the other.
+	n, err := s.DeleteAuditBefore(c, t0.Add(2*time.Hour), 1)
 	must(t, err)
-	if rest, _ := s.ListAudit(c, store.AuditFilter{}); n != 2 || len(rest) != 3 {
+	if rest, _ := s.ListAudit(c, store.AuditFilter{Since: t0}); n != 1 || len(rest) != 4 || !rest[0].At.Equal(t0.Add(time.Hour)) {
+		t.Fatalf("a batch of one pruned %d, left %+v; want the record at t0 gone", n, rest)
+	}
+	n, err = s.DeleteAuditBefore(c, t0.Add(2*time.Hour), 0)
+	must(t, err)
+	if rest, _ := s.ListAudit(c, store.AuditFilter{}); n != 1 || len(rest) != 3 {
 		t.Fatalf("pruned %d, %d left", n, len(rest))
 	}
 }
