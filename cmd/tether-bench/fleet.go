@@ -380,11 +380,23 @@ func connectFleetTarget(cfgPath, endpoints string) (*fleetTarget, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", caPath, err)
 	}
-	dialFrom, err := agentDialer(ca, host, cfg.Endpoint, eps)
+	target, host := agentTarget(cfg.Endpoint, host, eps)
+	dialFrom, err := agentDialer(ca, host, target, eps)
 	if err != nil {
 		return nil, err
 	}
 	return &fleetTarget{target: tg, dialFrom: dialFrom}, nil
+}
+
+// agentTarget is where the agents connect first: the one --endpoints URL
+// when there is one (with several, each agent's failover dialer picks),
+// else the admin config's endpoint. With one URL, the agents once went to
+// the config's endpoint and the flag was silently ignored.
+func agentTarget(cfgEndpoint, cfgHost string, eps []agentenroll.Endpoint) (target, host string) {
+	if len(eps) == 1 {
+		return eps[0].Target, eps[0].Host
+	}
+	return cfgEndpoint, cfgHost
 }
 
 // agentDialer opens a simulated agent's connection to target from its

@@ -14,6 +14,7 @@ import (
 
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	agentenroll "github.com/tetherfleet/tether/agent/enroll"
 	"github.com/tetherfleet/tether/internal/testcp"
 )
 
@@ -131,4 +132,29 @@ func selfSigned(t *testing.T) tls.Certificate {
 		t.Fatal(err)
 	}
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+}
+
+func TestAgentTargetTakesALoneEndpoint(t *testing.T) {
+	one, err := fleetEndpoints("https://127.0.0.2:18502")
+	if err != nil {
+		t.Fatal(err)
+	}
+	two, err := fleetEndpoints("https://127.0.0.2:18502,https://127.0.0.3:18503")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name             string
+		eps              []agentenroll.Endpoint
+		target, wantHost string
+	}{
+		{"no --endpoints: the config's", nil, "127.0.0.1:18501", "127.0.0.1"},
+		{"one: that one", one, "127.0.0.2:18502", "127.0.0.2"},
+		{"several: the failover dialer walks them from the config's", two, "127.0.0.1:18501", "127.0.0.1"},
+	} {
+		target, host := agentTarget("127.0.0.1:18501", "127.0.0.1", tc.eps)
+		if target != tc.target || host != tc.wantHost {
+			t.Errorf("%s: %s (host %s), want %s (host %s)", tc.name, target, host, tc.target, tc.wantHost)
+		}
+	}
 }
