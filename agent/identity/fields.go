@@ -23,11 +23,11 @@ func (f Fields) complete() bool { return f.URL != "" && f.Token != "" && f.CA !=
 // found rather than as an enrollment refusal later.
 func CheckToken(s string) (string, error) {
 	if _, err := pki.ParseToken(s); err != nil {
-		shown := s
-		if len(shown) > 8 {
-			shown = shown[:8] + "..."
-		}
-		return "", fmt.Errorf("%q is not a Tether bootstrap token (want %s followed by 43 base64url characters)", shown, pki.TokenPrefix)
+		// Enough of the value to recognise it by (a stray quote, another
+		// parameter's value), never all of it: a mangled token may still be
+		// most of a real one. A short value used to be shown whole.
+		shown := s[:min(8, len(s)/2)] + "..."
+		return "", fmt.Errorf("%q (%d bytes) is not a Tether bootstrap token (want %s followed by 43 base64url characters)", shown, len(s), pki.TokenPrefix)
 	}
 	return s, nil
 }
