@@ -40,6 +40,8 @@ func chaosCmd(args []string) error {
 			return err
 		}
 		cfg.WorkDir = d
+	} else if err := os.MkdirAll(cfg.WorkDir, 0o755); err != nil {
+		return fmt.Errorf("--dir: %w", err)
 	}
 	fmt.Printf("chaos: work dir %s (tetherd.log, or tetherd-0.log and tetherd-1.log for replicas, are there)\n", cfg.WorkDir)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
