@@ -33,7 +33,7 @@ func (d *DB) RunBatch(ctx context.Context, fns []func(q store.Queries) error) ([
 			_ = tx.Rollback()
 			return nil, d.classify(fmt.Errorf("savepoint: %w", err))
 		}
-		q := &queries{ex: tx, db: d, inTx: true}
+		q := &queries{ex: tx, db: d, inTx: true, shared: true}
 		err := fn(q)
 		if err == nil {
 			// Each function's events are its own, kept or rolled back

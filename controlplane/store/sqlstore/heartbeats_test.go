@@ -291,3 +291,4 @@ func TestPreparedIsBounded(t *testing.T) {
 type cachingDialect struct{ testDialect }
 
 func (cachingDialect) CachesStatements() bool { return true }
+

@@ -211,9 +211,19 @@ func (d *DB) tx(ctx context.Context, fn func(q store.Queries) error) error {
 
 // queries implements store.Queries on an Execer.
 type queries struct {
-	ex          Execer
-	db          *DB
-	inTx        bool
+	ex   Execer
+	db   *DB
+	inTx bool
+	// shared marks queries run inside a group commit's transaction
+	// (RunBatch), which carries other callers' work too. Their statements
+	// do not stop when the caller's context ends: SQLite answers an
+	// interrupted INSERT, UPDATE or DELETE inside a transaction by rolling
+	// the whole transaction back, every other caller's savepoint with it,
+	// so one client that dropped its call failed the batch ("no such
+	// savepoint: tether_batch", answered Internal to the rest). The
+	// caller's function still sees its own context and may return its
+	// error, which rolls back its savepoint alone.
+	shared      bool
 	afterCommit []func()
 	// pending holds a transaction's events until commit where the dialect
 	// serialises event writers (see flushEvents).
@@ -229,7 +239,16 @@ func (q *queries) sql(query string) string {
 	return r
 }
 
+// stmtCtx is the context a statement runs under (see shared).
+func (q *queries) stmtCtx(ctx context.Context) context.Context {
+	if q.shared {
+		return context.WithoutCancel(ctx)
+	}
+	return ctx
+}
+
 func (q *queries) exec(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	ctx = q.stmtCtx(ctx)
 	var res sql.Result
 	var err error
 	if st := q.stmt(ctx, query); st != nil {
@@ -241,6 +260,7 @@ func (q *queries) exec(ctx context.Context, query string, args ...any) (sql.Resu
 }
 
 func (q *queries) query(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	ctx = q.stmtCtx(ctx)
 	var rows *sql.Rows
 	var err error
 	// In a transaction every statement runs on one connection, where one
@@ -261,6 +281,7 @@ func (q *queries) query(ctx context.Context, query string, args ...any) (*sql.Ro
 }
 
 func (q *queries) row(ctx context.Context, query string, args ...any) *sql.Row {
+	ctx = q.stmtCtx(ctx)
 	if st := q.stmt(ctx, query); st != nil {
 		return st.QueryRowContext(ctx, args...)
 	}
