@@ -291,4 +291,3 @@ func TestPreparedIsBounded(t *testing.T) {
 type cachingDialect struct{ testDialect }
 
 func (cachingDialect) CachesStatements() bool { return true }
-
