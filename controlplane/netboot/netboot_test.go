@@ -337,7 +337,7 @@ func TestRefusedFetchesAreCoalesced(t *testing.T) {
 		t.Fatalf("after the window: %d events, newest %+v", len(evs), evs[0])
 	}
 	now := f.clk.Now()
-	if _, err := f.st.PruneEvents(f.ctx, now.Add(time.Minute), now.Add(time.Minute)); err != nil {
+	if _, err := f.st.PruneEvents(f.ctx, now.Add(time.Minute), now.Add(time.Minute), 0); err != nil {
 		t.Fatal(err)
 	}
 	if n := len(refusals()); n != 0 {
