@@ -164,7 +164,11 @@ func (s *Service) Create(ctx context.Context, p CreateParams) (*View, error) {
 	pl := &store.Pool{Name: p.Name, TemplateID: tpl.ID, Provider: p.Provider, Region: p.Region, InstanceType: p.InstanceType,
 		LifecycleClass: class, TargetSize: p.TargetSize, MinSize: p.MinSize, MaxSize: maxSize, Status: store.PoolActive,
 		Metadata: p.Metadata, CreatedAt: now, UpdatedAt: now}
-	if err := s.Store.CreatePool(ctx, pl); errors.Is(err, store.ErrAlreadyExists) {
+	// In a transaction, not a bare write: the audit record of the call
+	// commits with the pool, and on SQLite the write joins the group
+	// commit instead of waiting in the busy handler behind it.
+	err = s.Store.Tx(ctx, func(q store.Queries) error { return q.CreatePool(ctx, pl) })
+	if errors.Is(err, store.ErrAlreadyExists) {
 		return nil, fail.Exists("pool %q already exists", p.Name)
 	} else if err != nil {
 		return nil, err

@@ -1,11 +1,14 @@
 package pool_test
 
 import (
+	"io"
+	"log/slog"
 	"strings"
 	"testing"
 
 	"google.golang.org/grpc/codes"
 
+	"github.com/tetherfleet/tether/controlplane/audit"
 	"github.com/tetherfleet/tether/controlplane/fail"
 	"github.com/tetherfleet/tether/controlplane/instances/instancestest"
 	"github.com/tetherfleet/tether/controlplane/lifecycle"
@@ -289,4 +292,22 @@ func TestReplenishMembers(t *testing.T) {
 			t.Fatalf("second replenish provisioned %d", r.Provisioned)
 		}
 	})
+}
+
+// A pool and the audit record of the call that made it commit together:
+// the record is there before the call ends, not written after it.
+func TestCreateCommitsItsAuditRecord(t *testing.T) {
+	e := newEnv(t, instancestest.SQLite)
+	svc := &pool.Service{Store: audit.Wrap(e.st), Clock: e.clk, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Instances: e.inst}
+	entry := audit.NewEntry(store.AuditRecord{At: e.clk.Now(), Identity: "otto", Role: "operator", Method: "CreatePool", Target: "name=ci"})
+	if _, err := svc.Create(audit.With(e.ctx, entry), pool.CreateParams{Name: "ci", Template: e.tpl.Name, Provider: fake.Name, TargetSize: 1}); err != nil {
+		t.Fatal(err)
+	}
+	rs, err := e.st.ListAudit(e.ctx, store.AuditFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rs) != 1 || rs[0].Method != "CreatePool" || rs[0].Code != "OK" {
+		t.Fatalf("audit records after Create = %+v, want the call's, committed with the pool", rs)
+	}
 }

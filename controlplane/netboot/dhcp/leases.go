@@ -155,13 +155,17 @@ func (l *StoreLeases) Current(ctx context.Context, mac string, now time.Time) (n
 }
 
 // Release implements Leases.
+// The read and the delete are one transaction, so a lease given to
+// another MAC in between is not the one deleted.
 func (l *StoreLeases) Release(ctx context.Context, mac string) error {
-	cur, err := l.Store.GetDHCPLeaseByMAC(ctx, mac)
-	if errors.Is(err, store.ErrNotFound) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	return l.Store.DeleteDHCPLease(ctx, cur.IP)
+	return l.Store.Tx(ctx, func(q store.Queries) error {
+		cur, err := q.GetDHCPLeaseByMAC(ctx, mac)
+		if errors.Is(err, store.ErrNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		return q.DeleteDHCPLease(ctx, cur.IP)
+	})
 }
