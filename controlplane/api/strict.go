@@ -53,38 +53,73 @@ func walk(m protoreflect.Message) *refusal {
 		}
 		return &refusal{msg: fmt.Sprintf("unknown field number %d (this server does not know it; check the client and server versions)", num)}
 	}
+	md := m.Descriptor()
+	if md.ExtensionRanges().Len() > 0 {
+		// Only Range visits extension fields.
+		var se *refusal
+		m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+			se = checkField(fd, v)
+			return se == nil
+		})
+		return se
+	}
+	// Only message and enum fields can be refused, so walk reads those
+	// alone rather than ranging over every set field: a heartbeat's
+	// strings and counters were most of the walk's cost.
+	// A oneof is asked which member it holds, once, not each member
+	// whether it is set (an agent's every message is one).
+	oneofs := md.Oneofs()
+	for i := 0; i < oneofs.Len(); i++ {
+		if fd := m.WhichOneof(oneofs.Get(i)); fd != nil && mayRefuse(fd) {
+			if se := checkField(fd, m.Get(fd)); se != nil {
+				return se
+			}
+		}
+	}
+	fields := md.Fields()
+	for i := 0; i < fields.Len(); i++ {
+		fd := fields.Get(i)
+		if fd.ContainingOneof() != nil || !mayRefuse(fd) || !m.Has(fd) {
+			continue
+		}
+		if se := checkField(fd, m.Get(fd)); se != nil {
+			return se
+		}
+	}
+	return nil
+}
+
+// checkField checks one set field's value, naming the field in a refusal.
+func checkField(fd protoreflect.FieldDescriptor, v protoreflect.Value) *refusal {
 	var se *refusal
-	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
-		switch {
-		case fd.IsList():
-			if !mayRefuse(fd) {
-				return true
-			}
-			l := v.List()
-			for i := 0; i < l.Len(); i++ {
-				if se = checkValue(fd, l.Get(i)); se != nil {
-					se.at("[" + strconv.Itoa(i) + "]")
-					break
-				}
-			}
-		case fd.IsMap():
-			if !mayRefuse(fd.MapValue()) {
-				return true
-			}
-			v.Map().Range(func(k protoreflect.MapKey, mv protoreflect.Value) bool {
-				if se = checkValue(fd.MapValue(), mv); se != nil {
-					se.at(fmt.Sprintf("[%v]", k.Interface()))
-				}
-				return se == nil
-			})
-		default:
-			se = checkValue(fd, v)
+	switch {
+	case fd.IsList():
+		if !mayRefuse(fd) {
+			return nil
 		}
-		if se != nil {
-			se.at("." + string(fd.Name()))
+		l := v.List()
+		for i := 0; i < l.Len(); i++ {
+			if se = checkValue(fd, l.Get(i)); se != nil {
+				se.at("[" + strconv.Itoa(i) + "]")
+				break
+			}
 		}
-		return se == nil
-	})
+	case fd.IsMap():
+		if !mayRefuse(fd.MapValue()) {
+			return nil
+		}
+		v.Map().Range(func(k protoreflect.MapKey, mv protoreflect.Value) bool {
+			if se = checkValue(fd.MapValue(), mv); se != nil {
+				se.at(fmt.Sprintf("[%v]", k.Interface()))
+			}
+			return se == nil
+		})
+	default:
+		se = checkValue(fd, v)
+	}
+	if se != nil {
+		se.at("." + string(fd.Name()))
+	}
 	return se
 }
 
