@@ -667,8 +667,8 @@ const (
 // events (a 100,000-agent enrollment's worth) held SQLite's writer for
 // 19 s, and every other write failed with SQLITE_BUSY after its 10 s
 // wait. In batches of 1,000 the longest a write beside a 200,000-event
-// prune waited was 0.1 s, against 1.9–2.2 s in one transaction, and the
-// prune took as long as with 2,000 (BenchmarkRetentionBesideWrites).
+// prune waited was 0.15 s, against 2.3 s in one transaction, measured in
+// one run of BenchmarkRetentionBesideWrites.
 const pruneBatch = 1000
 
 // prune is one retention tick. Each batch is its own transaction, so that
