@@ -18,11 +18,7 @@ import (
 // expired certificates, and nothing live.
 func TestRetentionTick(t *testing.T) {
 	ctx := context.Background()
-	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "tether.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	st := openSQLite(t)
 	now := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
 	long := now.Add(-400 * 24 * time.Hour)
 	if err := st.AppendEvent(ctx, &store.Event{Kind: "old", Severity: store.SeverityCritical, CreatedAt: long}); err != nil {
@@ -75,11 +71,7 @@ func (c *countedTx) Tx(ctx context.Context, fn func(store.Queries) error) error 
 // that would hold SQLite's writer for as long as the whole backlog takes.
 func TestRetentionPrunesInBatches(t *testing.T) {
 	ctx := context.Background()
-	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "tether.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	st := openSQLite(t)
 	now := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
 	seedOldEvents(t, st, 2*pruneBatch+5, now)
 	c := &countedTx{Store: st}
@@ -111,10 +103,7 @@ func BenchmarkRetentionBesideWrites(b *testing.B) {
 			var worst time.Duration
 			for i := 0; i < b.N; i++ {
 				b.StopTimer()
-				st, err := sqlite.Open(ctx, filepath.Join(b.TempDir(), "tether.db"))
-				if err != nil {
-					b.Fatal(err)
-				}
+				st := openSQLite(b)
 				now := time.Now()
 				seedOldEvents(b, st, backlog, now)
 				o := ServeOptions{Clock: clock.NewFake(now), EventRetentionLow: 90 * 24 * time.Hour, EventRetentionHigh: 365 * 24 * time.Hour}
@@ -141,7 +130,7 @@ func BenchmarkRetentionBesideWrites(b *testing.B) {
 					}
 				}()
 				b.StartTimer()
-				err = pruneInBatches(ctx, st, slog.New(slog.NewTextHandler(io.Discard, nil)), o, bc.batch)
+				err := pruneInBatches(ctx, st, slog.New(slog.NewTextHandler(io.Discard, nil)), o, bc.batch)
 				b.StopTimer()
 				close(stop)
 				if werr := <-done; werr != nil {
@@ -150,9 +139,19 @@ func BenchmarkRetentionBesideWrites(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				st.Close()
 			}
 			b.ReportMetric(float64(worst.Microseconds())/1000, "worst-write-wait-ms")
 		})
 	}
+}
+
+// openSQLite is a fresh store in the test's temp dir, closed at its end.
+func openSQLite(tb testing.TB) *sqlite.Store {
+	tb.Helper()
+	st, err := sqlite.Open(context.Background(), filepath.Join(tb.TempDir(), "tether.db"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { st.Close() })
+	return st
 }
