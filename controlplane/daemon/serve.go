@@ -33,6 +33,7 @@ import (
 	"github.com/tetherfleet/tether/controlplane/netboot/pxe"
 	"github.com/tetherfleet/tether/controlplane/pool"
 	"github.com/tetherfleet/tether/controlplane/provsync"
+	"github.com/tetherfleet/tether/controlplane/retention"
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/controlplane/store/sqlite"
 	"github.com/tetherfleet/tether/controlplane/tasks"
@@ -460,9 +461,8 @@ func (d *daemon) loops() []loops.Loop {
 			_, err := d.pools.Tick(ctx)
 			return err
 		}},
-		{Name: "retention", Every: time.Hour, Tick: func(ctx context.Context) error {
-			return prune(ctx, st, d.log, o)
-		}},
+		{Name: "retention", Every: time.Hour, Tick: retention.New(st, o.Clock, d.log,
+			retention.Policy{EventsLow: o.EventRetentionLow, EventsHigh: o.EventRetentionHigh}, retention.Batch).Tick},
 	}
 }
 
@@ -583,10 +583,10 @@ func (o *ServeOptions) defaults() error {
 		o.UnauthenticatedBurst = 200
 	}
 	if o.EventRetentionLow <= 0 {
-		o.EventRetentionLow = 90 * 24 * time.Hour
+		o.EventRetentionLow = retention.DefaultEventsLow
 	}
 	if o.EventRetentionHigh <= 0 {
-		o.EventRetentionHigh = 365 * 24 * time.Hour
+		o.EventRetentionHigh = retention.DefaultEventsHigh
 	}
 	if o.AgentURL == "" {
 		addr := o.Listen
@@ -653,93 +653,6 @@ func ParseSigningKey(b []byte) (ed25519.PublicKey, error) {
 		return nil, err
 	}
 	return pub, nil
-}
-
-// Record retention (docs/design.md §0.6: nothing grows without bound). Events keep
-// their own, configurable windows; the rest is history nothing reads.
-const (
-	taskRetention  = 30 * 24 * time.Hour // finished tasks: results stay readable for a month
-	tokenRetention = 7 * 24 * time.Hour  // after expiry; a spent token is refused anyway once expired
-	certRetention  = 30 * 24 * time.Hour // after expiry; revocation checks only need unexpired ones
-)
-
-// pruneBatch bounds one retention transaction. A single DELETE of 500,000
-// events (a 100,000-agent enrollment's worth) held SQLite's writer for
-// 19 s, and every other write failed with SQLITE_BUSY after its 10 s
-// wait. In batches of 1,000 the longest a write beside a 200,000-event
-// prune waited was 0.15 s, against 2.3 s in one transaction, measured in
-// one run of BenchmarkRetentionBesideWrites.
-const pruneBatch = 1000
-
-// prune is one retention tick. Each batch is its own transaction, so that
-// on SQLite it joins the group commit like any other write.
-func prune(ctx context.Context, st store.Store, log *slog.Logger, o ServeOptions) error {
-	return pruneInBatches(ctx, st, log, o, pruneBatch)
-}
-
-// pruneInBatches is prune with batches of batch rows of each kind (all in
-// one transaction when batch <= 0: what the benchmark compares against).
-func pruneInBatches(ctx context.Context, st store.Store, log *slog.Logger, o ServeOptions, batch int) error {
-	now := o.Clock.Now()
-	events, err := drain(ctx, st, batch, func(q store.Queries) ([]int64, error) {
-		n, err := q.PruneEvents(ctx, now.Add(-o.EventRetentionLow), now.Add(-o.EventRetentionHigh), batch)
-		return []int64{n}, err
-	})
-	if err != nil {
-		return err
-	}
-	recs, err := drain(ctx, st, batch, func(q store.Queries) ([]int64, error) {
-		p, err := q.PruneRecords(ctx, now.Add(-taskRetention), now.Add(-tokenRetention), now.Add(-certRetention), batch)
-		return []int64{p.Tasks, p.Tokens, p.Certificates}, err
-	})
-	if err != nil {
-		return err
-	}
-	// The audit trail is kept as long as the longest event window.
-	audits, err := drain(ctx, st, batch, func(q store.Queries) ([]int64, error) {
-		n, err := q.DeleteAuditBefore(ctx, now.Add(-o.EventRetentionHigh), batch)
-		return []int64{int64(n)}, err
-	})
-	if err != nil {
-		return err
-	}
-	if audits[0] > 0 {
-		log.Info("pruned audit records", "count", audits[0])
-	}
-	if events[0]+recs[0]+recs[1]+recs[2] > 0 {
-		log.Info("pruned records past retention", "events", events[0], "tasks", recs[0], "tokens", recs[1], "certificates", recs[2])
-	}
-	return nil
-}
-
-// drain runs step, one transaction a batch, until no count it returns is
-// a full batch, and sums the counts of the batches that committed.
-func drain(ctx context.Context, st store.Store, batch int, step func(store.Queries) ([]int64, error)) ([]int64, error) {
-	var total []int64
-	for {
-		if err := ctx.Err(); err != nil {
-			return total, err
-		}
-		var counts []int64
-		if err := st.Tx(ctx, func(q store.Queries) error {
-			var err error
-			counts, err = step(q)
-			return err
-		}); err != nil {
-			return total, err
-		}
-		if total == nil {
-			total = make([]int64, len(counts))
-		}
-		more := false
-		for i, n := range counts {
-			total[i] += n
-			more = more || (batch > 0 && n == int64(batch))
-		}
-		if !more {
-			return total, nil
-		}
-	}
 }
 
 // DefaultFDReserve is what the connection budget leaves for everything

@@ -1,4 +1,4 @@
-package daemon
+package retention
 
 import (
 	"context"
@@ -13,6 +13,8 @@ import (
 	"github.com/tetherfleet/tether/controlplane/store/sqlite"
 	"github.com/tetherfleet/tether/internal/clock"
 )
+
+var discard = slog.New(slog.NewTextHandler(io.Discard, nil))
 
 // The retention tick prunes old events, finished tasks, expired tokens and
 // expired certificates, and nothing live.
@@ -30,8 +32,7 @@ func TestRetentionTick(t *testing.T) {
 	if err := st.CreateToken(ctx, &store.Token{Hash: "live", InstanceID: "i", ExpiresAt: now.Add(time.Hour), CreatedAt: now}); err != nil {
 		t.Fatal(err)
 	}
-	o := ServeOptions{Clock: clock.NewFake(now), EventRetentionLow: 90 * 24 * time.Hour, EventRetentionHigh: 365 * 24 * time.Hour}
-	if err := prune(ctx, st, slog.New(slog.NewTextHandler(io.Discard, nil)), o); err != nil {
+	if err := New(st, clock.NewFake(now), discard, Policy{}, Batch).Tick(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if evs, _ := st.ListEvents(ctx, store.EventFilter{}, store.Page{}); len(evs) != 0 {
@@ -67,22 +68,21 @@ func (c *countedTx) Tx(ctx context.Context, fn func(store.Queries) error) error 
 	return c.Store.Tx(ctx, fn)
 }
 
-// A backlog is pruned in transactions of pruneBatch rows, never in one
+// A backlog is pruned in transactions of Batch rows, never in one
 // that would hold SQLite's writer for as long as the whole backlog takes.
 func TestRetentionPrunesInBatches(t *testing.T) {
 	ctx := context.Background()
 	st := openSQLite(t)
 	now := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
-	seedOldEvents(t, st, 2*pruneBatch+5, now)
+	seedOldEvents(t, st, 2*Batch+5, now)
 	c := &countedTx{Store: st}
-	o := ServeOptions{Clock: clock.NewFake(now), EventRetentionLow: 90 * 24 * time.Hour, EventRetentionHigh: 365 * 24 * time.Hour}
-	if err := prune(ctx, c, slog.New(slog.NewTextHandler(io.Discard, nil)), o); err != nil {
+	if err := New(c, clock.NewFake(now), discard, Policy{}, Batch).Tick(ctx); err != nil {
 		t.Fatal(err)
 	}
 	// Three for the events (two full batches and the rest), one each for
 	// the other records and the audit trail, which have nothing to prune.
 	if c.n != 5 {
-		t.Fatalf("%d transactions for %d events, want 3 of at most %d and 2 more", c.n, 2*pruneBatch+5, pruneBatch)
+		t.Fatalf("%d transactions for %d events, want 3 of at most %d and 2 more", c.n, 2*Batch+5, Batch)
 	}
 	if evs, _ := st.ListEvents(ctx, store.EventFilter{}, store.Page{Limit: 1}); len(evs) != 0 {
 		t.Fatalf("an old event survived: %v", evs[0])
@@ -97,7 +97,7 @@ func BenchmarkRetentionBesideWrites(b *testing.B) {
 	for _, bc := range []struct {
 		name  string
 		batch int
-	}{{"one-transaction", 0}, {"batches", pruneBatch}} {
+	}{{"one-transaction", 0}, {"batches", Batch}} {
 		b.Run(bc.name, func(b *testing.B) {
 			ctx := context.Background()
 			var worst time.Duration
@@ -106,7 +106,7 @@ func BenchmarkRetentionBesideWrites(b *testing.B) {
 				st := openSQLite(b)
 				now := time.Now()
 				seedOldEvents(b, st, backlog, now)
-				o := ServeOptions{Clock: clock.NewFake(now), EventRetentionLow: 90 * 24 * time.Hour, EventRetentionHigh: 365 * 24 * time.Hour}
+				pruner := New(st, clock.NewFake(now), discard, Policy{}, bc.batch)
 				stop, done := make(chan struct{}), make(chan error, 1)
 				go func() {
 					tick := time.NewTicker(5 * time.Millisecond)
@@ -130,7 +130,7 @@ func BenchmarkRetentionBesideWrites(b *testing.B) {
 					}
 				}()
 				b.StartTimer()
-				err := pruneInBatches(ctx, st, slog.New(slog.NewTextHandler(io.Discard, nil)), o, bc.batch)
+				err := pruner.Tick(ctx)
 				b.StopTimer()
 				close(stop)
 				if werr := <-done; werr != nil {
