@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/tetherfleet/tether/internal/chaos"
-	"github.com/tetherfleet/tether/internal/pgtest"
+	"github.com/tetherfleet/tether/internal/pgserver"
 )
 
 // chaosCmd is `make chaos`: kill -9 a real tetherd under load (on
@@ -49,7 +49,7 @@ func chaosCmd(args []string) error {
 	switch *store {
 	case "sqlite":
 	case "postgres":
-		srv, err := pgtest.NewServer(pgtest.Options{})
+		srv, err := pgserver.NewServer(pgserver.Options{})
 		if err != nil {
 			return fmt.Errorf("start PostgreSQL: %w", err)
 		}

@@ -30,7 +30,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/tetherfleet/tether/internal/bench"
-	"github.com/tetherfleet/tether/internal/testcp"
+	"github.com/tetherfleet/tether/internal/tinymodule"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
 
@@ -102,7 +102,7 @@ func connectTarget(cfgPath string) (*target, error) {
 // seedNode makes a fresh module, template and node for a run.
 func (t *target) seedNode(ctx context.Context) (string, error) {
 	tag := "bench-" + strconv.FormatInt(time.Now().UnixNano(), 36)
-	if _, err := testcp.PushModule(ctx, t.admin, tag, "1", testcp.TinyErofs()); err != nil {
+	if _, err := tinymodule.Push(ctx, t.admin, tag, "1", tinymodule.Image()); err != nil {
 		return "", err
 	}
 	if _, err := t.admin.CreateTemplate(ctx, &v1.CreateTemplateRequest{Name: tag, RootModules: []*v1.ModuleRef{{Name: tag, Version: "1"}}}); err != nil {

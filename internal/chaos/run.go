@@ -26,7 +26,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/tetherfleet/tether/internal/testcp"
+	"github.com/tetherfleet/tether/internal/tinymodule"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 	"github.com/tetherfleet/tether/providers/fake"
 )
@@ -373,7 +373,7 @@ func allOK(rs []Result) bool {
 // seed makes the module, template, node and pools the load uses.
 func seed(ctx context.Context, admin v1.AdminServiceClient, cfg Config) (string, []string, error) {
 	const tag = "chaos"
-	if _, err := testcp.PushModule(ctx, admin, tag, "1", testcp.TinyErofs()); err != nil {
+	if _, err := tinymodule.Push(ctx, admin, tag, "1", tinymodule.Image()); err != nil {
 		return "", nil, fmt.Errorf("seed module: %w", err)
 	}
 	if _, err := admin.CreateTemplate(ctx, &v1.CreateTemplateRequest{Name: tag, RootModules: []*v1.ModuleRef{{Name: tag, Version: "1"}}}); err != nil {

@@ -135,3 +135,18 @@ func FileImports(name string, src []byte) ([]string, error) {
 	}
 	return out, nil
 }
+
+// TestCode reports which of deps (the import paths a shipped binary
+// links, as `go list -deps` prints them) are testing code: the standard
+// testing package or one of this module's test helpers (testcp, the
+// in-process tetherd, is one though its name does not say so). A shipped binary
+// that links them carries test flags and harnesses into production.
+func TestCode(deps []string) []string {
+	var out []string
+	for _, d := range deps {
+		if rel, ok := relative(d); d == "testing" || ok && (TestHelper(rel) || rel == "internal/testcp") {
+			out = append(out, d)
+		}
+	}
+	return out
+}

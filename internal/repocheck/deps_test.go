@@ -1,7 +1,10 @@
 package repocheck
 
 import (
+	"os"
+	"os/exec"
 	"path"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -99,5 +102,38 @@ func TestDependencyDirection(t *testing.T) {
 	}
 	if checked == 0 {
 		t.Fatal("no Go files checked")
+	}
+}
+
+func TestTestCode(t *testing.T) {
+	m := func(rel string) string { return Module + "/" + rel }
+	got := TestCode([]string{"fmt", "testing", "testing/fstest", m("internal/testcp"), m("internal/pgserver"), m("controlplane/store/storetest")})
+	want := []string{"testing", m("internal/testcp"), m("controlplane/store/storetest")}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("TestCode = %v, want %v", got, want)
+	}
+}
+
+// Nothing shipped links testing code: every main under cmd/ is built with
+// the tags the Makefile uses and its dependencies listed.
+func TestShippedBinariesLinkNoTestCode(t *testing.T) {
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		t.Skipf("SKIPPING: the go tool is not on PATH: %v", err)
+	}
+	mains, err := filepath.Glob(filepath.Join("..", "..", "cmd", "*"))
+	if err != nil || len(mains) == 0 {
+		t.Fatalf("no mains under cmd/ (%v)", err)
+	}
+	for _, dir := range mains {
+		cmd := exec.Command(gobin, "list", "-tags", "nobadger,nobbolt,nomysql,grpcnotrace", "-deps", "./"+filepath.ToSlash(dir))
+		cmd.Env = append(os.Environ(), "GOFLAGS=")
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("go list -deps %s: %v", dir, err)
+		}
+		if bad := TestCode(strings.Fields(string(out))); len(bad) > 0 {
+			t.Errorf("%s links testing code: %v (move what it needs out of the test helper)", filepath.Base(dir), bad)
+		}
 	}
 }

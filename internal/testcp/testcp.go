@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"testing/fstest"
 	"time"
 
 	"google.golang.org/grpc"
@@ -23,6 +24,7 @@ import (
 
 	"github.com/tetherfleet/tether/controlplane/daemon"
 	"github.com/tetherfleet/tether/internal/clock"
+	"github.com/tetherfleet/tether/internal/tinymodule"
 	"github.com/tetherfleet/tether/pki"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
@@ -262,24 +264,19 @@ func (cp *ControlPlane) PushModule(ctx context.Context, name, version string, da
 	return m
 }
 
-// PushModule streams data in 64 KiB chunks with its digest declared.
+// PushModule streams data as module name:version (tinymodule.Push).
 func PushModule(ctx context.Context, c v1.AdminServiceClient, name, version string, data []byte) (*v1.Module, error) {
-	stream, err := c.PushModule(ctx)
-	if err != nil {
-		return nil, err
-	}
-	if err := stream.Send(&v1.PushModuleRequest{Msg: &v1.PushModuleRequest_Header{Header: &v1.PushModuleHeader{
-		Name: name, Version: version, Digest: Digest(data), Size: int64(len(data))}}}); err != nil {
-		return stream.CloseAndRecv()
-	}
-	for off := 0; off < len(data); off += 64 << 10 {
-		end := min(off+64<<10, len(data))
-		if err := stream.Send(&v1.PushModuleRequest{Msg: &v1.PushModuleRequest_Chunk{Chunk: data[off:end]}}); err != nil {
-			return stream.CloseAndRecv()
-		}
-	}
-	return stream.CloseAndRecv()
+	return tinymodule.Push(ctx, c, name, version, data)
 }
+
+// TinyErofs is a small valid erofs image (tinymodule.Image).
+func TinyErofs() []byte { return tinymodule.Image() }
+
+// BuildErofs packs a file tree into an uncompressed erofs image.
+func BuildErofs(files fstest.MapFS) []byte { return tinymodule.Build(files) }
+
+// Digest is sha256:<hex> of data.
+func Digest(data []byte) string { return tinymodule.Digest(data) }
 
 // Provision creates an external instance and returns it with its token.
 func (cp *ControlPlane) Provision(ctx context.Context, node string) (*v1.Instance, string) {

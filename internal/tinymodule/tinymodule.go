@@ -1,6 +1,10 @@
-package testcp
+// Package tinymodule builds small erofs modules in memory and pushes them
+// over the admin API: the fixtures of tests and of the load tools
+// (tether-bench, chaos), which must not link testing code.
+package tinymodule
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
@@ -9,6 +13,8 @@ import (
 	"testing/fstest"
 
 	erofs "github.com/erofs/go-erofs"
+
+	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
 
 var (
@@ -16,10 +22,10 @@ var (
 	tiny     []byte
 )
 
-// TinyErofs is a small valid erofs image (built once with go-erofs).
-func TinyErofs() []byte {
+// Image is a small valid erofs image (built once with go-erofs).
+func Image() []byte {
 	tinyOnce.Do(func() {
-		tiny = BuildErofs(fstest.MapFS{
+		tiny = Build(fstest.MapFS{
 			"etc/os-release": {Data: []byte("NAME=\"Tether Test\"\nID=tether-test\n")},
 			"hello.txt":      {Data: []byte("hello from a module\n")},
 		})
@@ -27,8 +33,8 @@ func TinyErofs() []byte {
 	return append([]byte(nil), tiny...)
 }
 
-// BuildErofs packs a file tree into an uncompressed erofs image.
-func BuildErofs(files fstest.MapFS) []byte {
+// Build packs a file tree into an uncompressed erofs image.
+func Build(files fstest.MapFS) []byte {
 	var buf seekBuffer
 	w := erofs.Create(&buf, erofs.WithBuildTime(0, 0))
 	if err := w.CopyFrom(files); err != nil {
@@ -74,4 +80,24 @@ func (s *seekBuffer) Seek(offset int64, whence int) (int64, error) {
 		s.off = int64(len(s.b)) + offset
 	}
 	return s.off, nil
+}
+
+// Push streams data to the admin API as module name:version, in 64 KiB
+// chunks, declaring its digest and size.
+func Push(ctx context.Context, c v1.AdminServiceClient, name, version string, data []byte) (*v1.Module, error) {
+	stream, err := c.PushModule(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := stream.Send(&v1.PushModuleRequest{Msg: &v1.PushModuleRequest_Header{Header: &v1.PushModuleHeader{
+		Name: name, Version: version, Digest: Digest(data), Size: int64(len(data))}}}); err != nil {
+		return stream.CloseAndRecv()
+	}
+	for off := 0; off < len(data); off += 64 << 10 {
+		end := min(off+64<<10, len(data))
+		if err := stream.Send(&v1.PushModuleRequest{Msg: &v1.PushModuleRequest_Chunk{Chunk: data[off:end]}}); err != nil {
+			return stream.CloseAndRecv()
+		}
+	}
+	return stream.CloseAndRecv()
 }
