@@ -48,3 +48,18 @@ func CheckNICAddress(mac string) error {
 	}
 	return nil
 }
+
+// NodeHardware is implemented by providers whose machine is the node's
+// own server (redfish: the computer behind the node's BMC) rather than one
+// the provider creates. Such a provider has at most one machine a node, so
+// a pool lends it existing nodes of its template instead of making new
+// ones. A provider that does not implement it creates its machines.
+type NodeHardware interface {
+	MachinesAreNodes() bool
+}
+
+// MachinesAreNodes reports whether p's machines are its nodes' own servers.
+func MachinesAreNodes(p Provider) bool {
+	nh, ok := p.(NodeHardware)
+	return ok && nh.MachinesAreNodes()
+}

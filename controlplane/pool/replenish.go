@@ -13,7 +13,7 @@ import (
 	"github.com/tetherfleet/tether/controlplane/instances"
 	"github.com/tetherfleet/tether/controlplane/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/store"
-	"github.com/tetherfleet/tether/providers/redfish"
+	"github.com/tetherfleet/tether/providers"
 )
 
 // ReplenishResult counts what a replenish did. Err explains Failed (and a
@@ -115,11 +115,16 @@ func (s *Service) replenish(ctx context.Context, poolID string) ReplenishResult 
 }
 
 // memberNode is the node of a new member. A provider whose machine is
-// its node's own (redfish: the node's server, behind its BMC) takes a free
-// node of the pool's template with a BMC, one with no live instance;
-// every other provider gets a new node named after the pool.
+// its node's own (providers.NodeHardware; redfish: the node's server,
+// behind its BMC) takes a free node of the pool's template with a BMC,
+// one with no live instance; every other provider gets a new node named
+// after the pool.
 func (s *Service) memberNode(ctx context.Context, q store.Queries, p *store.Pool, now time.Time) (*store.Node, error) {
-	if p.Provider != redfish.Name {
+	prov, err := s.Instances.Provider(p.Provider)
+	if err != nil {
+		return nil, err
+	}
+	if !providers.MachinesAreNodes(prov) {
 		name, err := memberNodeName(p.Name)
 		if err != nil {
 			return nil, err

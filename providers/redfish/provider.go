@@ -137,6 +137,10 @@ func (*Provider) Name() string { return Name }
 // from the network, so it gets its per-boot script (and token) by MAC.
 func (*Provider) Netboots() bool { return true }
 
+// MachinesAreNodes implements providers.NodeHardware: the machine is the
+// server behind the node's BMC.
+func (*Provider) MachinesAreNodes() bool { return true }
+
 // session is one call's connection to a node's system.
 type session struct {
 	node string
