@@ -4,9 +4,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"image"
 	"image/color"
-	"image/png"
 	"os"
 
 	"github.com/tetherfleet/tether/internal/plot"
@@ -30,7 +28,7 @@ func plotCmd(args []string) error {
 	if err := json.Unmarshal(raw, &r); err != nil {
 		return fmt.Errorf("plot: %s: %w", *in, err)
 	}
-	c := plot.Chart{Title: fmt.Sprintf("reconnections/s after %s; %d agents", sigName(r.Signal), r.Agents), XLabel: "s since the signal"}
+	c := plot.Chart{Title: fmt.Sprintf("reconnections/s after %s; %d agents", sigName(r.Signal), r.Agents), XLabel: "s since the signal", YLabel: "reconnections/s"}
 	for _, p := range r.Points {
 		c.Bars = append(c.Bars, float64(p.Reconnects))
 	}
@@ -41,8 +39,14 @@ func plotCmd(args []string) error {
 	if r.BackSeconds > 0 {
 		c.Marks = []plot.Mark{{X: r.BackSeconds, Label: "all back"}}
 	}
-	img := c.Draw(640, 300)
-	return writePNG(*out, img)
+	b, err := c.PNG(640, 300)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(*out, b, 0o644); err != nil {
+		return fmt.Errorf("plot: %w", err)
+	}
+	return nil
 }
 
 func sigName(s string) string {
@@ -53,17 +57,4 @@ func sigName(s string) string {
 		return "SIGTERM"
 	}
 	return s
-}
-
-func writePNG(path string, img image.Image) error {
-	f, err := os.Create(path)
-	if err != nil {
-		return fmt.Errorf("plot: %w", err)
-	}
-	enc := png.Encoder{CompressionLevel: png.BestCompression}
-	if err := enc.Encode(f, img); err != nil {
-		f.Close()
-		return fmt.Errorf("plot: encode %s: %w", path, err)
-	}
-	return f.Close()
 }

@@ -1,22 +1,24 @@
 // Package plot draws the small charts the benchmark reports carry (a bar
-// per second, horizontal reference lines, vertical marks) into a
-// paletted image, so that the PNGs committed with docs stay a few KiB
-// and need no plotting dependency.
+// per second, horizontal reference lines, vertical marks) with gonum's
+// plotting library, which gives them readable axes, ticks and a legend.
 package plot
 
 import (
+	"bytes"
 	"fmt"
-	"image"
 	"image/color"
-	"math"
+
+	gplot "gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/vg"
 )
 
 // Chart is one bar series over equal steps of x (one bar per second).
 type Chart struct {
-	Title, XLabel string
-	Bars          []float64
-	Lines         []Line
-	Marks         []Mark
+	Title, XLabel, YLabel string
+	Bars                  []float64
+	Lines                 []Line
+	Marks                 []Mark
 }
 
 // Line is a horizontal reference line at Y.
@@ -26,119 +28,82 @@ type Line struct {
 	Label string
 }
 
-// Mark is a vertical line at bar position X (fractional).
+// Mark is a vertical line at x = X (in bar steps, fractional).
 type Mark struct {
 	X     float64
 	Label string
 }
 
+// BarColor and MarkColor are the series' colours; Lines bring their own.
 var (
-	white = color.RGBA{255, 255, 255, 255}
-	black = color.RGBA{0, 0, 0, 255}
-	grey  = color.RGBA{200, 200, 200, 255}
-	blue  = color.RGBA{40, 90, 200, 255}
-	amber = color.RGBA{200, 120, 0, 255}
+	BarColor  = color.RGBA{40, 90, 200, 255}
+	MarkColor = color.RGBA{200, 120, 0, 255}
 )
 
-const (
-	left, right, top, bottom = 56, 70, 26, 34
-	k                        = 2 // font scale
-)
-
-// Draw renders the chart at w×h pixels.
-func (c Chart) Draw(w, h int) *image.Paletted {
-	pal := color.Palette{white, black, grey, blue, amber}
-	for _, l := range c.Lines {
-		pal = append(pal, l.Color)
+// PNG renders the chart at w×h pixels (at 96 dpi).
+func (c Chart) PNG(w, h int) ([]byte, error) {
+	p, err := c.plot()
+	if err != nil {
+		return nil, err
 	}
-	img := image.NewPaletted(image.Rect(0, 0, w, h), pal)
-	pw, ph := w-left-right, h-top-bottom
+	const dpi = 96
+	wt, err := p.WriterTo(vg.Length(w)*vg.Inch/dpi, vg.Length(h)*vg.Inch/dpi, "png")
+	if err != nil {
+		return nil, fmt.Errorf("plot: %w", err)
+	}
+	var buf bytes.Buffer
+	if _, err := wt.WriteTo(&buf); err != nil {
+		return nil, fmt.Errorf("plot: render: %w", err)
+	}
+	return buf.Bytes(), nil
+}
+
+func (c Chart) plot() (*gplot.Plot, error) {
+	if len(c.Bars) == 0 {
+		return nil, fmt.Errorf("plot: %q has no bars", c.Title)
+	}
+	p := gplot.New()
+	p.Title.Text = c.Title
+	p.X.Label.Text = c.XLabel
+	p.Y.Label.Text = c.YLabel
+	p.Add(plotter.NewGrid())
+	p.Legend.Top = true
+
+	n := float64(len(c.Bars))
+	// Bars sit on [i, i+1): a bar per step, the way the series was counted.
+	bars := &plotter.Histogram{Width: 1, FillColor: BarColor}
+	for i, v := range c.Bars {
+		bars.Bins = append(bars.Bins, plotter.HistogramBin{Min: float64(i), Max: float64(i + 1), Weight: v})
+	}
+	bars.LineStyle.Width = 0
+	p.Add(bars)
+
 	ymax := 1.0
-	for _, b := range c.Bars {
-		ymax = math.Max(ymax, b)
+	for _, v := range c.Bars {
+		ymax = max(ymax, v)
 	}
 	for _, l := range c.Lines {
-		ymax = math.Max(ymax, l.Y)
-	}
-	ymax, step := niceScale(ymax * 1.05)
-	y := func(v float64) int { return top + ph - int(math.Round(v/ymax*float64(ph))) }
-	// Grid and y labels.
-	for v := 0.0; v <= ymax+step/2; v += step {
-		hline(img, left, left+pw, y(v), grey, false)
-		s := fmt.Sprintf("%.0f", v)
-		drawText(img, left-6-textWidth(s, k), y(v)-5, k, s, black)
-	}
-	n := max(len(c.Bars), 1)
-	bw := float64(pw) / float64(n)
-	for i, b := range c.Bars {
-		x0, x1 := left+int(float64(i)*bw), left+int(float64(i+1)*bw)
-		if x1-x0 > 2 {
-			x1-- // a gap between bars
+		ymax = max(ymax, l.Y)
+		ln, err := plotter.NewLine(plotter.XYs{{X: 0, Y: l.Y}, {X: n, Y: l.Y}})
+		if err != nil {
+			return nil, fmt.Errorf("plot: line %q: %w", l.Label, err)
 		}
-		fill(img, x0, y(b), x1, y(0), blue)
+		ln.Color, ln.Width = l.Color, vg.Points(1.5)
+		p.Add(ln)
+		p.Legend.Add(l.Label, ln)
 	}
-	// X ticks every 10 bars (or 5 for short series).
-	every := 10
-	if n <= 30 {
-		every = 5
-	}
-	for i := 0; i <= n; i += every {
-		x := left + int(float64(i)*bw)
-		vline(img, x, y(0), y(0)+4, black, false)
-		s := fmt.Sprint(i)
-		drawText(img, x-textWidth(s, k)/2, y(0)+7, k, s, black)
-	}
-	for _, l := range c.Lines {
-		hline(img, left, left+pw, y(l.Y), l.Color, true)
-		drawText(img, left+pw+4, y(l.Y)-5, k, l.Label, l.Color)
-	}
+	p.Y.Min, p.Y.Max = 0, ymax*1.08
 	for _, m := range c.Marks {
-		x := left + int(m.X*bw)
-		vline(img, x, top, y(0), amber, true)
-		drawText(img, min(x+3, w-textWidth(m.Label, k)), top+2, k, m.Label, amber)
-	}
-	hline(img, left, left+pw, y(0), black, false)
-	vline(img, left, top, y(0), black, false)
-	drawText(img, left, 6, k, c.Title, black)
-	drawText(img, left+pw/2-textWidth(c.XLabel, k)/2, h-12, k, c.XLabel, black)
-	return img
-}
-
-// niceScale rounds max up to 1, 2 or 5 times a power of ten of steps.
-func niceScale(v float64) (top, step float64) {
-	raw := v / 4
-	p := math.Pow(10, math.Floor(math.Log10(raw)))
-	for _, m := range []float64{1, 2, 5, 10} {
-		if step = m * p; step >= raw {
-			break
+		ln, err := plotter.NewLine(plotter.XYs{{X: m.X, Y: 0}, {X: m.X, Y: p.Y.Max}})
+		if err != nil {
+			return nil, fmt.Errorf("plot: mark %q: %w", m.Label, err)
 		}
+		ln.Color, ln.Width, ln.Dashes = MarkColor, vg.Points(1.5), []vg.Length{vg.Points(4), vg.Points(3)}
+		p.Add(ln)
+		p.Legend.Add(fmt.Sprintf("%s (%.1f)", m.Label, m.X), ln)
 	}
-	return math.Ceil(v/step) * step, step
-}
-
-func fill(img *image.Paletted, x0, y0, x1, y1 int, c color.Color) {
-	idx := uint8(img.Palette.Index(c))
-	for yy := y0; yy < y1; yy++ {
-		for xx := x0; xx < x1; xx++ {
-			img.SetColorIndex(xx, yy, idx)
-		}
-	}
-}
-
-func hline(img *image.Paletted, x0, x1, y int, c color.Color, dashed bool) {
-	idx := uint8(img.Palette.Index(c))
-	for x := x0; x <= x1; x++ {
-		if !dashed || (x/4)%2 == 0 {
-			img.SetColorIndex(x, y, idx)
-		}
-	}
-}
-
-func vline(img *image.Paletted, x, y0, y1 int, c color.Color, dashed bool) {
-	idx := uint8(img.Palette.Index(c))
-	for y := y0; y <= y1; y++ {
-		if !dashed || (y/4)%2 == 0 {
-			img.SetColorIndex(x, y, idx)
-		}
-	}
+	p.X.Min, p.X.Max = 0, n
+	p.Legend.YOffs = -vg.Points(4)
+	p.Legend.ThumbnailWidth = vg.Points(16)
+	return p, nil
 }

@@ -2,58 +2,68 @@ package plot
 
 import (
 	"bytes"
+	"image"
 	"image/color"
 	"image/png"
-	"math"
 	"testing"
 )
 
-func TestDrawPutsBarsAndLinesWhereTheValuesAre(t *testing.T) {
-	red := color.RGBA{200, 0, 0, 255}
-	c := Chart{Title: "reconnections/s", XLabel: "s", Bars: []float64{0, 10, 40, 10},
-		Lines: []Line{{Y: 20, Color: red, Label: "3x mean"}}, Marks: []Mark{{X: 3, Label: "all back"}}}
-	const w, h = 400, 200
-	img := c.Draw(w, h)
-	if b := img.Bounds(); b.Dx() != w || b.Dy() != h {
-		t.Fatalf("image %v, want %dx%d", b, w, h)
-	}
-	pw, ph := w-left-right, h-top-bottom
-	bw := pw / len(c.Bars)
-	col := func(i int) int { return left + i*bw + bw/2 }
-	// The y scale tops at a round value at least 5 % over the peak (40).
-	ymax, _ := niceScale(40 * 1.05)
-	yOf := func(v float64) int { return top + ph - int(math.Round(v/ymax*float64(ph))) }
-	if img.At(col(2), yOf(39)) != blue || img.At(col(2), yOf(41)) == blue {
-		t.Error("the tallest bar does not end at its value")
-	}
-	if img.At(col(0), yOf(1)) == blue {
-		t.Error("a zero bar was drawn")
-	}
-	found := false
-	for x := left; x < left+pw; x++ {
-		if img.At(x, yOf(20)) == red {
-			found = true
+// count is how many pixels of img are exactly c.
+func count(img image.Image, c color.RGBA) int {
+	n := 0
+	b := img.Bounds()
+	for y := b.Min.Y; y < b.Max.Y; y++ {
+		for x := b.Min.X; x < b.Max.X; x++ {
+			r, g, bl, a := img.At(x, y).RGBA()
+			if uint8(r>>8) == c.R && uint8(g>>8) == c.G && uint8(bl>>8) == c.B && uint8(a>>8) == c.A {
+				n++
+			}
 		}
 	}
-	if !found {
-		t.Error("the reference line is missing")
+	return n
+}
+
+func TestPNGDrawsBarsLinesAndMarks(t *testing.T) {
+	red := color.RGBA{200, 0, 0, 255}
+	tests := []struct {
+		name             string
+		chart            Chart
+		bars, line, mark bool
+	}{
+		{"bars only", Chart{Title: "t", Bars: []float64{0, 10, 40, 10}}, true, false, false},
+		{"with a line and a mark", Chart{Title: "reconnections/s", XLabel: "s", Bars: []float64{0, 10, 40, 10},
+			Lines: []Line{{Y: 20, Color: red, Label: "3x mean"}}, Marks: []Mark{{X: 3, Label: "all back"}}}, true, true, true},
+		{"all zero", Chart{Title: "t", Bars: []float64{0, 0, 0}}, false, false, false},
 	}
-	var buf bytes.Buffer
-	if err := png.Encode(&buf, img); err != nil {
-		t.Fatal(err)
-	}
-	if buf.Len() > 20<<10 {
-		t.Errorf("PNG is %d bytes; the committed plots are meant to stay small", buf.Len())
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			const w, h = 640, 300
+			b, err := tc.chart.PNG(w, h)
+			if err != nil {
+				t.Fatal(err)
+			}
+			img, err := png.Decode(bytes.NewReader(b))
+			if err != nil {
+				t.Fatalf("not a PNG: %v", err)
+			}
+			if got := img.Bounds(); got.Dx() != w || got.Dy() != h {
+				t.Fatalf("image %v, want %dx%d", got, w, h)
+			}
+			if got := count(img, BarColor) > 100; got != tc.bars {
+				t.Errorf("bars drawn = %v, want %v", got, tc.bars)
+			}
+			if got := count(img, red) > 50; got != tc.line {
+				t.Errorf("reference line drawn = %v, want %v", got, tc.line)
+			}
+			if got := count(img, MarkColor) > 20; got != tc.mark {
+				t.Errorf("mark drawn = %v, want %v", got, tc.mark)
+			}
+		})
 	}
 }
 
-func TestNiceScale(t *testing.T) {
-	for _, tc := range []struct{ in, top, step float64 }{
-		{1, 1, 0.5}, {42, 60, 20}, {420, 600, 200}, {7.9, 8, 2}, {1000, 1000, 500},
-	} {
-		top, step := niceScale(tc.in)
-		if top < tc.in || top != tc.top || step != tc.step {
-			t.Errorf("niceScale(%v) = %v, %v; want %v, %v", tc.in, top, step, tc.top, tc.step)
-		}
+func TestPNGRefusesAnEmptySeries(t *testing.T) {
+	if _, err := (Chart{Title: "nothing"}).PNG(100, 100); err == nil {
+		t.Fatal("a chart with no bars rendered")
 	}
 }
