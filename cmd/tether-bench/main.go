@@ -166,6 +166,9 @@ func enroll(args []string) error {
 			}
 			cpu = fmt.Sprintf("%.2f ms", float64((after-before).Microseconds())/1000/float64(r.N-r.Errors))
 		}
+		if err := r.Check(); err != nil {
+			return fmt.Errorf("enroll at %d clients: %w", c, err)
+		}
 		if r.Errors > 0 {
 			fmt.Fprintf(os.Stderr, "%d enrollments failed; first: %v\n", r.Errors, r.FirstError)
 		}

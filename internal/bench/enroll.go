@@ -9,6 +9,7 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"sort"
 	"sync"
@@ -17,7 +18,9 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/mem"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/tetherfleet/tether/pki"
@@ -287,4 +290,25 @@ func ready(ctx context.Context, conn *grpc.ClientConn) error {
 		}
 	}
 	return nil
+}
+
+// MaxFailedShare is the share of a run's operations that may fail before
+// its figures mean nothing: a rate of the few that got through measures
+// the refusals, not the server.
+const MaxFailedShare = 0.01
+
+// Check reports a run whose failures pass MaxFailedShare, saying why when
+// the cause is known. A tetherd with default flags limits enrollments per
+// source address (20/s, a burst of 200), and a load generator is one
+// source: it is told which flags lift the limit.
+func (r Result) Check() error {
+	if r.N == 0 || float64(r.Errors) <= MaxFailedShare*float64(r.N) {
+		return nil
+	}
+	why := fmt.Sprintf("%d of %d operations failed (first: %v)", r.Errors, r.N, r.FirstError)
+	if status.Code(r.FirstError) == codes.ResourceExhausted {
+		return fmt.Errorf("%s: tetherd's per-source limits refused them; for a load test from one host start it with "+
+			"--unauthenticated-rate=-1 --max-unauthenticated-per-source=-1 (or run `make bench-peers`, which starts its own tetherd)", why)
+	}
+	return errors.New(why)
 }
