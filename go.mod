@@ -3,6 +3,7 @@ module github.com/tetherfleet/tether
 go 1.26.0
 
 require (
+	filippo.io/age v1.2.1
 	github.com/chromedp/chromedp v0.23.0
 	github.com/coreos/go-systemd/v22 v22.7.0
 	github.com/digitalocean/go-libvirt v0.0.0-20261013170128-efbbdf578ac8

@@ -27,7 +27,7 @@ func main() {
 
 func root() *cobra.Command {
 	cmd := &cobra.Command{Use: "tetherd", Short: "Tether control plane", SilenceUsage: true, SilenceErrors: true}
-	cmd.AddCommand(initCmd(), serveCmd())
+	cmd.AddCommand(initCmd(), serveCmd(), backupCmd(), restoreCmd())
 	return cmd
 }
 

@@ -239,6 +239,9 @@ func build(ctx context.Context, o ServeOptions) (_ *daemon, err error) {
 		st = audit.Wrap(st)
 	}
 	d.st = st
+	if err := recordRestore(ctx, st, o.DataDir, o.Clock.Now(), log); err != nil {
+		return nil, err
+	}
 	sealer, created, err := credentials.LoadOrCreateKey(o.DataDir)
 	if err != nil {
 		return nil, fmt.Errorf("serve: %w", err)

@@ -72,6 +72,10 @@ const (
 	TaskFinished = "task.finished"
 	TaskRefused  = "task.update_refused"
 
+	// ControlPlaneRestored: the first start on a data dir rebuilt from a
+	// backup; what was written after the backup is lost.
+	ControlPlaneRestored = "controlplane.restored"
+
 	ModulePushed       = "module.pushed"
 	ModuleDeleted      = "module.deleted"
 	ModuleFetchRefused = "module.fetch_refused"
