@@ -3,6 +3,7 @@ package sqlstore
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"io/fs"
 	"sort"
@@ -58,6 +59,9 @@ func Migrate(ctx context.Context, db *sql.DB, d Dialect, ms []Migration, lock st
 	if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at BIGINT NOT NULL)`); err != nil {
 		return fmt.Errorf("migrate: create schema_migrations: %w", err)
 	}
+	if err := checkNotNewer(ctx, db, ms); err != nil {
+		return err
+	}
 	for _, m := range ms {
 		if err := applyOne(ctx, db, d, m, lock); err != nil {
 			return err
@@ -93,6 +97,34 @@ func applyOne(ctx context.Context, db *sql.DB, d Dialect, m Migration, lock stri
 	}
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("migrate %s: commit: %w", m.Name, err)
+	}
+	return nil
+}
+
+// ErrSchemaNewer means the database was migrated by a newer build than
+// this one: its queries may not match the schema, so it must not serve.
+var ErrSchemaNewer = errors.New("the database's schema is newer than this build")
+
+// checkNotNewer refuses a database that records a migration this build
+// does not have, naming the newest one so the operator knows which build
+// it needs.
+func checkNotNewer(ctx context.Context, db *sql.DB, ms []Migration) error {
+	var version sql.NullInt64
+	var name sql.NullString
+	err := db.QueryRowContext(ctx, `SELECT version, name FROM schema_migrations ORDER BY version DESC LIMIT 1`).Scan(&version, &name)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("migrate: read schema_migrations: %w", err)
+	}
+	known := 0
+	if len(ms) > 0 {
+		known = ms[len(ms)-1].Version
+	}
+	if int(version.Int64) > known {
+		return fmt.Errorf("%w: it records migration %d (%s) and this build knows up to %d; run a tetherd built with that migration or later",
+			ErrSchemaNewer, version.Int64, name.String, known)
 	}
 	return nil
 }
