@@ -27,7 +27,7 @@ func main() {
 
 func root() *cobra.Command {
 	cmd := &cobra.Command{Use: "tetherd", Short: "Tether control plane", SilenceUsage: true, SilenceErrors: true}
-	cmd.AddCommand(initCmd(), serveCmd(), backupCmd(), restoreCmd())
+	cmd.AddCommand(initCmd(), serveCmd(), backupCmd(), restoreCmd(), renewServerCertCmd())
 	return cmd
 }
 
@@ -85,6 +85,7 @@ func serveCmd() *cobra.Command {
 			}
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
+			o.ReloadServerCert = onSIGHUP(ctx)
 			return daemon.Serve(ctx, o)
 		},
 	}
@@ -161,4 +162,48 @@ func logger(level, format string) (*slog.Logger, error) {
 	default:
 		return nil, fmt.Errorf("--log-format %q: want text or json", format)
 	}
+}
+
+// onSIGHUP turns each SIGHUP into a reload of the server certificate.
+func onSIGHUP(ctx context.Context) <-chan struct{} {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	reload := make(chan struct{}, 1)
+	go func() {
+		defer signal.Stop(hup)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-hup:
+				select {
+				case reload <- struct{}{}:
+				default: // one pending reload covers every signal before it
+				}
+			}
+		}
+	}()
+	return reload
+}
+
+func renewServerCertCmd() *cobra.Command {
+	var o daemon.RenewServerCertOptions
+	cmd := &cobra.Command{
+		Use:   "renew-server-cert --data-dir DIR",
+		Short: "Issue a new server certificate under the data dir's CA; a running tetherd picks it up without a restart",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			hosts, until, err := daemon.RenewServerCert(o)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "wrote a new server certificate for %v, valid until %s\n"+
+				"  a running tetherd serves it within 10 s, or at once after: kill -HUP $(pidof tetherd)\n", hosts, until)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&o.DataDir, "data-dir", "", "the data dir (required)")
+	cmd.Flags().StringSliceVar(&o.Advertise, "advertise", nil, "extra host names or addresses for the certificate (it keeps those it has)")
+	_ = cmd.MarkFlagRequired("data-dir")
+	return cmd
 }

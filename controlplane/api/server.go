@@ -53,6 +53,9 @@ type Config struct {
 	Store      store.Store
 	CA         *ca.CA
 	ServerCert tls.Certificate
+	// GetServerCert, when set, serves the certificate in place of
+	// ServerCert, so that a renewed one is picked up without a restart.
+	GetServerCert func(*tls.ClientHelloInfo) (*tls.Certificate, error)
 	Clock      clock.Clock
 	Log        *slog.Logger
 	Registerer prometheus.Registerer
@@ -136,12 +139,17 @@ func New(cfg Config) *Server {
 	obsUnary, obsStream := observe(m, cfg.Log)
 	mapUnary, mapStream := mapErrors(cfg.Log)
 	tlsCfg := &tls.Config{
-		Certificates: []tls.Certificate{cfg.ServerCert},
+		GetCertificate: cfg.GetServerCert,
 		// Only request: enrollment must work without a certificate, and the
 		// auth interceptor verifies (with the injected clock) and answers
 		// Unauthenticated with the reason instead of a torn handshake.
 		ClientAuth: tls.RequestClientCert,
 		MinVersion: tls.VersionTLS13,
+	}
+	// Go asks GetCertificate only when Certificates is empty (or the
+	// client sent SNI, which one dialling an address does not).
+	if cfg.GetServerCert == nil {
+		tlsCfg.Certificates = []tls.Certificate{cfg.ServerCert}
 	}
 	handshake := cfg.Limits.HandshakeTimeout
 	if handshake <= 0 {

@@ -3,7 +3,6 @@ package daemon
 import (
 	"context"
 	"crypto/ed25519"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -23,6 +22,7 @@ import (
 	"github.com/tetherfleet/tether/controlplane/api"
 	"github.com/tetherfleet/tether/controlplane/audit"
 	"github.com/tetherfleet/tether/controlplane/bmc"
+	"github.com/tetherfleet/tether/controlplane/certreload"
 	"github.com/tetherfleet/tether/controlplane/credentials"
 	"github.com/tetherfleet/tether/controlplane/enroll"
 	"github.com/tetherfleet/tether/controlplane/instances"
@@ -157,6 +157,11 @@ type ServeOptions struct {
 	Log   *slog.Logger
 	// Ready, if set, receives the listening address once serving.
 	Ready chan<- string
+	// ReloadServerCert loads the server certificate files again at once
+	// (tetherd sends SIGHUP's here); they are also checked for a change
+	// every ServerCertCheck (default 10 s).
+	ReloadServerCert <-chan struct{}
+	ServerCertCheck  time.Duration
 }
 
 // Serve runs the control plane until ctx ends, then stops it, in three
@@ -195,6 +200,7 @@ type daemon struct {
 	syncer         *provsync.Syncer
 	pools          *pool.Service
 	revoked        *api.Revocations
+	serverCert     *certreload.Reloader
 	creds          *credentials.Service
 	reloadFailures prometheus.Counter
 
@@ -222,9 +228,8 @@ func build(ctx context.Context, o ServeOptions) (_ *daemon, err error) {
 		return nil, fmt.Errorf("serve: %w (run `tetherd init --data-dir %s` first)", err, o.DataDir)
 	}
 	d.fingerprint = authority.Fingerprint()
-	serverCert, err := tls.LoadX509KeyPair(filepath.Join(o.DataDir, ServerCertFile), filepath.Join(o.DataDir, ServerKeyFile))
-	if err != nil {
-		return nil, fmt.Errorf("serve: server certificate: %w", err)
+	if d.serverCert, err = certreload.New(filepath.Join(o.DataDir, ServerCertFile), filepath.Join(o.DataDir, ServerKeyFile), o.Clock, log); err != nil {
+		return nil, fmt.Errorf("serve: %w", err)
 	}
 	st, err := OpenStore(ctx, o.Store, o.DataDir, log)
 	if err != nil {
@@ -313,7 +318,7 @@ func build(ctx context.Context, o ServeOptions) (_ *daemon, err error) {
 	d.hub.Sweep = o.AgentSweep
 	d.enrollSvc = &enroll.Service{Store: st, CA: authority, Clock: o.Clock, Log: log}
 	d.srv = api.New(api.Config{
-		Store: st, CA: authority, ServerCert: serverCert, Clock: o.Clock, Log: log, Registerer: reg,
+		Store: st, CA: authority, GetServerCert: d.serverCert.GetCertificate, Clock: o.Clock, Log: log, Registerer: reg,
 		Enrollment: d.enrollSvc, EnrollLimiter: o.unauthenticatedLimiter(),
 		Instances: d.instSvc, Tasks: d.taskSvc,
 		Registry: &modules.Registry{Store: st, Blobs: blobs, Clock: o.Clock, Log: log, StaticSigners: edKeys(keys)},
@@ -401,6 +406,7 @@ func (d *daemon) run(ctx context.Context) error {
 	d.spawn(bg, func(ctx context.Context) {
 		d.revoked.Follow(ctx, st, o.Clock, 30*time.Second, log, d.reloadFailures)
 	})
+	d.spawn(bg, func(ctx context.Context) { watchServerCert(ctx, d.serverCert, o.ReloadServerCert, o.ServerCertCheck, log) })
 	// Replenishes asked for between reaper ticks: a claim, a release, a
 	// member terminated or fenced, a refused acquire, a new or re-activated
 	// pool. Every replica runs it: a replenish recounts under the pool's
@@ -585,6 +591,9 @@ func (o *ServeOptions) defaults() error {
 	if o.UnauthenticatedBurst <= 0 {
 		o.UnauthenticatedBurst = 200
 	}
+	if o.ServerCertCheck <= 0 {
+		o.ServerCertCheck = 10 * time.Second
+	}
 	if o.EventRetentionLow <= 0 {
 		o.EventRetentionLow = retention.DefaultEventsLow
 	}
@@ -697,4 +706,27 @@ func (o *ServeOptions) connectionBudget() error {
 		return fmt.Errorf("serve: the descriptor limit %d leaves no agent connections after --fd-reserve %d; raise the limit (ulimit -n) or lower the reserve", lim.Cur, o.FDReserve)
 	}
 	return nil
+}
+
+// watchServerCert keeps the server certificate in service current: a
+// reload on demand (SIGHUP), and a stat of its files on every tick (a
+// poll of files another process writes, on the wall clock on purpose).
+// A pair that does not load leaves the old one serving, and says why.
+func watchServerCert(ctx context.Context, r *certreload.Reloader, now <-chan struct{}, every time.Duration, log *slog.Logger) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		var err error
+		select {
+		case <-ctx.Done():
+			return
+		case <-now:
+			_, err = r.Reload()
+		case <-t.C:
+			_, err = r.Check()
+		}
+		if err != nil {
+			log.Error("the server certificate did not reload; the one loaded before stays in service", "err", err)
+		}
+	}
 }

@@ -7,6 +7,8 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sync"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -85,7 +87,16 @@ func (a *App) dial() (v1.AdminServiceClient, error) {
 	if err != nil {
 		return nil, fmt.Errorf("endpoint %q: want HOST:PORT", a.target)
 	}
-	tlsCfg := &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{cert}, ServerName: host, MinVersion: tls.VersionTLS13}
+	var warnOnce sync.Once
+	tlsCfg := &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{cert}, ServerName: host, MinVersion: tls.VersionTLS13,
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			if len(cs.PeerCertificates) > 0 {
+				if w := expiryWarning(cs.PeerCertificates[0], time.Now()); w != "" {
+					warnOnce.Do(func() { fmt.Fprintln(a.Stderr, w) })
+				}
+			}
+			return nil
+		}}
 	conn, err := grpc.NewClient(a.target, grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg)),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20)))
 	if err != nil {
@@ -93,4 +104,21 @@ func (a *App) dial() (v1.AdminServiceClient, error) {
 	}
 	a.conn, a.client = conn, v1.NewAdminServiceClient(conn)
 	return a.client, nil
+}
+
+// serverCertWarnBefore is how long before the server certificate expires
+// every command warns (tetherd logs it too).
+const serverCertWarnBefore = 30 * 24 * time.Hour
+
+// expiryWarning is the line a command prints when tetherd's certificate
+// is within serverCertWarnBefore of expiry ("" otherwise). It never stops
+// the command: the certificate is still valid, and the operator may be
+// running this very command to fix it.
+func expiryWarning(leaf *x509.Certificate, now time.Time) string {
+	left := leaf.NotAfter.Sub(now)
+	if left >= serverCertWarnBefore {
+		return ""
+	}
+	return fmt.Sprintf("warning: tetherd's server certificate expires on %s (in %d days): run `tetherd renew-server-cert --data-dir DIR` on the control plane; it is picked up without a restart",
+		leaf.NotAfter.UTC().Format("2006-01-02"), int(left.Hours()/24))
 }
