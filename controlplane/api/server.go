@@ -56,9 +56,9 @@ type Config struct {
 	// GetServerCert, when set, serves the certificate in place of
 	// ServerCert, so that a renewed one is picked up without a restart.
 	GetServerCert func(*tls.ClientHelloInfo) (*tls.Certificate, error)
-	Clock      clock.Clock
-	Log        *slog.Logger
-	Registerer prometheus.Registerer
+	Clock         clock.Clock
+	Log           *slog.Logger
+	Registerer    prometheus.Registerer
 
 	Enrollment *enroll.Service
 	Instances  *instances.Service

@@ -406,7 +406,9 @@ func (d *daemon) run(ctx context.Context) error {
 	d.spawn(bg, func(ctx context.Context) {
 		d.revoked.Follow(ctx, st, o.Clock, 30*time.Second, log, d.reloadFailures)
 	})
-	d.spawn(bg, func(ctx context.Context) { watchServerCert(ctx, d.serverCert, o.ReloadServerCert, o.ServerCertCheck, log) })
+	d.spawn(bg, func(ctx context.Context) {
+		watchServerCert(ctx, d.serverCert, o.ReloadServerCert, o.ServerCertCheck, log)
+	})
 	// Replenishes asked for between reaper ticks: a claim, a release, a
 	// member terminated or fenced, a refused acquire, a new or re-activated
 	// pool. Every replica runs it: a replenish recounts under the pool's
