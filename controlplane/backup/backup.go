@@ -109,6 +109,9 @@ type Source struct {
 type Encryption struct {
 	Passphrase string
 	Recipients []string // age recipients (age1...)
+	// workFactor, when set, is scrypt's log2 cost in place of age's
+	// default (18, about a second): tests use a cheap one.
+	workFactor int
 }
 
 func (e Encryption) recipients() ([]age.Recipient, error) {
@@ -117,6 +120,9 @@ func (e Encryption) recipients() ([]age.Recipient, error) {
 		r, err := age.NewScryptRecipient(e.Passphrase)
 		if err != nil {
 			return nil, fmt.Errorf("backup: passphrase: %w", err)
+		}
+		if e.workFactor > 0 {
+			r.SetWorkFactor(e.workFactor)
 		}
 		out = append(out, r)
 	}

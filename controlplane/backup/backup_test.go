@@ -63,7 +63,7 @@ func TestRoundTrip(t *testing.T) {
 		dec  Decryption
 	}{
 		{"clear", Encryption{}, Decryption{}},
-		{"passphrase", Encryption{Passphrase: "correct horse"}, Decryption{Passphrase: "correct horse"}},
+		{"passphrase", Encryption{Passphrase: "correct horse", workFactor: 10}, Decryption{Passphrase: "correct horse"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			out := create(t, source(src, 8), tc.enc)
@@ -186,7 +186,7 @@ func editManifest(t *testing.T, in string, f func(*Manifest)) string {
 
 func TestRestoreRefusesBadBackups(t *testing.T) {
 	good := create(t, source(dataDir(t), 8), Encryption{})
-	sealed := create(t, source(dataDir(t), 8), Encryption{Passphrase: "right"})
+	sealed := create(t, source(dataDir(t), 8), Encryption{Passphrase: "right", workFactor: 10})
 	raw, _ := os.ReadFile(good)
 	write := func(b []byte) string {
 		p := filepath.Join(t.TempDir(), "x.tbk")
