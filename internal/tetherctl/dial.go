@@ -35,22 +35,19 @@ func (a *App) configPath() (string, string) {
 	return filepath.Join(home, ".config", "tether", "config.yaml"), "the default location"
 }
 
-// dial connects once per process.
-func (a *App) dial() (v1.AdminServiceClient, error) {
-	if a.client != nil {
-		return a.client, nil
-	}
+// readConfig reads the client config and its CA certificate; rel turns
+// the config's paths into paths from here.
+func (a *App) readConfig() (cfg clientConfig, rel func(string) string, caPEM []byte, err error) {
 	path, src := a.configPath()
 	a.cfgSrc = fmt.Sprintf("%s (from %s)", path, src)
 	raw, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("read client config %s: %w\n  hint: `tetherd init --data-dir DIR` writes one to DIR/admin/tetherconfig.yaml; pass it with --config or $TETHERCONFIG", a.cfgSrc, err)
+		return cfg, nil, nil, fmt.Errorf("read client config %s: %w\n  hint: `tetherd init --data-dir DIR` writes one to DIR/admin/tetherconfig.yaml; pass it with --config or $TETHERCONFIG", a.cfgSrc, err)
 	}
-	var cfg clientConfig
 	if err := yaml.Unmarshal(raw, &cfg); err != nil {
-		return nil, fmt.Errorf("parse client config %s: %w", a.cfgSrc, err)
+		return cfg, nil, nil, fmt.Errorf("parse client config %s: %w", a.cfgSrc, err)
 	}
-	rel := func(p string) string {
+	rel = func(p string) string {
 		if p == "" || filepath.IsAbs(p) {
 			return p
 		}
@@ -58,12 +55,23 @@ func (a *App) dial() (v1.AdminServiceClient, error) {
 	}
 	for _, f := range []struct{ name, v string }{{"ca", cfg.CA}, {"cert", cfg.Cert}, {"key", cfg.Key}} {
 		if f.v == "" {
-			return nil, fmt.Errorf("client config %s: %q is not set", a.cfgSrc, f.name)
+			return cfg, nil, nil, fmt.Errorf("client config %s: %q is not set", a.cfgSrc, f.name)
 		}
 	}
-	caPEM, err := os.ReadFile(rel(cfg.CA))
+	if caPEM, err = os.ReadFile(rel(cfg.CA)); err != nil {
+		return cfg, nil, nil, fmt.Errorf("client config %s: CA certificate: %w", a.cfgSrc, err)
+	}
+	return cfg, rel, caPEM, nil
+}
+
+// dial connects once per process.
+func (a *App) dial() (v1.AdminServiceClient, error) {
+	if a.client != nil {
+		return a.client, nil
+	}
+	cfg, rel, caPEM, err := a.readConfig()
 	if err != nil {
-		return nil, fmt.Errorf("client config %s: CA certificate: %w", a.cfgSrc, err)
+		return nil, err
 	}
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM(caPEM) {
