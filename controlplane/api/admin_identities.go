@@ -4,10 +4,10 @@ import (
 	"context"
 	"crypto/x509"
 	"errors"
-	"sort"
 	"strings"
 	"time"
 
+	"github.com/tetherfleet/tether/controlplane/certificates"
 	"github.com/tetherfleet/tether/controlplane/events"
 	"github.com/tetherfleet/tether/controlplane/fail"
 	"github.com/tetherfleet/tether/controlplane/modules"
@@ -170,7 +170,7 @@ func (a *adminServer) RevokeIdentity(ctx context.Context, req *v1.RevokeIdentity
 			}
 		}
 		reason := "identity " + id.Name + " revoked by " + caller.Identity.Name
-		if serials, err = revokeIdentityCertificates(ctx, q, id, reason, now); err != nil {
+		if serials, err = certificates.RevokeIdentity(ctx, q, id, reason, now); err != nil {
 			return err
 		}
 		if len(serials) == 0 {
@@ -193,41 +193,6 @@ func (a *adminServer) RevokeIdentity(ctx context.Context, req *v1.RevokeIdentity
 	}
 	a.Revoked.Add(serials...)
 	return identityProto(id), nil
-}
-
-// revokeIdentityCertificates revokes the identity's current certificate
-// and every earlier one (all carry its subject), and returns the serials
-// it revoked now.
-func revokeIdentityCertificates(ctx context.Context, q store.Queries, id *store.AdminIdentity, reason string, now time.Time) ([]string, error) {
-	subject := pki.Identity{Kind: pki.KindAdmin, Name: id.Name, Role: id.Role}.String()
-	todo := map[string]bool{id.Serial: true}
-	for page := (store.Page{Limit: store.MaxPageSize}); ; {
-		certs, err := q.ListCertificates(ctx, store.CertificateFilter{Subject: subject}, page)
-		if err != nil {
-			return nil, err
-		}
-		for _, c := range certs {
-			todo[c.Serial] = c.RevokedAt == nil
-		}
-		if len(certs) < page.Limit {
-			break
-		}
-		page.After = certs[len(certs)-1].Serial
-	}
-	var out []string
-	for serial, live := range todo {
-		if !live {
-			continue
-		}
-		if _, err := q.RevokeCertificate(ctx, serial, reason, now); errors.Is(err, store.ErrNotFound) {
-			continue // a certificate issued before identities were recorded
-		} else if err != nil {
-			return nil, err
-		}
-		out = append(out, serial)
-	}
-	sort.Strings(out)
-	return out, nil
 }
 
 func (a *adminServer) ListAudit(ctx context.Context, req *v1.ListAuditRequest) (*v1.ListAuditResponse, error) {
