@@ -351,6 +351,11 @@ func (a *adminServer) CreateNode(ctx context.Context, req *v1.CreateNodeRequest)
 	if err != nil {
 		return nil, err
 	}
+	if req.Bmc != nil {
+		if err := bmcNeedsAdmin(ctx); err != nil {
+			return nil, err
+		}
+	}
 	bmc, err := nodeBMC(req.Bmc)
 	if err != nil {
 		return nil, err
@@ -437,6 +442,9 @@ func (a *adminServer) UpdateNode(ctx context.Context, req *v1.UpdateNodeRequest)
 	}
 	var bmc store.NodeBMC
 	if mask["bmc"] {
+		if err := bmcNeedsAdmin(ctx); err != nil {
+			return nil, err
+		}
 		if bmc, err = nodeBMC(req.Bmc); err != nil {
 			return nil, err
 		}
@@ -521,4 +529,21 @@ func templateConsole(t *store.Template) string {
 		return store.DefaultConsole
 	}
 	return t.Console
+}
+
+// bmcNeedsAdmin refuses a change of a node's BMC (its address, its
+// credential, its TLS trust) to a caller below admin. The BMC fields decide
+// where a stored credential's password is sent: an operator who could set
+// them could point a node at a server of their own, pin its certificate
+// and read the password (ADR 0017). Operators still drive the nodes an
+// admin gave a BMC.
+func bmcNeedsAdmin(ctx context.Context) error {
+	c, ok := CallerFrom(ctx)
+	if !ok {
+		return fail.Denied("setting a node's bmc needs role admin; the call names no caller")
+	}
+	if roleRank[c.Identity.Role] < roleRank[RoleAdmin] {
+		return fail.Denied("setting a node's bmc needs role admin: it decides where a stored credential's password is sent; identity %s has role %s", c.Identity.Name, c.Identity.Role)
+	}
+	return nil
 }
