@@ -6,6 +6,7 @@ import (
 	"errors"
 	"regexp"
 	"slices"
+	"unicode"
 
 	"github.com/tetherfleet/tether/controlplane/catalog"
 	"github.com/tetherfleet/tether/controlplane/fail"
@@ -79,8 +80,8 @@ func (a *adminServer) CreateTemplate(ctx context.Context, req *v1.CreateTemplate
 	if len(req.RootModules) == 0 {
 		return nil, fail.Invalid("root_modules", "at least one root layer is required")
 	}
-	if len(req.KernelArgs) > maxKernelArgs {
-		return nil, fail.Invalid("kernel_args", "longer than %d bytes", maxKernelArgs)
+	if err := validKernelArgs(req.KernelArgs); err != nil {
+		return nil, err
 	}
 	if err := validateArtifactDigest("kernel_digest", req.KernelDigest); err != nil {
 		return nil, err
@@ -187,8 +188,8 @@ func (a *adminServer) UpdateTemplate(ctx context.Context, req *v1.UpdateTemplate
 			t.InitramfsDigest = req.InitramfsDigest
 		}
 		if mask["kernel_args"] {
-			if len(req.KernelArgs) > maxKernelArgs {
-				return fail.Invalid("kernel_args", "longer than %d bytes", maxKernelArgs)
+			if err := validKernelArgs(req.KernelArgs); err != nil {
+				return err
 			}
 			t.KernelArgs = req.KernelArgs
 		}
@@ -544,6 +545,22 @@ func bmcNeedsAdmin(ctx context.Context) error {
 	}
 	if roleRank[c.Identity.Role] < roleRank[RoleAdmin] {
 		return fail.Denied("setting a node's bmc needs role admin: it decides where a stored credential's password is sent; identity %s has role %s", c.Identity.Name, c.Identity.Role)
+	}
+	return nil
+}
+
+// validKernelArgs refuses kernel arguments that are too long or hold a
+// control character. The arguments are written into the iPXE script's
+// kernel line and QEMU's -append: a newline there would end the line and
+// start a command of the template author's choosing.
+func validKernelArgs(args string) error {
+	if len(args) > maxKernelArgs {
+		return fail.Invalid("kernel_args", "longer than %d bytes", maxKernelArgs)
+	}
+	for i, r := range args {
+		if unicode.IsControl(r) {
+			return fail.Invalid("kernel_args", "control character %q at byte %d: the arguments are one line of space-separated words", r, i)
+		}
 	}
 	return nil
 }

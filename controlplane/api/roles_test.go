@@ -120,7 +120,7 @@ func TestRoleMatrix(t *testing.T) {
 	// The table's shape: reads for viewers, the fleet for operators,
 	// identity material for admins.
 	for name, want := range map[string]string{"ListInstances": "viewer", "TerminateInstance": "operator", "AcquirePoolMember": "operator",
-		"CreateBootstrapToken": "admin", "RevokeCertificate": "admin", "PushModule": "admin", "AddSigner": "admin",
+		"CreateBootstrapToken": "admin", "RevokeCertificate": "admin", "ListCertificates": "admin", "PushModule": "admin", "AddSigner": "admin",
 		"CreateIdentity": "admin", "ListIdentities": "admin", "RevokeIdentity": "admin", "ListAudit": "admin", "RenewIdentity": "viewer"} {
 		if roleOf[name] != want {
 			t.Errorf("%s needs %q, want %q", name, roleOf[name], want)
