@@ -73,9 +73,7 @@ func Init(o InitOptions) error {
 	if o.DataDir == "" {
 		return errors.New("init: --data-dir is required")
 	}
-	if err := o.defaultsForInit(); err != nil {
-		return err
-	}
+	o.defaults()
 	kt, err := ca.ParseKeyType(o.CAKey)
 	if err != nil {
 		return fmt.Errorf("init: --ca-key: %w", err)
@@ -121,14 +119,13 @@ func Init(o InitOptions) error {
 	return nil
 }
 
-func (o *InitOptions) defaultsForInit() error {
+func (o *InitOptions) defaults() {
 	if o.Clock == nil {
 		o.Clock = clock.Real{}
 	}
 	if o.Endpoint == "" {
 		o.Endpoint = "127.0.0.1:7443"
 	}
-	return nil
 }
 
 // writeClientFiles writes the CA certificate and tetherctl's config beside

@@ -37,9 +37,7 @@ func RotateAdmin(o InitOptions) error {
 	if o.DataDir == "" {
 		return errors.New("init --rotate-admin: --data-dir is required")
 	}
-	if err := o.defaultsForInit(); err != nil {
-		return err
-	}
+	o.defaults()
 	authority, err := ca.Load(filepath.Join(o.DataDir, CADir), o.Clock)
 	if err != nil {
 		return fmt.Errorf("init --rotate-admin: %w (is %s a data dir made by `tetherd init`?)", err, o.DataDir)
