@@ -41,6 +41,11 @@ func initCmd() *cobra.Command {
 			if err := daemon.Init(o); err != nil {
 				return err
 			}
+			if o.RotateAdmin {
+				fmt.Printf("issued a new admin identity certificate in %s/%s\n  the next start of tetherd serve records it and revokes every earlier admin certificate: restart tetherd now\n",
+					o.DataDir, daemon.AdminDir)
+				return nil
+			}
 			fmt.Printf("initialised %s\n  admin client config: %s/%s/%s\n  next: tetherd serve --data-dir %s\n",
 				o.DataDir, o.DataDir, daemon.AdminDir, daemon.ClientConfig, o.DataDir)
 			return nil
@@ -49,6 +54,7 @@ func initCmd() *cobra.Command {
 	cmd.Flags().StringVar(&o.DataDir, "data-dir", "", "data directory to create (required)")
 	cmd.Flags().StringSliceVar(&o.Advertise, "advertise", nil, "extra host names or addresses for the server certificate")
 	cmd.Flags().StringVar(&o.Endpoint, "endpoint", "127.0.0.1:7443", "address written into the admin client config")
+	cmd.Flags().BoolVar(&o.RotateAdmin, "rotate-admin", false, "in an existing data dir, replace only the admin identity: a new key and certificate in DIR/admin; the next tetherd serve revokes the old ones")
 	cmd.Flags().StringVar(&o.CAKey, "ca-key", "p256", "CA key type: p256 (every TLS stack and openssl take it) or ed25519 (signs node certificates for less CPU; Go clients, the agent and grpcurl take it)")
 	_ = cmd.MarkFlagRequired("data-dir")
 	return cmd

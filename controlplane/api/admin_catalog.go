@@ -6,6 +6,7 @@ import (
 	"errors"
 	"regexp"
 	"slices"
+	"unicode"
 
 	"github.com/tetherfleet/tether/controlplane/catalog"
 	"github.com/tetherfleet/tether/controlplane/fail"
@@ -79,8 +80,8 @@ func (a *adminServer) CreateTemplate(ctx context.Context, req *v1.CreateTemplate
 	if len(req.RootModules) == 0 {
 		return nil, fail.Invalid("root_modules", "at least one root layer is required")
 	}
-	if len(req.KernelArgs) > maxKernelArgs {
-		return nil, fail.Invalid("kernel_args", "longer than %d bytes", maxKernelArgs)
+	if err := validKernelArgs(req.KernelArgs); err != nil {
+		return nil, err
 	}
 	if err := validateArtifactDigest("kernel_digest", req.KernelDigest); err != nil {
 		return nil, err
@@ -187,8 +188,8 @@ func (a *adminServer) UpdateTemplate(ctx context.Context, req *v1.UpdateTemplate
 			t.InitramfsDigest = req.InitramfsDigest
 		}
 		if mask["kernel_args"] {
-			if len(req.KernelArgs) > maxKernelArgs {
-				return fail.Invalid("kernel_args", "longer than %d bytes", maxKernelArgs)
+			if err := validKernelArgs(req.KernelArgs); err != nil {
+				return err
 			}
 			t.KernelArgs = req.KernelArgs
 		}
@@ -351,6 +352,11 @@ func (a *adminServer) CreateNode(ctx context.Context, req *v1.CreateNodeRequest)
 	if err != nil {
 		return nil, err
 	}
+	if req.Bmc != nil {
+		if err := bmcNeedsAdmin(ctx); err != nil {
+			return nil, err
+		}
+	}
 	bmc, err := nodeBMC(req.Bmc)
 	if err != nil {
 		return nil, err
@@ -437,6 +443,9 @@ func (a *adminServer) UpdateNode(ctx context.Context, req *v1.UpdateNodeRequest)
 	}
 	var bmc store.NodeBMC
 	if mask["bmc"] {
+		if err := bmcNeedsAdmin(ctx); err != nil {
+			return nil, err
+		}
 		if bmc, err = nodeBMC(req.Bmc); err != nil {
 			return nil, err
 		}
@@ -521,4 +530,37 @@ func templateConsole(t *store.Template) string {
 		return store.DefaultConsole
 	}
 	return t.Console
+}
+
+// bmcNeedsAdmin refuses a change of a node's BMC (its address, its
+// credential, its TLS trust) to a caller below admin. The BMC fields decide
+// where a stored credential's password is sent: an operator who could set
+// them could point a node at a server of their own, pin its certificate
+// and read the password (ADR 0017). Operators still drive the nodes an
+// admin gave a BMC.
+func bmcNeedsAdmin(ctx context.Context) error {
+	c, ok := CallerFrom(ctx)
+	if !ok {
+		return fail.Denied("setting a node's bmc needs role admin; the call names no caller")
+	}
+	if roleRank[c.Identity.Role] < roleRank[RoleAdmin] {
+		return fail.Denied("setting a node's bmc needs role admin: it decides where a stored credential's password is sent; identity %s has role %s", c.Identity.Name, c.Identity.Role)
+	}
+	return nil
+}
+
+// validKernelArgs refuses kernel arguments that are too long or hold a
+// control character. The arguments are written into the iPXE script's
+// kernel line and QEMU's -append: a newline there would end the line and
+// start a command of the template author's choosing.
+func validKernelArgs(args string) error {
+	if len(args) > maxKernelArgs {
+		return fail.Invalid("kernel_args", "longer than %d bytes", maxKernelArgs)
+	}
+	for i, r := range args {
+		if unicode.IsControl(r) {
+			return fail.Invalid("kernel_args", "control character %q at byte %d: the arguments are one line of space-separated words", r, i)
+		}
+	}
+	return nil
 }

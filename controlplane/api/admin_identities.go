@@ -4,8 +4,10 @@ import (
 	"context"
 	"crypto/x509"
 	"errors"
+	"strings"
 	"time"
 
+	"github.com/tetherfleet/tether/controlplane/certificates"
 	"github.com/tetherfleet/tether/controlplane/events"
 	"github.com/tetherfleet/tether/controlplane/fail"
 	"github.com/tetherfleet/tether/controlplane/modules"
@@ -101,6 +103,9 @@ func (a *adminServer) CreateIdentity(ctx context.Context, req *v1.CreateIdentity
 
 // RenewIdentity issues the caller a fresh certificate with the same name
 // and role: an identity can renew only itself, and never raise its role.
+// Nor can it outlive what the admin granted: the new certificate ends no
+// later than the one renewing (ADR 0018), so renewal rotates the key and
+// the lifetime stays the admin's choice.
 func (a *adminServer) RenewIdentity(ctx context.Context, req *v1.RenewIdentityRequest) (*v1.IdentityCertificate, error) {
 	c, ok := CallerFrom(ctx)
 	if !ok || c.Identity.Kind != pki.KindAdmin {
@@ -114,6 +119,16 @@ func (a *adminServer) RenewIdentity(ctx context.Context, req *v1.RenewIdentityRe
 	if err != nil {
 		return nil, err
 	}
+	if ttl <= 0 {
+		ttl = ca.DefaultAdminLifetime
+	}
+	// The certificate renewing carries the grant: every renewal ends no
+	// later than the one before, back to the one an admin minted.
+	granted := c.NotAfter.Sub(a.Clock.Now())
+	if granted < time.Second {
+		return nil, fail.Precondition("identity %q was granted until %s; only an admin can mint it a new identity", c.Identity.Name, c.NotAfter.UTC().Format(time.RFC3339))
+	}
+	ttl = min(ttl, granted)
 	return a.issueIdentity(ctx, c.Identity.Name, c.Identity.Role, csr, ttl, false)
 }
 
@@ -129,8 +144,10 @@ func (a *adminServer) ListIdentities(ctx context.Context, _ *v1.ListIdentitiesRe
 	return out, nil
 }
 
-// RevokeIdentity revokes the identity's current certificate; its next call
-// is refused on every replica.
+// RevokeIdentity revokes every certificate the identity was ever issued
+// (renewal leaves the earlier ones valid until they expire); the next call
+// of any of them is refused on every replica. Revoking a revoked identity
+// again revokes any of its certificates still left.
 func (a *adminServer) RevokeIdentity(ctx context.Context, req *v1.RevokeIdentityRequest) (*v1.AdminIdentity, error) {
 	if req.Name == "" {
 		return nil, fail.Invalid("name", "required")
@@ -138,32 +155,41 @@ func (a *adminServer) RevokeIdentity(ctx context.Context, req *v1.RevokeIdentity
 	caller, _ := CallerFrom(ctx)
 	now := a.Clock.Now()
 	var id *store.AdminIdentity
+	var serials []string
 	err := a.Store.Tx(ctx, func(q store.Queries) error {
 		var err error
 		if id, err = q.GetAdminIdentity(ctx, req.Name); err != nil {
 			return err
 		}
-		if !id.RevokedAt.IsZero() {
+		if id.RevokedAt.IsZero() {
+			id.RevokedAt = now
+			if err := q.PutAdminIdentity(ctx, id); err != nil {
+				return err
+			}
+		}
+		reason := "identity " + id.Name + " revoked by " + caller.Identity.Name
+		if serials, err = certificates.RevokeIdentity(ctx, q, id, reason, now); err != nil {
+			return err
+		}
+		if len(serials) == 0 {
 			return nil
 		}
-		id.RevokedAt = now
-		if err := q.PutAdminIdentity(ctx, id); err != nil {
-			return err
-		}
-		if _, err := q.RevokeCertificate(ctx, id.Serial, "identity "+id.Name+" revoked by "+caller.Identity.Name, now); err != nil {
-			return err
-		}
 		if _, err := (events.E{Kind: events.CertRevoked, Severity: events.Medium,
-			Message: "admin identity " + id.Name + " revoked (certificate " + id.Serial + ")",
-			Payload: map[string]any{"identity": id.Name, "serial": id.Serial, "by": caller.Identity.Name}}).Write(ctx, q, now); err != nil {
+			Message: "admin identity " + id.Name + " revoked (certificates " + strings.Join(serials, ", ") + ")",
+			Payload: map[string]any{"identity": id.Name, "serial": id.Serial, "serials": serials, "by": caller.Identity.Name}}).Write(ctx, q, now); err != nil {
 			return err
 		}
-		return q.Notify(ctx, store.ChannelRevocations, id.Serial)
+		for _, s := range serials {
+			if err := q.Notify(ctx, store.ChannelRevocations, s); err != nil {
+				return err
+			}
+		}
+		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	a.Revoked.Add(id.Serial)
+	a.Revoked.Add(serials...)
 	return identityProto(id), nil
 }
 

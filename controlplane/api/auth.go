@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -146,7 +147,22 @@ func (a *Authenticator) stream(srv any, ss grpc.ServerStream, info *grpc.StreamS
 	if e != nil {
 		actx = audit.With(actx, e)
 	}
-	err = next(srv, &ctxStream{ServerStream: ss, ctx: actx})
+	// An admin's open stream (events --watch, audit --watch, the
+	// dashboard's event feed) ends when its certificate is revoked, as an
+	// agent's does: authentication at the start is not enough for a
+	// stream that lasts for days.
+	if c, ok := CallerFrom(actx); ok && c.Identity.Kind == pki.KindAdmin && a.Revoked != nil {
+		sctx, cancel := context.WithCancel(actx)
+		var revoked atomic.Bool
+		defer a.Revoked.OnRevoke(c.Serial, func() { revoked.Store(true); cancel() })()
+		defer cancel()
+		err = next(srv, &ctxStream{ServerStream: ss, ctx: sctx})
+		if revoked.Load() {
+			err = fail.Unauthenticated("certificate %s was revoked", c.Serial)
+		}
+	} else {
+		err = next(srv, &ctxStream{ServerStream: ss, ctx: actx})
+	}
 	a.finish(ss.Context(), e, err)
 	return err
 }

@@ -63,7 +63,7 @@ var rpcAccess = map[string]access{
 	"CreateSeedISO":      write(RoleAdmin), // carries a bootstrap token
 
 	"CreateBootstrapToken": write(RoleAdmin),
-	"ListCertificates":     {role: RoleViewer, audit: true},
+	"ListCertificates":     {role: RoleAdmin, audit: true}, // certificates are identity material (design §3.6)
 	"RevokeCertificate":    write(RoleAdmin),
 
 	"CreateTask": write(RoleOperator),

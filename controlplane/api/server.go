@@ -181,7 +181,9 @@ func New(cfg Config) *Server {
 		// buffer ReadAt filled instead of copied into a new one (half the
 		// memory traffic of serving a module); every other message goes to
 		// the proto codec as usual.
-		grpc.ForceServerCodecV2(modulewire.NewCodec(encoding.GetCodecV2(grpcproto.Name))),
+		// A request that does not parse is the client's error
+		// (badWireCodec), not an Internal one.
+		grpc.ForceServerCodecV2(badWireCodec{modulewire.NewCodec(encoding.GetCodecV2(grpcproto.Name))}),
 		grpc.ChainUnaryInterceptor(mapUnary, auth.unary, strictUnary, obsUnary),
 		grpc.ChainStreamInterceptor(mapStream, endOnShutdown(streams), auth.stream, strictStream, obsStream),
 		// Agents keep one stream open for hours; pings find dead peers.

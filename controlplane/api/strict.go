@@ -47,6 +47,9 @@ func (r *refusal) at(elem string) { r.rev = append(r.rev, elem) }
 
 func walk(m protoreflect.Message) *refusal {
 	if raw := m.GetUnknown(); len(raw) > 0 {
+		if why, ok := unparsed(raw); ok {
+			return &refusal{msg: "the message does not parse: " + why}
+		}
 		num, _, n := protowire.ConsumeTag(raw)
 		if n < 0 {
 			return &refusal{msg: "malformed unknown field data"}

@@ -5,10 +5,14 @@ package certificates
 
 import (
 	"context"
+	"errors"
+	"sort"
+	"time"
 
 	"github.com/tetherfleet/tether/controlplane/events"
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/internal/clock"
+	"github.com/tetherfleet/tether/pki"
 )
 
 // Service revokes certificates.
@@ -45,4 +49,41 @@ func (s *Service) Revoke(ctx context.Context, serial, reason, by string) (*store
 		return nil, err
 	}
 	return c, nil
+}
+
+// RevokeIdentity revokes an admin identity's current certificate and every
+// earlier one (renewal leaves them valid until they expire; all carry the
+// identity's subject), inside the caller's transaction, and returns the
+// serials it revoked now, sorted. The caller writes the event and the
+// notifications.
+func RevokeIdentity(ctx context.Context, q store.Queries, id *store.AdminIdentity, reason string, now time.Time) ([]string, error) {
+	subject := pki.Identity{Kind: pki.KindAdmin, Name: id.Name, Role: id.Role}.String()
+	live := map[string]bool{id.Serial: true}
+	for page := (store.Page{Limit: store.MaxPageSize}); ; {
+		certs, err := q.ListCertificates(ctx, store.CertificateFilter{Subject: subject}, page)
+		if err != nil {
+			return nil, err
+		}
+		for _, c := range certs {
+			live[c.Serial] = c.RevokedAt == nil
+		}
+		if len(certs) < page.Limit {
+			break
+		}
+		page.After = certs[len(certs)-1].Serial
+	}
+	var out []string
+	for serial, ok := range live {
+		if !ok {
+			continue
+		}
+		if _, err := q.RevokeCertificate(ctx, serial, reason, now); errors.Is(err, store.ErrNotFound) {
+			continue // a certificate issued before identities were recorded
+		} else if err != nil {
+			return nil, err
+		}
+		out = append(out, serial)
+	}
+	sort.Strings(out)
+	return out, nil
 }

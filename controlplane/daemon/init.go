@@ -48,7 +48,10 @@ type InitOptions struct {
 	Endpoint string
 	// CAKey is the CA key type: "" or p256 (the default), or ed25519.
 	CAKey string
-	Clock clock.Clock
+	// RotateAdmin replaces only the admin identity of an existing data
+	// dir (`tetherd init --rotate-admin`).
+	RotateAdmin bool
+	Clock       clock.Clock
 }
 
 // ClientConfigFile is tetherctl's configuration: the endpoint and the
@@ -61,27 +64,26 @@ type ClientConfigFile struct {
 }
 
 // Init creates the CA, the server certificate and the admin identity. It
-// refuses to touch a data dir that already has a CA.
+// refuses to touch a data dir that already has a CA; with RotateAdmin set
+// it only replaces the admin identity (RotateAdmin).
 func Init(o InitOptions) error {
+	if o.RotateAdmin {
+		return RotateAdmin(o)
+	}
 	if o.DataDir == "" {
 		return errors.New("init: --data-dir is required")
 	}
-	if o.Clock == nil {
-		o.Clock = clock.Real{}
-	}
-	if o.Endpoint == "" {
-		o.Endpoint = "127.0.0.1:7443"
-	}
+	o.defaults()
 	kt, err := ca.ParseKeyType(o.CAKey)
 	if err != nil {
 		return fmt.Errorf("init: --ca-key: %w", err)
 	}
-	if err := os.MkdirAll(o.DataDir, 0o700); err != nil {
+	if err := makePrivateDir(o.DataDir); err != nil {
 		return fmt.Errorf("init: %w", err)
 	}
 	authority, err := ca.CreateWithKey(filepath.Join(o.DataDir, CADir), "Tether CA", o.Clock, kt)
 	if errors.Is(err, ca.ErrExists) {
-		return fmt.Errorf("init: %s already has a CA; refusing to overwrite it (remove the data dir to start over): %w", o.DataDir, err)
+		return fmt.Errorf("init: %s already has a CA; refusing to overwrite it (remove the data dir to start over, or replace only the admin identity with --rotate-admin): %w", o.DataDir, err)
 	}
 	if err != nil {
 		return fmt.Errorf("init: %w", err)
@@ -105,29 +107,51 @@ func Init(o InitOptions) error {
 	if err := os.MkdirAll(adminDir, 0o700); err != nil {
 		return fmt.Errorf("init: %w", err)
 	}
-	if err := issue(adminDir, AdminCertFile, AdminKeyFile, func(k *ecdsa.PrivateKey) ([]byte, error) {
-		c, err := authority.SignAdmin("admin", "admin", k.Public(), 0)
-		if err != nil {
-			return nil, err
-		}
-		return ca.CertPEM(c), nil
-	}); err != nil {
+	if err := writeAdmin(adminDir, authority, false); err != nil {
 		return fmt.Errorf("init: admin certificate: %w", err)
 	}
-	if err := ca.WriteFileExclusive(filepath.Join(adminDir, AdminCAFile), authority.CertificatePEM(), 0o644); err != nil {
+	if err := recordInitAdmin(o.DataDir, adminDir, false); err != nil {
 		return fmt.Errorf("init: %w", err)
+	}
+	if err := writeClientFiles(o, adminDir, authority, false); err != nil {
+		return fmt.Errorf("init: %w", err)
+	}
+	return nil
+}
+
+func (o *InitOptions) defaults() {
+	if o.Clock == nil {
+		o.Clock = clock.Real{}
+	}
+	if o.Endpoint == "" {
+		o.Endpoint = "127.0.0.1:7443"
+	}
+}
+
+// writeClientFiles writes the CA certificate and tetherctl's config beside
+// the admin key. With keep, files already there stay (a rotation keeps the
+// config an operator may have edited).
+func writeClientFiles(o InitOptions, adminDir string, authority *ca.CA, keep bool) error {
+	exists := func(name string) bool {
+		_, err := os.Stat(filepath.Join(adminDir, name))
+		return keep && err == nil
+	}
+	if !exists(AdminCAFile) {
+		if err := ca.WriteFileExclusive(filepath.Join(adminDir, AdminCAFile), authority.CertificatePEM(), 0o644); err != nil {
+			return err
+		}
+	}
+	if exists(ClientConfig) {
+		return nil
 	}
 	cfg, err := yaml.Marshal(ClientConfigFile{Endpoint: o.Endpoint, CA: AdminCAFile, Cert: AdminCertFile, Key: AdminKeyFile})
 	if err != nil {
-		return fmt.Errorf("init: client config: %w", err)
+		return fmt.Errorf("client config: %w", err)
 	}
 	header := "# tetherctl configuration, written by `tetherd init` on " + o.Clock.Now().UTC().Format(time.RFC3339) + ".\n" +
 		"# Use it with: tetherctl --config " + filepath.Join(adminDir, ClientConfig) + " ...\n" +
 		"# or: export TETHERCONFIG=" + filepath.Join(adminDir, ClientConfig) + "\n"
-	if err := ca.WriteFileExclusive(filepath.Join(adminDir, ClientConfig), append([]byte(header), cfg...), 0o600); err != nil {
-		return fmt.Errorf("init: %w", err)
-	}
-	return nil
+	return ca.WriteFileExclusive(filepath.Join(adminDir, ClientConfig), append([]byte(header), cfg...), 0o600)
 }
 
 // issue makes a P-256 key (grpcurl, openssl and every TLS stack take it)

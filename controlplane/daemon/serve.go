@@ -272,6 +272,9 @@ func build(ctx context.Context, o ServeOptions) (_ *daemon, err error) {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if err := adoptInitAdmin(ctx, st, authority, o.DataDir, o.Clock.Now(), log); err != nil {
+		return nil, fmt.Errorf("serve: %w", err)
+	}
 	d.revoked = api.NewRevocations()
 	if err := d.revoked.Load(ctx, st, o.Clock.Now()); err != nil {
 		return nil, fmt.Errorf("serve: load revocations: %w", err)
@@ -621,6 +624,9 @@ func OpenStore(ctx context.Context, spec, dataDir string, log *slog.Logger) (sto
 	switch {
 	case spec == "" || spec == "sqlite":
 		path := filepath.Join(dataDir, SQLiteFile)
+		if err := privateSQLite(dataDir, path); err != nil {
+			return nil, fmt.Errorf("serve: %w", err)
+		}
 		s, err := sqlite.Open(ctx, path)
 		if err != nil {
 			return nil, fmt.Errorf("serve: %w", err)

@@ -311,11 +311,23 @@ func (s *Service) issueTokenTTL(ctx context.Context, q store.Queries, instanceID
 	if err != nil {
 		return "", err
 	}
+	// An instance holds one live token: the newest. A token handed out
+	// earlier (the provision printout's, an earlier boot's script's) and
+	// not spent ends here, so a copy of it left in a terminal, a log or a
+	// cached script opens nothing (design §3.1).
+	superseded, err := q.ExpireInstanceTokens(ctx, instanceID, now)
+	if err != nil {
+		return "", err
+	}
 	if err := q.CreateToken(ctx, &store.Token{Hash: hash, InstanceID: instanceID, ExpiresAt: now.Add(ttl), CreatedAt: now}); err != nil {
 		return "", err
 	}
+	payload := map[string]any{"expires_at": now.Add(ttl).UTC().Format(time.RFC3339)}
+	if superseded > 0 {
+		payload["superseded"] = superseded
+	}
 	_, err = events.E{Kind: events.TokenIssued, InstanceID: instanceID, Message: "bootstrap token issued",
-		Payload: map[string]any{"expires_at": now.Add(ttl).UTC().Format(time.RFC3339)}}.Write(ctx, q, now)
+		Payload: payload}.Write(ctx, q, now)
 	return token, err
 }
 

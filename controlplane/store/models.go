@@ -306,6 +306,9 @@ type Certificate struct {
 // CertificateFilter narrows ListCertificates.
 type CertificateFilter struct {
 	InstanceID string
+	// Subject is the identity URI: every certificate an admin identity
+	// was ever issued carries the same one.
+	Subject string
 }
 
 // Task targets, kinds and statuses as stored.

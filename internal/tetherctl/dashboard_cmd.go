@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"os/signal"
 	"syscall"
 	"time"
@@ -65,9 +64,11 @@ func (a *App) dashboardCmd() *cobra.Command {
 				fmt.Fprintf(a.Stdout, "dashboard for %s (role %s) on tetherd %s:\n  %s\nCtrl-C stops it.\n", id.Name, id.Role, a.target, url)
 			}
 			if open {
-				if err := exec.Command("xdg-open", url).Start(); err != nil {
-					fmt.Fprintf(a.Stderr, "tetherctl: --open: %v; open the URL above by hand\n", err)
+				cleanup, err := openInBrowser(url, nil)
+				if err != nil {
+					fmt.Fprintf(a.Stderr, "tetherctl: %v; open the URL above by hand\n", err)
 				}
+				defer cleanup()
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
@@ -91,6 +92,6 @@ func (a *App) dashboardCmd() *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:0", "loopback HOST:PORT to serve on (port 0 picks one)")
-	cmd.Flags().BoolVar(&open, "open", false, "open the URL in a browser (xdg-open)")
+	cmd.Flags().BoolVar(&open, "open", false, "open the dashboard in a browser (xdg-open on a private local page that redirects to it, so the URL's secret is on no command line)")
 	return cmd
 }

@@ -105,7 +105,7 @@ func (a *App) identityCmd() *cobra.Command {
 		},
 	}
 	create.Flags().StringVar(&role, "role", "", "viewer, operator or admin")
-	create.Flags().DurationVar(&ttl, "ttl", 0, "certificate lifetime (default 90 days; renew with `identity renew`)")
+	create.Flags().DurationVar(&ttl, "ttl", 0, "the identity's lifetime (default 90 days); `identity renew` rotates its key within it and cannot extend it")
 	create.Flags().StringVar(&out, "out", "", "directory for the key, certificate and client config")
 	_ = create.MarkFlagRequired("role")
 
@@ -157,7 +157,7 @@ func (a *App) identityCmd() *cobra.Command {
 			row(w, "written:", certPath+", "+keyPath)
 		})
 	}}
-	renew.Flags().DurationVar(&rttl, "ttl", 0, "certificate lifetime (default 90 days)")
+	renew.Flags().DurationVar(&rttl, "ttl", 0, "certificate lifetime (default 90 days), cut to what the admin granted: a renewal ends no later than the certificate renewing")
 	cmd.AddCommand(create, list, revoke, renew)
 	return cmd
 }

@@ -46,6 +46,10 @@ func (q *queries) ListCertificates(ctx context.Context, f store.CertificateFilte
 		where += ` AND instance_id = ?`
 		args = append(args, f.InstanceID)
 	}
+	if f.Subject != "" {
+		where += ` AND subject = ?`
+		args = append(args, f.Subject)
+	}
 	rows, err := q.query(ctx, `SELECT `+certCols+` FROM certificates WHERE `+where+` ORDER BY serial LIMIT ?`, append(args, p.Limit)...)
 	if err != nil {
 		return nil, fmt.Errorf("list certificates: %w", err)

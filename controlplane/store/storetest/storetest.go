@@ -680,6 +680,14 @@ func testCertificates(t *testing.T, s store.Store) {
 	if len(list) != 2 {
 		t.Fatalf("ListCertificates(i1) = %d", len(list))
 	}
+	// An admin identity's certificates are found by their subject.
+	must(t, s.CreateCertificate(c, &store.Certificate{Serial: "05", Kind: store.CertKindAdmin, Subject: "admin", NotBefore: t0, NotAfter: t0.Add(time.Hour), CreatedAt: t0}))
+	must(t, s.CreateCertificate(c, &store.Certificate{Serial: "06", Kind: store.CertKindAdmin, Subject: "other", NotBefore: t0, NotAfter: t0.Add(time.Hour), CreatedAt: t0}))
+	list, err = s.ListCertificates(c, store.CertificateFilter{Subject: "admin"}, store.Page{})
+	must(t, err)
+	if len(list) != 2 || list[0].Serial != "04" || list[1].Serial != "05" {
+		t.Fatalf("ListCertificates(subject admin) = %+v", list)
+	}
 }
 
 func newTask(instanceID, target string, at time.Time) *store.Task {
