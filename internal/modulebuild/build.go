@@ -160,6 +160,12 @@ func build(ctx context.Context, o Options) (*Result, error) {
 	if kind == KindAuto {
 		var err error
 		if kind, err = detect(src); err != nil {
+			if src != o.Source {
+				return nil, fmt.Errorf("standard input: %w", err)
+			}
+			if _, serr := os.Stat(src); serr == nil {
+				return nil, fmt.Errorf("source %s: %w", src, err)
+			}
 			return nil, err
 		}
 	}
@@ -248,6 +254,15 @@ func applyImage(o Options, kind Kind, src string, st *stager, res *Result) error
 		return fmt.Errorf("%s: layers: %w", what, err)
 	}
 	res.Layers = len(layers)
+	// The diff IDs come from the config, not from the layers: a layer
+	// read from disk computes its own from whatever bytes it holds.
+	cf, err := img.ConfigFile()
+	if err != nil {
+		return fmt.Errorf("%s: config: %w", what, err)
+	}
+	if len(cf.RootFS.DiffIDs) != len(layers) {
+		return fmt.Errorf("%s: config lists %d diff ids for %d layers", what, len(cf.RootFS.DiffIDs), len(layers))
+	}
 	// The compressed sizes in the manifest refuse an oversized image
 	// before anything is fetched; the unpacked bytes are counted as they
 	// are written.
@@ -263,7 +278,7 @@ func applyImage(o Options, kind Kind, src string, st *stager, res *Result) error
 		return &TooLargeError{Limit: o.MaxSize, What: fmt.Sprintf("%s (%d bytes of layers)", what, total)}
 	}
 	for i, l := range layers {
-		if err := applyLayer(o, st, l, fmt.Sprintf("layer %d/%d", i+1, len(layers))); err != nil {
+		if err := applyLayer(o, st, l, cf.RootFS.DiffIDs[i], fmt.Sprintf("layer %d/%d", i+1, len(layers))); err != nil {
 			return fmt.Errorf("%s: %w", what, err)
 		}
 	}
@@ -273,11 +288,7 @@ func applyImage(o Options, kind Kind, src string, st *stager, res *Result) error
 // applyLayer unpacks one layer and checks the uncompressed stream against
 // the config's diff ID: a layout or archive on disk is not verified by the
 // library, and a corrupt blob must fail the build, not become a root.
-func applyLayer(o Options, st *stager, l v1.Layer, label string) error {
-	diffID, err := l.DiffID()
-	if err != nil {
-		return fmt.Errorf("%s: diff id: %w", label, err)
-	}
+func applyLayer(o Options, st *stager, l v1.Layer, diffID v1.Hash, label string) error {
 	label = fmt.Sprintf("%s (%s)", label, diffID)
 	rc, err := l.Uncompressed()
 	if err != nil {
@@ -285,19 +296,40 @@ func applyLayer(o Options, st *stager, l v1.Layer, label string) error {
 	}
 	defer rc.Close()
 	h := sha256.New()
-	r := io.TeeReader(rc, h)
+	r := &readErr{r: io.TeeReader(rc, h)}
 	o.Progress(Progress{Stage: label})
 	if err := st.apply(r, true); err != nil {
+		if r.err != nil {
+			return fmt.Errorf("%s: corrupt or truncated layer: %w", label, r.err)
+		}
 		return fmt.Errorf("%s: %w", label, err)
 	}
 	// The tar end marker may leave padding unread; hash it too.
 	if _, err := io.Copy(io.Discard, r); err != nil {
-		return fmt.Errorf("%s: read: %w", label, err)
+		return fmt.Errorf("%s: corrupt or truncated layer: %w", label, err)
 	}
-	if got := hexSum(h); diffID.Algorithm == "sha256" && got != diffID.Hex {
+	if diffID.Algorithm != "sha256" {
+		return fmt.Errorf("%s: diff id algorithm %q: only sha256 is checked", label, diffID.Algorithm)
+	}
+	if got := hexSum(h); got != diffID.Hex {
 		return fmt.Errorf("%s: corrupt layer: its content hashes to sha256:%s", label, got)
 	}
 	return nil
+}
+
+// readErr remembers the first read failure, so that a broken layer is
+// reported as broken rather than as whatever the tar reader made of it.
+type readErr struct {
+	r   io.Reader
+	err error
+}
+
+func (e *readErr) Read(p []byte) (int, error) {
+	n, err := e.r.Read(p)
+	if err != nil && err != io.EOF && e.err == nil {
+		e.err = err
+	}
+	return n, err
 }
 
 func hexSum(h hash.Hash) string { return hex.EncodeToString(h.Sum(nil)) }

@@ -2,8 +2,8 @@ package modulebuild
 
 import (
 	"archive/tar"
-	"compress/gzip"
 	"bytes"
+	"compress/gzip"
 	"context"
 	"io"
 	"os"

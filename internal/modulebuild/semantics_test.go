@@ -63,7 +63,7 @@ func sourceTree(t *testing.T) string {
 	must(unix.Lsetxattr(filepath.Join(root, "usr/bin/ping"), "security.capability", []byte(fileCap()), 0))
 	must(unix.Lsetxattr(filepath.Join(root, "etc/os-release"), "user.tether.note", []byte("kept"), 0))
 	must(os.Link(filepath.Join(root, "usr/bin/su"), filepath.Join(root, "usr/bin/su-again")))
-	must(os.Symlink("usr/lib", filepath.Join(root, "lib")))               // to a folder
+	must(os.Symlink("usr/lib", filepath.Join(root, "lib")))                 // to a folder
 	must(os.Symlink("libx.so.1", filepath.Join(root, "usr/lib/x/libx.so"))) // to a file
 	must(os.Symlink("/etc/os-release", filepath.Join(root, "etc/abs")))     // absolute
 	must(os.Symlink("../../../../outside", filepath.Join(root, "etc/out"))) // out of the tree

@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bufio"
 	"compress/gzip"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -74,30 +75,35 @@ func detectFile(p string) (Kind, error) {
 	defer f.Close()
 	r, err := maybeGunzip(f)
 	if err != nil {
-		return "", fmt.Errorf("source %s: %w", p, err)
+		return "", err
 	}
 	tr := tar.NewReader(r)
-	var manifest, blobs bool
 	for {
 		hdr, err := tr.Next()
 		if errors.Is(err, io.EOF) {
-			break
+			return KindTar, nil
 		}
 		if err != nil {
-			return "", fmt.Errorf("source %s: not a tar archive, or a broken one: %w", p, err)
+			return "", fmt.Errorf("not a tar archive, or a broken one: %w", err)
 		}
-		n := path.Clean(hdr.Name)
-		switch {
-		case n == "manifest.json":
-			manifest = true
-		case strings.HasPrefix(n, "blobs/sha256/") || strings.HasSuffix(n, "/layer.tar"):
-			blobs = true
-		}
-		if manifest && blobs {
+		if path.Clean(hdr.Name) == "manifest.json" && hdr.Typeflag == tar.TypeReg && isDockerManifest(tr) {
 			return KindDockerArchive, nil
 		}
 	}
-	return KindTar, nil
+}
+
+// isDockerManifest reports whether r is docker save's manifest.json: a
+// list of images, each with a config and layers. A root that merely holds
+// a file of that name is not taken for an archive.
+func isDockerManifest(r io.Reader) bool {
+	var m []struct {
+		Config string
+		Layers []string
+	}
+	if err := json.NewDecoder(io.LimitReader(r, 1<<20)).Decode(&m); err != nil || len(m) == 0 {
+		return false
+	}
+	return m[0].Config != "" && len(m[0].Layers) > 0
 }
 
 // maybeGunzip returns r decompressed when it starts with the gzip magic.
