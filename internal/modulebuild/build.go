@@ -19,6 +19,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -334,9 +335,11 @@ func (e *readErr) Read(p []byte) (int, error) {
 
 func hexSum(h hash.Hash) string { return hex.EncodeToString(h.Sum(nil)) }
 
-// treeBytes sums a folder's regular files, refusing it past max.
+// treeBytes sums a folder's regular files, each hard-linked file once (as
+// the image stores it), refusing the folder past max.
 func treeBytes(dir string, max int64) (int64, error) {
 	var n int64
+	seen := map[uint64]bool{}
 	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -345,6 +348,12 @@ func treeBytes(dir string, max int64) (int64, error) {
 			fi, err := d.Info()
 			if err != nil {
 				return err
+			}
+			if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Nlink > 1 {
+				if seen[st.Ino] {
+					return nil
+				}
+				seen[st.Ino] = true
 			}
 			if n += fi.Size(); n > max {
 				return &TooLargeError{Limit: max, What: "folder " + dir}

@@ -61,7 +61,10 @@ func sourceTree(t *testing.T) string {
 	write("home/user/notes", "mine", 0o600, 1000, 1000)
 	write("usr/lib/x/libx.so.1", strings.Repeat("library bytes ", 5000), 0o644, 0, 0)
 	must(unix.Lsetxattr(filepath.Join(root, "usr/bin/ping"), "security.capability", []byte(fileCap()), 0))
-	must(unix.Lsetxattr(filepath.Join(root, "etc/os-release"), "user.tether.note", []byte("kept"), 0))
+	// Several on one file: their order must not depend on the run.
+	for _, k := range []string{"user.tether.d", "user.tether.note", "user.tether.b", "user.tether.a", "user.tether.c"} {
+		must(unix.Lsetxattr(filepath.Join(root, "etc/os-release"), k, []byte("kept "+k), 0))
+	}
 	must(os.Link(filepath.Join(root, "usr/bin/su"), filepath.Join(root, "usr/bin/su-again")))
 	must(os.Symlink("usr/lib", filepath.Join(root, "lib")))                 // to a folder
 	must(os.Symlink("libx.so.1", filepath.Join(root, "usr/lib/x/libx.so"))) // to a file

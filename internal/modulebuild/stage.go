@@ -8,6 +8,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"sort"
 	"strings"
 
 	securejoin "github.com/cyphar/filepath-securejoin"
@@ -226,11 +227,18 @@ func (s *stager) meta(p string, hdr *tar.Header, mode uint32) error {
 			return fmt.Errorf("set mode %#o: %w", mode, err)
 		}
 	}
-	for k, v := range hdr.PAXRecords {
-		attr, ok := strings.CutPrefix(k, "SCHILY.xattr.")
-		if !ok {
-			continue
+	// Set in sorted order: the staging filesystem lists xattrs in the
+	// order they were set, mkfs.erofs stores them in the order listed, and
+	// a map's order changes per run, which would change the digest.
+	var attrs []string
+	for k := range hdr.PAXRecords {
+		if attr, ok := strings.CutPrefix(k, "SCHILY.xattr."); ok {
+			attrs = append(attrs, attr)
 		}
+	}
+	sort.Strings(attrs)
+	for _, attr := range attrs {
+		v := hdr.PAXRecords["SCHILY.xattr."+attr]
 		if err := unix.Lsetxattr(p, attr, []byte(v), 0); err != nil {
 			return fmt.Errorf("set xattr %s: %w%s", attr, err, rootHint(err))
 		}
