@@ -171,6 +171,10 @@ func build(ctx context.Context, o Options) (*Result, error) {
 		}
 	}
 	res := &Result{Kind: kind, Source: o.Source, Compress: o.Compress}
+	label := o.Source
+	if label == "-" {
+		label = "standard input"
+	}
 	if kind == KindDir {
 		n, err := treeBytes(src, o.MaxSize)
 		if err != nil {
@@ -188,25 +192,45 @@ func build(ctx context.Context, o Options) (*Result, error) {
 	if err := os.Mkdir(root, 0o755); err != nil {
 		return nil, err
 	}
-	st := &stager{root: root, maxBytes: o.MaxSize, progress: func(n int64) { o.Progress(Progress{Stage: "stage", Done: n}) }}
-	if kind == KindTar {
-		f, err := os.Open(src)
-		if err != nil {
+	if kind == KindOCIArchive {
+		// Unpacked with the same care as a root: the archive is as
+		// untrusted as any tarball.
+		dir := filepath.Join(stageDir, "layout")
+		if err := os.Mkdir(dir, 0o700); err != nil {
 			return nil, err
 		}
-		defer f.Close()
-		r, err := maybeGunzip(f)
-		if err != nil {
-			return nil, fmt.Errorf("tarball %s: %w", o.Source, err)
+		if err := applyTarFile(src, &stager{root: dir, maxBytes: o.MaxSize}, label); err != nil {
+			return nil, err
 		}
-		if err := st.apply(r, false); err != nil {
-			return nil, fmt.Errorf("tarball %s: %w", o.Source, err)
+		kind, src = KindOCILayout, dir
+	}
+	st := &stager{root: root, maxBytes: o.MaxSize, progress: func(n int64) { o.Progress(Progress{Stage: "stage", Done: n}) }}
+	if kind == KindTar {
+		if err := applyTarFile(src, st, label); err != nil {
+			return nil, err
 		}
 	} else if err := applyImage(o, kind, src, st, res); err != nil {
 		return nil, err
 	}
 	res.TreeBytes = st.bytes
 	return res, mkfs(ctx, o, root, res)
+}
+
+// applyTarFile unpacks a tar file, gzip'd or not, with no whiteouts.
+func applyTarFile(src string, st *stager, label string) error {
+	f, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	r, err := maybeGunzip(f)
+	if err != nil {
+		return fmt.Errorf("tarball %s: %w", label, err)
+	}
+	if err := st.apply(r, false); err != nil {
+		return fmt.Errorf("tarball %s: %w", label, err)
+	}
+	return nil
 }
 
 // spool copies stdin to a file so its kind can be told and an image

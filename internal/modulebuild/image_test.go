@@ -98,11 +98,17 @@ func TestImageSources(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	ociArchive := filepath.Join(t.TempDir(), "oci.tar")
+	if err := os.WriteFile(ociArchive, tarTree(t, writeLayout(t, arm, amd)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
 	cases := []struct {
 		name string
 		opts Options
 		kind Kind
 	}{
+		{"oci layout in a tar", Options{Source: ociArchive}, KindOCIArchive},
 		{"registry image", Options{Source: push("app:1", amd)}, KindImage},
 		{"registry index picks amd64", Options{Source: multiRef.String()}, KindImage},
 		{"oci layout with two platforms", Options{Source: writeLayout(t, arm, amd)}, KindOCILayout},

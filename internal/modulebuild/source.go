@@ -30,11 +30,12 @@ const (
 	KindTar           Kind = "tar"            // a root as one tar stream (docker export, tar -c), maybe gzip
 	KindOCILayout     Kind = "oci"            // an OCI image layout folder (oci-layout, index.json, blobs/)
 	KindDockerArchive Kind = "docker-archive" // docker save output, maybe gzip
+	KindOCIArchive    Kind = "oci-archive"    // an OCI image layout as one tar (skopeo oci-archive:, buildx type=oci)
 	KindImage         Kind = "image"          // an image reference pulled from a registry
 )
 
 // Kinds lists the kinds a --source flag may name.
-var Kinds = []Kind{KindDir, KindTar, KindOCILayout, KindDockerArchive, KindImage}
+var Kinds = []Kind{KindDir, KindTar, KindOCILayout, KindOCIArchive, KindDockerArchive, KindImage}
 
 // detect says what src is. A path that exists is a folder, an OCI layout
 // folder, a docker save archive or a root tarball; anything else must
@@ -78,16 +79,34 @@ func detectFile(p string) (Kind, error) {
 		return "", err
 	}
 	tr := tar.NewReader(r)
+	// An OCI layout in a tar has oci-layout and index.json at the top; a
+	// docker save from docker 25 on has them too, beside manifest.json,
+	// and is read as docker's. Unpacking either as a root would make a
+	// module of blobs, so they are told apart here.
+	var ociLayout, index bool
 	for {
 		hdr, err := tr.Next()
 		if errors.Is(err, io.EOF) {
+			if ociLayout && index {
+				return KindOCIArchive, nil
+			}
 			return KindTar, nil
 		}
 		if err != nil {
 			return "", fmt.Errorf("not a tar archive, or a broken one: %w", err)
 		}
-		if path.Clean(hdr.Name) == "manifest.json" && hdr.Typeflag == tar.TypeReg && isDockerManifest(tr) {
-			return KindDockerArchive, nil
+		if hdr.Typeflag != tar.TypeReg {
+			continue
+		}
+		switch path.Clean(hdr.Name) {
+		case "manifest.json":
+			if isDockerManifest(tr) {
+				return KindDockerArchive, nil
+			}
+		case "oci-layout":
+			ociLayout = true
+		case "index.json":
+			index = true
 		}
 	}
 }

@@ -32,7 +32,7 @@ func (a *App) moduleBuildCmd() *cobra.Command {
 		Long: `SRC is one of:
   a folder                      the root as it is on disk
   a tar file, or - for stdin    docker export, tar -c (gzip is detected)
-  an OCI image layout folder    oci-layout, index.json, blobs/
+  an OCI image layout folder    oci-layout, index.json, blobs/ (or the same in a tar)
   a docker save archive         (gzip is detected)
   an image reference            pulled from its registry, e.g. registry.example/team/app:1
 Owners, modes, setuid bits, links, hard links, devices, FIFOs and xattrs are
@@ -82,7 +82,7 @@ a folder does not. mkfs.erofs (erofs-utils) writes the image.`,
 	f.StringArrayVar(&a.signWith, "sign-with", nil, "sign with this signer key (signer.key) before pushing; repeatable")
 	f.StringVar(&keep, "keep", "", "also keep the built image at this path")
 	f.BoolVar(&noPush, "no-push", false, "build only (with --keep); -o json prints the build")
-	f.StringVar(&kind, "source", "", "what SRC is, when guessing is wrong: dir, tar, oci, docker-archive or image")
+	f.StringVar(&kind, "source", "", "what SRC is, when guessing is wrong: dir, tar, oci, oci-archive, docker-archive or image")
 	f.StringVar(&opts.Platform, "platform", "linux/amd64", "os/arch[/variant] of the image to take from a multi-platform source")
 	f.StringVar(&opts.Compress, "compress", "lz4hc", "erofs compression: lz4hc, lz4 or none")
 	f.StringVar(&maxSize, "max-size", "8GiB", "refuse a tree with more file data than this (a module lives in the node's RAM)")
