@@ -3,6 +3,7 @@ package modulebuild
 import (
 	"archive/tar"
 	"bytes"
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
@@ -259,4 +260,19 @@ func reversedTar(t *testing.T, b []byte) []byte {
 		t.Fatal(err)
 	}
 	return out.Bytes()
+}
+
+// TestInterruptStopsStaging: a cancelled build stops and leaves nothing.
+func TestInterruptStopsStaging(t *testing.T) {
+	needMkfs(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	work := t.TempDir()
+	_, err := Build(ctx, Options{Source: "-", Stdin: bytes.NewReader(tarOf(t, ent{name: "a", body: "x"})), Out: filepath.Join(work, "m.erofs")})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("err = %v, want context.Canceled", err)
+	}
+	if ents, _ := os.ReadDir(work); len(ents) != 0 {
+		t.Errorf("the interrupted build left %v", ents)
+	}
 }

@@ -199,17 +199,17 @@ func build(ctx context.Context, o Options) (*Result, error) {
 		if err := os.Mkdir(dir, 0o700); err != nil {
 			return nil, err
 		}
-		if err := applyTarFile(src, &stager{root: dir, maxBytes: o.MaxSize}, label); err != nil {
+		if err := applyTarFile(src, &stager{ctx: ctx, root: dir, maxBytes: o.MaxSize}, label); err != nil {
 			return nil, err
 		}
 		kind, src = KindOCILayout, dir
 	}
-	st := &stager{root: root, maxBytes: o.MaxSize, progress: func(n int64) { o.Progress(Progress{Stage: "stage", Done: n}) }}
+	st := &stager{ctx: ctx, root: root, maxBytes: o.MaxSize, progress: func(n int64) { o.Progress(Progress{Stage: "stage", Done: n}) }}
 	if kind == KindTar {
 		if err := applyTarFile(src, st, label); err != nil {
 			return nil, err
 		}
-	} else if err := applyImage(o, kind, src, st, res); err != nil {
+	} else if err := applyImage(ctx, o, kind, src, st, res); err != nil {
 		return nil, err
 	}
 	res.TreeBytes = st.bytes
@@ -260,12 +260,12 @@ func spool(o Options) (string, error) {
 	return f.Name(), nil
 }
 
-func applyImage(o Options, kind Kind, src string, st *stager, res *Result) error {
+func applyImage(ctx context.Context, o Options, kind Kind, src string, st *stager, res *Result) error {
 	plat, err := v1.ParsePlatform(o.Platform)
 	if err != nil {
 		return fmt.Errorf("--platform %q: %w", o.Platform, err)
 	}
-	img, err := openImage(kind, src, *plat, o.Insecure)
+	img, err := openImage(ctx, kind, src, *plat, o.Insecure)
 	if err != nil {
 		return err
 	}

@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bufio"
 	"compress/gzip"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -141,7 +142,7 @@ func maybeGunzip(r io.Reader) (io.Reader, error) {
 
 // openImage finds the image for platform in an OCI layout, a docker save
 // archive or a registry.
-func openImage(kind Kind, src string, p v1.Platform, insecure bool) (v1.Image, error) {
+func openImage(ctx context.Context, kind Kind, src string, p v1.Platform, insecure bool) (v1.Image, error) {
 	switch kind {
 	case KindOCILayout:
 		idx, err := layout.ImageIndexFromPath(src)
@@ -180,7 +181,7 @@ func openImage(kind Kind, src string, p v1.Platform, insecure bool) (v1.Image, e
 		if err != nil {
 			return nil, fmt.Errorf("image %s: %w", src, err)
 		}
-		ropts := []remote.Option{remote.WithAuthFromKeychain(authn.DefaultKeychain), remote.WithPlatform(p)}
+		ropts := []remote.Option{remote.WithAuthFromKeychain(authn.DefaultKeychain), remote.WithPlatform(p), remote.WithContext(ctx)}
 		desc, err := remote.Get(ref, ropts...)
 		if err != nil {
 			return nil, fmt.Errorf("image %s: %w", src, err)

@@ -2,6 +2,7 @@ package modulebuild
 
 import (
 	"archive/tar"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -29,6 +30,7 @@ const (
 // root/usr/lib, never into the build host's /usr/lib. The final component
 // is never followed: links are stored as links, whatever they point at.
 type stager struct {
+	ctx      context.Context // an interrupt stops the staging between entries
 	root     string
 	maxBytes int64 // regular-file bytes allowed in the whole tree
 	bytes    int64
@@ -43,6 +45,9 @@ func (s *stager) apply(r io.Reader, whiteouts bool) error {
 	tr := tar.NewReader(r)
 	written := map[string]bool{} // names this layer wrote, which its own opaque marker must keep
 	for {
+		if err := s.ctx.Err(); err != nil {
+			return err
+		}
 		hdr, err := tr.Next()
 		if errors.Is(err, io.EOF) {
 			return nil

@@ -12,6 +12,12 @@ import (
 	"strings"
 	"testing"
 
+	gv1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/random"
+
 	"github.com/tetherfleet/tether/controlplane/daemon"
 	"github.com/tetherfleet/tether/internal/testcp"
 )
@@ -38,6 +44,33 @@ func writeTar(t *testing.T, names ...string) string {
 	return p
 }
 
+// armLayout writes an OCI layout holding one linux/arm64 image.
+func armLayout(t *testing.T) string {
+	t.Helper()
+	img, err := random.Image(256, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf = cf.DeepCopy()
+	cf.OS, cf.Architecture = "linux", "arm64"
+	if img, err = mutate.ConfigFile(img, cf); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "layout")
+	p, err := layout.Write(dir, empty.Index)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.AppendImage(img, layout.WithPlatform(gv1.Platform{OS: "linux", Architecture: "arm64"})); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
 // module build refuses bad input by name and pushes nothing; good input
 // is pushed; --no-push -o json prints the build, whose digest is the kept
 // file's.
@@ -60,6 +93,7 @@ func TestModuleBuildPushesOnlyGoodInput(t *testing.T) {
 		{[]string{writeTar(t, "x"), "bad:4", "--max-size", "huge"}, `--max-size: "huge"`},
 		{[]string{writeTar(t, "x"), "bad:5", "--no-push"}, "--no-push needs --keep"},
 		{[]string{writeTar(t, "x"), "no-version"}, `"no-version": want NAME:VERSION`},
+		{[]string{armLayout(t), "bad:6"}, "has no image for linux/amd64 (it has linux/arm64); choose one with --platform"},
 	} {
 		_, errOut, code := run(t, append(append(base, "module", "build"), c.args...)...)
 		if code == 0 || !strings.Contains(errOut, c.want) {
