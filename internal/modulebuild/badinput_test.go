@@ -143,6 +143,7 @@ func TestBrokenSources(t *testing.T) {
 		{"image over --max-size", Options{Source: layoutWith(func(string) {}), MaxSize: 100}, "bytes of layers) is larger than the limit of 100 bytes"},
 		{"folder over --max-size", Options{Source: bigFolder, MaxSize: 4095}, "is larger than the limit of 4095 bytes"},
 		{"no such source", Options{Source: "./no/such/dir"}, "./no/such/dir: no such file or folder"},
+		{"no such tarball is not an image name", Options{Source: "rootfs.tar.gz"}, "rootfs.tar.gz: no such file or folder"},
 		{"bad reference", Options{Source: "UPPER:case:bad"}, "not a file or folder here, and not an image reference"},
 		{"bad platform", Options{Source: layoutWith(func(string) {}), Platform: "linux/amd64/v2/extra"}, `--platform "linux/amd64/v2/extra"`},
 		{"bad compression", Options{Source: bigFolder, Compress: "zstd"}, `--compress "zstd": want one of lz4hc, lz4, none`},

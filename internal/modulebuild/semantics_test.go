@@ -313,3 +313,48 @@ func TestMountedImageMatchesSource(t *testing.T) {
 		})
 	}
 }
+
+// TestRealTreeRoundTrip does for a real root (TETHER_BENCH_TREE, e.g. a
+// Debian tree from mmdebstrap) what TestMountedImageMatchesSource does for
+// the small one: built from its folder and from `tar --xattrs -c` of it,
+// each mounted image must describe the same as the folder, and both give
+// one digest.
+func TestRealTreeRoundTrip(t *testing.T) {
+	tree := os.Getenv("TETHER_BENCH_TREE")
+	if tree == "" {
+		t.Skip("SKIP: set TETHER_BENCH_TREE to a root folder to check a real tree")
+	}
+	needMkfs(t)
+	needRoot(t)
+	want := describe(t, tree)
+	tarFile := filepath.Join(t.TempDir(), "root.tar")
+	if out, err := exec.Command("tar", "--xattrs", "--xattrs-include=*", "--numeric-owner", "-C", tree, "-cf", tarFile, ".").CombinedOutput(); err != nil {
+		t.Fatalf("tar: %v %s", err, out)
+	}
+	var digests []string
+	for _, src := range []string{tree, tarFile} {
+		out := filepath.Join(t.TempDir(), "m.erofs")
+		res, err := Build(t.Context(), Options{Source: src, Out: out})
+		if err != nil {
+			t.Fatal(err)
+		}
+		digests = append(digests, res.Digest)
+		if got := describe(t, mountErofs(t, out)); got != want {
+			t.Errorf("%s: the mounted image differs from the tree:\n%s", src, firstDiff(want, got))
+		}
+	}
+	if digests[0] != digests[1] {
+		t.Errorf("folder and tarball of one tree: %s and %s", digests[0], digests[1])
+	}
+	t.Logf("%d entries match; digest %s", strings.Count(want, "\n")+1, digests[0])
+}
+
+func firstDiff(a, b string) string {
+	al, bl := strings.Split(a, "\n"), strings.Split(b, "\n")
+	for i := 0; i < len(al) && i < len(bl); i++ {
+		if al[i] != bl[i] {
+			return fmt.Sprintf("line %d:\n  tree:  %s\n  image: %s", i, al[i], bl[i])
+		}
+	}
+	return fmt.Sprintf("%d lines against %d", len(al), len(bl))
+}

@@ -58,13 +58,23 @@ func detect(src string) (Kind, error) {
 	if !errors.Is(err, os.ErrNotExist) {
 		return "", err
 	}
-	if strings.HasPrefix(src, "/") || strings.HasPrefix(src, ".") {
+	// A mistyped file name must not turn into a pull from Docker Hub.
+	if strings.HasPrefix(src, "/") || strings.HasPrefix(src, ".") || hasArchiveSuffix(src) {
 		return "", fmt.Errorf("source %s: no such file or folder", src)
 	}
 	if _, perr := name.ParseReference(src); perr != nil {
 		return "", fmt.Errorf("source %s: not a file or folder here, and not an image reference: %w", src, perr)
 	}
 	return KindImage, nil
+}
+
+func hasArchiveSuffix(s string) bool {
+	for _, x := range []string{".tar", ".tar.gz", ".tgz", ".gz", ".oci"} {
+		if strings.HasSuffix(s, x) {
+			return true
+		}
+	}
+	return false
 }
 
 // detectFile tells a docker save archive (manifest.json at the top beside
