@@ -277,3 +277,24 @@ func TestInterruptStopsStaging(t *testing.T) {
 		t.Errorf("the interrupted build left %v", ents)
 	}
 }
+
+// TestWhiteoutsNameOneEntry: a whiteout that would name its own folder or
+// its parent is refused, and the tree is untouched.
+func TestWhiteoutsNameOneEntry(t *testing.T) {
+	for _, name := range []string{"etc/.wh..", "etc/.wh...", ".wh..", "etc/.wh."} {
+		t.Run(name, func(t *testing.T) {
+			root := t.TempDir()
+			st := &stager{ctx: t.Context(), root: root, maxBytes: 1 << 20}
+			if err := st.apply(bytes.NewReader(tarOf(t, ent{name: "etc/kept", body: "x", uid: os.Getuid(), gid: os.Getgid()})), true); err != nil {
+				t.Fatal(err)
+			}
+			err := st.apply(bytes.NewReader(tarOf(t, ent{name: name, uid: os.Getuid(), gid: os.Getgid()})), true)
+			if err == nil || !strings.Contains(err.Error(), "names no entry of its folder") {
+				t.Fatalf("err = %v, want the whiteout refused", err)
+			}
+			if _, err := os.Stat(filepath.Join(root, "etc/kept")); err != nil {
+				t.Errorf("the whiteout removed more than it named: %v", err)
+			}
+		})
+	}
+}

@@ -28,7 +28,7 @@ type ent struct {
 	xattrs           map[string]string
 }
 
-func tarOf(t *testing.T, ents ...ent) []byte {
+func tarOf(t testing.TB, ents ...ent) []byte {
 	t.Helper()
 	var b bytes.Buffer
 	tw := tar.NewWriter(&b)

@@ -127,7 +127,12 @@ func (s *stager) whiteout(name string, written map[string]bool) error {
 		}
 		return nil
 	}
-	target := path.Join(dir, strings.TrimPrefix(base, whiteoutPrefix))
+	victim := strings.TrimPrefix(base, whiteoutPrefix)
+	if victim == "" || victim == "." || victim == ".." {
+		// ".wh.." would delete the folder it sits in, or its parent.
+		return fmt.Errorf("whiteout %q: names no entry of its folder", name)
+	}
+	target := path.Join(dir, victim)
 	p, err := s.resolve(target)
 	if err != nil {
 		return fmt.Errorf("whiteout %q: %w", name, err)
