@@ -72,4 +72,13 @@ func BenchmarkBuilders(b *testing.B) {
 		_, err := Build(b.Context(), Options{Source: tree, Out: out})
 		return err
 	})
+	// The staged path: the same tree as `tar --xattrs -c` would give it.
+	tarFile := filepath.Join(b.TempDir(), "root.tar")
+	if o, err := exec.Command("tar", "--xattrs", "--xattrs-include=*", "--numeric-owner", "-C", tree, "-cf", tarFile, ".").CombinedOutput(); err != nil {
+		b.Fatalf("tar: %v %s", err, o)
+	}
+	run("module-build-tarball", func() error {
+		_, err := Build(b.Context(), Options{Source: tarFile, Out: out})
+		return err
+	})
 }
