@@ -7,11 +7,9 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"text/tabwriter"
 	"time"
 
-	erofs "github.com/erofs/go-erofs"
 	"github.com/spf13/cobra"
 
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
@@ -35,30 +33,6 @@ func (a *App) moduleCmd() *cobra.Command {
 	}
 	push.Flags().StringVar(&sigFile, "signature", "", "file with the raw 64-byte Ed25519 signature over the module")
 	push.Flags().StringArrayVar(&a.signWith, "sign-with", nil, "sign with this signer key (signer.key) before pushing; repeatable")
-	var buildSig string
-	var keep string
-	build := &cobra.Command{
-		Use: "build DIR NAME:VERSION", Short: "Build an uncompressed erofs image from a folder and push it", Args: cobra.ExactArgs(2),
-		RunE: func(_ *cobra.Command, args []string) error {
-			out := keep
-			if out == "" {
-				f, err := os.CreateTemp("", "tether-module-*.erofs")
-				if err != nil {
-					return err
-				}
-				out = f.Name()
-				f.Close()
-				defer os.Remove(out)
-			}
-			if err := BuildErofs(args[0], out); err != nil {
-				return err
-			}
-			return a.pushModule(args[1], out, buildSig)
-		},
-	}
-	build.Flags().StringVar(&buildSig, "signature", "", "file with the raw 64-byte Ed25519 signature over the module")
-	build.Flags().StringArrayVar(&a.signWith, "sign-with", nil, "sign with this signer key (signer.key) before pushing; repeatable")
-	build.Flags().StringVar(&keep, "keep", "", "also keep the built image at this path")
 	var name string
 	var pg paging
 	listCmd := &cobra.Command{Use: "list", Short: "List modules", Args: cobra.NoArgs, RunE: func(*cobra.Command, []string) error {
@@ -82,7 +56,7 @@ func (a *App) moduleCmd() *cobra.Command {
 		}
 		return call(a, v1.AdminServiceClient.DeleteModule, &v1.DeleteModuleRequest{Name: n, Version: v}, deleted[*v1.DeleteModuleResponse]("module", args[0]))
 	}}
-	cmd.AddCommand(push, build, listCmd, get, del, a.moduleSignCmd())
+	cmd.AddCommand(push, a.moduleBuildCmd(), listCmd, get, del, a.moduleSignCmd())
 	return cmd
 }
 
@@ -134,7 +108,7 @@ func (a *App) pushModule(ref, path, sigFile string) error {
 		Name: n, Version: v, Digest: digest, Size: st.Size(), Signature: sig, Signatures: sigs}}}); err != nil {
 		return a.streamErr(stream.CloseAndRecv())
 	}
-	prog := newProgress(a.Stderr, "push "+ref, st.Size(), a.Output == "table")
+	prog := newProgress(a.Stderr, "push "+ref, st.Size(), true)
 	buf := make([]byte, 1<<20)
 	for {
 		k, rerr := f.Read(buf)
@@ -175,20 +149,30 @@ type progress struct {
 	total, n int64
 	start    time.Time
 	last     time.Time
-	on       bool
+	on, tty  bool
 }
 
 func newProgress(w io.Writer, label string, total int64, on bool) *progress {
-	return &progress{w: w, label: label, total: total, start: time.Now(), on: on}
+	now := time.Now()
+	return &progress{w: w, label: label, total: total, start: now, last: now, on: on, tty: isTerminal(w)}
 }
 
+// add shows the count: rewritten in place on a terminal, else as a line
+// every progressEvery so that a log shows a long push is alive.
 func (p *progress) add(n int64) {
 	p.n += n
-	if !p.on || time.Since(p.last) < 200*time.Millisecond {
+	every, prefix := 200*time.Millisecond, "\r"
+	if !p.tty {
+		every, prefix = progressEvery, ""
+	}
+	if !p.on || time.Since(p.last) < every {
 		return
 	}
 	p.last = time.Now()
-	p.print("\r")
+	p.print(prefix)
+	if !p.tty {
+		fmt.Fprintln(p.w)
+	}
 }
 
 func (p *progress) print(prefix string) {
@@ -206,34 +190,7 @@ func (p *progress) print(prefix string) {
 
 func (p *progress) done() {
 	if p.on {
-		p.print("\r")
+		p.print(map[bool]string{true: "\r"}[p.tty])
 		fmt.Fprintln(p.w)
 	}
-}
-
-// BuildErofs writes an uncompressed erofs image of dir to out with a fixed
-// build time, so the same folder gives the same digest. go-erofs follows
-// symlinks and stores them as regular files.
-func BuildErofs(dir, out string) error {
-	st, err := os.Stat(dir)
-	if err != nil {
-		return fmt.Errorf("module build: %w", err)
-	}
-	if !st.IsDir() {
-		return fmt.Errorf("module build: %s is not a folder", dir)
-	}
-	f, err := os.Create(out)
-	if err != nil {
-		return fmt.Errorf("module build: %w", err)
-	}
-	w := erofs.Create(f, erofs.WithBuildTime(0, 0), erofs.WithTempDir(filepath.Dir(out)))
-	if err := w.CopyFrom(os.DirFS(dir)); err != nil {
-		f.Close()
-		return fmt.Errorf("module build: copy %s: %w", dir, err)
-	}
-	if err := w.Close(); err != nil {
-		f.Close()
-		return fmt.Errorf("module build: %w", err)
-	}
-	return f.Close()
 }
