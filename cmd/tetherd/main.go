@@ -93,6 +93,7 @@ func serveCmd() *cobra.Command {
 	f.StringVar(&o.Listen, "listen", "127.0.0.1:7443", "gRPC listen address")
 	f.StringVar(&o.Store, "store", "", "sqlite (default) or a postgres:// URL; also $TETHER_STORE")
 	f.StringVar(&o.MetricsListen, "metrics-listen", "", "serve Prometheus metrics on this address at /metrics (off by default)")
+	f.BoolVar(&o.Pprof, "pprof", false, "also serve /debug/pprof on --metrics-listen (off by default: profiles and goroutine dumps are for whoever reaches that address)")
 	f.StringVar(&o.AgentURL, "agent-url", "", "control plane URL handed to agents (default https://10.0.2.2:PORT, the host as a QEMU guest sees it)")
 	f.StringSliceVar(&o.SigningKeyFiles, "module-signing-key", nil, "Ed25519 public key files that module signatures may verify with")
 	f.StringVar(&o.QEMUMode, "qemu-mode", "real", "qemu provider mode: real (boot VMs), recorder (record what it would do) or disabled")
