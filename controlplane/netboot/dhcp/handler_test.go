@@ -13,6 +13,7 @@ import (
 	"github.com/insomniacslk/dhcp/iana"
 
 	"github.com/tetherfleet/tether/controlplane/store/sqlite"
+	"github.com/tetherfleet/tether/internal/macaddr"
 )
 
 var t0 = time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
@@ -333,4 +334,28 @@ func TestReplicasNeverLeaseAnAddressTwice(t *testing.T) {
 
 func macaddrOf(i int) string {
 	return net.HardwareAddr{0x52, 0x54, 0, 0, 2, byte(i)}.String()
+}
+
+// Full mode answers a PXE client of an unknown architecture with nothing,
+// as proxy mode does and the operator guide says (issue 26: it offered an
+// address), and leases it nothing.
+func TestFullIgnoresUnknownArchitectures(t *testing.T) {
+	h := newHandler(t, Full)
+	for _, pkt := range [][]byte{
+		discover(t, pxe(iana.Arch(0x1234), "PXEClient")...),
+		discover(t, dhcpv4.WithOption(dhcpv4.OptClassIdentifier("PXEClient"))),
+	} {
+		r, err := h.Respond(context.Background(), pkt)
+		var ig *Ignored
+		if r != nil || !asIgnored(err, &ig) {
+			t.Fatalf("reply %v, err %v; want no answer", r, err)
+		}
+	}
+	if _, ok, err := h.Leases.Current(context.Background(), macaddr.Format(hw), t0); err != nil || ok {
+		t.Fatalf("a lease was recorded for the unanswered client (%v, %v)", ok, err)
+	}
+	// A machine that is not a PXE client still gets its address.
+	if r, err := h.Respond(context.Background(), discover(t)); r == nil {
+		t.Fatalf("a plain DHCP client got no offer: %v", err)
+	}
 }
