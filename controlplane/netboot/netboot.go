@@ -387,6 +387,7 @@ func (s *Server) FlushRefusals(ctx context.Context, final bool) {
 	for _, sum := range s.refusals().Flush(now, final) {
 		s.summary(ctx, sum, now)
 	}
+	s.flushMachineRefusals(ctx, now, final)
 }
 
 // Script is an instance's iPXE script. Template arguments come before the
