@@ -81,13 +81,15 @@ type Server struct {
 
 // The netboot port's share of the descriptor budget (docs/reliability.md,
 // "Listener limits"): it comes out of tetherd's --fd-reserve, so it is a
-// fraction of it. A machine holds one or two connections while it boots;
+// fraction of it: 256 connections, and as many artifact files open while
+// they are served, is half of the default 1,024. A machine holds one or
+// two connections while it boots;
 // past a source's share its oldest connection is closed for the new one,
 // so a flood from an address machines share (QEMU user networking's
 // 127.0.0.1, a NAT) cannot lock them out. An idle keep-alive connection is
 // closed after DefaultIdleTimeout (issue 26: 1,500 were held for 75 s).
 const (
-	DefaultMaxConns          = 512
+	DefaultMaxConns          = 256
 	DefaultMaxConnsPerSource = 64
 	DefaultIdleTimeout       = 30 * time.Second
 )

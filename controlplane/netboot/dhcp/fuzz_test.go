@@ -54,7 +54,9 @@ func (m *memLeases) Release(_ context.Context, mac string) error {
 }
 
 // FuzzDHCPRespond sends fuzzed packets through Handler.Respond, the entry
-// point of every packet the server reads, in proxy and in full mode.
+// point of every packet the server reads, in proxy and in full mode (it
+// replaces FuzzRespond, which had no corpus, with the pool, transaction
+// and client checks and an in-memory lease table).
 // Whatever arrives: no panic; a reply or an error, never both; a reply is
 // a BOOTREPLY to the client that asked, no larger than a request may be,
 // offering (in full mode) only addresses of the pool and (in proxy mode)

@@ -260,30 +260,6 @@ func TestValidate(t *testing.T) {
 	}
 }
 
-func FuzzRespond(f *testing.F) {
-	f.Add(discover(f, pxe(iana.INTEL_X86PC, "PXEClient")...))
-	f.Add(discover(f, pxe(iana.EFI_X86_64_HTTP, "HTTPClient", dhcpv4.WithGeneric(dhcpv4.OptionUserClassInformation, []byte("iPXE")))...))
-	f.Add([]byte{1, 1, 6, 0})
-	hs := []*Handler{newHandler(f, Proxy), newHandler(f, Full)}
-	f.Fuzz(func(t *testing.T, pkt []byte) {
-		for _, h := range hs {
-			r, err := h.Respond(context.Background(), pkt)
-			if r == nil && err == nil {
-				t.Fatal("neither a reply nor a reason")
-			}
-			if r == nil {
-				continue
-			}
-			if r.OpCode != dhcpv4.OpcodeBootReply || len(r.ToBytes()) > 1500 {
-				t.Fatalf("bad reply: %s", r.Summary())
-			}
-			if h.Config.Mode == Proxy && !r.YourIPAddr.IsUnspecified() {
-				t.Fatal("proxy mode offered an address")
-			}
-		}
-	})
-}
-
 func mustParse(t *testing.T, b []byte) *dhcpv4.DHCPv4 {
 	t.Helper()
 	d, err := dhcpv4.FromBytes(b)
