@@ -221,7 +221,11 @@ func (s *Server) Serve(lis net.Listener) error {
 	return s.GRPC.Serve(connlimit.Wrap(lis, connlimit.Options{
 		MaxConns: s.cfg.Limits.MaxConnections, MaxPendingPerSource: s.cfg.Limits.MaxUnauthenticatedPerSource,
 		ShedPerSource: true, ShedMax: true, MaxUnauthenticatedAge: max(age, 0),
-		Refused: s.Metrics.ConnectionsRefused, Open: s.Metrics.OpenConnections, Log: s.cfg.Log, Clock: s.cfg.Clock,
+		// A descriptor is held in real time, whatever the injected clock
+		// says: a test that moves it by minutes must not cut its own
+		// enrollment connection in the middle of a call.
+		AgeClock: clock.Real{},
+		Refused:  s.Metrics.ConnectionsRefused, Open: s.Metrics.OpenConnections, Log: s.cfg.Log, Clock: s.cfg.Clock,
 	}))
 }
 

@@ -56,8 +56,10 @@ type Options struct {
 	// of any source instead of refusing; refuse only when none is left.
 	ShedMax bool
 	// MaxUnauthenticatedAge closes a connection still unauthenticated
-	// this long after its accept (zero: never).
+	// this long after its accept (zero: never), timed by AgeClock
+	// (default: Clock).
 	MaxUnauthenticatedAge time.Duration
+	AgeClock              clock.Clock
 	// Refused counts refusals by reason; Open is the open connections.
 	// Either may be nil.
 	Refused *prometheus.CounterVec
@@ -87,6 +89,9 @@ type Listener struct {
 func Wrap(l net.Listener, o Options) *Listener {
 	if o.Clock == nil {
 		o.Clock = clock.Real{}
+	}
+	if o.AgeClock == nil {
+		o.AgeClock = o.Clock
 	}
 	if o.LogEvery <= 0 {
 		o.LogEvery = 10 * time.Second
@@ -120,7 +125,7 @@ func (l *Listener) Accept() (net.Conn, error) {
 			continue
 		}
 		if age := l.o.MaxUnauthenticatedAge; age > 0 {
-			conn.timer = l.o.Clock.AfterFunc(age, conn.expire)
+			conn.timer = l.o.AgeClock.AfterFunc(age, conn.expire)
 		}
 		return conn, nil
 	}
