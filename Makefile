@@ -13,7 +13,7 @@ BUILD  := build
 KERNEL := .cache/kernel
 PROTO  := proto/tether/v1
 
-.PHONY: build generate lint test unit e2e bench bench-boot bench-peers fuzz chaos run initramfs modules kernel clean screenshots
+.PHONY: build generate lint test unit e2e bench bench-boot bench-peers fuzz probe chaos run initramfs modules kernel clean screenshots
 
 build: ## Build tetherd, tetherctl and tether-agent into bin/
 	go build -trimpath -o $(BIN)/ ./cmd/tetherd ./cmd/tetherctl
@@ -68,6 +68,9 @@ bench-peers: ## step-ca and tetherd side by side, alternating (docs/benchmarks.m
 
 fuzz: ## A short run of every fuzz target
 	scripts/fuzz.sh 20s
+
+probe: build ## Replay issue 26's attacks (TFTP/DHCP one-packet crashes, connection floods, idle keep-alives, random MACs) against a real tetherd; about a minute, loopback or a namespace it removes
+	TETHER_PROBE=1 go test -count=1 -timeout 5m -v -run '^TestProbe$$' ./e2e/
 
 CHAOS_DURATION ?= 2m
 CHAOS_STORE    ?= sqlite

@@ -235,7 +235,16 @@ func (a *agentServer) Connect(stream v1.AgentService_ConnectServer) error {
 	// context writes Canceled to the agent itself), so the reasons above
 	// need this goroutine to return them.
 	recvErr := make(chan error, 1)
-	go func() { recvErr <- a.receive(ctx, in, stream) }()
+	go func() {
+		// What the node sends is read here, outside the interceptors'
+		// recovery: a panic on it ends this stream, not tetherd.
+		defer func() {
+			if v := recover(); v != nil {
+				recvErr <- fail.Internal("%v", a.Panics.Note("grpc", v))
+			}
+		}()
+		recvErr <- a.receive(ctx, in, stream)
+	}()
 
 	// No per-stream poll: work arrives by notification, and the hub's one
 	// sweep query (AgentHub.SweepWork) wakes the streams whose

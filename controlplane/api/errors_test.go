@@ -44,7 +44,7 @@ func TestInternalErrorsAreLoggedWithAnIDAndHidden(t *testing.T) {
 		for _, kind := range []string{"unary", "stream"} {
 			t.Run(tc.name+"/"+kind, func(t *testing.T) {
 				var logs bytes.Buffer
-				unary, stream := mapErrors(slog.New(slog.NewTextHandler(&logs, nil)))
+				unary, stream := mapErrors(slog.New(slog.NewTextHandler(&logs, nil)), nil)
 				var err error
 				if kind == "unary" {
 					_, err = unary(context.Background(), nil, &grpc.UnaryServerInfo{FullMethod: "/t/M"},
@@ -75,7 +75,7 @@ func TestInternalErrorsAreLoggedWithAnIDAndHidden(t *testing.T) {
 		}
 	}
 	// Two failures get two ids.
-	unary, _ := mapErrors(slog.New(slog.NewTextHandler(&bytes.Buffer{}, nil)))
+	unary, _ := mapErrors(slog.New(slog.NewTextHandler(&bytes.Buffer{}, nil)), nil)
 	call := func() string {
 		_, err := unary(context.Background(), nil, &grpc.UnaryServerInfo{FullMethod: "/t/M"},
 			func(context.Context, any) (any, error) { return nil, errors.New("boom") })

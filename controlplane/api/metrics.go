@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/tetherfleet/tether/controlplane/fail"
+	"github.com/tetherfleet/tether/internal/guard"
 )
 
 // Metrics are the server's Prometheus instruments.
@@ -49,7 +50,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		TasksPushed: prometheus.NewCounter(prometheus.CounterOpts{Name: "tether_tasks_pushed_total", Help: "Agent tasks pushed over Connect streams."}),
 		Enrollments: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tether_enrollments_total", Help: "Enrollments by result."}, []string{"result"}),
 		ConnectionsRefused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tether_connections_refused_total",
-			Help: "Connections closed at accept time, by reason: max_connections or unauthenticated_per_source."}, []string{"reason"}),
+			Help: "Connections closed by the gRPC port's limits, by reason: refused at accept (max_connections, unauthenticated_per_source), " +
+				"an older unauthenticated one shed to admit a new one (shed_max_connections, shed_unauthenticated_per_source), " +
+				"or a certificate-less one at its age limit (unauthenticated_age)."}, []string{"reason"}),
 		OpenConnections: prometheus.NewGauge(prometheus.GaugeOpts{Name: "tether_open_connections", Help: "Connections open on the gRPC port."}),
 		HandshakeFailures: prometheus.NewCounter(prometheus.CounterOpts{Name: "tether_tls_handshake_failures_total",
 			Help: "TLS handshakes on the gRPC port that failed or ran past the handshake deadline."}),
@@ -93,12 +96,29 @@ func observe(m *Metrics, log *slog.Logger) (grpc.UnaryServerInterceptor, grpc.St
 // mapErrors is the outermost interceptor: every error, from the
 // handlers and from the interceptors inside it (auth, strict input),
 // leaves on the code table, and an internal one leaves without its text.
-func mapErrors(log *slog.Logger) (grpc.UnaryServerInterceptor, grpc.StreamServerInterceptor) {
-	unary := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, next grpc.UnaryHandler) (any, error) {
-		resp, err := next(ctx, req)
+//
+// It also recovers a panic in a handler: gRPC does not, and one call's
+// bug would otherwise end every connection (issue 26). The panic is
+// logged with its stack and counted, and the call answers Internal.
+func mapErrors(log *slog.Logger, panics *guard.Panics) (grpc.UnaryServerInterceptor, grpc.StreamServerInterceptor) {
+	recovered := func(method string, v any) error {
+		return hideInternal(log, method, fail.Internal("%v", panics.Note("grpc", v)))
+	}
+	unary := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, next grpc.UnaryHandler) (resp any, err error) {
+		defer func() {
+			if v := recover(); v != nil {
+				resp, err = nil, recovered(info.FullMethod, v)
+			}
+		}()
+		resp, err = next(ctx, req)
 		return resp, hideInternal(log, info.FullMethod, fail.From(err))
 	}
-	stream := func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, next grpc.StreamHandler) error {
+	stream := func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, next grpc.StreamHandler) (err error) {
+		defer func() {
+			if v := recover(); v != nil {
+				err = recovered(info.FullMethod, v)
+			}
+		}()
 		return hideInternal(log, info.FullMethod, fail.From(next(srv, ss)))
 	}
 	return unary, stream

@@ -6,6 +6,7 @@ package api
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"log/slog"
 	"net"
 	"time"
@@ -34,6 +35,7 @@ import (
 	"github.com/tetherfleet/tether/controlplane/tasks"
 	"github.com/tetherfleet/tether/controlplane/throttle"
 	"github.com/tetherfleet/tether/internal/clock"
+	"github.com/tetherfleet/tether/internal/guard"
 	"github.com/tetherfleet/tether/internal/modulewire"
 	"github.com/tetherfleet/tether/pki/ca"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
@@ -89,6 +91,9 @@ type Config struct {
 	Credentials *bmccreds.Service
 	// DisableAudit turns the audit trail off (only to measure its cost).
 	DisableAudit bool
+	// Panics records panics recovered in handlers (nil: recovered, not
+	// counted).
+	Panics *guard.Panics
 }
 
 // Limits keep the gRPC port from spending the descriptors the store,
@@ -102,7 +107,16 @@ type Limits struct {
 	// HandshakeTimeout ends a connection whose TLS and HTTP/2 handshakes
 	// take longer (zero: DefaultHandshakeTimeout).
 	HandshakeTimeout time.Duration
+	// UnauthenticatedAge closes a connection without a CA-signed client
+	// certificate this long after its accept (zero:
+	// DefaultUnauthenticatedAge; negative: never).
+	UnauthenticatedAge time.Duration
 }
+
+// DefaultUnauthenticatedAge bounds a certificate-less connection: it is
+// for one Enroll (or a health check), which takes milliseconds. Keep-alive
+// pings do not extend it (docs/adr/0016).
+const DefaultUnauthenticatedAge = 30 * time.Second
 
 // DefaultHandshakeTimeout replaces gRPC's 120 s: an agent on a slow link
 // completes a handshake in well under a second, and every connection
@@ -137,7 +151,7 @@ func New(cfg Config) *Server {
 		auth.Store = cfg.Store
 	}
 	obsUnary, obsStream := observe(m, cfg.Log)
-	mapUnary, mapStream := mapErrors(cfg.Log)
+	mapUnary, mapStream := mapErrors(cfg.Log, cfg.Panics)
 	tlsCfg := &tls.Config{
 		GetCertificate: cfg.GetServerCert,
 		// Only request: enrollment must work without a certificate, and the
@@ -156,7 +170,10 @@ func New(cfg Config) *Server {
 		handshake = DefaultHandshakeTimeout
 	}
 	g := grpc.NewServer(
-		grpc.Creds(connlimit.Credentials(credentials.NewTLS(tlsCfg), m.HandshakeFailures)),
+		grpc.Creds(connlimit.Credentials(credentials.NewTLS(tlsCfg), m.HandshakeFailures, func(c *x509.Certificate) bool {
+			_, err := cfg.CA.Verify(c, x509.ExtKeyUsageClientAuth)
+			return err == nil
+		})),
 		grpc.ConnectionTimeout(handshake),
 		grpc.MaxRecvMsgSize(MaxRecvMsgSize),
 		// Most connections are idle agents. gRPC's 32 KiB per-connection
@@ -204,9 +221,21 @@ func New(cfg Config) *Server {
 
 // Serve accepts connections on lis until Stop, within the configured limits.
 func (s *Server) Serve(lis net.Listener) error {
+	age := s.cfg.Limits.UnauthenticatedAge
+	if age == 0 {
+		age = DefaultUnauthenticatedAge
+	}
+	// Shedding, not refusing: a flood from an address others share (NAT,
+	// 127.0.0.1 with the admin CLI, QEMU user networking) closes its own
+	// oldest unauthenticated connections, and a verified client gets in.
 	return s.GRPC.Serve(connlimit.Wrap(lis, connlimit.Options{
 		MaxConns: s.cfg.Limits.MaxConnections, MaxPendingPerSource: s.cfg.Limits.MaxUnauthenticatedPerSource,
-		Refused: s.Metrics.ConnectionsRefused, Open: s.Metrics.OpenConnections, Log: s.cfg.Log, Clock: s.cfg.Clock,
+		ShedPerSource: true, ShedMax: true, MaxUnauthenticatedAge: max(age, 0),
+		// A descriptor is held in real time, whatever the injected clock
+		// says: a test that moves it by minutes must not cut its own
+		// enrollment connection in the middle of a call.
+		AgeClock: clock.Real{},
+		Refused:  s.Metrics.ConnectionsRefused, Open: s.Metrics.OpenConnections, Log: s.cfg.Log, Clock: s.cfg.Clock,
 	}))
 }
 

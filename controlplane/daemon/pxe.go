@@ -8,6 +8,7 @@ import (
 
 	"github.com/tetherfleet/tether/controlplane/netboot/pxe"
 	"github.com/tetherfleet/tether/controlplane/store"
+	"github.com/tetherfleet/tether/internal/guard"
 )
 
 // pxeURL is the netboot URL's default when tetherd serves DHCP: the
@@ -38,7 +39,7 @@ func (o *ServeOptions) pxeURL(netLis net.Listener) error {
 
 // pxeService builds the DHCP, TFTP and router-advertisement service, or
 // nil when --dhcp-interface is not given.
-func (o *ServeOptions) pxeService(st store.Store, log *slog.Logger) (*pxe.Service, error) {
+func (o *ServeOptions) pxeService(st store.Store, log *slog.Logger, panics *guard.Panics) (*pxe.Service, error) {
 	if !o.PXE.Enabled() {
 		return nil, nil
 	}
@@ -46,7 +47,7 @@ func (o *ServeOptions) pxeService(st store.Store, log *slog.Logger) (*pxe.Servic
 	if err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
 	}
-	return &pxe.Service{Options: o.PXE, Config: cfg, Store: st, Clock: o.Clock, Log: log.With("component", "pxe")}, nil
+	return &pxe.Service{Options: o.PXE, Config: cfg, Store: st, Clock: o.Clock, Log: log.With("component", "pxe"), Panics: panics}, nil
 }
 
 func runPXE(ctx context.Context, svc *pxe.Service, log *slog.Logger) {

@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/http/pprof"
 	"os"
 	"path/filepath"
 	"strings"
@@ -17,7 +16,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/tetherfleet/tether/controlplane/api"
 	"github.com/tetherfleet/tether/controlplane/audit"
@@ -40,6 +38,7 @@ import (
 	"github.com/tetherfleet/tether/controlplane/throttle"
 	"github.com/tetherfleet/tether/controlplane/worker"
 	"github.com/tetherfleet/tether/internal/clock"
+	"github.com/tetherfleet/tether/internal/guard"
 	"github.com/tetherfleet/tether/pki/ca"
 	"github.com/tetherfleet/tether/providers"
 	"github.com/tetherfleet/tether/providers/qemu"
@@ -54,6 +53,9 @@ type ServeOptions struct {
 	// Store is "", "sqlite" or a postgres:// URL.
 	Store         string
 	MetricsListen string
+	// Pprof serves /debug/pprof on the metrics listener (--pprof; off by
+	// default: goroutine dumps and profiles are for whoever can reach it).
+	Pprof bool
 	// AgentURL is the control plane address handed to agents; default
 	// https://10.0.2.2:<port>, how a QEMU user-networking guest reaches us.
 	AgentURL string
@@ -118,6 +120,9 @@ type ServeOptions struct {
 	// HandshakeTimeout bounds a connection's TLS and HTTP/2 handshakes
 	// (default api.DefaultHandshakeTimeout).
 	HandshakeTimeout time.Duration
+	// UnauthenticatedAge bounds a gRPC connection without a CA-signed
+	// client certificate (default api.DefaultUnauthenticatedAge).
+	UnauthenticatedAge time.Duration
 	// AgentSweep is how often one query looks for agent work whose
 	// notification was lost (default api.DefaultSweep).
 	AgentSweep time.Duration
@@ -275,6 +280,8 @@ func build(ctx context.Context, o ServeOptions) (_ *daemon, err error) {
 	if err := adoptInitAdmin(ctx, st, authority, o.DataDir, o.Clock.Now(), log); err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
 	}
+	// Every listener that serves untrusted input recovers its panics here.
+	panics := guard.New(reg, log)
 	d.revoked = api.NewRevocations()
 	if err := d.revoked.Load(ctx, st, o.Clock.Now()); err != nil {
 		return nil, fmt.Errorf("serve: load revocations: %w", err)
@@ -326,21 +333,22 @@ func build(ctx context.Context, o ServeOptions) (_ *daemon, err error) {
 		Instances: d.instSvc, Tasks: d.taskSvc,
 		Registry: &modules.Registry{Store: st, Blobs: blobs, Clock: o.Clock, Log: log, StaticSigners: edKeys(keys)},
 		Revoked:  d.revoked, Agents: d.hub, AgentURL: o.AgentURL, SigningKeys: keys,
-		ReadyHooks: []instances.ReadyHook{d.pools.ReadyHook}, Pools: d.pools, DisableAudit: o.DisableAudit, Credentials: d.creds,
+		ReadyHooks: []instances.ReadyHook{d.pools.ReadyHook}, Pools: d.pools, DisableAudit: o.DisableAudit, Credentials: d.creds, Panics: panics,
 		Limits: api.Limits{MaxConnections: max(o.MaxAgentConnections, 0), MaxUnauthenticatedPerSource: max(o.MaxUnauthenticatedPerSource, 0),
-			HandshakeTimeout: o.HandshakeTimeout},
+			HandshakeTimeout: o.HandshakeTimeout, UnauthenticatedAge: o.UnauthenticatedAge},
 	})
 	log.Info("connection budget", "max_agent_connections", o.MaxAgentConnections, "fd_reserve", o.FDReserve,
 		"max_unauthenticated_per_source", o.MaxUnauthenticatedPerSource)
 	d.hub.Metrics = d.srv.Metrics
 	if d.netLis != nil {
 		d.netboot = &netboot.Server{Store: st, Clock: o.Clock, Log: log.With("component", "netboot"), Instances: d.instSvc,
-			Limiter: o.unauthenticatedLimiter(), RateLimited: d.srv.Metrics.RateLimited.WithLabelValues("netboot")}
+			Limiter: o.unauthenticatedLimiter(), RateLimited: d.srv.Metrics.RateLimited.WithLabelValues("netboot"), Panics: panics,
+			ConnectionsRefused: netbootRefused(reg)}
 		if o.PXE.Enabled() {
 			d.netboot.Loaders = o.PXE.Loaders()
 		}
 	}
-	if d.pxe, err = o.pxeService(st, log); err != nil {
+	if d.pxe, err = o.pxeService(st, log, panics); err != nil {
 		return nil, err
 	}
 
@@ -355,16 +363,7 @@ func build(ctx context.Context, o ServeOptions) (_ *daemon, err error) {
 		}
 	}
 	if d.metricsLis != nil {
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-		// Profiles answer "where did the CPU or memory go" on a live
-		// control plane; they ride on the metrics listener, which is off
-		// unless asked for.
-		mux.HandleFunc("/debug/pprof/", pprof.Index)
-		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-		d.metricsSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		d.metricsSrv, d.metricsLis = metricsServer(reg, d.metricsLis, o, log)
 	}
 	return d, nil
 }

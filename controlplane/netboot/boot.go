@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"slices"
 	"sync"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/tetherfleet/tether/controlplane/events"
 	"github.com/tetherfleet/tether/controlplane/store"
+	"github.com/tetherfleet/tether/controlplane/throttle"
 	"github.com/tetherfleet/tether/internal/macaddr"
 )
 
@@ -29,6 +29,15 @@ const refusalWindow = time.Minute
 // maxRecentRefusals bounds the coalescing memory against a flood of
 // made-up addresses; past it the memory starts over (more events, no growth).
 const maxRecentRefusals = 4096
+
+// perSourceMachines is how many distinct refusals (machine and reason) one
+// source address gets an event each for in a window. The hardware address
+// is the caller's to choose, so coalescing by it alone let one sender
+// write an event per made-up address (issue 26: 2,000 random MACs, 2,000
+// events, 1,000 rows in `netboot seen`). Past this, the source's
+// refusals are counted into one summary event at the window's end
+// (docs/design.md §7.4: per source).
+const perSourceMachines = 16
 
 // bootRefusal is why a machine gets no script.
 type bootRefusal struct {
@@ -131,18 +140,23 @@ func ipxeText(s string) string {
 }
 
 func (s *Server) refuseMachine(w http.ResponseWriter, r *http.Request, mac string, ref bootRefusal) {
-	s.Log.Warn("netboot machine refused", "mac", mac, "remote", r.RemoteAddr, "reason", ref.code)
-	// Coalesce by machine, or by sender when the request named none.
+	// Coalesce by machine, or by sender when the request named none, and
+	// by sender whatever machine it names.
+	src := throttle.SourceKey(r.RemoteAddr)
 	who := mac
 	if who == "" {
-		who, _, _ = net.SplitHostPort(r.RemoteAddr)
+		who = src
 	}
-	if s.recent.first(who+"|"+ref.code, s.Clock.Now()) {
+	now := s.Clock.Now()
+	if !s.recent.note(who+"|"+ref.code, src, now) {
+		s.Log.Debug("netboot machine refused", "mac", mac, "remote", r.RemoteAddr, "reason", ref.code)
+	} else {
+		s.Log.Warn("netboot machine refused", "mac", mac, "remote", r.RemoteAddr, "reason", ref.code)
 		ctx := context.WithoutCancel(r.Context())
 		err := s.Store.Tx(ctx, func(q store.Queries) error {
 			_, err := events.E{Kind: events.NetbootMachineRefused, Severity: events.Medium,
 				Message: fmt.Sprintf("netboot refused to %s (%s): %s", orUnknown(mac), r.RemoteAddr, ref.msg),
-				Payload: map[string]any{"mac": mac, "reason": ref.code, "remote": r.RemoteAddr}}.Write(ctx, q, s.Clock.Now())
+				Payload: map[string]any{"mac": mac, "reason": ref.code, "remote": r.RemoteAddr}}.Write(ctx, q, now)
 			return err
 		})
 		if err != nil {
@@ -162,15 +176,34 @@ func orUnknown(mac string) string {
 	return mac
 }
 
-// recentRefusals remembers which refusals were recorded lately.
+// recentRefusals remembers which refusals were recorded lately, and how
+// many each source had recorded in its window.
 type recentRefusals struct {
-	mu   sync.Mutex
-	seen map[string]time.Time
+	mu      sync.Mutex
+	seen    map[string]time.Time
+	sources map[string]*sourceWindow
+	// ended are windows that ended with refusals held back, for the next
+	// flush to summarise.
+	ended []sourceSummary
 }
 
-// first reports whether key was not recorded within refusalWindow of now,
-// and remembers it.
-func (rr *recentRefusals) first(key string, now time.Time) bool {
+type sourceWindow struct {
+	start, last    time.Time
+	recorded, held int
+}
+
+// sourceSummary is one source's held-back refusals in one window.
+type sourceSummary struct {
+	source      string
+	count       int
+	first, last time.Time
+}
+
+// note reports whether a refusal for key from src is to be recorded: not
+// when key was recorded within refusalWindow (a machine retrying), nor
+// past src's perSourceMachines in its window, where it is counted for
+// the source's summary instead.
+func (rr *recentRefusals) note(key, src string, now time.Time) bool {
 	rr.mu.Lock()
 	defer rr.mu.Unlock()
 	if t, ok := rr.seen[key]; ok && now.Sub(t) < refusalWindow {
@@ -179,6 +212,71 @@ func (rr *recentRefusals) first(key string, now time.Time) bool {
 	if rr.seen == nil || len(rr.seen) >= maxRecentRefusals {
 		rr.seen = make(map[string]time.Time)
 	}
+	sw := rr.sources[src]
+	if sw != nil && now.Sub(sw.start) >= refusalWindow {
+		rr.end(src, sw)
+		sw = nil
+	}
+	if sw == nil {
+		if rr.sources == nil || len(rr.sources) >= maxRecentRefusals {
+			for k, old := range rr.sources {
+				rr.end(k, old)
+			}
+			rr.sources = make(map[string]*sourceWindow)
+		}
+		sw = &sourceWindow{start: now}
+		rr.sources[src] = sw
+	}
+	sw.last = now
+	if sw.recorded >= perSourceMachines {
+		sw.held++
+		return false
+	}
+	sw.recorded++
 	rr.seen[key] = now
 	return true
+}
+
+// end closes src's window (rr.mu held), keeping its summary if it held
+// anything back.
+func (rr *recentRefusals) end(src string, sw *sourceWindow) {
+	if sw.held > 0 {
+		rr.ended = append(rr.ended, sourceSummary{source: src, count: sw.held, first: sw.start, last: sw.last})
+	}
+	delete(rr.sources, src)
+}
+
+// flush returns the summaries of windows that ended by now (all of them
+// when final) and forgets those windows.
+func (rr *recentRefusals) flush(now time.Time, final bool) []sourceSummary {
+	rr.mu.Lock()
+	defer rr.mu.Unlock()
+	for src, sw := range rr.sources {
+		if final || now.Sub(sw.start) >= refusalWindow {
+			rr.end(src, sw)
+		}
+	}
+	out := rr.ended
+	rr.ended = nil
+	return out
+}
+
+// flushMachineRefusals writes one event per source whose window held
+// refusals back: the count, and no hardware address (`netboot seen` lists
+// the addresses that have events of their own).
+func (s *Server) flushMachineRefusals(ctx context.Context, now time.Time, final bool) {
+	for _, sum := range s.recent.flush(now, final) {
+		msg := fmt.Sprintf("netboot refused %d more requests from %s between %s and %s (past %d distinct machines in a window, refusals from one address are counted, not recorded one by one)",
+			sum.count, sum.source, sum.first.UTC().Format(time.RFC3339), sum.last.UTC().Format(time.RFC3339), perSourceMachines)
+		s.Log.Warn("netboot machine refusals coalesced", "remote", sum.source, "count", sum.count)
+		err := s.Store.Tx(ctx, func(q store.Queries) error {
+			_, err := events.E{Kind: events.NetbootMachineRefused, Severity: events.Medium, Message: msg,
+				Payload: map[string]any{"remote": sum.source, "count": sum.count, "coalesced": true,
+					"first": sum.first.UTC().Format(time.RFC3339Nano), "last": sum.last.UTC().Format(time.RFC3339Nano)}}.Write(ctx, q, now)
+			return err
+		})
+		if err != nil {
+			s.Log.Warn("netboot: record coalesced machine refusals", "remote", sum.source, "err", err)
+		}
+	}
 }

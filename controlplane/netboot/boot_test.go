@@ -1,6 +1,7 @@
 package netboot_test
 
 import (
+	"fmt"
 	"net/http"
 	"net/url"
 	"strings"
@@ -153,5 +154,43 @@ func TestBootRouteRefusalsCoalesce(t *testing.T) {
 	f.get(t, "/ipxe/boot?mac=52:54:00:99:99:99")
 	if n := len(f.machineRefusals(t)); n != 3 {
 		t.Fatalf("%d events after the window, want 3", n)
+	}
+}
+
+// Issue 26: one sender naming 2,000 made-up hardware addresses wrote
+// 2,000 events (and 1,000 rows in `netboot seen`). Now a source gets
+// perSourceMachines events per window and one summary with the count of
+// the rest.
+func TestRandomMACFloodIsCoalescedPerSource(t *testing.T) {
+	f := setup(t)
+	const flood = 300
+	for i := range flood {
+		m := fmt.Sprintf("52:54:00:aa:%02x:%02x", i/256, i%256)
+		if code, _ := f.get(t, netboot.BootPath(m)); code != http.StatusOK {
+			t.Fatalf("refusal %d: status %d", i, code)
+		}
+	}
+	perMAC := 0
+	for _, e := range f.machineRefusals(t) {
+		if !strings.Contains(e.Message, "more requests from") {
+			perMAC++
+		}
+	}
+	if perMAC > 16 {
+		t.Fatalf("%d events for %d made-up addresses from one source, want at most 16", perMAC, flood)
+	}
+	f.clk.Advance(2 * time.Minute)
+	f.nb.FlushRefusals(f.ctx, false)
+	var summary *store.Event
+	for _, e := range f.machineRefusals(t) {
+		if strings.Contains(e.Message, "more requests from") {
+			if summary != nil {
+				t.Fatal("two summaries for one source's window")
+			}
+			summary = e
+		}
+	}
+	if summary == nil || !strings.Contains(summary.Message, fmt.Sprintf("refused %d more", flood-perMAC)) {
+		t.Fatalf("summary %v, want the %d held-back refusals counted", summary, flood-perMAC)
 	}
 }

@@ -34,6 +34,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tetherfleet/tether/controlplane/connlimit"
 	"github.com/tetherfleet/tether/controlplane/events"
 	"github.com/tetherfleet/tether/controlplane/instances"
 	"github.com/tetherfleet/tether/controlplane/lifecycle"
@@ -42,6 +43,7 @@ import (
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/controlplane/throttle"
 	"github.com/tetherfleet/tether/internal/clock"
+	"github.com/tetherfleet/tether/internal/guard"
 	"github.com/tetherfleet/tether/providers"
 )
 
@@ -63,10 +65,34 @@ type Server struct {
 	// /loaders/ for UEFI HTTP Boot (loaders.go).
 	Loaders tftp.Loaders
 
+	// Panics records a panic in a request's handler, which then answers
+	// 500 alone (nil: recovered, not counted).
+	Panics *guard.Panics
+	// Limits on the port's connections; zero means the defaults below.
+	// ConnectionsRefused counts the ones closed by the caps (may be nil).
+	MaxConns, MaxConnsPerSource int
+	IdleTimeout                 time.Duration
+	ConnectionsRefused          *prometheus.CounterVec
+
 	recent recentRefusals // coalesces boot-route refusals (boot.go)
 
 	once sync.Once
 }
+
+// The netboot port's share of the descriptor budget (docs/reliability.md,
+// "Listener limits"): it comes out of tetherd's --fd-reserve, so it is a
+// fraction of it: 256 connections, and as many artifact files open while
+// they are served, is half of the default 1,024. A machine holds one or
+// two connections while it boots;
+// past a source's share its oldest connection is closed for the new one,
+// so a flood from an address machines share (QEMU user networking's
+// 127.0.0.1, a NAT) cannot lock them out. An idle keep-alive connection is
+// closed after DefaultIdleTimeout (issue 26: 1,500 were held for 75 s).
+const (
+	DefaultMaxConns          = 256
+	DefaultMaxConnsPerSource = 64
+	DefaultIdleTimeout       = 30 * time.Second
+)
 
 // RefusalWindow is the default coalescing window of refusal events.
 const RefusalWindow = time.Minute
@@ -96,11 +122,26 @@ func (s *Server) Handler() http.Handler {
 	return mux
 }
 
-// Serve serves on lis until ctx ends.
+// Serve serves on lis until ctx ends, within the connection limits.
 func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
+	maxConns, perSource, idle := s.MaxConns, s.MaxConnsPerSource, s.IdleTimeout
+	if maxConns <= 0 {
+		maxConns = DefaultMaxConns
+	}
+	if perSource <= 0 {
+		perSource = DefaultMaxConnsPerSource
+	}
+	if idle <= 0 {
+		idle = DefaultIdleTimeout
+	}
+	// Nobody authenticates here: every connection counts against its
+	// source for its whole life.
+	lis = connlimit.Wrap(lis, connlimit.Options{MaxConns: maxConns, MaxPendingPerSource: perSource, ShedPerSource: true,
+		Refused: s.ConnectionsRefused, Log: s.Log, Clock: s.Clock})
 	srv := &http.Server{
-		Handler:           s.Handler(),
+		Handler:           s.recovering(s.Handler()),
 		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       idle,
 		// net/http's own error log could quote a request; ours is slog.
 		ErrorLog: log.New(io.Discard, "", 0),
 	}
@@ -126,6 +167,25 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	}
 	shutdown()
 	return err
+}
+
+// recovering answers 500 for a handler that panicked, logged and counted.
+// net/http would recover too, but silently (its error log is off) and by
+// cutting the connection; http.ErrAbortHandler is its own signal and
+// passes through.
+func (s *Server) recovering(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() {
+			if v := recover(); v != nil {
+				if v == http.ErrAbortHandler {
+					panic(v)
+				}
+				_ = s.Panics.Note("netboot http", v)
+				http.Error(w, "internal error", http.StatusInternalServerError)
+			}
+		}()
+		h.ServeHTTP(w, r)
+	})
 }
 
 // refusal is an answer other than the script, with an HTTP status.
@@ -329,6 +389,7 @@ func (s *Server) FlushRefusals(ctx context.Context, final bool) {
 	for _, sum := range s.refusals().Flush(now, final) {
 		s.summary(ctx, sum, now)
 	}
+	s.flushMachineRefusals(ctx, now, final)
 }
 
 // Script is an instance's iPXE script. Template arguments come before the

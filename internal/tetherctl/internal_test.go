@@ -3,8 +3,10 @@ package tetherctl
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -14,6 +16,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 
@@ -227,6 +230,53 @@ func TestExplainUsesReasonsNotWords(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := a.explain(tc.err); !strings.Contains(got, tc.want) {
 				t.Fatalf("explain = %q, want %q in it", got, tc.want)
+			}
+		})
+	}
+}
+
+// A server that closes connections at accept (tetherd at a connection
+// limit) is explained as that, not as "is tetherd running?" (issue 26);
+// nothing listening still is.
+func TestExplainTellsALimitFromNoServer(t *testing.T) {
+	closing, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closing.Close()
+	go func() {
+		for {
+			c, err := closing.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	gone, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	goneAddr := gone.Addr().String()
+	gone.Close()
+	for _, tc := range []struct {
+		name, addr, want string
+	}{
+		{"closed at accept", closing.Addr().String(), "at a connection limit"},
+		{"nothing listening", goneAddr, "is `tetherd serve` running there?"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			conn, err := grpc.NewClient(tc.addr, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{ServerName: "x", MinVersion: tls.VersionTLS13})))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_, err = v1.NewAdminServiceClient(conn).ListNodes(ctx, &v1.ListNodesRequest{})
+			a, _, _ := testApp(context.Background(), nil)
+			if got := a.explain(err); !strings.Contains(got, tc.want) {
+				t.Fatalf("explain(%v) = %q, want %q in it", err, got, tc.want)
 			}
 		})
 	}

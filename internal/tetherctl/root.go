@@ -130,6 +130,11 @@ func (a *App) explain(err error) string {
 		}
 		// A failed handshake never reaches the server: the status is the
 		// client transport's own, and its text is all gRPC gives us.
+		if closedAtAccept(st.Message()) {
+			return fmt.Sprintf("tetherd at %s accepted the connection and closed it before TLS finished: %s\n"+
+				"  it is running, but at a connection limit (too many connections in all, or too many unauthenticated ones from this address);\n"+
+				"  its log says which, and tether_connections_refused_total counts them; retry in a moment (config: %s)", where, msg, a.cfgSrc)
+		}
 		if isTLSFailure(st.Message()) {
 			return fmt.Sprintf("TLS with %s failed: %s\n  the server certificate must be signed by the CA in %s and name %q", where, msg, a.cfgSrc, where)
 		}
@@ -143,6 +148,15 @@ func (a *App) explain(err error) string {
 	default:
 		return fmt.Sprintf("%s: %s", codeWords(st.Code()), msg)
 	}
+}
+
+// closedAtAccept reports a handshake the server ended by closing the
+// connection before any TLS answer: what tetherd's connection limits do
+// (controlplane/connlimit). Nothing listening is "connection refused"
+// instead, which still reads as "cannot reach".
+func closedAtAccept(transportMsg string) bool {
+	return strings.Contains(transportMsg, "handshake failed") &&
+		(strings.HasSuffix(transportMsg, "EOF\"") || strings.HasSuffix(transportMsg, "EOF") || strings.Contains(transportMsg, "connection reset by peer"))
 }
 
 func isTLSFailure(transportMsg string) bool {

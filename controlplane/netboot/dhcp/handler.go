@@ -230,13 +230,12 @@ func (h *Handler) full(ctx context.Context, req *dhcpv4.DHCPv4, mt dhcpv4.Messag
 	now := h.Now()
 	var boot []dhcpv4.Modifier
 	if c.pxe {
+		// A PXE client whose architecture has no loader gets no answer, as
+		// in proxy mode and as the operator guide says: an address without
+		// a boot file would only leave it retrying, holding a lease.
 		var err error
 		if boot, err = h.bootInfo(c); err != nil {
-			var ig *Ignored
-			if !errors.As(err, &ig) {
-				return nil, err
-			}
-			boot = nil // an unknown loader: an address still helps the machine
+			return nil, err
 		}
 	}
 	if mt == dhcpv4.MessageTypeRequest {

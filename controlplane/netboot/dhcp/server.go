@@ -11,6 +11,8 @@ import (
 
 	"github.com/insomniacslk/dhcp/dhcpv4"
 	"github.com/insomniacslk/dhcp/dhcpv4/server4"
+
+	"github.com/tetherfleet/tether/internal/guard"
 )
 
 // Server answers DHCP on one interface.
@@ -18,6 +20,9 @@ type Server struct {
 	Interface string
 	Handler   *Handler
 	Log       *slog.Logger
+	// Panics records a panic in one packet's handling, which then ends
+	// alone (nil: recovered, not counted).
+	Panics *guard.Panics
 	// Workers bounds the packets handled at once; a flood beyond it is
 	// dropped at the socket rather than queued.
 	Workers int
@@ -87,6 +92,7 @@ func (s *Server) ServeConn(ctx context.Context, conn net.PacketConn) error {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
+			defer s.Panics.Recover("dhcp")
 			s.handle(ctx, conn, peer, buf[:n])
 		}()
 	}

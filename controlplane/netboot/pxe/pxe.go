@@ -19,6 +19,7 @@ import (
 	"github.com/tetherfleet/tether/controlplane/netboot/tftp"
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/internal/clock"
+	"github.com/tetherfleet/tether/internal/guard"
 )
 
 // Options are tetherd serve's --dhcp-* flags.
@@ -125,6 +126,9 @@ type Service struct {
 	Store   store.Store
 	Clock   clock.Clock
 	Log     *slog.Logger
+	// Panics records panics recovered in the TFTP, DHCP and router
+	// advertisement goroutines (nil: recovered, not counted).
+	Panics *guard.Panics
 }
 
 // Loaders is the loader directory.
@@ -152,7 +156,7 @@ func (s *Service) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("tftp: listen on %s: %w", tftpAddr, err)
 	}
-	ts := &tftp.Server{Loaders: s.Options.Loaders(), Log: s.Log.With("component", "tftp")}
+	ts := &tftp.Server{Loaders: s.Options.Loaders(), Log: s.Log.With("component", "tftp"), Clock: s.Clock, Panics: s.Panics}
 	tdone := make(chan error, 1)
 	go func() { tdone <- ts.Serve(ctx, tconn) }()
 	s.Log.Info("tftp serving the iPXE loaders", "addr", tconn.LocalAddr().String(), "dir", ts.Loaders.Dir)
@@ -161,7 +165,7 @@ func (s *Service) Run(ctx context.Context) error {
 	if s.Config.Mode == dhcp.Full {
 		h.Leases = &dhcp.StoreLeases{Store: s.Store, Pool: s.Config.Pool}
 	}
-	srv := &dhcp.Server{Interface: s.Options.Interface, Handler: h, Log: s.Log.With("component", "dhcp")}
+	srv := &dhcp.Server{Interface: s.Options.Interface, Handler: h, Log: s.Log.With("component", "dhcp"), Panics: s.Panics}
 	for ctx.Err() == nil {
 		lead, release, err := s.Store.Elector().Campaign(ctx, "netboot-dhcp")
 		if err != nil {

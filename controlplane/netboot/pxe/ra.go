@@ -54,10 +54,12 @@ func (s *Service) advertise(ctx context.Context, c *ndp.Conn, ifi *net.Interface
 	next := time.Now().Add(raEvery)
 	for ctx.Err() == nil {
 		_ = c.SetReadDeadline(next)
-		m, _, _, err := c.ReadFrom()
+		m, err := s.readRA(c)
 		switch {
 		case ctx.Err() != nil:
 			return
+		case errors.Is(err, errRAPanic):
+			continue
 		case err == nil:
 			if _, ok := m.(*ndp.RouterSolicitation); ok {
 				send()
@@ -73,4 +75,21 @@ func (s *Service) advertise(ctx context.Context, c *ndp.Conn, ifi *net.Interface
 			return
 		}
 	}
+}
+
+// errRAPanic is a solicitation whose parsing panicked (recovered, counted):
+// the loop reads the next one.
+var errRAPanic = errors.New("panic reading a router solicitation")
+
+// readRA reads one message; a panic in the ndp library's parser of an
+// attacker's packet ends that read, not tetherd.
+func (s *Service) readRA(c *ndp.Conn) (m ndp.Message, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			m, err = nil, s.Panics.Note("router advertisements", v)
+			err = errors.Join(errRAPanic, err)
+		}
+	}()
+	m, _, _, err = c.ReadFrom()
+	return m, err
 }
