@@ -7,9 +7,9 @@ import (
 	"time"
 
 	"github.com/tetherfleet/tether/controlplane/daemon"
+	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 	"github.com/tetherfleet/tether/providers"
 	"github.com/tetherfleet/tether/providers/fake"
-	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
 
 // Each death signal moves the row within seconds, by what the provider
