@@ -1,5 +1,7 @@
 package providers
 
+import "context"
+
 // Exit is a provider's own observation that a machine stopped running: a
 // child process it reaped, a hypervisor's lifecycle event. It is a cue to
 // ask Status at once, not a verdict: the caller moves a row only on what
@@ -17,7 +19,8 @@ type Exit struct {
 // happen. Providers without it are observed by the periodic provider
 // sync and by their agents' streams dropping.
 type ExitWatcher interface {
-	// WatchExits sets the function every later exit is handed to. It is
-	// called from the provider's own goroutine and must not block.
-	WatchExits(func(Exit))
+	// WatchExits hands every later exit to f until ctx ends, and returns
+	// at once. f is called from the provider's own goroutine and must not
+	// block.
+	WatchExits(ctx context.Context, f func(Exit))
 }

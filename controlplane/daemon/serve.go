@@ -200,6 +200,7 @@ type daemon struct {
 	sensor         *liveness.Sensor
 	syncer         *provsync.Syncer
 	checks         *provsync.Checks
+	exitWatchers   []providers.ExitWatcher
 	presence       *presence.Tracker
 	pools          *pool.Service
 	revoked        *api.Revocations
@@ -316,7 +317,7 @@ func build(ctx context.Context, o ServeOptions) (_ *daemon, err error) {
 	d.checks = &provsync.Checks{Syncer: d.syncer}
 	for _, p := range machines {
 		if w, ok := p.(providers.ExitWatcher); ok {
-			w.WatchExits(d.checks.Exit)
+			d.exitWatchers = append(d.exitWatchers, w)
 		}
 	}
 	d.presence = &presence.Tracker{Store: st, Clock: o.Clock, Log: log, Lease: o.PresenceLease}
@@ -401,6 +402,9 @@ func (d *daemon) run(ctx context.Context) error {
 	d.spawn(bg, d.hub.Run)
 	d.spawn(bg, d.presence.Run)
 	d.spawn(bg, d.checks.Run)
+	for _, w := range d.exitWatchers {
+		w.WatchExits(bg, d.checks.Exit)
+	}
 	d.spawn(bg, d.wk.Run)
 	d.spawn(bg, func(ctx context.Context) {
 		// Terminates a previous run left between intent and destroy.

@@ -108,7 +108,7 @@ func TestProviderExitMovesTheRowAtOnce(t *testing.T) {
 	in := f.instance(t, fake.Name, lifecycle.Running)
 	f.member(t, in)
 	c, done := f.checks(t)
-	f.fake.WatchExits(c.Exit)
+	f.fake.WatchExits(f.ctx, c.Exit)
 	f.fake.Crash(in.CloudInstanceID, "qemu exit status 1")
 	waitCheck(t, done, in.ID)
 	got := f.get(t, in.ID)

@@ -571,11 +571,17 @@ func (p *Provider) SetState(id string, state providers.MachineState) bool {
 	return ok
 }
 
-// WatchExits implements providers.ExitWatcher: Crash reports to f.
-func (p *Provider) WatchExits(f func(providers.Exit)) {
+// WatchExits implements providers.ExitWatcher: Crash reports to f until
+// ctx ends.
+func (p *Provider) WatchExits(ctx context.Context, f func(providers.Exit)) {
 	p.mu.Lock()
 	p.onExit = f
 	p.mu.Unlock()
+	context.AfterFunc(ctx, func() {
+		p.mu.Lock()
+		p.onExit = nil
+		p.mu.Unlock()
+	})
 }
 
 var _ providers.ExitWatcher = (*Provider)(nil)

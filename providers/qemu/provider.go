@@ -140,9 +140,9 @@ func (disabled) List(context.Context) ([]providers.Machine, error) { return nil,
 
 // WatchExits implements providers.ExitWatcher: in real mode every QEMU
 // child tetherd reaps is reported; the other modes have no processes.
-func (p *Provider) WatchExits(f func(providers.Exit)) {
+func (p *Provider) WatchExits(ctx context.Context, f func(providers.Exit)) {
 	if w, ok := p.driver.(providers.ExitWatcher); ok {
-		w.WatchExits(f)
+		w.WatchExits(ctx, f)
 	}
 }
 

@@ -39,10 +39,15 @@ type realDriver struct {
 // WatchExits implements providers.ExitWatcher: every QEMU child this
 // driver reaps is reported, whether Tether stopped it or not; the caller
 // asks Status and judges by the row.
-func (r *realDriver) WatchExits(f func(providers.Exit)) {
+func (r *realDriver) WatchExits(ctx context.Context, f func(providers.Exit)) {
 	r.mu.Lock()
 	r.onExit = f
 	r.mu.Unlock()
+	context.AfterFunc(ctx, func() {
+		r.mu.Lock()
+		r.onExit = nil
+		r.mu.Unlock()
+	})
 }
 
 func newRealDriver(cfg Config, accel string) (*realDriver, error) {
