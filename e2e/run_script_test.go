@@ -26,8 +26,15 @@ func TestRunScriptCtrlCStopsEverything(t *testing.T) {
 		// A crashed tetherd makes the run fail, whether the script or the
 		// Ctrl-C notices first.
 		mayFail bool
+		// piped runs `run.sh 2>&1 | tee`: the Ctrl-C kills tee too, and the
+		// cleanup writes into a pipe nobody reads (what it says is then
+		// read from the data dir's cleanup.log).
+		piped bool
 	}{
-		{"ctrl-c", func(*testing.T, *scriptRun) {}, "terminated ", false},
+		{"ctrl-c", func(*testing.T, *scriptRun) {}, "terminated ", false, false},
+		// The pipeline's status is tee's, killed by the same Ctrl-C (130);
+		// what counts is what is left running and what the cleanup said.
+		{"ctrl-c piped through tee", func(*testing.T, *scriptRun) {}, "terminated ", true, true},
 		{"tetherd died first", func(t *testing.T, r *scriptRun) {
 			// A crash: tetherd is gone before the cleanup can ask it for
 			// anything, and the VMs (in their own session) live on.
@@ -35,10 +42,10 @@ func TestRunScriptCtrlCStopsEverything(t *testing.T) {
 				t.Fatal(err)
 			}
 			waitGone(t, []int{r.tetherd}, time.Minute)
-		}, "is still running; stopping it", true},
+		}, "is still running; stopping it", true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := startRunScript(t)
+			r := startRunScript(t, tc.piped)
 			tc.before(t, r)
 			if err := syscall.Kill(-r.cmd.Process.Pid, syscall.SIGINT); err != nil {
 				t.Fatal(err)
@@ -54,14 +61,21 @@ func TestRunScriptCtrlCStopsEverything(t *testing.T) {
 				t.Fatalf("run.sh did not stop within 2 minutes of Ctrl-C:\n%s", r.out.String())
 			}
 			out := r.out.String()
-			if !strings.Contains(out, tc.wantSaid) || !strings.Contains(out, "==> stopped") {
-				t.Fatalf("run.sh output lacks %q and \"stopped\":\n%s", tc.wantSaid, out)
-			}
 			if left := processesMentioning(r.machines); len(left) > 0 {
 				t.Fatalf("QEMU of this run still alive after Ctrl-C: pids %v\n%s", left, out)
 			}
 			if alive(r.tetherd) {
 				t.Fatalf("tetherd (pid %d) still alive after Ctrl-C\n%s", r.tetherd, out)
+			}
+			if tc.piped {
+				b, err := os.ReadFile(filepath.Join(r.data, "cleanup.log"))
+				if err != nil {
+					t.Fatalf("the piped run's cleanup left no log: %v\n%s", err, out)
+				}
+				out = string(b)
+			}
+			if !strings.Contains(out, tc.wantSaid) || !strings.Contains(out, "==> stopped") {
+				t.Fatalf("run.sh output lacks %q and \"stopped\":\n%s", tc.wantSaid, out)
 			}
 		})
 	}
@@ -69,6 +83,7 @@ func TestRunScriptCtrlCStopsEverything(t *testing.T) {
 
 type scriptRun struct {
 	cmd      *exec.Cmd
+	data     string
 	out      *syncBuffer
 	tetherd  int
 	machines string
@@ -76,7 +91,7 @@ type scriptRun struct {
 
 // startRunScript starts scripts/run.sh on a temp data dir and a free port,
 // and returns once it says the instance runs.
-func startRunScript(t *testing.T) *scriptRun {
+func startRunScript(t *testing.T, piped bool) *scriptRun {
 	t.Helper()
 	requireVM(t)
 	if _, err := exec.LookPath("setsid"); err != nil {
@@ -87,8 +102,12 @@ func startRunScript(t *testing.T) *scriptRun {
 		t.Fatal(err)
 	}
 	data := filepath.Join(t.TempDir(), "data")
-	r := &scriptRun{out: &syncBuffer{}}
+	r := &scriptRun{out: &syncBuffer{}, data: data}
 	r.cmd = exec.Command("bash", filepath.Join(root, "scripts", "run.sh"))
+	if piped {
+		// As typed: make run 2>&1 | tee run.log (tee in the same group).
+		r.cmd = exec.Command("bash", "-c", `bash "$0" 2>&1 | tee "$1"`, filepath.Join(root, "scripts", "run.sh"), filepath.Join(t.TempDir(), "run.log"))
+	}
 	r.cmd.Dir = root
 	r.cmd.Env = append(os.Environ(), "TETHER_RUN_DATA="+data, "TETHER_RUN_ADDR="+freeAddr(t))
 	r.cmd.Stdout, r.cmd.Stderr = r.out, r.out

@@ -118,6 +118,13 @@ cleanup() {
   # A second Ctrl-C must not cut the cleanup short and leave VMs behind.
   trap '' INT TERM HUP
   trap - EXIT
+  # `make run | tee run.log`: the same Ctrl-C killed tee, so stdout may be
+  # a pipe nobody reads. A write there must fail, not kill this shell
+  # (SIGPIPE) or end it (set -e): what it says also goes to a file, and
+  # stopping the VMs comes first.
+  trap '' PIPE
+  set +e
+  exec > >(tee -p -a "$data/cleanup.log" 2>/dev/null) 2>&1
   echo
   say "stopping: terminating QEMU instances, then tetherd (this takes a few seconds)"
   if kill -0 "$tetherd" 2>/dev/null && ctl node list --limit 1 >/dev/null 2>&1; then

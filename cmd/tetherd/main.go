@@ -136,6 +136,8 @@ func serveCmd() *cobra.Command {
 	f.DurationVar(&o.BootTimeout, "boot-timeout", 0, "error an instance whose boot makes no progress for this long (default 15m)")
 	f.DurationVar(&o.PresumedDeadAfter, "presumed-dead-after", 0, "error a silent instance whose machine is not running after this long (default 10m; stretches with fleet size)")
 	f.DurationVar(&o.ProviderSyncEvery, "provider-sync-every", 0, "compare instances with the providers' machines this often (default 1m)")
+	f.StringVar(&o.Replica, "replica-name", "", "this replica's name in agent presence; keep it stable across restarts (default HOSTNAME/LISTEN-ADDRESS)")
+	f.DurationVar(&o.PresenceLease, "presence-lease", 0, "how long an agent stays claimable after the replica holding its stream stops renewing (a crash); default 15s")
 	f.IntVar(&o.MaxAgentConnections, "max-agent-connections", 0, "refuse new connections at accept time past this many open (default: the descriptor limit minus --fd-reserve; -1: no cap)")
 	f.IntVar(&o.FDReserve, "fd-reserve", daemon.DefaultFDReserve, "descriptors kept for the store, listeners and providers when deriving --max-agent-connections")
 	f.IntVar(&o.MaxUnauthenticatedPerSource, "max-unauthenticated-per-source", daemon.DefaultMaxUnauthenticatedPerSource, "unauthenticated connections (handshaking, or without a CA-signed client certificate) one source address may hold; past it its oldest is closed for the new one (-1: no cap)")

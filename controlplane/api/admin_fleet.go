@@ -22,7 +22,13 @@ func (a *adminServer) instanceOut(ctx context.Context, in *store.Instance) (*v1.
 	if err != nil {
 		return nil, err
 	}
-	return InstanceProto(in, n.Name), nil
+	out := InstanceProto(in, n.Name)
+	ps, err := a.Store.ListPresence(ctx, []string{in.ID})
+	if err != nil {
+		return nil, err
+	}
+	out.AgentPresence = presenceProto(ps[in.ID], a.Clock.Now())
+	return out, nil
 }
 
 func (a *adminServer) ProvisionInstance(ctx context.Context, req *v1.ProvisionInstanceRequest) (*v1.ProvisionInstanceResponse, error) {
@@ -86,9 +92,19 @@ func (a *adminServer) ListInstances(ctx context.Context, req *v1.ListInstancesRe
 	if err != nil {
 		return nil, err
 	}
+	iids := make([]string, 0, len(ins))
+	for _, in := range ins {
+		iids = append(iids, in.ID)
+	}
+	present, err := a.Store.ListPresence(ctx, iids)
+	if err != nil {
+		return nil, err
+	}
+	now := a.Clock.Now()
 	var b budget
 	for _, in := range ins {
 		pi := InstanceProto(in, names[in.NodeID])
+		pi.AgentPresence = presenceProto(present[in.ID], now)
 		if !b.fits(pi) {
 			break
 		}

@@ -8,6 +8,7 @@ import (
 	"math/bits"
 	"math/rand/v2"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -17,6 +18,7 @@ import (
 	"github.com/tetherfleet/tether/controlplane/fail"
 	"github.com/tetherfleet/tether/controlplane/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/modules"
+	"github.com/tetherfleet/tether/controlplane/presence"
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/controlplane/tasks"
 	"github.com/tetherfleet/tether/internal/clock"
@@ -213,13 +215,38 @@ func (a *agentServer) Connect(stream v1.AgentService_ConnectServer) error {
 		}
 	}
 	wake := make(chan struct{}, 1)
+	var replaced atomic.Bool
 	conn := a.Agents.register(id, func() {
 		select {
 		case wake <- struct{}{}:
 		default:
 		}
-	}, func() { end(fail.Unavailable("a newer stream from instance %s replaced this one", id)) })
+	}, func() {
+		replaced.Store(true)
+		end(fail.Unavailable("a newer stream from instance %s replaced this one", id))
+	})
 	defer a.Agents.unregister(id, conn)
+	var ps presence.Stream
+	if a.Presence != nil {
+		// Presence is what makes a pool member claimable (design §2.10).
+		// A store that cannot take it leaves the member unclaimable, not
+		// the agent without its stream.
+		var err error
+		if ps, err = a.Presence.Open(ctx, id); err != nil {
+			a.Log.Warn("agent stream: presence not recorded; the member is not claimable until it reconnects", "instance", id, "err", err)
+		}
+	}
+	defer func() {
+		if ps.ID != "" {
+			a.Presence.Close(ps)
+		}
+		// A stream that ends is a cue to ask the provider at once rather
+		// than wait out the silence (design §2.8); a newer stream taking
+		// over is not.
+		if a.StreamLost != nil && !replaced.Load() {
+			a.StreamLost(id)
+		}
+	}()
 	defer a.Revoked.OnRevoke(c.Serial, func() { end(fail.Unauthenticated("certificate %s was revoked", c.Serial)) })()
 
 	// Taken before the first settings go out, so a growth in between is

@@ -165,6 +165,21 @@ func InstanceProto(in *store.Instance, nodeName string) *v1.Instance {
 	return p
 }
 
+// presenceProto says whether a replica vouches for the agent at now.
+func presenceProto(p *store.Presence, now time.Time) *v1.AgentPresence {
+	if p == nil {
+		return nil
+	}
+	out := &v1.AgentPresence{Connected: p.Live(now), Replica: p.Replica, ConnectedAt: tsp(p.ConnectedAt)}
+	switch {
+	case p.LostAt != nil:
+		out.LostAt = tsp(*p.LostAt)
+	case !out.Connected:
+		out.LostAt = tsp(p.LeaseUntil) // its replica stopped renewing
+	}
+	return out
+}
+
 func certProto(c *store.Certificate) *v1.Certificate {
 	kind := v1.CertificateKind_CERTIFICATE_KIND_NODE
 	switch c.Kind {

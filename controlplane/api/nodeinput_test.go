@@ -180,7 +180,7 @@ func TestListInstancesPagesWithinTheSizeBudget(t *testing.T) {
 	if err := st.RecordHeartbeats(ctx, hbs); err != nil {
 		t.Fatal(err)
 	}
-	a := &adminServer{Config: Config{Store: st}}
+	a := &adminServer{Config: Config{Store: st, Clock: clock.Real{}}}
 	seen := map[string]bool{}
 	pages := 0
 	req := &v1.ListInstancesRequest{PageSize: 1000}

@@ -31,6 +31,7 @@ import (
 	"github.com/tetherfleet/tether/controlplane/instances"
 	"github.com/tetherfleet/tether/controlplane/modules"
 	"github.com/tetherfleet/tether/controlplane/pool"
+	"github.com/tetherfleet/tether/controlplane/presence"
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/controlplane/tasks"
 	"github.com/tetherfleet/tether/controlplane/throttle"
@@ -94,6 +95,13 @@ type Config struct {
 	// Panics records panics recovered in handlers (nil: recovered, not
 	// counted).
 	Panics *guard.Panics
+	// Presence records which replica holds each agent's stream (nil: none
+	// is recorded, and no pool member is claimable; tests of other paths).
+	Presence *presence.Tracker
+	// StreamLost, if set, is told an instance whose stream ended other
+	// than by a newer stream replacing it: tetherd asks the provider for
+	// the machine at once (provsync.Checks). It must not block.
+	StreamLost func(instanceID string)
 }
 
 // Limits keep the gRPC port from spending the descriptors the store,

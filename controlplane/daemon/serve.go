@@ -30,6 +30,7 @@ import (
 	"github.com/tetherfleet/tether/controlplane/netboot"
 	"github.com/tetherfleet/tether/controlplane/netboot/pxe"
 	"github.com/tetherfleet/tether/controlplane/pool"
+	"github.com/tetherfleet/tether/controlplane/presence"
 	"github.com/tetherfleet/tether/controlplane/provsync"
 	"github.com/tetherfleet/tether/controlplane/retention"
 	"github.com/tetherfleet/tether/controlplane/store"
@@ -135,6 +136,12 @@ type ServeOptions struct {
 	// ProviderSyncEvery is how often rows are compared with the providers'
 	// machines (default 1 minute).
 	ProviderSyncEvery time.Duration
+	// Replica names this replica in agent presence (default: the host name
+	// and the listen address); PresenceLease is how long a presence stands
+	// unrenewed (default 15 s): a crashed replica's members stop being
+	// claimable within it (design §2.10).
+	Replica       string
+	PresenceLease time.Duration
 	// TerminateResumeAfter is how old an unfinished terminate intent must
 	// be before the periodic reconciler resumes it (default 1 minute); at
 	// start-up every intent is resumed.
@@ -203,6 +210,9 @@ type daemon struct {
 	taskSvc        *tasks.Service
 	sensor         *liveness.Sensor
 	syncer         *provsync.Syncer
+	checks         *provsync.Checks
+	exitWatchers   []providers.ExitWatcher
+	presence       *presence.Tracker
 	pools          *pool.Service
 	revoked        *api.Revocations
 	serverCert     *certreload.Reloader
@@ -321,6 +331,15 @@ func build(ctx context.Context, o ServeOptions) (_ *daemon, err error) {
 	d.sensor = &liveness.Sensor{Store: st, Clock: o.Clock, Log: log, Instances: d.instSvc, SilentAfter: o.SilentAfter,
 		DeadAfter: o.PresumedDeadAfter, MaxHeartbeatsPerSecond: api.MaxHeartbeatsPerSecond, BootTimeout: o.BootTimeout}
 	d.syncer = &provsync.Syncer{Store: st, Clock: o.Clock, Log: log, Instances: d.instSvc}
+	// Death signals (a provider's exit, a dropped stream) ask the provider
+	// at once instead of waiting for the sync or the silence (design §2.7).
+	d.checks = &provsync.Checks{Syncer: d.syncer}
+	for _, p := range machines {
+		if w, ok := p.(providers.ExitWatcher); ok {
+			d.exitWatchers = append(d.exitWatchers, w)
+		}
+	}
+	d.presence = &presence.Tracker{Store: st, Clock: o.Clock, Log: log, Lease: o.PresenceLease}
 	d.pools = &pool.Service{Store: st, Clock: o.Clock, Log: log.With("component", "pool"), Instances: d.instSvc,
 		StaleHeartbeatAfter: o.SilentAfter, MaxHeartbeatsPerSecond: api.MaxHeartbeatsPerSecond}
 	d.instSvc.MemberLeft = d.pools.Nudge
@@ -334,6 +353,7 @@ func build(ctx context.Context, o ServeOptions) (_ *daemon, err error) {
 		Registry: &modules.Registry{Store: st, Blobs: blobs, Clock: o.Clock, Log: log, StaticSigners: edKeys(keys)},
 		Revoked:  d.revoked, Agents: d.hub, AgentURL: o.AgentURL, SigningKeys: keys,
 		ReadyHooks: []instances.ReadyHook{d.pools.ReadyHook}, Pools: d.pools, DisableAudit: o.DisableAudit, Credentials: d.creds, Panics: panics,
+		Presence: d.presence, StreamLost: func(id string) { d.checks.Signal(id, "stream_lost") },
 		Limits: api.Limits{MaxConnections: max(o.MaxAgentConnections, 0), MaxUnauthenticatedPerSource: max(o.MaxUnauthenticatedPerSource, 0),
 			HandshakeTimeout: o.HandshakeTimeout, UnauthenticatedAge: o.UnauthenticatedAge},
 	})
@@ -357,6 +377,7 @@ func build(ctx context.Context, o ServeOptions) (_ *daemon, err error) {
 			return nil, fmt.Errorf("serve: listen on %s: %w", o.Listen, err)
 		}
 	}
+	d.presence.Replica = o.replica(d.lis.Addr().String())
 	if d.metricsLis == nil && o.MetricsListen != "" {
 		if d.metricsLis, err = net.Listen("tcp", o.MetricsListen); err != nil {
 			return nil, fmt.Errorf("serve: metrics listen on %s: %w", o.MetricsListen, err)
@@ -381,7 +402,20 @@ func (d *daemon) run(ctx context.Context) error {
 	o, log, st := d.o, d.log, d.st
 	bg, stopBG := context.WithCancel(context.Background())
 	d.stopBG = stopBG
+	// Before anything serves: this replica holds no stream yet, whatever
+	// its previous run left behind, and rows whose machines died while we
+	// were down move before a claim can read them (design §2.7, §2.10).
+	if err := d.presence.Start(ctx, st.Backend() == "sqlite"); err != nil {
+		stopBG()
+		return err
+	}
+	d.startupSync(ctx)
 	d.spawn(bg, d.hub.Run)
+	d.spawn(bg, d.presence.Run)
+	d.spawn(bg, d.checks.Run)
+	for _, w := range d.exitWatchers {
+		w.WatchExits(bg, d.checks.Exit)
+	}
 	d.spawn(bg, d.wk.Run)
 	d.spawn(bg, func(ctx context.Context) {
 		// Terminates a previous run left between intent and destroy.
@@ -444,6 +478,35 @@ func (d *daemon) run(ctx context.Context) error {
 		log.Error("shutting down: a server failed", "err", err)
 		return err
 	}
+}
+
+// startupSync runs provider sync once before claims are served, bounded
+// so that a provider that does not answer cannot keep tetherd from
+// starting (the periodic loop retries it). Claims are safe meanwhile
+// anyway: no member is present until its agent reconnects.
+func (d *daemon) startupSync(ctx context.Context) {
+	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	res, err := d.syncer.Tick(sctx)
+	if err != nil {
+		d.log.Warn("provider sync at start-up failed; the periodic sync retries", "err", err)
+	}
+	if res.Errored > 0 || res.GuestsPresent > 0 {
+		d.log.Warn("provider sync at start-up", "errored", res.Errored, "guests_present", res.GuestsPresent, "destroyed", res.Destroyed)
+	}
+}
+
+// replica is this replica's name in agent presence: stable across
+// restarts on one host and port, so a restart expires what it held.
+func (o *ServeOptions) replica(listen string) string {
+	if o.Replica != "" {
+		return o.Replica
+	}
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "tetherd"
+	}
+	return host + "/" + listen
 }
 
 // loops are the periodic jobs, each run by one replica at a time.

@@ -177,9 +177,9 @@ func (g *guardedStore) Backend() string {
 	return g.Store.Backend()
 }
 
-func (g *guardedStore) ClaimPoolMember(a0 context.Context, a1 string, a2 string) (*store.Instance, error) {
+func (g *guardedStore) ClaimPoolMember(a0 context.Context, a1 string, a2 string, a3 time.Time) (*store.Instance, error) {
 	g.use("ClaimPoolMember")
-	return g.Store.ClaimPoolMember(a0, a1, a2)
+	return g.Store.ClaimPoolMember(a0, a1, a2, a3)
 }
 
 func (g *guardedStore) ClaimPoolMembers(a0 context.Context, a1 string, a2 string, a3 []store.PoolClaim, a4 time.Time) ([]*store.Instance, error) {
@@ -484,4 +484,29 @@ func (g *guardedStore) UpdateTask(a0 context.Context, a1 *store.Task) error {
 func (g *guardedStore) UpdateTemplate(a0 context.Context, a1 *store.Template) error {
 	g.use("UpdateTemplate")
 	return g.Store.UpdateTemplate(a0, a1)
+}
+
+func (g *guardedStore) OpenPresence(a0 context.Context, a1 *store.Presence) error {
+	g.use("OpenPresence")
+	return g.Store.OpenPresence(a0, a1)
+}
+
+func (g *guardedStore) ClosePresence(a0 context.Context, a1 string, a2 string, a3 time.Time) (bool, error) {
+	g.use("ClosePresence")
+	return g.Store.ClosePresence(a0, a1, a2, a3)
+}
+
+func (g *guardedStore) RenewPresence(a0 context.Context, a1 string, a2 time.Time) (int64, error) {
+	g.use("RenewPresence")
+	return g.Store.RenewPresence(a0, a1, a2)
+}
+
+func (g *guardedStore) ExpirePresence(a0 context.Context, a1 string, a2 time.Time) (int64, error) {
+	g.use("ExpirePresence")
+	return g.Store.ExpirePresence(a0, a1, a2)
+}
+
+func (g *guardedStore) ListPresence(a0 context.Context, a1 []string) (map[string]*store.Presence, error) {
+	g.use("ListPresence")
+	return g.Store.ListPresence(a0, a1)
 }

@@ -146,11 +146,20 @@ func (s *Service) noReady(ctx context.Context, named *store.Pool, class string) 
 		if class != "" {
 			where += " of class " + class
 		}
-		return fail.Exhausted("NoReadyMembers: %s has a ready member; a replenish was requested", where)
+		return fail.Exhausted("NoReadyMembers: %s has a ready member whose agent is connected; a replenish was requested", where)
 	}
 	c, err := s.Store.CountPoolMembers(ctx, named.ID)
 	if err != nil {
 		return fail.Exhausted("NoReadyMembers: pool %q has no ready member; a replenish was requested", named.Name)
+	}
+	if c.Ready > 0 {
+		// Ready by their rows, but no replica vouches for their agents: a
+		// control plane that just restarted, a replica that crashed, or
+		// machines that died. They become claimable as their agents
+		// reconnect (design §4.4).
+		return fail.Exhausted("NoReadyMembers: pool %q has no ready member whose agent is connected (%d ready without a connected agent, "+
+			"claimable once it reconnects; warming %d, claimed %d, target %d); a replenish was requested",
+			named.Name, c.Ready, c.Warming, c.Claimed, named.TargetSize)
 	}
 	return fail.Exhausted("NoReadyMembers: pool %q has no ready member (warming %d, claimed %d, target %d); a replenish was requested",
 		named.Name, c.Warming, c.Claimed, named.TargetSize)

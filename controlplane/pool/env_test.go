@@ -164,6 +164,17 @@ func (e *env) ready(id string) {
 	if err := e.inst.AgentReady(e.ctx, id, e.svc.ReadyHook); err != nil {
 		e.t.Fatal(err)
 	}
+	present(e.t, e.ctx, e.st, id)
+}
+
+// present records the agent of id as connected, with a lease that outlasts
+// any test's fake clock: a claim takes only members whose agent is there.
+func present(t testing.TB, ctx context.Context, q store.Queries, id string) {
+	t.Helper()
+	if err := q.OpenPresence(ctx, &store.Presence{InstanceID: id, Replica: "pool-test", StreamID: "s-" + id, ConnectedAt: t0,
+		LeaseUntil: t0.Add(100 * 365 * 24 * time.Hour)}); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // warm replenishes a pool, provisions its members and reports them ready.
@@ -237,6 +248,7 @@ func seedReady(t testing.TB, ctx context.Context, st store.Store, p *store.Pool,
 				if err := q.CreateInstance(ctx, in); err != nil {
 					return err
 				}
+				present(t, ctx, q, in.ID)
 				out = append(out, in)
 			}
 			return nil

@@ -1,6 +1,8 @@
 // Package provsync is the provider sync loop (docs/design.md §2.7): it compares
 // instance rows with each provider's own list of machines. A running row
-// whose machine is gone goes to error; a terminated row whose machine still
+// whose machine is gone or stopped goes to error, with what the provider
+// observed; Check does the same for one instance at once, on a death
+// signal (a provider's exit, an agent stream that dropped); a terminated row whose machine still
 // exists is reported (high severity) and the machine destroyed, because a
 // guest left running behind a terminated row runs and bills unseen.
 package provsync
@@ -41,7 +43,7 @@ type Syncer struct {
 type Result struct {
 	// Skipped providers cannot list their machines (external) or failed to.
 	Skipped []string
-	// Errored running rows whose machine is gone.
+	// Errored running rows whose machine is gone or stopped.
 	Errored int
 	// GuestsPresent terminated rows whose machine still exists, and
 	// Destroyed how many of those machines were destroyed.
@@ -103,13 +105,16 @@ func (s *Syncer) syncProvider(ctx context.Context, p providers.Provider, res *Re
 		}
 	}
 	for _, in := range running {
-		if _, ok := byID[in.CloudInstanceID]; ok {
+		m, ok := byID[in.CloudInstanceID]
+		if !ok {
+			m, ok = byInstance[in.ID]
+		}
+		// A listed machine that runs (or whose state the provider cannot
+		// tell) is left be: only what the provider observes moves a row.
+		if ok && m.State != providers.StateStopped {
 			continue
 		}
-		if _, ok := byInstance[in.ID]; ok {
-			continue
-		}
-		if err := s.machineGone(ctx, p, in, res); err != nil {
+		if _, err := s.confirmDead(ctx, p, in, "provider_sync", res); err != nil {
 			return err
 		}
 	}
@@ -183,27 +188,32 @@ func (s *Syncer) listRunning(ctx context.Context, provider string) ([]*store.Ins
 	}
 }
 
-// machineGone errors a running row whose machine the provider no longer
-// lists, after the provider confirms it by the machine's own status.
-func (s *Syncer) machineGone(ctx context.Context, p providers.Provider, in *store.Instance, res *Result) error {
+// confirmDead asks the provider for a running row's machine and, if the
+// provider observes it gone or stopped, errors the row with what was
+// observed. A pool member leaves ready (parked errored, so the pool
+// replaces it and terminates what is left). It reports whether it moved
+// the row.
+func (s *Syncer) confirmDead(ctx context.Context, p providers.Provider, in *store.Instance, source string, res *Result) (bool, error) {
 	if in.TerminateRequestedAt != nil || in.CloudInstanceID == "" {
-		return nil // a terminate is under way, or nothing to look for
+		return false, nil // a terminate is under way, or nothing to look for
 	}
 	cctx, cancel := context.WithTimeout(ctx, s.timeout())
 	m, err := p.Status(cctx, in.CloudInstanceID)
 	cancel()
 	if err != nil && !providers.IsNotFound(err) {
-		s.Log.Warn("provider sync: status of an unlisted machine failed; not concluding", "instance", in.ID, "err", err)
-		return nil
+		s.Log.Warn("provider sync: status of a machine failed; not concluding", "instance", in.ID, "source", source, "err", err)
+		return false, nil
 	}
-	if err == nil && m.State != providers.StateGone {
-		return nil // listed late: it exists
+	gone := err != nil || m.State == providers.StateGone
+	if !gone && m.State != providers.StateStopped {
+		return false, nil // it runs (or the provider cannot tell): no conclusion
 	}
 	now := s.Clock.Now()
 	// Tx may run fn again (a lost deadlock): count what committed.
 	n := 0
+	var poolID string
 	err = s.Store.Tx(ctx, func(q store.Queries) error {
-		n = 0
+		n, poolID = 0, ""
 		cur, err := q.LockInstance(ctx, in.ID)
 		if err != nil {
 			return err
@@ -211,20 +221,47 @@ func (s *Syncer) machineGone(ctx context.Context, p providers.Provider, in *stor
 		if cur.Status != lifecycle.Running || cur.TerminateRequestedAt != nil {
 			return nil
 		}
-		reason := fmt.Sprintf("machine gone: provider %s no longer has machine %s", p.Name(), cur.CloudInstanceID)
+		var reason string
+		state := "gone"
+		if gone {
+			reason = fmt.Sprintf("machine gone: provider %s no longer has machine %s", p.Name(), cur.CloudInstanceID)
+		} else {
+			state = string(m.State)
+			detail := m.Detail
+			if detail == "" {
+				detail = "provider " + p.Name() + " reports it " + state
+			}
+			reason = fmt.Sprintf("machine exited outside Tether (%s)", detail)
+		}
 		cur.ErrorMessage = reason
+		if cur.PoolID != "" && (cur.PoolState == lifecycle.PoolReady || cur.PoolState == lifecycle.PoolWarming) {
+			// Out of ready at once; the errored ladder terminates what is
+			// left of it, starting on the reaper's next tick.
+			cur.PoolState, cur.PoolTerminateAttempts, cur.PoolNextTerminateAt = lifecycle.PoolErrored, 0, &now
+			poolID = cur.PoolID
+		}
 		if err := s.Instances.TransitionTx(ctx, q, cur, lifecycle.MarkErrored, reason, now); err != nil {
 			return err
 		}
 		n++
-		_, err = events.E{Kind: events.InstanceErrored, Severity: events.High, InstanceID: cur.ID, Message: reason,
-			Payload: map[string]any{"provider": p.Name(), "machine": cur.CloudInstanceID, "source": "provider_sync"}}.Write(ctx, q, now)
+		_, err = events.E{Kind: events.InstanceErrored, Severity: events.High, InstanceID: cur.ID, PoolID: cur.PoolID, Message: reason,
+			Payload: map[string]any{"provider": p.Name(), "machine": cur.CloudInstanceID, "source": source, "observed": state,
+				"detail": m.Detail}}.Write(ctx, q, now)
 		return err
 	})
-	if err == nil {
+	if err != nil {
+		return false, err
+	}
+	if res != nil {
 		res.Errored += n
 	}
-	return err
+	if n > 0 {
+		s.Log.Warn("instance errored: its machine is not running", "instance", in.ID, "source", source, "observed", m.State, "detail", m.Detail)
+		if poolID != "" && s.Instances.MemberLeft != nil {
+			s.Instances.MemberLeft(poolID)
+		}
+	}
+	return n > 0, nil
 }
 
 // guestPresent reports a machine that outlived its terminated instance and

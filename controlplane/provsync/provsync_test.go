@@ -23,6 +23,7 @@ type fixture struct {
 	fake   *fake.Provider
 	syncer *provsync.Syncer
 	nodeID string
+	tplID  string
 }
 
 var t0 = instancestest.T0
@@ -30,7 +31,7 @@ var t0 = instancestest.T0
 func setup(t *testing.T) *fixture {
 	t.Helper()
 	e := instancestest.New(t, instancestest.SQLite(t), instancestest.Options{Node: "n", Timeout: 30 * time.Second})
-	return &fixture{ctx: e.Ctx, st: e.Store, fake: e.Fake, nodeID: e.Node.ID,
+	return &fixture{ctx: e.Ctx, st: e.Store, fake: e.Fake, nodeID: e.Node.ID, tplID: e.Template.ID,
 		syncer: &provsync.Syncer{Store: e.Store, Clock: e.Clock, Log: e.Log, Instances: e.Instances}}
 }
 

@@ -76,8 +76,10 @@ type PoolQueries interface {
 	// active pool with a ready member, narrowed by class when given. It
 	// returns ErrNotFound when there is none. The caller updates the member
 	// and writes the claim event in the same transaction. A member whose
-	// terminate is under way (terminate_requested_at set) is never handed out.
-	ClaimPoolMember(ctx context.Context, poolID, class string) (*Instance, error)
+	// terminate is under way (terminate_requested_at set) is never handed out,
+	// nor one whose agent is not present at at (an open presence whose lease
+	// runs past at, see Presence).
+	ClaimPoolMember(ctx context.Context, poolID, class string, at time.Time) (*Instance, error)
 	// ClaimPoolMembers claims up to len(claims) ready members at once, as
 	// ClaimPoolMember selects them: the i-th oldest gets claims[i], state
 	// claimed and acquired at, and the stale flags reset, in one statement

@@ -259,6 +259,7 @@ type Queries interface {
 
 	PoolQueries
 	DHCPQueries
+	PresenceQueries
 }
 
 // DHCPQueries keep the leases of tetherd's own DHCP server (full mode).

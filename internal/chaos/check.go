@@ -14,8 +14,27 @@ import (
 	"time"
 )
 
-// Claim is an acknowledged AcquirePoolMember.
-type Claim struct{ ClaimID, InstanceID, PoolID string }
+// Claim is an acknowledged AcquirePoolMember; Asked is when the call
+// started (zero where unknown).
+type Claim struct {
+	ClaimID, InstanceID, PoolID string
+	Asked                       time.Time
+}
+
+// Death is a machine the harness stopped behind the control plane's back
+// (its agent gone with it), and when the fake provider began to report it
+// stopped.
+type Death struct {
+	InstanceID string
+	At         time.Time
+}
+
+// DeadClaimGrace is how long after a machine's death a claim of it is not
+// yet a violation: the lease a replica killed while holding the agent's
+// stream leaves behind (presence.DefaultLease), and a second for the
+// stream's end to reach the store. A live replica closes the presence at
+// once; the grace covers the kill -9s the run makes.
+const DeadClaimGrace = 16 * time.Second
 
 // Release is an acknowledged ReleasePoolMember of the claim it ended.
 type Release struct{ InstanceID, ClaimID string }
@@ -33,6 +52,7 @@ type Ledger struct {
 	Releases    []Release
 	Enrollments []Enrollment
 	Terminates  []string
+	Deaths      []Death
 	// Replays counts enrollments retried with a token already accepted;
 	// ReplaysAccepted those the server took (each one breaks an invariant).
 	Replays, ReplaysAccepted int
@@ -54,6 +74,9 @@ func (l *Ledger) Release(r Release) { l.add(func() { l.Releases = append(l.Relea
 
 // Enroll records an acknowledged enrollment.
 func (l *Ledger) Enroll(e Enrollment) { l.add(func() { l.Enrollments = append(l.Enrollments, e) }) }
+
+// Die records a machine the harness stopped.
+func (l *Ledger) Die(d Death) { l.add(func() { l.Deaths = append(l.Deaths, d) }) }
 
 // Terminate records an acknowledged TerminateInstance.
 func (l *Ledger) Terminate(id string) { l.add(func() { l.Terminates = append(l.Terminates, id) }) }
@@ -147,6 +170,7 @@ func Check(l *Ledger, o Observed) []Result {
 	defer l.mu.Unlock()
 	return []Result{
 		claimedOnce(l, o),
+		noDeadClaimed(l),
 		claimsMatchEvents(l, o),
 		acknowledgedPresent(l, o),
 		noOrphans(o),
@@ -188,6 +212,28 @@ func claimedOnce(l *Ledger, o Observed) Result {
 			r.Violations = append(r.Violations, fmt.Sprintf("instance %s: acknowledged to claims %s and %s, the first never released", c.InstanceID, prev, c.ClaimID))
 		}
 		held[c.InstanceID] = c.ClaimID
+	}
+	return r
+}
+
+// noDeadClaimed: no acquire returns a member whose machine the fake
+// provider already reported dead when the call was made (design §2.10,
+// §4.4), beyond DeadClaimGrace.
+func noDeadClaimed(l *Ledger) Result {
+	r := Result{Name: "no acquire returns a dead member"}
+	died := map[string]time.Time{}
+	for _, d := range l.Deaths {
+		died[d.InstanceID] = d.At
+	}
+	for _, c := range l.Claims {
+		at, dead := died[c.InstanceID]
+		if !dead || c.Asked.IsZero() {
+			continue
+		}
+		r.Checked++
+		if late := c.Asked.Sub(at); late > DeadClaimGrace {
+			r.Violations = append(r.Violations, fmt.Sprintf("instance %s: claim %s asked %s after its machine died", c.InstanceID, c.ClaimID, late.Round(time.Millisecond)))
+		}
 	}
 	return r
 }

@@ -12,9 +12,11 @@ var now = time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 func healthy() (*Ledger, Observed) {
 	l := &Ledger{}
 	l.Task("t1")
-	l.Claim(Claim{ClaimID: "c1", InstanceID: "i1", PoolID: "p"})
+	l.Claim(Claim{ClaimID: "c1", InstanceID: "i1", PoolID: "p", Asked: now})
 	l.Release(Release{InstanceID: "i1", ClaimID: "c1"})
 	l.Claim(Claim{ClaimID: "c2", InstanceID: "i2", PoolID: "p"})
+	// i1's machine died after its claim: no violation.
+	l.Die(Death{InstanceID: "i1", At: now.Add(time.Second)})
 	l.Enroll(Enrollment{InstanceID: "i1", TokenHash: "h1"})
 	l.Enroll(Enrollment{InstanceID: "i2", TokenHash: "h2"})
 	l.Terminate("i1")
@@ -118,6 +120,30 @@ func TestCheckReportsBrokenInvariants(t *testing.T) {
 			}
 			if !found {
 				t.Fatalf("no invariant named %q", tc.broken)
+			}
+		})
+	}
+}
+
+func TestNoDeadClaimed(t *testing.T) {
+	died := time.Date(2026, 12, 4, 4, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name  string
+		asked time.Time
+		bad   bool
+	}{
+		{"before the death", died.Add(-time.Second), false},
+		{"within the grace", died.Add(DeadClaimGrace - time.Second), false},
+		{"after the grace", died.Add(DeadClaimGrace + time.Second), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := &Ledger{}
+			l.Die(Death{InstanceID: "i1", At: died})
+			l.Claim(Claim{ClaimID: "c1", InstanceID: "i1", PoolID: "p", Asked: tc.asked})
+			l.Claim(Claim{ClaimID: "c2", InstanceID: "i2", PoolID: "p", Asked: tc.asked})
+			r := noDeadClaimed(l)
+			if r.Checked != 1 || r.OK() == tc.bad {
+				t.Fatalf("checked %d, violations %v; want bad=%v", r.Checked, r.Violations, tc.bad)
 			}
 		})
 	}

@@ -28,6 +28,7 @@ import (
 
 	"github.com/tetherfleet/tether/internal/tinymodule"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
+	"github.com/tetherfleet/tether/providers"
 	"github.com/tetherfleet/tether/providers/fake"
 )
 
@@ -61,6 +62,8 @@ type Config struct {
 type Counters struct {
 	Kills, Restarts, StoreRestarts, Drops, Provisions, CallErrors atomic.Int64
 	AgentsEnrolled, AgentsConnected, TasksFinished                atomic.Int64
+	// Crashes are machines the crasher stopped behind tetherd's back.
+	Crashes atomic.Int64
 	// Failovers are calls that failed Unavailable on one replica and
 	// returned OK on another; AgentMoves are agents that moved to the next
 	// replica after theirs failed them.
@@ -111,13 +114,15 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	l := &Ledger{}
 	var c Counters
 	h := &harness{cfg: cfg, admins: admins, dl: dl, ledger: l, c: &c, node: node, pools: pools, kills: make([]int, len(ds)),
-		machinesFile: ds[0].fakeState, agents: map[string]bool{}, errCodes: map[codes.Code]int{}}
+		machinesFile: ds[0].fakeState, agents: map[string]bool{}, errCodes: map[codes.Code]int{},
+		killAgent: map[string]context.CancelFunc{}}
 	loadCtx, stopLoad := context.WithTimeout(ctx, cfg.Duration)
 	var wg sync.WaitGroup
 	spawn := func(f func(context.Context)) { wg.Add(1); go func() { defer wg.Done(); f(loadCtx) }() }
 	spawn(h.machines)
 	spawn(h.provisioner)
 	spawn(h.terminator)
+	spawn(h.crasher)
 	spawn(h.tasks)
 	spawn(h.dropper)
 	for i := range admins {
@@ -336,9 +341,9 @@ func (h *harness) report(o Observed, res []Result) {
 			c.Restarts.Load(), c.StoreRestarts.Load())
 		failover = fmt.Sprintf(", %d calls failed over to the other replica, %d agent moves", c.Failovers.Load(), c.AgentMoves.Load())
 	}
-	fmt.Fprintf(out, "load: %s, %d agents enrolled, %d agent connections, %d provisions, %d tasks created, %d finished by agents, %d claims, %d releases, %d terminates, %d dropped calls, %d watcher streams, %d replayed tokens, %d call errors (expected while tetherd is down)%s\n",
+	fmt.Fprintf(out, "load: %s, %d agents enrolled, %d agent connections, %d provisions, %d tasks created, %d finished by agents, %d claims, %d releases, %d terminates, %d machines crashed, %d dropped calls, %d watcher streams, %d replayed tokens, %d call errors (expected while tetherd is down)%s\n",
 		kills, len(l.Enrollments), c.AgentsConnected.Load(), c.Provisions.Load(), len(l.Tasks), c.TasksFinished.Load(),
-		len(l.Claims), len(l.Releases), len(l.Terminates), c.Drops.Load(), len(l.Live), l.Replays, c.CallErrors.Load(), failover)
+		len(l.Claims), len(l.Releases), len(l.Terminates), len(l.Deaths), c.Drops.Load(), len(l.Live), l.Replays, c.CallErrors.Load(), failover)
 	fmt.Fprintf(out, "call errors by code: %v\n", h.errCodes)
 	if h.unknown != nil {
 		fmt.Fprintf(out, "first error without a gRPC status (counted as Unknown): %v\n", h.unknown)
@@ -415,8 +420,11 @@ type harness struct {
 	// tetherd never answers with Unknown, so it names what did.
 	unknown error
 	running []string // instances whose agent reported ready
-	cancels []context.CancelFunc
-	agentWG sync.WaitGroup
+	// killAgent ends an instance's simulated agent (the crasher's dead
+	// machine takes its agent with it).
+	killAgent map[string]context.CancelFunc
+	cancels   []context.CancelFunc
+	agentWG   sync.WaitGroup
 }
 
 func (h *harness) callErr(err error) {
@@ -502,7 +510,7 @@ func (h *harness) machines(ctx context.Context) {
 			h.cancels = append(h.cancels, cancel)
 			h.mu.Unlock()
 			h.agentWG.Add(1)
-			go func() { defer h.agentWG.Done(); h.agent(actx, m.Enrollment.Token) }()
+			go func() { defer h.agentWG.Done(); h.agent(actx, cancel, m.Enrollment.Token) }()
 		}
 	}
 }
@@ -519,7 +527,7 @@ func (h *harness) stopAgents() {
 // agent enrolls with the machine's token, replays it once, then holds a
 // Connect stream (reconnecting across kills), heartbeating and finishing
 // every task it is given.
-func (h *harness) agent(ctx context.Context, token string) {
+func (h *harness) agent(ctx context.Context, cancel context.CancelFunc, token string) {
 	_, key, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
 		h.callErr(err)
@@ -558,6 +566,9 @@ func (h *harness) agent(ctx context.Context, token string) {
 		}
 	}
 	h.ledger.Enroll(Enrollment{InstanceID: resp.InstanceId, TokenHash: hex.EncodeToString(sum[:])})
+	h.mu.Lock()
+	h.killAgent[resp.InstanceId] = cancel
+	h.mu.Unlock()
 	h.c.AgentsEnrolled.Add(1)
 	if mrand.IntN(4) == 0 {
 		// The replay goes to another replica when there is one: a token
@@ -689,6 +700,36 @@ func (h *harness) provisioner(ctx context.Context) {
 	}
 }
 
+// crasher kills a random running machine every few seconds behind the
+// control plane's back, as a SIGKILLed QEMU: its agent's stream ends and
+// the fake provider reports it stopped from then on. No claim may hand
+// it out after that (noDeadClaimed).
+func (h *harness) crasher(ctx context.Context) {
+	fp, err := fake.Open(h.machinesFile)
+	for err != nil {
+		if !sleep(ctx, time.Second) {
+			return
+		}
+		fp, err = fake.Open(h.machinesFile)
+	}
+	for sleep(ctx, time.Duration(2000+mrand.IntN(2000))*time.Millisecond) {
+		id := h.randomRunning()
+		h.mu.Lock()
+		kill := h.killAgent[id]
+		delete(h.killAgent, id)
+		h.mu.Unlock()
+		if id == "" || kill == nil {
+			continue
+		}
+		kill()
+		if !fp.SetState(fake.MachineID(id), providers.StateStopped) {
+			continue // terminated meanwhile: nothing died
+		}
+		h.ledger.Die(Death{InstanceID: id, At: time.Now()})
+		h.c.Crashes.Add(1)
+	}
+}
+
 // terminator terminates a random running instance every second or so
 // (pool members included: the pool replaces them).
 func (h *harness) terminator(ctx context.Context) {
@@ -737,6 +778,7 @@ func (h *harness) claimer(ctx context.Context) {
 	for sleep(ctx, time.Duration(mrand.IntN(200))*time.Millisecond) {
 		pool := h.pools[mrand.IntN(len(h.pools))]
 		var r *v1.AcquirePoolMemberResponse
+		asked := time.Now()
 		err := h.adminCall(ctx, func(ctx context.Context, admin v1.AdminServiceClient) error {
 			var err error
 			r, err = admin.AcquirePoolMember(ctx, &v1.AcquirePoolMemberRequest{PoolName: pool, AcquiredBy: "chaos"})
@@ -746,7 +788,7 @@ func (h *harness) claimer(ctx context.Context) {
 			h.callErr(err)
 			continue
 		}
-		h.ledger.Claim(Claim{ClaimID: r.ClaimId, InstanceID: r.Instance.GetId(), PoolID: r.PoolId})
+		h.ledger.Claim(Claim{ClaimID: r.ClaimId, InstanceID: r.Instance.GetId(), PoolID: r.PoolId, Asked: asked})
 		sleep(ctx, time.Duration(mrand.IntN(2000))*time.Millisecond)
 		for attempt := 0; attempt < 50; attempt++ {
 			// The release must go out even as the run ends: a claim left

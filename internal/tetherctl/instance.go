@@ -19,15 +19,29 @@ func agentPhase(p v1.AgentPhase) string         { return enumText(p.String(), "A
 func poolState(p v1.PoolState) string           { return enumText(p.String(), "POOL_STATE_") }
 
 func instanceTable(w *tabwriter.Writer, ins []*v1.Instance) {
-	row(w, "ID", "NODE", "STATUS", "PHASE", "PROVIDER", "POOL STATE", "HEARTBEAT", "ERROR")
+	row(w, "ID", "NODE", "STATUS", "PHASE", "PROVIDER", "POOL STATE", "HEARTBEAT", "AGENT", "ERROR")
 	for _, in := range ins {
 		errText := in.ErrorMessage
 		if errText == "" {
 			errText = in.AgentError
 		}
 		row(w, in.Id, in.NodeName, instanceStatus(in.Status), agentPhase(in.AgentPhase), in.Provider, poolState(in.PoolState),
-			ago(in.LastHeartbeatAt), dash(oneLine(errText, 60)))
+			ago(in.LastHeartbeatAt), presenceText(in.AgentPresence), dash(oneLine(errText, 60)))
 	}
+}
+
+// presenceText says whether a replica holds the agent's stream: "connected
+// to replica X", "lost 12s ago", or "never connected" (design §2.10).
+func presenceText(p *v1.AgentPresence) string {
+	switch {
+	case p == nil:
+		return "never connected"
+	case p.Connected:
+		return "connected to replica " + p.Replica
+	case p.LostAt != nil:
+		return "lost " + ago(p.LostAt)
+	}
+	return "not connected"
 }
 
 func instanceDetail(w *tabwriter.Writer, in *v1.Instance) {
@@ -38,6 +52,7 @@ func instanceDetail(w *tabwriter.Writer, in *v1.Instance) {
 	row(w, "machine:", dash(in.CloudInstanceId))
 	row(w, "agent:", agentPhase(in.AgentPhase), dash(in.AgentVersion))
 	row(w, "last heartbeat:", when(in.LastHeartbeatAt), "("+ago(in.LastHeartbeatAt)+")")
+	row(w, "agent stream:", presenceText(in.AgentPresence))
 	row(w, "addresses:", dash(strings.Join(in.Addresses, ", ")))
 	row(w, "modules:", dash(strings.Join(in.RunningModuleDigests, ", ")))
 	if in.PoolId != "" {

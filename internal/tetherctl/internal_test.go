@@ -21,6 +21,8 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/tetherfleet/tether/internal/apierr"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
 
@@ -185,7 +187,7 @@ func TestTablesEscapeWhatWouldDriveTheTerminal(t *testing.T) {
 					t.Fatalf("raw %U in table output:\n%q", r, out.String())
 				}
 			}
-			if got, want := strings.Count(out.String(), "\n"), 11; got != want {
+			if got, want := strings.Count(out.String(), "\n"), 12; got != want {
 				t.Fatalf("%d lines, want %d (a value forged a row):\n%s", got, want, out)
 			}
 			if !utf8.ValidString(tc.in) {
@@ -295,5 +297,25 @@ func TestWaitStopsOnInterrupt(t *testing.T) {
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Fatalf("wait after interrupt: %v", err)
+	}
+}
+
+func TestPresenceText(t *testing.T) {
+	lost := timestamppb.New(time.Now().Add(-12 * time.Second))
+	for _, tc := range []struct {
+		name string
+		p    *v1.AgentPresence
+		want string
+	}{
+		{"never", nil, "never connected"},
+		{"connected", &v1.AgentPresence{Connected: true, Replica: "r1"}, "connected to replica r1"},
+		{"lost", &v1.AgentPresence{Replica: "r1", LostAt: lost}, "lost 12s ago"},
+		{"no time", &v1.AgentPresence{Replica: "r1"}, "not connected"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := presenceText(tc.p); got != tc.want {
+				t.Fatalf("presenceText = %q, want %q", got, tc.want)
+			}
+		})
 	}
 }

@@ -90,6 +90,7 @@ type Provider struct {
 	// stateFile, when set, holds the machine list: every call reloads it
 	// under its lock and rewrites it if it changed a machine (see Open).
 	stateFile string
+	onExit    func(providers.Exit)
 }
 
 // Option configures New.
@@ -567,6 +568,44 @@ func (p *Provider) SetState(id string, state providers.MachineState) bool {
 			m.m.State = state
 		}
 	})
+	return ok
+}
+
+// WatchExits implements providers.ExitWatcher: Crash reports to f until
+// ctx ends.
+func (p *Provider) WatchExits(ctx context.Context, f func(providers.Exit)) {
+	p.mu.Lock()
+	p.onExit = f
+	p.mu.Unlock()
+	context.AfterFunc(ctx, func() {
+		p.mu.Lock()
+		p.onExit = nil
+		p.mu.Unlock()
+	})
+}
+
+var _ providers.ExitWatcher = (*Provider)(nil)
+
+// Crash stops a machine behind the control plane's back, as a killed QEMU
+// process would: its state becomes stopped with detail, and the exit is
+// reported to the watcher (after the state changed, as a reaped child is).
+// It reports whether the machine existed.
+func (p *Provider) Crash(id, detail string) bool {
+	p.mu.Lock()
+	var ok bool
+	var instanceID string
+	p.mustInFile(true, func() {
+		var m *machine
+		if m, ok = p.machines[id]; ok {
+			m.m.State, m.m.Detail = providers.StateStopped, detail
+			instanceID = m.m.InstanceID
+		}
+	})
+	notify := p.onExit
+	p.mu.Unlock()
+	if ok && notify != nil {
+		notify(providers.Exit{MachineID: id, InstanceID: instanceID, Detail: detail})
+	}
 	return ok
 }
 

@@ -29,6 +29,9 @@ type hypervisor interface {
 	XMLDesc(d golibvirt.Domain) (string, error)
 	// Metadata returns the inner text of the domain's element in ns.
 	Metadata(d golibvirt.Domain, ns string) (string, error)
+	// LifecycleEvents streams every domain's lifecycle events until ctx
+	// ends or the connection drops (then the channel closes).
+	LifecycleEvents(ctx context.Context) (<-chan golibvirt.DomainEventLifecycleMsg, error)
 	Close() error
 }
 
@@ -129,6 +132,11 @@ func innerDialer(ctx context.Context, t target) func() (net.Conn, error) {
 	default:
 		return func() (net.Conn, error) { return (&net.Dialer{}).DialContext(ctx, "unix", t.socket) }
 	}
+}
+
+func (s *rpcSession) LifecycleEvents(ctx context.Context) (<-chan golibvirt.DomainEventLifecycleMsg, error) {
+	ch, err := s.l.LifecycleEvents(ctx)
+	return ch, s.call(err)
 }
 
 // call runs one RPC, turning a call cut short by the session's end into an

@@ -27,6 +27,10 @@ type fakeLibvirtd struct {
 	ignoreACPI bool
 	// dialErr fails every session.
 	dialErr error
+	// streams are the open LifecycleEvents subscriptions; subscribed is
+	// told each new one.
+	streams    []chan golibvirt.DomainEventLifecycleMsg
+	subscribed chan struct{}
 	// readToken is called with the token file's content at Create.
 	tokens []string
 	nextID int
@@ -305,6 +309,39 @@ func (s *fakeSession) Metadata(dd golibvirt.Domain, ns string) (string, error) {
 }
 
 func (s *fakeSession) Close() error { return nil }
+
+func (s *fakeSession) LifecycleEvents(ctx context.Context) (<-chan golibvirt.DomainEventLifecycleMsg, error) {
+	defer s.f.mu.Unlock()
+	if err := s.enter("LifecycleEvents", ""); err != nil {
+		return nil, err
+	}
+	ch := make(chan golibvirt.DomainEventLifecycleMsg, 16)
+	s.f.streams = append(s.f.streams, ch)
+	if s.f.subscribed != nil {
+		s.f.subscribed <- struct{}{}
+	}
+	context.AfterFunc(ctx, func() { s.f.dropEvents() })
+	return ch, nil
+}
+
+// emit sends a lifecycle event to every subscriber.
+func (f *fakeLibvirtd) emit(name string, ev golibvirt.DomainEventType, detail int32) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, ch := range f.streams {
+		ch <- golibvirt.DomainEventLifecycleMsg{Dom: golibvirt.Domain{Name: name}, Event: int32(ev), Detail: detail}
+	}
+}
+
+// dropEvents ends every subscription, as a libvirtd restart does.
+func (f *fakeLibvirtd) dropEvents() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, ch := range f.streams {
+		close(ch)
+	}
+	f.streams = nil
+}
 
 // plant adds a domain the provider did not define.
 func (f *fakeLibvirtd) plant(name, metadata string, st golibvirt.DomainState) {

@@ -137,3 +137,13 @@ func (disabled) Status(context.Context, string) (providers.Machine, error) {
 }
 
 func (disabled) List(context.Context) ([]providers.Machine, error) { return nil, refuse(opList) }
+
+// WatchExits implements providers.ExitWatcher: in real mode every QEMU
+// child tetherd reaps is reported; the other modes have no processes.
+func (p *Provider) WatchExits(ctx context.Context, f func(providers.Exit)) {
+	if w, ok := p.driver.(providers.ExitWatcher); ok {
+		w.WatchExits(ctx, f)
+	}
+}
+
+var _ providers.ExitWatcher = (*Provider)(nil)

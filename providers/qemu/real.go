@@ -30,6 +30,24 @@ type realDriver struct {
 
 	mu    sync.Mutex
 	procs map[string]*proc
+	// exits keeps, per instance, how its last child QEMU ended, so Status
+	// can say what was observed (cleared when it is launched again).
+	exits  map[string]string
+	onExit func(providers.Exit)
+}
+
+// WatchExits implements providers.ExitWatcher: every QEMU child this
+// driver reaps is reported, whether Tether stopped it or not; the caller
+// asks Status and judges by the row.
+func (r *realDriver) WatchExits(ctx context.Context, f func(providers.Exit)) {
+	r.mu.Lock()
+	r.onExit = f
+	r.mu.Unlock()
+	context.AfterFunc(ctx, func() {
+		r.mu.Lock()
+		r.onExit = nil
+		r.mu.Unlock()
+	})
 }
 
 func newRealDriver(cfg Config, accel string) (*realDriver, error) {
@@ -42,6 +60,7 @@ func newRealDriver(cfg Config, accel string) (*realDriver, error) {
 		log:   cfg.Logger,
 		locks: keyed.New(),
 		procs: map[string]*proc{},
+		exits: map[string]string{},
 	}, nil
 }
 
@@ -267,7 +286,13 @@ func (r *realDriver) status(ctx context.Context, op, id string, o observed) (pro
 		// A dead QEMU cannot read a token file any more; do not leave the
 		// secret lying around (a crash between write and launch).
 		removeQuietly(p.token)
-		return r.machine(id, providers.StateStopped, ""), nil
+		r.mu.Lock()
+		detail := r.exits[id]
+		r.mu.Unlock()
+		if detail == "" {
+			detail = "qemu process not running"
+		}
+		return r.machine(id, providers.StateStopped, detail), nil
 	}
 	out, err := qmpRun(ctx, p.qmp, r.cfg.QMPTimeout, "query-status")
 	if err != nil {
@@ -426,18 +451,25 @@ func (r *realDriver) launch(ctx context.Context, op, id string, boot providers.B
 	pr := &proc{pid: cmd.Process.Pid, done: make(chan struct{})}
 	r.mu.Lock()
 	r.procs[id] = pr
+	delete(r.exits, id)
 	r.mu.Unlock()
 	// Reap the process while we are its parent, so it never lingers as a
 	// zombie that looks alive to kill -0.
 	go func() {
 		pr.err = cmd.Wait()
 		close(pr.done)
+		detail := exitDetail(pr.err)
 		r.mu.Lock()
 		if r.procs[id] == pr {
 			delete(r.procs, id)
+			r.exits[id] = detail
 		}
+		notify := r.onExit
 		r.mu.Unlock()
 		r.log.Info("qemu exited", "instance", id, "pid", pr.pid, "status", exitText(pr.err))
+		if notify != nil {
+			notify(providers.Exit{MachineID: id, InstanceID: id, Detail: detail})
+		}
 	}()
 
 	log := r.log.With("instance", id, "pid", pr.pid, "op", op)
@@ -592,6 +624,22 @@ func logTail(path string, offset int64) string {
 		return "(qemu printed nothing)"
 	}
 	return s
+}
+
+// exitDetail says how a QEMU child ended, in the shell's terms an
+// operator knows: killed by a signal is 128 + its number.
+func exitDetail(err error) string {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return fmt.Sprintf("qemu killed by signal %d (%s, exit status %d)", int(ws.Signal()), ws.Signal(), 128+int(ws.Signal()))
+		}
+		return fmt.Sprintf("qemu exit status %d", ee.ExitCode())
+	}
+	if err != nil {
+		return "qemu exited: " + err.Error()
+	}
+	return "qemu exit status 0"
 }
 
 func exitText(err error) string {

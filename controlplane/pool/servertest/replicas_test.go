@@ -43,9 +43,15 @@ func seedReady(t *testing.T, ctx context.Context, st store.Store, p *v1.Pool, n 
 				return err
 			}
 			w := t0.Add(time.Duration(i) * time.Millisecond)
-			if err := q.CreateInstance(ctx, &store.Instance{NodeID: node.ID, Status: lifecycle.Running, Provider: "fake",
+			in := &store.Instance{NodeID: node.ID, Status: lifecycle.Running, Provider: "fake",
 				CloudInstanceID: node.Name, PoolID: p.Id, PoolState: lifecycle.PoolReady, PoolWarmingStartedAt: &w, PoolReadyAt: &w,
-				LastHeartbeatAt: &w, Addresses: []string{"10.9.0.1"}, CreatedAt: w, UpdatedAt: w}); err != nil {
+				LastHeartbeatAt: &w, Addresses: []string{"10.9.0.1"}, CreatedAt: w, UpdatedAt: w}
+			if err := q.CreateInstance(ctx, in); err != nil {
+				return err
+			}
+			// Its agent counts as connected for the whole run.
+			if err := q.OpenPresence(ctx, &store.Presence{InstanceID: in.ID, Replica: "seed", StreamID: "s-" + in.ID, ConnectedAt: w,
+				LeaseUntil: w.Add(100 * 365 * 24 * time.Hour)}); err != nil {
 				return err
 			}
 		}

@@ -135,18 +135,20 @@ func (q *queries) CountPoolMembers(ctx context.Context, poolID string) (store.Po
 	return c, rows.Err()
 }
 
-func (q *queries) ClaimPoolMember(ctx context.Context, poolID, class string) (*store.Instance, error) {
-	ins, err := q.readyMembers(ctx, poolID, class, 1)
+func (q *queries) ClaimPoolMember(ctx context.Context, poolID, class string, at time.Time) (*store.Instance, error) {
+	ins, err := q.readyMembers(ctx, poolID, class, 1, at)
 	if err != nil {
 		return nil, err
 	}
 	return ins[0], nil
 }
 
-// readyMembers locks up to n ready members of active pools, oldest first.
-func (q *queries) readyMembers(ctx context.Context, poolID, class string, n int) ([]*store.Instance, error) {
-	conds := `i.pool_state = 'ready' AND i.status = 'running' AND i.terminate_requested_at IS NULL AND p.status = 'active'`
-	var args []any
+// readyMembers locks up to n ready members of active pools, oldest first,
+// whose agent is present at at (a live stream on some replica, its lease
+// unexpired): a row alone is no evidence that the machine still runs.
+func (q *queries) readyMembers(ctx context.Context, poolID, class string, n int, at time.Time) ([]*store.Instance, error) {
+	conds := `i.pool_state = 'ready' AND i.status = 'running' AND i.terminate_requested_at IS NULL AND p.status = 'active' AND ` + livePresence
+	args := []any{ts(at)}
 	if poolID != "" {
 		conds += ` AND i.pool_id = ?`
 		args = append(args, poolID)
@@ -185,7 +187,7 @@ func (q *queries) ClaimPoolMembers(ctx context.Context, poolID, class string, cl
 	if len(claims) == 0 {
 		return nil, fmt.Errorf("claim pool members: no claims")
 	}
-	ins, err := q.readyMembers(ctx, poolID, class, len(claims))
+	ins, err := q.readyMembers(ctx, poolID, class, len(claims), at)
 	if err != nil {
 		return nil, err
 	}

@@ -126,6 +126,23 @@ type DB struct {
 	// nprepared counts them.
 	prepared  sync.Map
 	nprepared atomic.Int64
+	// observe, when set, is shown every statement's text as it runs
+	// (ObserveStatements).
+	observe atomic.Pointer[func(string)]
+}
+
+// ObserveStatements shows f the text of every statement this store runs
+// from now until stop is called, as sent to the database: the plan tests
+// explain the store's own SQL, not copies of it.
+func (d *DB) ObserveStatements(f func(query string)) (stop func()) {
+	d.observe.Store(&f)
+	return func() { d.observe.Store(nil) }
+}
+
+func (q *queries) observed(query string) {
+	if f := q.db.observe.Load(); f != nil {
+		(*f)(q.sql(query))
+	}
 }
 
 // Options configure New.
@@ -248,6 +265,7 @@ func (q *queries) stmtCtx(ctx context.Context) context.Context {
 }
 
 func (q *queries) exec(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	q.observed(query)
 	ctx = q.stmtCtx(ctx)
 	var res sql.Result
 	var err error
@@ -260,6 +278,7 @@ func (q *queries) exec(ctx context.Context, query string, args ...any) (sql.Resu
 }
 
 func (q *queries) query(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	q.observed(query)
 	ctx = q.stmtCtx(ctx)
 	var rows *sql.Rows
 	var err error
@@ -281,6 +300,7 @@ func (q *queries) query(ctx context.Context, query string, args ...any) (*sql.Ro
 }
 
 func (q *queries) row(ctx context.Context, query string, args ...any) *sql.Row {
+	q.observed(query)
 	ctx = q.stmtCtx(ctx)
 	if st := q.stmt(ctx, query); st != nil {
 		return st.QueryRowContext(ctx, args...)

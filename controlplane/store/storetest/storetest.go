@@ -51,6 +51,8 @@ func Run(t *testing.T, newStore Factory) {
 		{"Pools", testPools},
 		{"PoolClaimRace", testPoolClaimRace},
 		{"PoolBatchClaim", testPoolBatchClaim},
+		{"Presence", testPresence},
+		{"ClaimNeedsPresence", testClaimNeedsPresence},
 		{"TxRollback", testTxRollback},
 		{"Notifications", testNotifications},
 		{"Elector", testElector},
@@ -987,6 +989,9 @@ func addMembers(t *testing.T, s store.Store, p *store.Pool, nodeID string, state
 		w := t0.Add(time.Duration(i) * time.Second)
 		in.PoolWarmingStartedAt = &w
 		must(t, s.CreateInstance(ctx(t), in))
+		// Present for the length of any test: a claim needs its agent there.
+		must(t, s.OpenPresence(ctx(t), &store.Presence{InstanceID: in.ID, Replica: "storetest", StreamID: "s-" + in.ID,
+			ConnectedAt: t0, LeaseUntil: t0.Add(365 * 24 * time.Hour)}))
 		out = append(out, in)
 	}
 	return out
@@ -1029,18 +1034,18 @@ func testPools(t *testing.T, s store.Store) {
 		t.Fatalf("CountPoolMembers = %+v", counts)
 	}
 	// A paused pool hands out nothing.
-	_, err = s.ClaimPoolMember(c, p.ID, "")
+	_, err = s.ClaimPoolMember(c, p.ID, "", t0)
 	wantErr(t, err, store.ErrNotFound)
 	back.Status = store.PoolActive
 	must(t, s.UpdatePool(c, back))
-	m, err := s.ClaimPoolMember(c, p.ID, "")
+	m, err := s.ClaimPoolMember(c, p.ID, "", t0)
 	must(t, err)
 	if m.PoolWarmingStartedAt == nil || !m.PoolWarmingStartedAt.Equal(t0) {
 		t.Fatal("ClaimPoolMember must take the oldest ready member")
 	}
-	_, err = s.ClaimPoolMember(c, "", store.ClassSpot)
+	_, err = s.ClaimPoolMember(c, "", store.ClassSpot, t0)
 	wantErr(t, err, store.ErrNotFound)
-	_, err = s.ClaimPoolMember(c, "", store.ClassEphemeral)
+	_, err = s.ClaimPoolMember(c, "", store.ClassEphemeral, t0)
 	must(t, err)
 
 	wantErr(t, s.DeletePool(c, p.ID), store.ErrConflict)
@@ -1113,7 +1118,7 @@ func testPoolClaimRace(t *testing.T, s store.Store) {
 			defer wg.Done()
 			var id string
 			err := s.Tx(c, func(q store.Queries) error {
-				m, err := q.ClaimPoolMember(c, p.ID, "")
+				m, err := q.ClaimPoolMember(c, p.ID, "", t0)
 				if err != nil {
 					return err
 				}

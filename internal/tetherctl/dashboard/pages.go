@@ -47,6 +47,7 @@ func (s *Server) parseTemplates() error {
 		"severity":   severityName,
 		"when":       when,
 		"ago":        func(t *timestamppb.Timestamp) string { return ago(t, s.cfg.Clock.Now()) },
+		"presence":   func(p *v1.AgentPresence) string { return presence(p, s.cfg.Clock.Now()) },
 		"short":      short,
 		"str":        func(b []byte) string { return string(b) },
 		"join":       strings.Join,
@@ -399,4 +400,18 @@ func (s *Server) eventsPage(w http.ResponseWriter, r *http.Request) {
 	d.Query = live.Encode()
 	p.Data, p.Live = d, s.prefix+"/sse/events?"+d.Query
 	s.render(w, "events", p, false)
+}
+
+// presence says whether a replica holds the agent's stream (design §2.10),
+// as tetherctl instance list does.
+func presence(p *v1.AgentPresence, now time.Time) string {
+	switch {
+	case p == nil:
+		return "never connected"
+	case p.Connected:
+		return "connected to replica " + p.Replica
+	case p.LostAt != nil:
+		return "lost " + ago(p.LostAt, now)
+	}
+	return "not connected"
 }

@@ -1633,8 +1633,11 @@ type Instance struct {
 	UpdatedAt            *timestamppb.Timestamp `protobuf:"bytes,27,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
 	TerminateRequestedAt *timestamppb.Timestamp `protobuf:"bytes,28,opt,name=terminate_requested_at,json=terminateRequestedAt,proto3" json:"terminate_requested_at,omitempty"`
 	SilentSince          *timestamppb.Timestamp `protobuf:"bytes,29,opt,name=silent_since,json=silentSince,proto3" json:"silent_since,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// Whether a replica holds the agent's stream (design §2.10); unset when
+	// the agent never connected.
+	AgentPresence *AgentPresence `protobuf:"bytes,30,opt,name=agent_presence,json=agentPresence,proto3" json:"agent_presence,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Instance) Reset() {
@@ -1870,6 +1873,85 @@ func (x *Instance) GetSilentSince() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Instance) GetAgentPresence() *AgentPresence {
+	if x != nil {
+		return x.AgentPresence
+	}
+	return nil
+}
+
+// AgentPresence is the evidence that an instance's agent is there.
+type AgentPresence struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// connected: a replica holds the stream and its lease is current.
+	Connected bool `protobuf:"varint,1,opt,name=connected,proto3" json:"connected,omitempty"`
+	// replica holds (or last held) the stream.
+	Replica     string                 `protobuf:"bytes,2,opt,name=replica,proto3" json:"replica,omitempty"`
+	ConnectedAt *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=connected_at,json=connectedAt,proto3" json:"connected_at,omitempty"`
+	// lost_at: when the stream ended or its lease ran out (unset while connected).
+	LostAt        *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=lost_at,json=lostAt,proto3" json:"lost_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AgentPresence) Reset() {
+	*x = AgentPresence{}
+	mi := &file_tether_v1_types_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AgentPresence) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AgentPresence) ProtoMessage() {}
+
+func (x *AgentPresence) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_types_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AgentPresence.ProtoReflect.Descriptor instead.
+func (*AgentPresence) Descriptor() ([]byte, []int) {
+	return file_tether_v1_types_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *AgentPresence) GetConnected() bool {
+	if x != nil {
+		return x.Connected
+	}
+	return false
+}
+
+func (x *AgentPresence) GetReplica() string {
+	if x != nil {
+		return x.Replica
+	}
+	return ""
+}
+
+func (x *AgentPresence) GetConnectedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ConnectedAt
+	}
+	return nil
+}
+
+func (x *AgentPresence) GetLostAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LostAt
+	}
+	return nil
+}
+
 type Certificate struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Serial        string                 `protobuf:"bytes,1,opt,name=serial,proto3" json:"serial,omitempty"`
@@ -1886,7 +1968,7 @@ type Certificate struct {
 
 func (x *Certificate) Reset() {
 	*x = Certificate{}
-	mi := &file_tether_v1_types_proto_msgTypes[12]
+	mi := &file_tether_v1_types_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1898,7 +1980,7 @@ func (x *Certificate) String() string {
 func (*Certificate) ProtoMessage() {}
 
 func (x *Certificate) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_types_proto_msgTypes[12]
+	mi := &file_tether_v1_types_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1911,7 +1993,7 @@ func (x *Certificate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Certificate.ProtoReflect.Descriptor instead.
 func (*Certificate) Descriptor() ([]byte, []int) {
-	return file_tether_v1_types_proto_rawDescGZIP(), []int{12}
+	return file_tether_v1_types_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Certificate) GetSerial() string {
@@ -1981,7 +2063,7 @@ type ExecPayload struct {
 
 func (x *ExecPayload) Reset() {
 	*x = ExecPayload{}
-	mi := &file_tether_v1_types_proto_msgTypes[13]
+	mi := &file_tether_v1_types_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1993,7 +2075,7 @@ func (x *ExecPayload) String() string {
 func (*ExecPayload) ProtoMessage() {}
 
 func (x *ExecPayload) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_types_proto_msgTypes[13]
+	mi := &file_tether_v1_types_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2006,7 +2088,7 @@ func (x *ExecPayload) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecPayload.ProtoReflect.Descriptor instead.
 func (*ExecPayload) Descriptor() ([]byte, []int) {
-	return file_tether_v1_types_proto_rawDescGZIP(), []int{13}
+	return file_tether_v1_types_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ExecPayload) GetArgv() []string {
@@ -2034,7 +2116,7 @@ type TaskResult struct {
 
 func (x *TaskResult) Reset() {
 	*x = TaskResult{}
-	mi := &file_tether_v1_types_proto_msgTypes[14]
+	mi := &file_tether_v1_types_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2046,7 +2128,7 @@ func (x *TaskResult) String() string {
 func (*TaskResult) ProtoMessage() {}
 
 func (x *TaskResult) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_types_proto_msgTypes[14]
+	mi := &file_tether_v1_types_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2059,7 +2141,7 @@ func (x *TaskResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TaskResult.ProtoReflect.Descriptor instead.
 func (*TaskResult) Descriptor() ([]byte, []int) {
-	return file_tether_v1_types_proto_rawDescGZIP(), []int{14}
+	return file_tether_v1_types_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *TaskResult) GetExitCode() int32 {
@@ -2106,7 +2188,7 @@ type Task struct {
 
 func (x *Task) Reset() {
 	*x = Task{}
-	mi := &file_tether_v1_types_proto_msgTypes[15]
+	mi := &file_tether_v1_types_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2118,7 +2200,7 @@ func (x *Task) String() string {
 func (*Task) ProtoMessage() {}
 
 func (x *Task) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_types_proto_msgTypes[15]
+	mi := &file_tether_v1_types_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2131,7 +2213,7 @@ func (x *Task) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Task.ProtoReflect.Descriptor instead.
 func (*Task) Descriptor() ([]byte, []int) {
-	return file_tether_v1_types_proto_rawDescGZIP(), []int{15}
+	return file_tether_v1_types_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Task) GetId() string {
@@ -2256,7 +2338,7 @@ type PoolMetadata struct {
 
 func (x *PoolMetadata) Reset() {
 	*x = PoolMetadata{}
-	mi := &file_tether_v1_types_proto_msgTypes[16]
+	mi := &file_tether_v1_types_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2268,7 +2350,7 @@ func (x *PoolMetadata) String() string {
 func (*PoolMetadata) ProtoMessage() {}
 
 func (x *PoolMetadata) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_types_proto_msgTypes[16]
+	mi := &file_tether_v1_types_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2281,7 +2363,7 @@ func (x *PoolMetadata) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolMetadata.ProtoReflect.Descriptor instead.
 func (*PoolMetadata) Descriptor() ([]byte, []int) {
-	return file_tether_v1_types_proto_rawDescGZIP(), []int{16}
+	return file_tether_v1_types_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *PoolMetadata) GetWarmingTimeoutSeconds() int32 {
@@ -2340,7 +2422,7 @@ type PoolCounts struct {
 
 func (x *PoolCounts) Reset() {
 	*x = PoolCounts{}
-	mi := &file_tether_v1_types_proto_msgTypes[17]
+	mi := &file_tether_v1_types_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2352,7 +2434,7 @@ func (x *PoolCounts) String() string {
 func (*PoolCounts) ProtoMessage() {}
 
 func (x *PoolCounts) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_types_proto_msgTypes[17]
+	mi := &file_tether_v1_types_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2365,7 +2447,7 @@ func (x *PoolCounts) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolCounts.ProtoReflect.Descriptor instead.
 func (*PoolCounts) Descriptor() ([]byte, []int) {
-	return file_tether_v1_types_proto_rawDescGZIP(), []int{17}
+	return file_tether_v1_types_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *PoolCounts) GetReady() int32 {
@@ -2424,7 +2506,7 @@ type PoolMember struct {
 
 func (x *PoolMember) Reset() {
 	*x = PoolMember{}
-	mi := &file_tether_v1_types_proto_msgTypes[18]
+	mi := &file_tether_v1_types_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2436,7 +2518,7 @@ func (x *PoolMember) String() string {
 func (*PoolMember) ProtoMessage() {}
 
 func (x *PoolMember) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_types_proto_msgTypes[18]
+	mi := &file_tether_v1_types_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2449,7 +2531,7 @@ func (x *PoolMember) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolMember.ProtoReflect.Descriptor instead.
 func (*PoolMember) Descriptor() ([]byte, []int) {
-	return file_tether_v1_types_proto_rawDescGZIP(), []int{18}
+	return file_tether_v1_types_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *PoolMember) GetInstanceId() string {
@@ -2521,7 +2603,7 @@ type Pool struct {
 
 func (x *Pool) Reset() {
 	*x = Pool{}
-	mi := &file_tether_v1_types_proto_msgTypes[19]
+	mi := &file_tether_v1_types_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2533,7 +2615,7 @@ func (x *Pool) String() string {
 func (*Pool) ProtoMessage() {}
 
 func (x *Pool) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_types_proto_msgTypes[19]
+	mi := &file_tether_v1_types_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2546,7 +2628,7 @@ func (x *Pool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Pool.ProtoReflect.Descriptor instead.
 func (*Pool) Descriptor() ([]byte, []int) {
-	return file_tether_v1_types_proto_rawDescGZIP(), []int{19}
+	return file_tether_v1_types_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Pool) GetId() string {
@@ -2692,7 +2774,7 @@ type FleetEvent struct {
 
 func (x *FleetEvent) Reset() {
 	*x = FleetEvent{}
-	mi := &file_tether_v1_types_proto_msgTypes[20]
+	mi := &file_tether_v1_types_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2704,7 +2786,7 @@ func (x *FleetEvent) String() string {
 func (*FleetEvent) ProtoMessage() {}
 
 func (x *FleetEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_types_proto_msgTypes[20]
+	mi := &file_tether_v1_types_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2717,7 +2799,7 @@ func (x *FleetEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FleetEvent.ProtoReflect.Descriptor instead.
 func (*FleetEvent) Descriptor() ([]byte, []int) {
-	return file_tether_v1_types_proto_rawDescGZIP(), []int{20}
+	return file_tether_v1_types_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *FleetEvent) GetId() string {
@@ -2892,7 +2974,7 @@ const file_tether_v1_types_proto_rawDesc = "" +
 	"\x02by\x18\x01 \x01(\tR\x02by\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12*\n" +
 	"\x02at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12@\n" +
-	"\x11pool_state_before\x18\x04 \x01(\x0e2\x14.tether.v1.PoolStateR\x0fpoolStateBefore\"\x99\n" +
+	"\x11pool_state_before\x18\x04 \x01(\x0e2\x14.tether.v1.PoolStateR\x0fpoolStateBefore\"\xda\n" +
 	"\n" +
 	"\bInstance\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x17\n" +
@@ -2930,7 +3012,13 @@ const file_tether_v1_types_proto_rawDesc = "" +
 	"\n" +
 	"updated_at\x18\x1b \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x12P\n" +
 	"\x16terminate_requested_at\x18\x1c \x01(\v2\x1a.google.protobuf.TimestampR\x14terminateRequestedAt\x12=\n" +
-	"\fsilent_since\x18\x1d \x01(\v2\x1a.google.protobuf.TimestampR\vsilentSince\"\xe4\x02\n" +
+	"\fsilent_since\x18\x1d \x01(\v2\x1a.google.protobuf.TimestampR\vsilentSince\x12?\n" +
+	"\x0eagent_presence\x18\x1e \x01(\v2\x18.tether.v1.AgentPresenceR\ragentPresence\"\xbb\x01\n" +
+	"\rAgentPresence\x12\x1c\n" +
+	"\tconnected\x18\x01 \x01(\bR\tconnected\x12\x18\n" +
+	"\areplica\x18\x02 \x01(\tR\areplica\x12=\n" +
+	"\fconnected_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\vconnectedAt\x123\n" +
+	"\alost_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x06lostAt\"\xe4\x02\n" +
 	"\vCertificate\x12\x16\n" +
 	"\x06serial\x18\x01 \x01(\tR\x06serial\x12\x1f\n" +
 	"\vinstance_id\x18\x02 \x01(\tR\n" +
@@ -3124,7 +3212,7 @@ func file_tether_v1_types_proto_rawDescGZIP() []byte {
 }
 
 var file_tether_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 10)
-var file_tether_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_tether_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_tether_v1_types_proto_goTypes = []any{
 	(InstanceStatus)(0),           // 0: tether.v1.InstanceStatus
 	(AgentPhase)(0),               // 1: tether.v1.AgentPhase
@@ -3148,83 +3236,87 @@ var file_tether_v1_types_proto_goTypes = []any{
 	(*Credential)(nil),            // 19: tether.v1.Credential
 	(*CordonMarker)(nil),          // 20: tether.v1.CordonMarker
 	(*Instance)(nil),              // 21: tether.v1.Instance
-	(*Certificate)(nil),           // 22: tether.v1.Certificate
-	(*ExecPayload)(nil),           // 23: tether.v1.ExecPayload
-	(*TaskResult)(nil),            // 24: tether.v1.TaskResult
-	(*Task)(nil),                  // 25: tether.v1.Task
-	(*PoolMetadata)(nil),          // 26: tether.v1.PoolMetadata
-	(*PoolCounts)(nil),            // 27: tether.v1.PoolCounts
-	(*PoolMember)(nil),            // 28: tether.v1.PoolMember
-	(*Pool)(nil),                  // 29: tether.v1.Pool
-	(*FleetEvent)(nil),            // 30: tether.v1.FleetEvent
-	(*timestamppb.Timestamp)(nil), // 31: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),       // 32: google.protobuf.Struct
+	(*AgentPresence)(nil),         // 22: tether.v1.AgentPresence
+	(*Certificate)(nil),           // 23: tether.v1.Certificate
+	(*ExecPayload)(nil),           // 24: tether.v1.ExecPayload
+	(*TaskResult)(nil),            // 25: tether.v1.TaskResult
+	(*Task)(nil),                  // 26: tether.v1.Task
+	(*PoolMetadata)(nil),          // 27: tether.v1.PoolMetadata
+	(*PoolCounts)(nil),            // 28: tether.v1.PoolCounts
+	(*PoolMember)(nil),            // 29: tether.v1.PoolMember
+	(*Pool)(nil),                  // 30: tether.v1.Pool
+	(*FleetEvent)(nil),            // 31: tether.v1.FleetEvent
+	(*timestamppb.Timestamp)(nil), // 32: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),       // 33: google.protobuf.Struct
 }
 var file_tether_v1_types_proto_depIdxs = []int32{
 	10, // 0: tether.v1.Template.root_modules:type_name -> tether.v1.ModuleRef
 	10, // 1: tether.v1.Template.extension_modules:type_name -> tether.v1.ModuleRef
-	31, // 2: tether.v1.Template.created_at:type_name -> google.protobuf.Timestamp
-	31, // 3: tether.v1.Template.updated_at:type_name -> google.protobuf.Timestamp
-	31, // 4: tether.v1.Module.created_at:type_name -> google.protobuf.Timestamp
+	32, // 2: tether.v1.Template.created_at:type_name -> google.protobuf.Timestamp
+	32, // 3: tether.v1.Template.updated_at:type_name -> google.protobuf.Timestamp
+	32, // 4: tether.v1.Module.created_at:type_name -> google.protobuf.Timestamp
 	13, // 5: tether.v1.Module.signatures:type_name -> tether.v1.ModuleSignature
-	31, // 6: tether.v1.ModuleSignature.created_at:type_name -> google.protobuf.Timestamp
-	31, // 7: tether.v1.Signer.created_at:type_name -> google.protobuf.Timestamp
-	31, // 8: tether.v1.AdminIdentity.not_after:type_name -> google.protobuf.Timestamp
-	31, // 9: tether.v1.AdminIdentity.created_at:type_name -> google.protobuf.Timestamp
-	31, // 10: tether.v1.AdminIdentity.revoked_at:type_name -> google.protobuf.Timestamp
-	31, // 11: tether.v1.AuditRecord.at:type_name -> google.protobuf.Timestamp
-	32, // 12: tether.v1.Node.config:type_name -> google.protobuf.Struct
-	31, // 13: tether.v1.Node.created_at:type_name -> google.protobuf.Timestamp
-	31, // 14: tether.v1.Node.updated_at:type_name -> google.protobuf.Timestamp
+	32, // 6: tether.v1.ModuleSignature.created_at:type_name -> google.protobuf.Timestamp
+	32, // 7: tether.v1.Signer.created_at:type_name -> google.protobuf.Timestamp
+	32, // 8: tether.v1.AdminIdentity.not_after:type_name -> google.protobuf.Timestamp
+	32, // 9: tether.v1.AdminIdentity.created_at:type_name -> google.protobuf.Timestamp
+	32, // 10: tether.v1.AdminIdentity.revoked_at:type_name -> google.protobuf.Timestamp
+	32, // 11: tether.v1.AuditRecord.at:type_name -> google.protobuf.Timestamp
+	33, // 12: tether.v1.Node.config:type_name -> google.protobuf.Struct
+	32, // 13: tether.v1.Node.created_at:type_name -> google.protobuf.Timestamp
+	32, // 14: tether.v1.Node.updated_at:type_name -> google.protobuf.Timestamp
 	18, // 15: tether.v1.Node.bmc:type_name -> tether.v1.NodeBMC
-	31, // 16: tether.v1.Credential.created_at:type_name -> google.protobuf.Timestamp
-	31, // 17: tether.v1.Credential.updated_at:type_name -> google.protobuf.Timestamp
-	31, // 18: tether.v1.CordonMarker.at:type_name -> google.protobuf.Timestamp
+	32, // 16: tether.v1.Credential.created_at:type_name -> google.protobuf.Timestamp
+	32, // 17: tether.v1.Credential.updated_at:type_name -> google.protobuf.Timestamp
+	32, // 18: tether.v1.CordonMarker.at:type_name -> google.protobuf.Timestamp
 	2,  // 19: tether.v1.CordonMarker.pool_state_before:type_name -> tether.v1.PoolState
 	0,  // 20: tether.v1.Instance.status:type_name -> tether.v1.InstanceStatus
 	2,  // 21: tether.v1.Instance.pool_state:type_name -> tether.v1.PoolState
-	31, // 22: tether.v1.Instance.pool_warming_started_at:type_name -> google.protobuf.Timestamp
-	31, // 23: tether.v1.Instance.pool_ready_at:type_name -> google.protobuf.Timestamp
-	31, // 24: tether.v1.Instance.pool_acquired_at:type_name -> google.protobuf.Timestamp
+	32, // 22: tether.v1.Instance.pool_warming_started_at:type_name -> google.protobuf.Timestamp
+	32, // 23: tether.v1.Instance.pool_ready_at:type_name -> google.protobuf.Timestamp
+	32, // 24: tether.v1.Instance.pool_acquired_at:type_name -> google.protobuf.Timestamp
 	20, // 25: tether.v1.Instance.cordon:type_name -> tether.v1.CordonMarker
-	31, // 26: tether.v1.Instance.last_heartbeat_at:type_name -> google.protobuf.Timestamp
+	32, // 26: tether.v1.Instance.last_heartbeat_at:type_name -> google.protobuf.Timestamp
 	1,  // 27: tether.v1.Instance.agent_phase:type_name -> tether.v1.AgentPhase
-	31, // 28: tether.v1.Instance.created_at:type_name -> google.protobuf.Timestamp
-	31, // 29: tether.v1.Instance.updated_at:type_name -> google.protobuf.Timestamp
-	31, // 30: tether.v1.Instance.terminate_requested_at:type_name -> google.protobuf.Timestamp
-	31, // 31: tether.v1.Instance.silent_since:type_name -> google.protobuf.Timestamp
-	9,  // 32: tether.v1.Certificate.kind:type_name -> tether.v1.CertificateKind
-	31, // 33: tether.v1.Certificate.not_before:type_name -> google.protobuf.Timestamp
-	31, // 34: tether.v1.Certificate.not_after:type_name -> google.protobuf.Timestamp
-	31, // 35: tether.v1.Certificate.revoked_at:type_name -> google.protobuf.Timestamp
-	5,  // 36: tether.v1.Task.target:type_name -> tether.v1.TaskTarget
-	6,  // 37: tether.v1.Task.kind:type_name -> tether.v1.TaskKind
-	23, // 38: tether.v1.Task.exec:type_name -> tether.v1.ExecPayload
-	7,  // 39: tether.v1.Task.status:type_name -> tether.v1.TaskStatus
-	31, // 40: tether.v1.Task.lease_expires_at:type_name -> google.protobuf.Timestamp
-	24, // 41: tether.v1.Task.result:type_name -> tether.v1.TaskResult
-	31, // 42: tether.v1.Task.created_at:type_name -> google.protobuf.Timestamp
-	31, // 43: tether.v1.Task.updated_at:type_name -> google.protobuf.Timestamp
-	2,  // 44: tether.v1.PoolMember.pool_state:type_name -> tether.v1.PoolState
-	0,  // 45: tether.v1.PoolMember.status:type_name -> tether.v1.InstanceStatus
-	31, // 46: tether.v1.PoolMember.pool_warming_started_at:type_name -> google.protobuf.Timestamp
-	31, // 47: tether.v1.PoolMember.pool_acquired_at:type_name -> google.protobuf.Timestamp
-	4,  // 48: tether.v1.Pool.lifecycle_class:type_name -> tether.v1.LifecycleClass
-	3,  // 49: tether.v1.Pool.status:type_name -> tether.v1.PoolStatus
-	26, // 50: tether.v1.Pool.metadata:type_name -> tether.v1.PoolMetadata
-	27, // 51: tether.v1.Pool.counts:type_name -> tether.v1.PoolCounts
-	31, // 52: tether.v1.Pool.last_replenished_at:type_name -> google.protobuf.Timestamp
-	28, // 53: tether.v1.Pool.members:type_name -> tether.v1.PoolMember
-	31, // 54: tether.v1.Pool.created_at:type_name -> google.protobuf.Timestamp
-	31, // 55: tether.v1.Pool.updated_at:type_name -> google.protobuf.Timestamp
-	8,  // 56: tether.v1.FleetEvent.severity:type_name -> tether.v1.Severity
-	32, // 57: tether.v1.FleetEvent.payload:type_name -> google.protobuf.Struct
-	31, // 58: tether.v1.FleetEvent.created_at:type_name -> google.protobuf.Timestamp
-	59, // [59:59] is the sub-list for method output_type
-	59, // [59:59] is the sub-list for method input_type
-	59, // [59:59] is the sub-list for extension type_name
-	59, // [59:59] is the sub-list for extension extendee
-	0,  // [0:59] is the sub-list for field type_name
+	32, // 28: tether.v1.Instance.created_at:type_name -> google.protobuf.Timestamp
+	32, // 29: tether.v1.Instance.updated_at:type_name -> google.protobuf.Timestamp
+	32, // 30: tether.v1.Instance.terminate_requested_at:type_name -> google.protobuf.Timestamp
+	32, // 31: tether.v1.Instance.silent_since:type_name -> google.protobuf.Timestamp
+	22, // 32: tether.v1.Instance.agent_presence:type_name -> tether.v1.AgentPresence
+	32, // 33: tether.v1.AgentPresence.connected_at:type_name -> google.protobuf.Timestamp
+	32, // 34: tether.v1.AgentPresence.lost_at:type_name -> google.protobuf.Timestamp
+	9,  // 35: tether.v1.Certificate.kind:type_name -> tether.v1.CertificateKind
+	32, // 36: tether.v1.Certificate.not_before:type_name -> google.protobuf.Timestamp
+	32, // 37: tether.v1.Certificate.not_after:type_name -> google.protobuf.Timestamp
+	32, // 38: tether.v1.Certificate.revoked_at:type_name -> google.protobuf.Timestamp
+	5,  // 39: tether.v1.Task.target:type_name -> tether.v1.TaskTarget
+	6,  // 40: tether.v1.Task.kind:type_name -> tether.v1.TaskKind
+	24, // 41: tether.v1.Task.exec:type_name -> tether.v1.ExecPayload
+	7,  // 42: tether.v1.Task.status:type_name -> tether.v1.TaskStatus
+	32, // 43: tether.v1.Task.lease_expires_at:type_name -> google.protobuf.Timestamp
+	25, // 44: tether.v1.Task.result:type_name -> tether.v1.TaskResult
+	32, // 45: tether.v1.Task.created_at:type_name -> google.protobuf.Timestamp
+	32, // 46: tether.v1.Task.updated_at:type_name -> google.protobuf.Timestamp
+	2,  // 47: tether.v1.PoolMember.pool_state:type_name -> tether.v1.PoolState
+	0,  // 48: tether.v1.PoolMember.status:type_name -> tether.v1.InstanceStatus
+	32, // 49: tether.v1.PoolMember.pool_warming_started_at:type_name -> google.protobuf.Timestamp
+	32, // 50: tether.v1.PoolMember.pool_acquired_at:type_name -> google.protobuf.Timestamp
+	4,  // 51: tether.v1.Pool.lifecycle_class:type_name -> tether.v1.LifecycleClass
+	3,  // 52: tether.v1.Pool.status:type_name -> tether.v1.PoolStatus
+	27, // 53: tether.v1.Pool.metadata:type_name -> tether.v1.PoolMetadata
+	28, // 54: tether.v1.Pool.counts:type_name -> tether.v1.PoolCounts
+	32, // 55: tether.v1.Pool.last_replenished_at:type_name -> google.protobuf.Timestamp
+	29, // 56: tether.v1.Pool.members:type_name -> tether.v1.PoolMember
+	32, // 57: tether.v1.Pool.created_at:type_name -> google.protobuf.Timestamp
+	32, // 58: tether.v1.Pool.updated_at:type_name -> google.protobuf.Timestamp
+	8,  // 59: tether.v1.FleetEvent.severity:type_name -> tether.v1.Severity
+	33, // 60: tether.v1.FleetEvent.payload:type_name -> google.protobuf.Struct
+	32, // 61: tether.v1.FleetEvent.created_at:type_name -> google.protobuf.Timestamp
+	62, // [62:62] is the sub-list for method output_type
+	62, // [62:62] is the sub-list for method input_type
+	62, // [62:62] is the sub-list for extension type_name
+	62, // [62:62] is the sub-list for extension extendee
+	0,  // [0:62] is the sub-list for field type_name
 }
 
 func init() { file_tether_v1_types_proto_init() }
@@ -3232,14 +3324,14 @@ func file_tether_v1_types_proto_init() {
 	if File_tether_v1_types_proto != nil {
 		return
 	}
-	file_tether_v1_types_proto_msgTypes[16].OneofWrappers = []any{}
+	file_tether_v1_types_proto_msgTypes[17].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tether_v1_types_proto_rawDesc), len(file_tether_v1_types_proto_rawDesc)),
 			NumEnums:      10,
-			NumMessages:   21,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

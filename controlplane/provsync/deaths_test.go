@@ -1,0 +1,160 @@
+package provsync_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tetherfleet/tether/controlplane/events"
+	"github.com/tetherfleet/tether/controlplane/lifecycle"
+	"github.com/tetherfleet/tether/controlplane/provsync"
+	"github.com/tetherfleet/tether/controlplane/store"
+	"github.com/tetherfleet/tether/providers"
+	"github.com/tetherfleet/tether/providers/fake"
+)
+
+// member makes in a ready member of a pool of its own.
+func (f *fixture) member(t *testing.T, in *store.Instance) {
+	t.Helper()
+	p := &store.Pool{Name: "p-" + in.ID[len(in.ID)-8:], TemplateID: f.tplID, Provider: fake.Name, LifecycleClass: store.ClassEphemeral,
+		TargetSize: 1, MaxSize: 2, Status: store.PoolActive, CreatedAt: t0, UpdatedAt: t0}
+	if err := f.st.CreatePool(f.ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	in.PoolID, in.PoolState = p.ID, lifecycle.PoolReady
+	if err := f.st.UpdateInstance(f.ctx, in); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A running row whose machine the provider reports stopped (a QEMU killed
+// outside Tether) goes to error with what was observed, and a ready member
+// leaves ready; a stopped machine's row in stopping is a stop in progress
+// and is left to it.
+func TestStoppedMachineOfARunningRowGoesToError(t *testing.T) {
+	f := setup(t)
+	dead := f.instance(t, fake.Name, lifecycle.Running)
+	f.member(t, dead)
+	alive := f.instance(t, fake.Name, lifecycle.Running)
+	stopping := f.instance(t, fake.Name, lifecycle.Stopping)
+	f.fake.SetState(stopping.CloudInstanceID, providers.StateStopped)
+	if !f.fake.Crash(dead.CloudInstanceID, "qemu killed by signal 9 (killed, exit status 137)") {
+		t.Fatal("no machine to crash")
+	}
+	res, err := f.syncer.Tick(f.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Errored != 1 {
+		t.Fatalf("errored %d rows, want the one whose machine stopped", res.Errored)
+	}
+	got := f.get(t, dead.ID)
+	want := "machine exited outside Tether (qemu killed by signal 9 (killed, exit status 137))"
+	if got.Status != lifecycle.Error || got.ErrorMessage != want {
+		t.Fatalf("dead row: %s %q, want error %q", got.Status, got.ErrorMessage, want)
+	}
+	if got.PoolState != lifecycle.PoolErrored || got.PoolNextTerminateAt == nil {
+		t.Fatalf("dead member is %s (next terminate %v); it must leave ready for the errored ladder", got.PoolState, got.PoolNextTerminateAt)
+	}
+	evs := f.events(t, dead.ID, events.InstanceErrored)
+	if len(evs) != 1 || !strings.Contains(evs[0].Message, "exit status 137") {
+		t.Fatalf("instance.errored events: %d", len(evs))
+	}
+	if got := f.get(t, alive.ID); got.Status != lifecycle.Running {
+		t.Fatalf("a running machine's row moved to %s", got.Status)
+	}
+	if got := f.get(t, stopping.ID); got.Status != lifecycle.Stopping {
+		t.Fatalf("a stop in progress was moved to %s", got.Status)
+	}
+}
+
+// checks runs a Checks queue until the test ends and returns it with a
+// channel of the instances it finished.
+func (f *fixture) checks(t *testing.T) (*provsync.Checks, <-chan string) {
+	t.Helper()
+	done := make(chan string, 16)
+	c := &provsync.Checks{Syncer: f.syncer, Workers: 2, Done: func(id string, _ bool, err error) {
+		if err != nil {
+			t.Errorf("check %s: %v", id, err)
+		}
+		done <- id
+	}}
+	ctx, cancel := context.WithCancel(f.ctx)
+	stopped := make(chan struct{})
+	go func() { defer close(stopped); c.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-stopped })
+	return c, done
+}
+
+func waitCheck(t *testing.T, done <-chan string, id string) {
+	t.Helper()
+	for {
+		select {
+		case got := <-done:
+			if got == id {
+				return
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatalf("no check of %s ran", id)
+		}
+	}
+}
+
+// The provider's exit signal (a reaped QEMU child) moves the row at once,
+// without a provider sync tick.
+func TestProviderExitMovesTheRowAtOnce(t *testing.T) {
+	f := setup(t)
+	in := f.instance(t, fake.Name, lifecycle.Running)
+	f.member(t, in)
+	c, done := f.checks(t)
+	f.fake.WatchExits(f.ctx, c.Exit)
+	f.fake.Crash(in.CloudInstanceID, "qemu exit status 1")
+	waitCheck(t, done, in.ID)
+	got := f.get(t, in.ID)
+	if got.Status != lifecycle.Error || got.PoolState != lifecycle.PoolErrored || !strings.Contains(got.ErrorMessage, "qemu exit status 1") {
+		t.Fatalf("after the exit signal: %s/%s %q", got.Status, got.PoolState, got.ErrorMessage)
+	}
+	if len(f.fake.CallsFor(fake.OpList)) != 0 {
+		t.Fatal("the exit signal ran a provider sync (List) instead of one Status")
+	}
+}
+
+// A dropped stream asks the provider: a machine that is gone or stopped
+// moves its row; one the provider reports running (a partitioned agent)
+// stays running.
+func TestStreamLostAsksTheProvider(t *testing.T) {
+	f := setup(t)
+	gone := f.instance(t, fake.Name, lifecycle.Running)
+	partitioned := f.instance(t, fake.Name, lifecycle.Running)
+	c, done := f.checks(t)
+	f.fake.Vanish(gone.CloudInstanceID)
+	c.Signal(gone.ID, "stream_lost")
+	waitCheck(t, done, gone.ID)
+	c.Signal(partitioned.ID, "stream_lost")
+	waitCheck(t, done, partitioned.ID)
+	if got := f.get(t, gone.ID); got.Status != lifecycle.Error {
+		t.Fatalf("a lost stream whose machine is gone left the row %s", got.Status)
+	}
+	if got := f.get(t, partitioned.ID); got.Status != lifecycle.Running {
+		t.Fatalf("a partitioned agent's running machine was moved to %s", got.Status)
+	}
+}
+
+// A provider that cannot answer is no evidence: the row stays.
+func TestCheckWithoutAnAnswerConcludesNothing(t *testing.T) {
+	f := setup(t)
+	in := f.instance(t, fake.Name, lifecycle.Running)
+	f.fake.Crash(in.CloudInstanceID, "qemu exit status 1")
+	f.fake.FailNext(fake.OpStatus, 1, providers.KindTransient)
+	moved, err := f.syncer.Check(f.ctx, in.ID, "stream_lost")
+	if err != nil || moved {
+		t.Fatalf("Check = %v, %v; a failed Status must conclude nothing", moved, err)
+	}
+	if got := f.get(t, in.ID); got.Status != lifecycle.Running {
+		t.Fatalf("row moved to %s on no answer", got.Status)
+	}
+	if moved, err = f.syncer.Check(f.ctx, in.ID, "stream_lost"); err != nil || !moved {
+		t.Fatalf("second Check = %v, %v; the answer now says stopped", moved, err)
+	}
+}
