@@ -95,6 +95,16 @@ type Config struct {
 	// with AllowPower), a dry run otherwise.
 	Power tasks.Power
 
+	// PowerButtons, when set, is the sysfs input class (/sys/class/input)
+	// searched for the ACPI power button; a press powers the node off the
+	// way a poweroff task does, so a provider's graceful stop is graceful.
+	// Empty: no watch (tests, an agent run by hand).
+	PowerButtons string
+
+	// RunDir is the /run that the switch moves into the new root, where a
+	// systemd root's unit for the agent is written (default /run).
+	RunDir string
+
 	// OnPhase is told about every phase change (tests, metrics).
 	OnPhase func(tetherv1.AgentPhase)
 	// BootID defaults to the kernel's per-boot id (read after BootSetup,
@@ -137,6 +147,9 @@ func (c *Config) defaults() error {
 	}
 	if c.RootTarget == "" {
 		c.RootTarget = "/newroot"
+	}
+	if c.RunDir == "" {
+		c.RunDir = "/run"
 	}
 	if c.RootWorkDir == "" {
 		c.RootWorkDir = filepath.Join(c.StateDir, "rootfs")
@@ -383,6 +396,10 @@ func (a *agent) run(ctx context.Context) error {
 		}
 	}()
 
+	if cfg.PowerButtons != "" {
+		wg.Add(1)
+		go func() { defer wg.Done(); a.watchPowerButton(ctx, a.power(successor)) }()
+	}
 	if successor {
 		a.reportModules()
 		a.con.Printf("running on the root this boot's first agent composed (%d root layers verified before the switch)", len(st.Modules))
@@ -545,7 +562,8 @@ func (a *agent) bringUp(ctx context.Context, conns *connHolder, sess *session.Se
 			}
 		})
 	}
-	a.con.Printf("switching root to %s; the root's init starts the next agent (tether-agent --root-mode=none --state-dir=%s)", a.cfg.RootTarget, a.cfg.StateDir)
+	a.prepareHandover()
+	a.con.Printf("switching root to %s", a.cfg.RootTarget)
 	err = root.Switch(a.cfg.RootTarget, waitDrained)
 	// A Switch that returned did not exec; the stream must be closed
 	// before it is opened again.

@@ -88,7 +88,7 @@ func TestConfigValidation(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.Binary != "qemu-system-x86_64" || c.MemoryMiB != 512 || c.CPUs != 1 || c.Accel != "auto" ||
-		c.StopGrace != 3*time.Second || c.Logger == nil || c.Clock == nil {
+		c.StopGrace != 30*time.Second || c.Logger == nil || c.Clock == nil {
 		t.Fatalf("defaults = %+v", c)
 	}
 }

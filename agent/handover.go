@@ -1,0 +1,70 @@
+package agent
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+
+	"github.com/tetherfleet/tether/agent/handover"
+	"github.com/tetherfleet/tether/agent/powerbutton"
+	"github.com/tetherfleet/tether/agent/tasks"
+)
+
+// agentBin is where the switch puts the agent's binary, under the state
+// directory on /run, so that whatever the new root's init starts finds it
+// beside its key, certificate and state.
+func (c *Config) agentBin() string { return filepath.Join(c.StateDir, "bin", "tether-agent") }
+
+// prepareHandover makes sure an agent comes back after the exec of the
+// composed root's init (docs/design.md §2.3): for systemd it writes a
+// runtime unit on the /run that moves into the new root; for another init
+// it says in one console line what the root must do. Nothing here stops
+// the switch: a root that does not bring the agent back is errored by the
+// control plane's switch timeout, and the console says why.
+func (a *agent) prepareHandover() {
+	in, err := handover.Detect(a.cfg.RootTarget)
+	if err != nil {
+		a.con.Printf("cannot tell what init the root has (%v); the root must start `%s --root-mode=none --state-dir=%s` itself", err, a.cfg.agentBin(), a.cfg.StateDir)
+		return
+	}
+	switch in.Kind {
+	case handover.Systemd:
+		file, err := handover.WriteSystemd(a.cfg.RunDir, handover.Unit{Agent: a.cfg.agentBin(), StateDir: a.cfg.StateDir})
+		if err != nil {
+			a.con.Printf("the root's init is systemd (%s), but writing the agent's unit failed: %v; the agent will not come back after the switch", in.Path, err)
+			return
+		}
+		a.con.Printf("the root's init is systemd (%s): it starts the next agent from %s", in.Path, file)
+	case handover.Other:
+		a.con.Printf("%s", handover.Advice(in, a.cfg.agentBin(), a.cfg.StateDir))
+	case handover.None:
+		// Switch finds no init and this agent stays as the supervisor.
+	}
+}
+
+// underSystemd says whether systemd runs this machine: its runtime
+// directory exists (sd_booted(3)'s test).
+func (c *Config) underSystemd() bool {
+	fi, err := os.Stat(filepath.Join(c.RunDir, "systemd", "system"))
+	return err == nil && fi.IsDir()
+}
+
+// watchPowerButton powers the node off when the ACPI power button is
+// pressed: that is how QEMU's system_powerdown (tetherctl instance stop)
+// and other providers' graceful stops reach a node. Under systemd the
+// poweroff goes through systemctl, which stops this agent in turn.
+func (a *agent) watchPowerButton(ctx context.Context, power tasks.Power) {
+	err := powerbutton.Run(ctx, a.cfg.PowerButtons, "/dev/input", a.con.Printf, func() {
+		if err := power.Check(); err != nil {
+			a.con.Printf("power button pressed, but %v", err)
+			return
+		}
+		a.con.Printf("power button pressed (ACPI): %s", power.Describe("poweroff"))
+		if err := power.PowerOff(); err != nil {
+			a.con.Printf("power off after the power button failed: %v", err)
+		}
+	})
+	if err != nil && ctx.Err() == nil {
+		a.con.Printf("the power button is not watched: %v", err)
+	}
+}
