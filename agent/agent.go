@@ -25,6 +25,7 @@ import (
 
 	"github.com/tetherfleet/tether/agent/enroll"
 	"github.com/tetherfleet/tether/agent/identity"
+	"github.com/tetherfleet/tether/agent/memcheck"
 	"github.com/tetherfleet/tether/agent/modules"
 	"github.com/tetherfleet/tether/agent/session"
 	"github.com/tetherfleet/tether/agent/tasks"
@@ -101,6 +102,12 @@ type Config struct {
 	// Empty: no watch (tests, an agent run by hand).
 	PowerButtons string
 
+	// MemInfo is read before a switch-mode fetch to check that the node's
+	// memory holds the modules (default /proc/meminfo); MemoryMargin is
+	// what must be left over (default memcheck.DefaultMargin).
+	MemInfo      string
+	MemoryMargin uint64
+
 	// RunDir is the /run that the switch moves into the new root, where a
 	// systemd root's unit for the agent is written (default /run).
 	RunDir string
@@ -150,6 +157,12 @@ func (c *Config) defaults() error {
 	}
 	if c.RunDir == "" {
 		c.RunDir = "/run"
+	}
+	if c.MemInfo == "" {
+		c.MemInfo = "/proc/meminfo"
+	}
+	if c.MemoryMargin == 0 {
+		c.MemoryMargin = memcheck.DefaultMargin
 	}
 	if c.RootWorkDir == "" {
 		c.RootWorkDir = filepath.Join(c.StateDir, "rootfs")
@@ -606,6 +619,9 @@ func (a *agent) assignment(ctx context.Context, conns *connHolder) (*tetherv1.As
 // returns the root layers and the digests of every verified module.
 func (a *agent) pull(ctx context.Context, conns *connHolder, asg *tetherv1.Assignment) ([]Layer, []string, error) {
 	if err := a.checkSignatures(asg); err != nil {
+		return nil, nil, err
+	}
+	if err := a.checkMemory(asg); err != nil {
 		return nil, nil, err
 	}
 	a.setPhase(tetherv1.AgentPhase_AGENT_PHASE_PULLING)

@@ -6,8 +6,10 @@ import (
 	"path/filepath"
 
 	"github.com/tetherfleet/tether/agent/handover"
+	"github.com/tetherfleet/tether/agent/memcheck"
 	"github.com/tetherfleet/tether/agent/powerbutton"
 	"github.com/tetherfleet/tether/agent/tasks"
+	tetherv1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
 
 // agentBin is where the switch puts the agent's binary, under the state
@@ -67,4 +69,32 @@ func (a *agent) watchPowerButton(ctx context.Context, power tasks.Power) {
 	if err != nil && ctx.Err() == nil {
 		a.con.Printf("the power button is not watched: %v", err)
 	}
+}
+
+// checkMemory refuses, before anything is fetched, a boot whose modules the
+// node's memory cannot hold: in switch mode every module file lives on the
+// /run tmpfs and the root runs from them. The error names the sizes.
+func (a *agent) checkMemory(asg *tetherv1.Assignment) error {
+	if a.cfg.RootMode != RootModeSwitch {
+		return nil // the cache is wherever the operator put the state dir
+	}
+	var need memcheck.Need
+	for _, m := range asg.GetRootModules() {
+		need.Root += uint64(max(m.GetSize(), 0))
+	}
+	for _, m := range asg.GetExtensionModules() {
+		need.Extensions += uint64(max(m.GetSize(), 0))
+	}
+	need.Margin = a.cfg.MemoryMargin
+	in, err := memcheck.Read(a.cfg.MemInfo)
+	if err != nil {
+		a.con.Printf("cannot check that the modules fit in memory: %v; fetching anyway", err)
+		return nil
+	}
+	if err := memcheck.Check(in, need); err != nil {
+		return err
+	}
+	a.con.Printf("memory: modules %s + margin %s fit in %s available of %s", memcheck.Size(need.Root+need.Extensions), memcheck.Size(need.Margin),
+		memcheck.Size(in.Available), memcheck.Size(in.Total))
+	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/tetherfleet/tether/agent/identity"
+	tetherv1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
 
 // TestSwitchPreparesTheHandover: before the exec, a systemd root gets the
@@ -65,5 +66,34 @@ func TestSwitchPreparesTheHandover(t *testing.T) {
 				t.Fatalf("console lacks %q:\n%s", tc.console, out)
 			}
 		})
+	}
+}
+
+// TestSwitchRefusesModulesTooBigForMemory: before anything is fetched, a
+// node whose memory cannot hold its root gives up with the sizes named,
+// and the control plane sees why.
+func TestSwitchRefusesModulesTooBigForMemory(t *testing.T) {
+	meminfo := filepath.Join(t.TempDir(), "meminfo")
+	// 1 MiB available: less than the margin alone.
+	if err := os.WriteFile(meminfo, []byte("MemTotal: 65536 kB\nMemAvailable: 1024 kB\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cp := newControlPlane(t)
+	cp.assign(t, 1, 0)
+	root := &fakeRoot{switched: make(chan struct{}), release: make(chan struct{})}
+	r := start(t, Config{StateDir: t.TempDir(), MemInfo: meminfo, Sources: []identity.Source{cmdline(t, cp.URL, cp.AddToken("i-1"), cp.ca.Fingerprint)},
+		RootMode: RootModeSwitch, Root: root})
+	err := r.wait(t)
+	if err == nil || !strings.Contains(err.Error(), "only 1.0 MiB of the node's 64.0 MiB is available") {
+		t.Fatalf("Run = %v, want the memory sizes named", err)
+	}
+	s := cp.stream(t)
+	s.waitFor(t, "the memory error", func(m *tetherv1.AgentMessage) bool {
+		return strings.Contains(m.GetHeartbeat().GetError(), "cannot hold its modules")
+	})
+	cp.Lock()
+	defer cp.Unlock()
+	if len(cp.FetchOffsets) != 0 {
+		t.Fatal("modules were fetched although they cannot fit")
 	}
 }
