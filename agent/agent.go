@@ -451,7 +451,12 @@ func (a *agent) reportEnd(ctx context.Context, what string, err error) {
 // fail reports err in a heartbeat before the agent gives up on this run,
 // so the control plane shows why the boot stopped.
 func (a *agent) fail(ctx context.Context, sess *session.Session, err error) error {
-	a.status.SetError(err)
+	var gaveUp *bootFailure
+	if errors.As(err, &gaveUp) {
+		a.status.SetBootFailed(err)
+	} else {
+		a.status.SetError(err)
+	}
 	sess.WaitSent(ctx, 3*time.Second)
 	sess.Close(3 * time.Second)
 	return err

@@ -92,9 +92,17 @@ func (a *agent) checkMemory(asg *tetherv1.Assignment) error {
 		return nil
 	}
 	if err := memcheck.Check(in, need); err != nil {
-		return err
+		return &bootFailure{err}
 	}
 	a.con.Printf("memory: modules %s + margin %s fit in %s available of %s", memcheck.Size(need.Root+need.Extensions), memcheck.Size(need.Margin),
 		memcheck.Size(in.Available), memcheck.Size(in.Total))
 	return nil
 }
+
+// bootFailure is an error that retrying the boot cannot fix: the agent
+// says so in its heartbeat (boot_failed), and the control plane errors the
+// instance at once.
+type bootFailure struct{ err error }
+
+func (e *bootFailure) Error() string { return e.err.Error() }
+func (e *bootFailure) Unwrap() error { return e.err }

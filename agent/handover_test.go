@@ -71,7 +71,8 @@ func TestSwitchPreparesTheHandover(t *testing.T) {
 
 // TestSwitchRefusesModulesTooBigForMemory: before anything is fetched, a
 // node whose memory cannot hold its root gives up with the sizes named,
-// and the control plane sees why.
+// and the control plane sees why, marked as a boot that retrying cannot
+// fix (boot_failed).
 func TestSwitchRefusesModulesTooBigForMemory(t *testing.T) {
 	meminfo := filepath.Join(t.TempDir(), "meminfo")
 	// 1 MiB available: less than the margin alone.
@@ -89,7 +90,7 @@ func TestSwitchRefusesModulesTooBigForMemory(t *testing.T) {
 	}
 	s := cp.stream(t)
 	s.waitFor(t, "the memory error", func(m *tetherv1.AgentMessage) bool {
-		return strings.Contains(m.GetHeartbeat().GetError(), "cannot hold its modules")
+		return strings.Contains(m.GetHeartbeat().GetError(), "cannot hold its modules") && m.GetHeartbeat().GetBootFailed()
 	})
 	cp.Lock()
 	defer cp.Unlock()

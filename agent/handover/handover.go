@@ -121,7 +121,9 @@ const wantedBy = "sysinit.target"
 // Conflicts/Before=shutdown.target: a poweroff stops it (SIGTERM, and the
 // agent closes its stream) before the final kill of every process.
 // Restart=always with a pause: a crashed agent comes back, and a crash loop
-// does not spin.
+// does not spin. journal+console: the agent's lines are the operator's
+// view of the node (tetherctl instance console), as they were before the
+// switch.
 func (u Unit) Text() string {
 	return fmt.Sprintf(`# Written by tether-agent before it handed the node to this root's systemd.
 # It lives in /run: nothing of Tether's is in the root's image.
@@ -139,6 +141,8 @@ Restart=always
 RestartSec=2
 TimeoutStopSec=15
 KillMode=mixed
+StandardOutput=journal+console
+StandardError=journal+console
 
 [Install]
 WantedBy=%[3]s
