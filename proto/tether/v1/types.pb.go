@@ -1633,8 +1633,12 @@ type Instance struct {
 	UpdatedAt            *timestamppb.Timestamp `protobuf:"bytes,27,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
 	TerminateRequestedAt *timestamppb.Timestamp `protobuf:"bytes,28,opt,name=terminate_requested_at,json=terminateRequestedAt,proto3" json:"terminate_requested_at,omitempty"`
 	SilentSince          *timestamppb.Timestamp `protobuf:"bytes,29,opt,name=silent_since,json=silentSince,proto3" json:"silent_since,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// RAM the node holds in module files (they live on its /run tmpfs): the
+	// sizes of the running modules that the node's template names. Set by
+	// GetInstance only.
+	ModuleRamBytes int64 `protobuf:"varint,30,opt,name=module_ram_bytes,json=moduleRamBytes,proto3" json:"module_ram_bytes,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Instance) Reset() {
@@ -1868,6 +1872,13 @@ func (x *Instance) GetSilentSince() *timestamppb.Timestamp {
 		return x.SilentSince
 	}
 	return nil
+}
+
+func (x *Instance) GetModuleRamBytes() int64 {
+	if x != nil {
+		return x.ModuleRamBytes
+	}
+	return 0
 }
 
 type Certificate struct {
@@ -2892,7 +2903,7 @@ const file_tether_v1_types_proto_rawDesc = "" +
 	"\x02by\x18\x01 \x01(\tR\x02by\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12*\n" +
 	"\x02at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12@\n" +
-	"\x11pool_state_before\x18\x04 \x01(\x0e2\x14.tether.v1.PoolStateR\x0fpoolStateBefore\"\x99\n" +
+	"\x11pool_state_before\x18\x04 \x01(\x0e2\x14.tether.v1.PoolStateR\x0fpoolStateBefore\"\xc3\n" +
 	"\n" +
 	"\bInstance\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x17\n" +
@@ -2930,7 +2941,8 @@ const file_tether_v1_types_proto_rawDesc = "" +
 	"\n" +
 	"updated_at\x18\x1b \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x12P\n" +
 	"\x16terminate_requested_at\x18\x1c \x01(\v2\x1a.google.protobuf.TimestampR\x14terminateRequestedAt\x12=\n" +
-	"\fsilent_since\x18\x1d \x01(\v2\x1a.google.protobuf.TimestampR\vsilentSince\"\xe4\x02\n" +
+	"\fsilent_since\x18\x1d \x01(\v2\x1a.google.protobuf.TimestampR\vsilentSince\x12(\n" +
+	"\x10module_ram_bytes\x18\x1e \x01(\x03R\x0emoduleRamBytes\"\xe4\x02\n" +
 	"\vCertificate\x12\x16\n" +
 	"\x06serial\x18\x01 \x01(\tR\x06serial\x12\x1f\n" +
 	"\vinstance_id\x18\x02 \x01(\tR\n" +
