@@ -121,7 +121,9 @@ const wantedBy = "sysinit.target"
 // Conflicts/Before=shutdown.target: a poweroff stops it (SIGTERM, and the
 // agent closes its stream) before the final kill of every process.
 // Restart=always with a pause: a crashed agent comes back, and a crash loop
-// does not spin. journal+console: the agent's lines are the operator's
+// does not spin; StartLimitIntervalSec=0, so systemd never stops trying (its
+// default, 5 starts in 10 s, would leave a node whose control plane is down
+// for a minute without an agent for good). journal+console: the agent's lines are the operator's
 // view of the node (tetherctl instance console), as they were before the
 // switch.
 func (u Unit) Text() string {
@@ -133,6 +135,7 @@ Documentation=https://github.com/tetherfleet/tether/blob/main/docs/operator-guid
 DefaultDependencies=no
 Before=%[3]s shutdown.target
 Conflicts=shutdown.target
+StartLimitIntervalSec=0
 
 [Service]
 Type=exec

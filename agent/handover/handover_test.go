@@ -89,7 +89,7 @@ func TestWriteSystemd(t *testing.T) {
 	}
 	for _, want := range []string{
 		"ExecStart=/run/tether/bin/tether-agent --root-mode=none --state-dir=/run/tether\n",
-		"Restart=always\n", "DefaultDependencies=no\n", "Before=sysinit.target shutdown.target\n", "Conflicts=shutdown.target\n", "StandardOutput=journal+console\n",
+		"Restart=always\n", "DefaultDependencies=no\n", "Before=sysinit.target shutdown.target\n", "Conflicts=shutdown.target\n", "StandardOutput=journal+console\n", "StartLimitIntervalSec=0\n",
 	} {
 		if !strings.Contains(string(b), want) {
 			t.Errorf("unit lacks %q:\n%s", want, b)
