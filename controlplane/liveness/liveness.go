@@ -341,12 +341,14 @@ func (s *Sensor) switchTimeouts(ctx context.Context, res *Result) error {
 	cutoff := now.Add(-limit)
 	page := store.Page{Limit: store.MaxPageSize}
 	for {
-		ins, err := s.Store.ListInstances(ctx, store.InstanceFilter{Statuses: booting, HeartbeatBefore: &cutoff}, page)
+		// Only rows in the phase and past the limit are read: a mass boot
+		// keeps thousands of instances booting and quiet a while.
+		ins, err := s.Store.ListInstances(ctx, store.InstanceFilter{Statuses: booting, HeartbeatBefore: &cutoff, AgentPhase: switchPhase}, page)
 		if err != nil {
 			return fmt.Errorf("liveness: list switching instances: %w", err)
 		}
 		for _, in := range ins {
-			if in.AgentPhase != switchPhase || in.TerminateRequestedAt != nil || in.PoolState == lifecycle.PoolWarming {
+			if in.TerminateRequestedAt != nil || in.PoolState == lifecycle.PoolWarming {
 				continue
 			}
 			if err := s.switchTimeOut(ctx, in.ID, limit, now, res); err != nil {
