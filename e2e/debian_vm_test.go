@@ -83,8 +83,10 @@ func debianModule(t *testing.T) []byte {
 
 func newDebianEnv(t *testing.T, extra ...testcp.Option) *vmEnv {
 	a := requireVM(t)
-	env := newRootEnv(t, a, "debian", debianModule(t), extra...)
+	data := debianModule(t)
+	env := newRootEnv(t, a, "debian", data, extra...)
 	env.bootWithin = debianBoot
+	env.debian = data
 	return env
 }
 
@@ -143,20 +145,40 @@ func checkSystemd(t *testing.T, env *vmEnv, ctx context.Context, id string) {
 }
 
 // TestVMDebianRoot: a stock Debian root boots to running with the agent
-// back under its systemd, without a second enrollment; stop is an orderly
-// systemd poweroff (the agent hears the ACPI button), and start, reboot and
-// terminate are truthful.
+// back under its systemd, without a second enrollment, and an extension
+// module attached; stop is an orderly systemd poweroff (the agent hears the
+// ACPI button), and start, reboot and terminate are truthful.
 func TestVMDebianRoot(t *testing.T) {
 	env := newDebianEnv(t)
 	ctx := debianCtx(t)
+	hello, err := os.ReadFile(filepath.Join(filepath.Dir(env.a.rootModule), "tether-example-hello.erofs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	env.cp.PushModule(ctx, "hello", "1", hello)
+	if _, err := env.cp.Admin.UpdateTemplate(ctx, &v1.UpdateTemplateRequest{Name: env.template, UpdateMask: []string{"extension_modules"},
+		ExtensionModules: []*v1.ModuleRef{{Name: "hello", Version: "1"}}}); err != nil {
+		t.Fatal(err)
+	}
 	start := time.Now()
 	id := env.provision(t, ctx)
-	env.waitRunning(t, ctx, id, nil)
+	env.waitRunning(t, ctx, id, func(in *v1.Instance) bool { return len(in.RunningModuleDigests) == 2 })
 	t.Logf("provision -> running (Debian, systemd) in %s", time.Since(start).Round(time.Second))
 	env.waitConsole(t, ctx, id, 10*time.Second, "the root's init is systemd (/lib/systemd/systemd): it starts the next agent from /run/systemd/system/tether-agent.service")
 	checkSystemd(t, env, ctx, id)
 	if n := len(env.certs(t, ctx, id)); n != 1 {
 		t.Fatalf("%d certificates: the agent under systemd must reuse the boot's identity, not enroll again", n)
+	}
+	// The extension is attached by the agent under systemd.
+	if mounts := env.exec(t, ctx, id, "cat", "/proc/mounts"); !strings.Contains(mounts, "/run/tether/ext/hello erofs ro") {
+		t.Fatalf("the extension is not attached under systemd:\n%s", mounts)
+	}
+	in, err := env.cp.Admin.GetInstance(ctx, &v1.GetInstanceRequest{Id: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := int64(len(env.debian) + len(hello)); in.ModuleRamBytes != want {
+		t.Fatalf("module RAM in the view = %d, want %d (the root and the extension)", in.ModuleRamBytes, want)
 	}
 
 	before := bootID(t, env, ctx, id)
@@ -174,7 +196,7 @@ func TestVMDebianRoot(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("stop took %s", time.Since(stopStart).Round(time.Second))
-	in, err := env.cp.Admin.GetInstance(ctx, &v1.GetInstanceRequest{Id: id})
+	in, err = env.cp.Admin.GetInstance(ctx, &v1.GetInstanceRequest{Id: id})
 	if err != nil || in.Status != v1.InstanceStatus_INSTANCE_STATUS_STOPPED {
 		t.Fatalf("after stop: %v %v", in.GetStatus(), err)
 	}

@@ -73,6 +73,8 @@ type vmEnv struct {
 	a        artifacts
 	// bootWithin overrides bootTimeout (a stock OS boots slower under TCG).
 	bootWithin time.Duration
+	// debian is the Debian root module's image, when the env boots it.
+	debian []byte
 }
 
 func newVMEnv(t testing.TB, extra ...testcp.Option) *vmEnv {
