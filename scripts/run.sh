@@ -164,7 +164,7 @@ say "pushing the example root module"
 ctl module push example-root:1 build/modules/tether-example-root.erofs >/dev/null
 ctl template get example >/dev/null 2>&1 || ctl template create example --root example-root:1 >/dev/null
 ctl node get demo >/dev/null 2>&1 || ctl node create demo --template example >/dev/null
-node=demo
+node=demo template=example
 
 # 4b. ROOT=debian (make run ROOT=debian): a stock Debian bookworm root, with
 #     nothing of Tether's in it, instead of the example. The tree is built
@@ -186,7 +186,7 @@ if [ "${ROOT:-}" = debian ]; then
   ctl module push debian:12 .cache/debian-root.erofs >/dev/null
   ctl template get debian >/dev/null 2>&1 || ctl template create debian --root debian:12 >/dev/null
   ctl node get demo-debian >/dev/null 2>&1 || ctl node create demo-debian --template debian >/dev/null
-  node=demo-debian
+  node=demo-debian template=debian
 fi
 
 say "provisioning one QEMU instance of node $node"
@@ -212,7 +212,7 @@ Instance $id is running. Try, in another terminal:
   bin/tetherctl instance list
   bin/tetherctl task create --instance $id --wait exec -- cat /etc/os-release
   bin/tetherctl instance console $id
-  bin/tetherctl pool create ci --template example --provider qemu --target 2
+  bin/tetherctl pool create ci --template $template --provider qemu --target 2
   bin/tetherctl events --watch
 
 tetherd keeps running; Ctrl-C here terminates the VMs and stops it.
