@@ -336,7 +336,7 @@ func TestRecorder(t *testing.T) {
 	if !slices.Equal(got[1].QMP, []string{"system_powerdown", "quit"}) || !strings.Contains(strings.Join(got[1].Steps, ";"), "wait 2s") {
 		t.Errorf("stop entry = %+v", got[1])
 	}
-	if !slices.Equal(got[3].QMP, []string{"quit", "query-status"}) || len(got[3].Argv) == 0 {
+	if !slices.Equal(got[3].QMP, []string{"system_powerdown", "quit", "query-status"}) || len(got[3].Argv) == 0 {
 		t.Errorf("reboot entry = %+v", got[3])
 	}
 	if got[4].Result != providers.StateGone {
