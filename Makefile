@@ -89,8 +89,8 @@ initramfs: kernel ## build/initramfs.cpio with tether-agent as /init
 modules: ## The example root module (erofs) into build/modules
 	examples/build.sh $(BUILD)/modules
 
-run: ## Init a data dir under .tether/, serve, push the example, boot one QEMU node
-	scripts/run.sh
+run: ## Init a data dir under .tether/, serve, push the example (ROOT=debian: a stock Debian root), boot one QEMU node
+	ROOT=$(ROOT) scripts/run.sh
 
 screenshots: ## Regenerate the dashboard screenshots in docs/screenshots (needs chromium)
 	TETHER_SCREENSHOTS=$(CURDIR)/docs/screenshots go test -count=1 -run TestBrowserFleetAndPools -v ./internal/tetherctl/dashboard/

@@ -25,6 +25,7 @@ import (
 
 	"github.com/tetherfleet/tether/agent/enroll"
 	"github.com/tetherfleet/tether/agent/identity"
+	"github.com/tetherfleet/tether/agent/memcheck"
 	"github.com/tetherfleet/tether/agent/modules"
 	"github.com/tetherfleet/tether/agent/session"
 	"github.com/tetherfleet/tether/agent/tasks"
@@ -95,6 +96,22 @@ type Config struct {
 	// with AllowPower), a dry run otherwise.
 	Power tasks.Power
 
+	// PowerButtons, when set, is the sysfs input class (/sys/class/input)
+	// searched for the ACPI power button; a press powers the node off the
+	// way a poweroff task does, so a provider's graceful stop is graceful.
+	// Empty: no watch (tests, an agent run by hand).
+	PowerButtons string
+
+	// MemInfo is read before a switch-mode fetch to check that the node's
+	// memory holds the modules (default /proc/meminfo); MemoryMargin is
+	// what must be left over (default memcheck.DefaultMargin).
+	MemInfo      string
+	MemoryMargin uint64
+
+	// RunDir is the /run that the switch moves into the new root, where a
+	// systemd root's unit for the agent is written (default /run).
+	RunDir string
+
 	// OnPhase is told about every phase change (tests, metrics).
 	OnPhase func(tetherv1.AgentPhase)
 	// BootID defaults to the kernel's per-boot id (read after BootSetup,
@@ -137,6 +154,15 @@ func (c *Config) defaults() error {
 	}
 	if c.RootTarget == "" {
 		c.RootTarget = "/newroot"
+	}
+	if c.RunDir == "" {
+		c.RunDir = "/run"
+	}
+	if c.MemInfo == "" {
+		c.MemInfo = "/proc/meminfo"
+	}
+	if c.MemoryMargin == 0 {
+		c.MemoryMargin = memcheck.DefaultMargin
 	}
 	if c.RootWorkDir == "" {
 		c.RootWorkDir = filepath.Join(c.StateDir, "rootfs")
@@ -383,6 +409,10 @@ func (a *agent) run(ctx context.Context) error {
 		}
 	}()
 
+	if cfg.PowerButtons != "" {
+		wg.Add(1)
+		go func() { defer wg.Done(); a.watchPowerButton(ctx, a.power(successor)) }()
+	}
 	if successor {
 		a.reportModules()
 		a.con.Printf("running on the root this boot's first agent composed (%d root layers verified before the switch)", len(st.Modules))
@@ -421,7 +451,12 @@ func (a *agent) reportEnd(ctx context.Context, what string, err error) {
 // fail reports err in a heartbeat before the agent gives up on this run,
 // so the control plane shows why the boot stopped.
 func (a *agent) fail(ctx context.Context, sess *session.Session, err error) error {
-	a.status.SetError(err)
+	var gaveUp *bootFailure
+	if errors.As(err, &gaveUp) {
+		a.status.SetBootFailed(err)
+	} else {
+		a.status.SetError(err)
+	}
 	sess.WaitSent(ctx, 3*time.Second)
 	sess.Close(3 * time.Second)
 	return err
@@ -545,7 +580,8 @@ func (a *agent) bringUp(ctx context.Context, conns *connHolder, sess *session.Se
 			}
 		})
 	}
-	a.con.Printf("switching root to %s; the root's init starts the next agent (tether-agent --root-mode=none --state-dir=%s)", a.cfg.RootTarget, a.cfg.StateDir)
+	a.prepareHandover()
+	a.con.Printf("switching root to %s", a.cfg.RootTarget)
 	err = root.Switch(a.cfg.RootTarget, waitDrained)
 	// A Switch that returned did not exec; the stream must be closed
 	// before it is opened again.
@@ -588,6 +624,9 @@ func (a *agent) assignment(ctx context.Context, conns *connHolder) (*tetherv1.As
 // returns the root layers and the digests of every verified module.
 func (a *agent) pull(ctx context.Context, conns *connHolder, asg *tetherv1.Assignment) ([]Layer, []string, error) {
 	if err := a.checkSignatures(asg); err != nil {
+		return nil, nil, err
+	}
+	if err := a.checkMemory(asg); err != nil {
 		return nil, nil, err
 	}
 	a.setPhase(tetherv1.AgentPhase_AGENT_PHASE_PULLING)

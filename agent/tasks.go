@@ -14,17 +14,29 @@ import (
 
 // executor wires the task kinds to this agent's parts.
 func (a *agent) executor(mgr *enroll.Manager, conns *connHolder, successor bool) *tasks.Executor {
+	return a.executorWith(mgr, conns, a.power(successor))
+}
+
+// power is what acts on reboot and poweroff, from a task or the power button.
+func (a *agent) power(successor bool) tasks.Power {
 	power := a.cfg.Power
 	if power == nil {
 		// The agent may power the machine off when the machine is the
 		// node it booted: it switched root (or is the agent this boot's
 		// switch started), or the operator said so.
-		if a.cfg.AllowPower || a.cfg.RootMode == RootModeSwitch || successor {
+		switch {
+		case (a.cfg.AllowPower || successor) && a.cfg.underSystemd():
+			power = tasks.SystemdPower{}
+		case a.cfg.AllowPower || a.cfg.RootMode == RootModeSwitch || successor:
 			power = tasks.SystemPower{}
-		} else {
+		default:
 			power = tasks.DryRunPower{Logf: a.con.Printf}
 		}
 	}
+	return power
+}
+
+func (a *agent) executorWith(mgr *enroll.Manager, conns *connHolder, power tasks.Power) *tasks.Executor {
 	return &tasks.Executor{
 		Power: power,
 		Procs: a.procs,

@@ -71,10 +71,24 @@ type vmEnv struct {
 	node     string
 	template string
 	a        artifacts
+	// bootWithin overrides bootTimeout (a stock OS boots slower under TCG).
+	bootWithin time.Duration
+	// debian is the Debian root module's image, when the env boots it.
+	debian []byte
 }
 
 func newVMEnv(t testing.TB, extra ...testcp.Option) *vmEnv {
 	a := requireVM(t)
+	data, err := os.ReadFile(a.rootModule)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return newRootEnv(t, a, "example", data, extra...)
+}
+
+// newRootEnv is newVMEnv with the root module given: the template's one
+// root layer is data, pushed as name:1.
+func newRootEnv(t testing.TB, a artifacts, module string, data []byte, extra ...testcp.Option) *vmEnv {
 	// QMP sockets live under the state dir: keep its path short.
 	stateDir, err := os.MkdirTemp("", "tq")
 	if err != nil {
@@ -86,16 +100,12 @@ func newVMEnv(t testing.TB, extra ...testcp.Option) *vmEnv {
 	})}, extra...)
 	cp := testcp.Start(t, opts...)
 	ctx := context.Background()
-	data, err := os.ReadFile(a.rootModule)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cp.PushModule(ctx, "example", "1", data)
+	cp.PushModule(ctx, module, "1", data)
 	name := strings.ToLower(strings.ReplaceAll(t.Name(), "/", "-"))
 	if len(name) > 40 {
 		name = name[:40]
 	}
-	if _, err := cp.Admin.CreateTemplate(ctx, &v1.CreateTemplateRequest{Name: name, RootModules: []*v1.ModuleRef{{Name: "example", Version: "1"}}}); err != nil {
+	if _, err := cp.Admin.CreateTemplate(ctx, &v1.CreateTemplateRequest{Name: name, RootModules: []*v1.ModuleRef{{Name: module, Version: "1"}}}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := cp.Admin.CreateNode(ctx, &v1.CreateNodeRequest{Name: name, Template: name}); err != nil {
@@ -155,7 +165,11 @@ func (e *vmEnv) console(ctx context.Context, id string) string {
 // dumps the console on failure.
 func (e *vmEnv) waitRunning(t *testing.T, ctx context.Context, id string, after func(*v1.Instance) bool) *v1.Instance {
 	t.Helper()
-	deadline := time.Now().Add(bootTimeout)
+	within := bootTimeout
+	if e.bootWithin > 0 {
+		within = e.bootWithin
+	}
+	deadline := time.Now().Add(within)
 	var last *v1.Instance
 	for time.Now().Before(deadline) {
 		in, err := e.cp.Admin.GetInstance(ctx, &v1.GetInstanceRequest{Id: id})
@@ -170,7 +184,7 @@ func (e *vmEnv) waitRunning(t *testing.T, ctx context.Context, id string, after 
 		}
 		time.Sleep(250 * time.Millisecond)
 	}
-	t.Fatalf("instance %s did not become running within %s; last %v\nconsole:\n%s", id, bootTimeout, last, tail(e.console(ctx, id), 4000))
+	t.Fatalf("instance %s did not become running within %s; last %v\nconsole:\n%s", id, within, last, tail(e.console(ctx, id), 4000))
 	return nil
 }
 

@@ -15,9 +15,10 @@ import (
 // and without host entropy the CRNG takes over a second to be ready under
 // TCG), the virtio network and block drivers and their PCI
 // transport, erofs + overlay + loop for the root, and qemu_fw_cfg for the
-// enrollment data QEMU passes. Their dependencies come from the kernel's
+// enrollment data QEMU passes, and button + evdev so the agent hears the ACPI
+// power button (a provider's graceful stop). Their dependencies come from the kernel's
 // metadata.
-var DefaultModules = []string{"virtio_rng", "virtio_net", "virtio_pci", "virtio_blk", "virtio_mmio", "erofs", "overlay", "loop", "qemu_fw_cfg"}
+var DefaultModules = []string{"virtio_rng", "virtio_net", "virtio_pci", "virtio_blk", "virtio_mmio", "erofs", "overlay", "loop", "qemu_fw_cfg", "button", "evdev"}
 
 // DefaultSkip are modules never shipped: crc32c-intel needs SSE4.2, which
 // QEMU's default TCG CPU lacks (it fails to load, and the generic crc32c

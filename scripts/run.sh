@@ -171,9 +171,34 @@ say "pushing the example root module"
 ctl module push example-root:1 build/modules/tether-example-root.erofs >/dev/null
 ctl template get example >/dev/null 2>&1 || ctl template create example --root example-root:1 >/dev/null
 ctl node get demo >/dev/null 2>&1 || ctl node create demo --template example >/dev/null
-say "provisioning one QEMU instance of node demo"
+node=demo template=example
+
+# 4b. ROOT=debian (make run ROOT=debian): a stock Debian bookworm root, with
+#     nothing of Tether's in it, instead of the example. The tree is built
+#     once into .cache/debian-root with mmdebstrap and packed with
+#     mkfs.erofs -zlz4hc (docs/operator-guide.md, "Your own root").
+if [ "${ROOT:-}" = debian ]; then
+  command -v mmdebstrap >/dev/null || die "ROOT=debian needs mmdebstrap: sudo apt-get install --no-install-recommends mmdebstrap"
+  if [ ! -e .cache/debian-root/sbin/init ]; then
+    say "building a Debian bookworm root with mmdebstrap into .cache/debian-root (once; about a minute)"
+    rm -rf .cache/debian-root.tmp
+    mmdebstrap --variant=minbase --include=systemd-sysv,iproute2,udev bookworm .cache/debian-root.tmp >/dev/null
+    mv .cache/debian-root.tmp .cache/debian-root
+  fi
+  if [ ! -f .cache/debian-root.erofs ]; then
+    mkfs.erofs -zlz4hc .cache/debian-root.erofs.tmp .cache/debian-root >/dev/null
+    mv .cache/debian-root.erofs.tmp .cache/debian-root.erofs
+  fi
+  say "pushing the Debian root module (systemd boots slower than the example: give it a few minutes under TCG)"
+  ctl module push debian:12 .cache/debian-root.erofs >/dev/null
+  ctl template get debian >/dev/null 2>&1 || ctl template create debian --root debian:12 >/dev/null
+  ctl node get demo-debian >/dev/null 2>&1 || ctl node create demo-debian --template debian >/dev/null
+  node=demo-debian template=debian
+fi
+
+say "provisioning one QEMU instance of node $node"
 # The instance's id is the first "id" of the response.
-id=$(ctl instance provision --node demo --provider qemu -o json | grep -o '"id": *"[^"]*"' | head -1 | cut -d'"' -f4)
+id=$(ctl instance provision --node "$node" --provider qemu -o json | grep -o '"id": *"[^"]*"' | head -1 | cut -d'"' -f4)
 
 # 5. Follow the boot: one line per change of status or agent phase.
 # The agent prints one line per phase on the serial console; heartbeats
@@ -194,7 +219,7 @@ Instance $id is running. Try, in another terminal:
   bin/tetherctl instance list
   bin/tetherctl task create --instance $id --wait exec -- cat /etc/os-release
   bin/tetherctl instance console $id
-  bin/tetherctl pool create ci --template example --provider qemu --target 2
+  bin/tetherctl pool create ci --template $template --provider qemu --target 2
   bin/tetherctl events --watch
 
 tetherd keeps running; Ctrl-C here terminates the VMs and stops it.

@@ -467,6 +467,7 @@ func (s *Session) heartbeat() (*tetherv1.Heartbeat, uint64) {
 		Error:                printable(lastErr, 4096),
 		Addresses:            s.cfg.Addresses(),
 		BootId:               s.cfg.BootID,
+		BootFailed:           s.cfg.Status.failed(),
 	}, gen
 }
 

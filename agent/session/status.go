@@ -14,6 +14,8 @@ type Status struct {
 	phase   tetherv1.AgentPhase
 	lastErr string
 	modules []string
+	// bootFailed: lastErr ended this boot (SetBootFailed).
+	bootFailed bool
 	// gen counts reportable changes, so a caller can wait until a heartbeat
 	// carrying a given change has gone out.
 	gen     uint64
@@ -55,6 +57,9 @@ func (s *Status) SetError(err error) {
 	s.mu.Lock()
 	changed := s.lastErr != msg
 	s.lastErr = msg
+	if err == nil {
+		s.bootFailed = false
+	}
 	if changed {
 		s.gen++
 	}
@@ -62,6 +67,18 @@ func (s *Status) SetError(err error) {
 	if changed {
 		s.signal()
 	}
+}
+
+// SetBootFailed records err as the last error and says the agent gave up
+// this boot (Heartbeat.boot_failed): the control plane errors the
+// instance at once instead of waiting out its boot timeout.
+func (s *Status) SetBootFailed(err error) {
+	s.mu.Lock()
+	s.bootFailed = true
+	s.gen++
+	s.mu.Unlock()
+	s.SetError(err)
+	s.signal()
 }
 
 // SetModules records the digests of the modules the node runs.
@@ -95,4 +112,10 @@ func (s *Status) snapshot() (tetherv1.AgentPhase, string, []string, uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.phase, s.lastErr, append([]string(nil), s.modules...), s.gen
+}
+
+func (s *Status) failed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.bootFailed && s.lastErr != ""
 }

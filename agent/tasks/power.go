@@ -2,7 +2,10 @@ package tasks
 
 import (
 	"errors"
+	"fmt"
 	"os"
+	"os/exec"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -71,4 +74,44 @@ func (p DryRunPower) log(msg string) {
 	if p.Logf != nil {
 		p.Logf("%s", msg)
 	}
+}
+
+// SystemdPower asks the root's systemd to reboot or power off, so its
+// services stop in order and its filesystems are unmounted: reboot(2)
+// behind systemd's back would cut a running OS off mid-write. --no-block
+// lets the task report success before systemd stops the agent itself.
+type SystemdPower struct {
+	// Run runs a command (default: exec it and return its combined output
+	// in the error).
+	Run func(name string, args ...string) error
+}
+
+func (p SystemdPower) Check() error { return SystemPower{}.Check() }
+
+func (p SystemdPower) Reboot() error { return p.systemctl("reboot") }
+
+func (p SystemdPower) PowerOff() error { return p.systemctl("poweroff") }
+
+func (SystemdPower) Describe(kind string) string {
+	if kind == "poweroff" {
+		return "powering off through systemd (systemctl poweroff)"
+	}
+	return "rebooting through systemd (systemctl reboot)"
+}
+
+func (p SystemdPower) systemctl(verb string) error {
+	run := p.Run
+	if run == nil {
+		run = func(name string, args ...string) error {
+			out, err := exec.Command(name, args...).CombinedOutput()
+			if err != nil {
+				return fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+			}
+			return nil
+		}
+	}
+	if err := run("systemctl", "--no-block", verb); err != nil {
+		return fmt.Errorf("ask systemd to %s: %w", verb, err)
+	}
+	return nil
 }

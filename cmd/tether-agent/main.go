@@ -67,6 +67,7 @@ func main() {
 		Version:      version,
 		Root:         realRoot{},
 		Extensions:   realExtensions{},
+		PowerButtons: "/sys/class/input",
 	}
 	if pid1 {
 		cfg.Boot = agent.BootSetupFunc(func(ctx context.Context, logf func(string, ...any)) error {

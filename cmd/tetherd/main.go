@@ -134,6 +134,7 @@ func serveCmd() *cobra.Command {
 	f.IntVar(&o.UnauthenticatedBurst, "unauthenticated-burst", 200, "enrollments and netboot script requests allowed at once per source address")
 	f.DurationVar(&o.SilentAfter, "silent-after", 0, "raise instance.silent after this long without a heartbeat (default 3m; stretches with fleet size)")
 	f.DurationVar(&o.BootTimeout, "boot-timeout", 0, "error an instance whose boot makes no progress for this long (default 15m)")
+	f.DurationVar(&o.SwitchTimeout, "switch-timeout", 0, "error a boot whose agent does not come back this long after switching into the root's init (default 3m)")
 	f.DurationVar(&o.PresumedDeadAfter, "presumed-dead-after", 0, "error a silent instance whose machine is not running after this long (default 10m; stretches with fleet size)")
 	f.DurationVar(&o.ProviderSyncEvery, "provider-sync-every", 0, "compare instances with the providers' machines this often (default 1m)")
 	f.StringVar(&o.Replica, "replica-name", "", "this replica's name in agent presence; keep it stable across restarts (default HOSTNAME/LISTEN-ADDRESS)")

@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"time"
 
@@ -51,7 +52,52 @@ func (a *adminServer) GetInstance(ctx context.Context, req *v1.GetInstanceReques
 	if err != nil {
 		return nil, err
 	}
-	return a.instanceOut(ctx, in)
+	out, err := a.instanceOut(ctx, in)
+	if err != nil {
+		return nil, err
+	}
+	out.ModuleRamBytes, err = a.moduleRAM(ctx, in)
+	if err != nil {
+		return nil, fmt.Errorf("instance %s: module sizes: %w", in.ID, err)
+	}
+	return out, nil
+}
+
+// moduleRAM sums the sizes of the modules the instance reports running
+// that its node's template names: a netbooted node keeps every module
+// file on its /run tmpfs. A digest the template no longer names (it
+// changed after the boot) is not counted.
+func (a *adminServer) moduleRAM(ctx context.Context, in *store.Instance) (int64, error) {
+	if len(in.RunningModules) == 0 {
+		return 0, nil
+	}
+	n, err := a.Store.GetNodeByID(ctx, in.NodeID)
+	if err != nil {
+		return 0, err
+	}
+	tpl, err := a.Store.GetTemplateByID(ctx, n.TemplateID)
+	if err != nil {
+		return 0, err
+	}
+	running := make(map[string]bool, len(in.RunningModules))
+	for _, d := range in.RunningModules {
+		running[d] = true
+	}
+	var total int64
+	for _, ref := range append(append([]store.ModuleRef(nil), tpl.RootModules...), tpl.ExtensionModules...) {
+		m, err := a.Store.GetModule(ctx, ref.Name, ref.Version)
+		if errors.Is(err, store.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return 0, err
+		}
+		if running[m.Digest] {
+			total += m.Size
+			delete(running, m.Digest)
+		}
+	}
+	return total, nil
 }
 
 func (a *adminServer) ListInstances(ctx context.Context, req *v1.ListInstancesRequest) (*v1.ListInstancesResponse, error) {

@@ -401,6 +401,7 @@ func (a *agentServer) push(ctx context.Context, id string, stream v1.AgentServic
 func (a *agentServer) receive(ctx context.Context, opened *store.Instance, stream v1.AgentService_ConnectServer) error {
 	id := opened.ID
 	var lastPhase, lastError string
+	gaveUp := false
 	for {
 		msg, err := stream.Recv()
 		if err != nil {
@@ -416,7 +417,14 @@ func (a *agentServer) receive(ctx context.Context, opened *store.Instance, strea
 			phase := PhaseName(hb.Phase)
 			a.Agents.Heartbeat(store.Heartbeat{InstanceID: id, At: now, Phase: phase, AgentVersion: hb.AgentVersion,
 				RunningModules: hb.RunningModuleDigests, AgentError: hb.Error, Addresses: hb.Addresses, BootID: hb.BootId})
-			if hb.Error != "" && hb.Error != lastError {
+			switch {
+			case hb.Error != "" && hb.BootFailed && !gaveUp:
+				if err := a.Instances.AgentGaveUp(ctx, id, phase, hb.Error); err != nil {
+					a.Log.Warn("record the agent giving up its boot", "instance", id, "err", err)
+				} else {
+					gaveUp = true
+				}
+			case hb.Error != "" && hb.Error != lastError:
 				if err := a.Instances.AgentError(ctx, id, phase, hb.Error); err != nil {
 					a.Log.Warn("record agent error", "instance", id, "err", err)
 				}

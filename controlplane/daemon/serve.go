@@ -133,6 +133,9 @@ type ServeOptions struct {
 	SilentAfter, PresumedDeadAfter time.Duration
 	// BootTimeout errors a boot that makes no progress (default 15 min).
 	BootTimeout time.Duration
+	// SwitchTimeout errors a boot whose agent does not come back after
+	// the switch into the root's init (default 3 min).
+	SwitchTimeout time.Duration
 	// ProviderSyncEvery is how often rows are compared with the providers'
 	// machines (default 1 minute).
 	ProviderSyncEvery time.Duration
@@ -329,7 +332,7 @@ func build(ctx context.Context, o ServeOptions) (_ *daemon, err error) {
 	d.wk = &worker.Worker{Store: st, Clock: o.Clock, Log: log.With("component", "worker"), Owner: worker.NewOwner("tetherd-worker"),
 		Lease: o.WorkerLease, Poll: o.WorkerPoll, Handlers: d.instSvc.Handlers()}
 	d.sensor = &liveness.Sensor{Store: st, Clock: o.Clock, Log: log, Instances: d.instSvc, SilentAfter: o.SilentAfter,
-		DeadAfter: o.PresumedDeadAfter, MaxHeartbeatsPerSecond: api.MaxHeartbeatsPerSecond, BootTimeout: o.BootTimeout}
+		DeadAfter: o.PresumedDeadAfter, MaxHeartbeatsPerSecond: api.MaxHeartbeatsPerSecond, BootTimeout: o.BootTimeout, SwitchTimeout: o.SwitchTimeout}
 	d.syncer = &provsync.Syncer{Store: st, Clock: o.Clock, Log: log, Instances: d.instSvc}
 	// Death signals (a provider's exit, a dropped stream) ask the provider
 	// at once instead of waiting for the sync or the silence (design §2.7).

@@ -108,3 +108,35 @@ func (s *Service) AgentError(ctx context.Context, instanceID, phase, msg string)
 		return err
 	})
 }
+
+// AgentGaveUp records an agent error that ended the boot (the heartbeat's
+// boot_failed: retrying cannot fix it, e.g. the node's memory cannot hold
+// its modules) and errors a booting instance at once with the agent's
+// words as the reason, rather than leaving it to the boot timeout. An
+// instance past its boot (running, stopping) only gets the error recorded.
+func (s *Service) AgentGaveUp(ctx context.Context, instanceID, phase, msg string) error {
+	now := s.Clock.Now()
+	return s.Store.Tx(ctx, func(q store.Queries) error {
+		in, err := q.LockInstance(ctx, instanceID)
+		if err != nil {
+			return err
+		}
+		in.AgentError, in.UpdatedAt = msg, now
+		switch in.Status {
+		case lifecycle.Provisioning, lifecycle.Starting, lifecycle.Rebooting:
+		default:
+			return q.UpdateInstance(ctx, in)
+		}
+		if in.TerminateRequestedAt != nil {
+			return q.UpdateInstance(ctx, in)
+		}
+		reason := fmt.Sprintf("the agent gave up the boot (phase %s): %s", phase, msg)
+		in.ErrorMessage = reason
+		if err := s.transition(ctx, q, in, lifecycle.MarkErrored, reason, now); err != nil {
+			return err
+		}
+		_, err = events.E{Kind: events.InstanceErrored, Severity: events.High, InstanceID: instanceID, Message: reason,
+			Payload: map[string]any{"phase": phase, "error": msg}}.Write(ctx, q, now)
+		return err
+	})
+}

@@ -26,6 +26,11 @@ const (
 	// DefaultBootTimeout bounds a boot that makes no progress: a boot takes
 	// seconds, so a quarter of an hour is a broken one.
 	DefaultBootTimeout = 15 * time.Minute
+	// DefaultSwitchTimeout bounds the hand-over to the root's init: the
+	// agent reports switching, execs the init, and the agent that init
+	// starts reconnects. A Debian root under TCG takes about a minute; a
+	// root that never starts the agent must not wait out the boot timeout.
+	DefaultSwitchTimeout = 3 * time.Minute
 	// DefaultGrace absorbs the heartbeat flush interval and the jitter of
 	// the loop itself.
 	DefaultGrace = 15 * time.Second
@@ -53,6 +58,10 @@ type Sensor struct {
 	// rebooting this long without a change (zero: DefaultBootTimeout), so
 	// none is left dangling in a boot that will never finish.
 	BootTimeout time.Duration
+	// SwitchTimeout errors a booting instance whose agent reported
+	// switching and has not been heard from since for this long (zero:
+	// DefaultSwitchTimeout): the root's init did not start the agent.
+	SwitchTimeout time.Duration
 }
 
 // TTL is how long an agent may stay quiet in a fleet of n running
@@ -82,6 +91,9 @@ type Result struct {
 	Unknown int
 	// BootTimedOut instances errored because their boot never finished.
 	BootTimedOut int
+	// SwitchTimedOut instances errored because no agent came back after
+	// the switch into the root's init.
+	SwitchTimedOut int
 }
 
 func (s *Sensor) thresholds(n int) (silent, dead time.Duration) {
@@ -105,6 +117,9 @@ func (s *Sensor) thresholds(n int) (silent, dead time.Duration) {
 func (s *Sensor) Tick(ctx context.Context) (Result, error) {
 	var res Result
 	if err := s.bootTimeouts(ctx, &res); err != nil {
+		return res, err
+	}
+	if err := s.switchTimeouts(ctx, &res); err != nil {
 		return res, err
 	}
 	n, err := s.Store.CountInstances(ctx, store.InstanceFilter{Statuses: []lifecycle.State{lifecycle.Running}})
@@ -305,6 +320,73 @@ func (s *Sensor) timeOut(ctx context.Context, id string, limit time.Duration, no
 	})
 	if err == nil {
 		res.BootTimedOut += n
+	}
+	return err
+}
+
+// switchPhase is the agent phase the switching heartbeat stores.
+const switchPhase = "switching"
+
+// switchTimeouts errors booting instances whose agent reported switching
+// and went quiet for SwitchTimeout: the exec of the root's init ended the
+// agent, and nothing in the root started the next one (docs/design.md
+// §2.3). The switching heartbeat is the agent's last before the exec, so
+// its time is the start of the hand-over.
+func (s *Sensor) switchTimeouts(ctx context.Context, res *Result) error {
+	limit := s.SwitchTimeout
+	if limit <= 0 {
+		limit = DefaultSwitchTimeout
+	}
+	now := s.Clock.Now()
+	cutoff := now.Add(-limit)
+	page := store.Page{Limit: store.MaxPageSize}
+	for {
+		// Only rows in the phase and past the limit are read: a mass boot
+		// keeps thousands of instances booting and quiet a while.
+		ins, err := s.Store.ListInstances(ctx, store.InstanceFilter{Statuses: booting, HeartbeatBefore: &cutoff, AgentPhase: switchPhase}, page)
+		if err != nil {
+			return fmt.Errorf("liveness: list switching instances: %w", err)
+		}
+		for _, in := range ins {
+			if in.TerminateRequestedAt != nil || in.PoolState == lifecycle.PoolWarming {
+				continue
+			}
+			if err := s.switchTimeOut(ctx, in.ID, limit, now, res); err != nil {
+				return err
+			}
+		}
+		if len(ins) < page.Limit {
+			return nil
+		}
+		page.After = ins[len(ins)-1].ID
+	}
+}
+
+func (s *Sensor) switchTimeOut(ctx context.Context, id string, limit time.Duration, now time.Time, res *Result) error {
+	n := 0
+	err := s.Store.Tx(ctx, func(q store.Queries) error {
+		n = 0
+		in, err := q.LockInstance(ctx, id)
+		if err != nil {
+			return err
+		}
+		if !slices.Contains(booting, in.Status) || in.TerminateRequestedAt != nil || in.AgentPhase != switchPhase ||
+			in.LastHeartbeatAt == nil || now.Sub(*in.LastHeartbeatAt) < limit {
+			return nil // it moved on meanwhile
+		}
+		reason := fmt.Sprintf("the agent did not come back after switching into the root's init: no heartbeat for %s since it reported switching; "+
+			"the root's init must start /run/tether/bin/tether-agent (a systemd root does so from the unit the agent writes; any other init needs the hook examples/root shows), see the instance console", limit)
+		in.ErrorMessage = reason
+		if err := s.Instances.TransitionTx(ctx, q, in, lifecycle.MarkErrored, reason, now); err != nil {
+			return err
+		}
+		n++
+		_, err = events.E{Kind: events.InstanceBootTimeout, Severity: events.High, InstanceID: id, Message: reason,
+			Payload: map[string]any{"status": in.Status, "agent_phase": in.AgentPhase, "switch_timeout": limit.String()}}.Write(ctx, q, now)
+		return err
+	})
+	if err == nil {
+		res.SwitchTimedOut += n
 	}
 	return err
 }

@@ -253,3 +253,53 @@ func TestBootTimeout(t *testing.T) {
 		})
 	}
 }
+
+// TestSwitchTimeout: an agent that reported switching and was not heard
+// from again errors its instance after the switch timeout, well before
+// the boot timeout; one that came back (any later phase), or is still
+// within the timeout, is left alone.
+func TestSwitchTimeout(t *testing.T) {
+	tests := []struct {
+		name      string
+		status    lifecycle.State
+		phase     string
+		poolState lifecycle.PoolState
+		quiet     time.Duration
+		want      bool
+	}{
+		{"no agent came back", lifecycle.Provisioning, "switching", lifecycle.NoPool, 4 * time.Minute, true},
+		{"after a reboot", lifecycle.Rebooting, "switching", lifecycle.NoPool, 4 * time.Minute, true},
+		{"still within the timeout", lifecycle.Provisioning, "switching", lifecycle.NoPool, 2 * time.Minute, false},
+		{"quiet while pulling is the boot timeout's", lifecycle.Provisioning, "pulling", lifecycle.NoPool, 4 * time.Minute, false},
+		{"warming pool member is the reaper's", lifecycle.Provisioning, "switching", lifecycle.PoolWarming, 4 * time.Minute, false},
+		{"running is liveness's other half", lifecycle.Running, "switching", lifecycle.NoPool, 4 * time.Minute, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := setup(t)
+			then := f.clk.Now()
+			in := &store.Instance{NodeID: f.nodeID, Status: tc.status, Provider: fake.Name, PoolState: tc.poolState,
+				AgentPhase: tc.phase, LastHeartbeatAt: &then, CreatedAt: then, UpdatedAt: then}
+			if err := f.st.CreateInstance(f.ctx, in); err != nil {
+				t.Fatal(err)
+			}
+			f.clk.Advance(tc.quiet)
+			res := f.tick(t)
+			got, err := f.st.GetInstance(f.ctx, in.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if errored := got.Status == lifecycle.Error; errored != tc.want || (res.SwitchTimedOut == 1) != tc.want {
+				t.Fatalf("status %s, switch timed out %d; want errored=%v", got.Status, res.SwitchTimedOut, tc.want)
+			}
+			if tc.want {
+				if !strings.Contains(got.ErrorMessage, "did not come back after switching") || !strings.Contains(got.ErrorMessage, "tether-agent") {
+					t.Fatalf("the reason must say the agent did not come back and what starts it: %q", got.ErrorMessage)
+				}
+				if f.count(t, in.ID, "instance.boot_timeout") != 1 {
+					t.Fatal("no instance.boot_timeout event")
+				}
+			}
+		})
+	}
+}

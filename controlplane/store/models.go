@@ -255,6 +255,9 @@ type InstanceFilter struct {
 	// UpdatedBefore matches instances whose row last changed (a
 	// transition, an agent error; not a heartbeat) before the time.
 	UpdatedBefore *time.Time
+	// AgentPhase matches instances whose agent last reported this phase
+	// ("switching").
+	AgentPhase string
 	// TerminateRequested matches instances with a recorded terminate intent.
 	TerminateRequested bool
 	// OldestFirst orders by creation (default is by id, which is also

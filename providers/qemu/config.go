@@ -94,8 +94,11 @@ type Config struct {
 	// usable, else TCG; see kvmUsable).
 	Accel string
 	// StopGrace is how long Stop waits for an ACPI powerdown before it
-	// quits QEMU (default 3 s). Tether's initramfs agent has no ACPI
-	// handler, so a guest normally uses the whole grace.
+	// quits QEMU (default 30 s). The agent hears the power button: in an
+	// initramfs it powers off at once, under a systemd root it runs
+	// systemctl poweroff, whose orderly shutdown takes seconds (tens of
+	// them under TCG). Stop returns as soon as QEMU exits, so the grace is
+	// used in full only by a guest that ignores the button.
 	StopGrace time.Duration
 	// QMPTimeout bounds one QMP exchange: connect, greeting, command and
 	// answer (default 5 s).
@@ -127,7 +130,7 @@ const (
 	defaultBinary        = "qemu-system-x86_64"
 	defaultMemoryMiB     = 512
 	defaultCPUs          = 1
-	defaultStopGrace     = 3 * time.Second
+	defaultStopGrace     = 30 * time.Second
 	defaultQMPTimeout    = 5 * time.Second
 	defaultLaunchTimeout = 20 * time.Second
 	defaultKillTimeout   = 5 * time.Second

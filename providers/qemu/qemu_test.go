@@ -88,7 +88,7 @@ func TestConfigValidation(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.Binary != "qemu-system-x86_64" || c.MemoryMiB != 512 || c.CPUs != 1 || c.Accel != "auto" ||
-		c.StopGrace != 3*time.Second || c.Logger == nil || c.Clock == nil {
+		c.StopGrace != 30*time.Second || c.Logger == nil || c.Clock == nil {
 		t.Fatalf("defaults = %+v", c)
 	}
 }
@@ -336,7 +336,7 @@ func TestRecorder(t *testing.T) {
 	if !slices.Equal(got[1].QMP, []string{"system_powerdown", "quit"}) || !strings.Contains(strings.Join(got[1].Steps, ";"), "wait 2s") {
 		t.Errorf("stop entry = %+v", got[1])
 	}
-	if !slices.Equal(got[3].QMP, []string{"quit", "query-status"}) || len(got[3].Argv) == 0 {
+	if !slices.Equal(got[3].QMP, []string{"system_powerdown", "quit", "query-status"}) || len(got[3].Argv) == 0 {
 		t.Errorf("reboot entry = %+v", got[3])
 	}
 	if got[4].Result != providers.StateGone {

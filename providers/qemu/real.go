@@ -169,8 +169,11 @@ func (r *realDriver) Reboot(ctx context.Context, id string, boot providers.Boot)
 // boot implements Start and Reboot. Both launch a new QEMU process: a fresh
 // boot needs a fresh one-time token in fw_cfg, and a QMP system_reset would
 // replay the spent one. Start leaves a running machine alone; Reboot halts
-// it first. A Reboot of a machine whose process is gone simply boots it:
-// the caller asked for a fresh boot and that is what it gets.
+// it first, gracefully as Stop does (an ACPI powerdown that the agent turns
+// into the root's own shutdown, then quit after StopGrace), so a real OS
+// under a reboot shuts down cleanly. A Reboot of a machine whose process is
+// gone simply boots it: the caller asked for a fresh boot and that is what
+// it gets.
 func (r *realDriver) boot(ctx context.Context, op, id string, boot providers.Boot) (providers.Machine, error) {
 	if err := checkID(op, id); err != nil {
 		return providers.Machine{}, err
@@ -195,7 +198,7 @@ func (r *realDriver) boot(ctx context.Context, op, id string, boot providers.Boo
 		if op == opStart {
 			return r.status(ctx, op, id, o)
 		}
-		if err := r.halt(ctx, op, id, o.pid, false); err != nil {
+		if err := r.halt(ctx, op, id, o.pid, true); err != nil {
 			return providers.Machine{}, err
 		}
 	}

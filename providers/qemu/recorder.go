@@ -161,8 +161,8 @@ func (r *recorder) boot(op, id string, boot providers.Boot) (providers.Machine, 
 		return providers.Machine{}, err
 	}
 	if st == providers.StateRunning {
-		e.QMP = append([]string{"quit"}, e.QMP...)
-		e.Steps = append([]string{"wait for exit, SIGKILL after " + r.cfg.KillTimeout.String()}, e.Steps...)
+		e.QMP = append([]string{"system_powerdown", "quit"}, e.QMP...)
+		e.Steps = append([]string{"wait " + r.cfg.StopGrace.String() + " for ACPI powerdown", "quit", "wait for exit, SIGKILL after " + r.cfg.KillTimeout.String()}, e.Steps...)
 	}
 	r.record(e)
 	r.machines[id] = providers.StateRunning

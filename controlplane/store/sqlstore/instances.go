@@ -187,6 +187,9 @@ func instanceWhere(f store.InstanceFilter) (string, []any, error) {
 	if f.UpdatedBefore != nil {
 		conds, args = append(conds, "updated_at < ?"), append(args, ts(*f.UpdatedBefore))
 	}
+	if f.AgentPhase != "" {
+		conds, args = append(conds, "agent_phase = ?"), append(args, f.AgentPhase)
+	}
 	if f.TerminateRequested {
 		conds = append(conds, "terminate_requested_at IS NOT NULL")
 	}

@@ -514,6 +514,9 @@ func testUpdatedBefore(t *testing.T, s store.Store) {
 		{"between", store.InstanceFilter{UpdatedBefore: ptr(t0.Add(time.Minute)), Statuses: []lifecycle.State{lifecycle.Provisioning}}, []string{old.ID}},
 		{"after both", store.InstanceFilter{UpdatedBefore: ptr(t0.Add(2 * time.Hour)), Statuses: []lifecycle.State{lifecycle.Provisioning}}, []string{old.ID, recent.ID}},
 		{"any status", store.InstanceFilter{UpdatedBefore: ptr(t0.Add(time.Minute))}, []string{old.ID, other.ID}},
+		// The switch timeout reads instances by the phase the heartbeat set.
+		{"agent phase", store.InstanceFilter{AgentPhase: "pulling"}, []string{old.ID}},
+		{"another agent phase", store.InstanceFilter{AgentPhase: "switching"}, nil},
 	}
 	for _, tc := range cases {
 		got, err := s.ListInstances(c, tc.filter, store.Page{})

@@ -456,7 +456,11 @@ type Heartbeat struct {
 	Error     string   `protobuf:"bytes,5,opt,name=error,proto3" json:"error,omitempty"`
 	Addresses []string `protobuf:"bytes,6,rep,name=addresses,proto3" json:"addresses,omitempty"`
 	// Random per boot, so the control plane can tell a reboot from a reconnect.
-	BootId        string `protobuf:"bytes,7,opt,name=boot_id,json=bootId,proto3" json:"boot_id,omitempty"`
+	BootId string `protobuf:"bytes,7,opt,name=boot_id,json=bootId,proto3" json:"boot_id,omitempty"`
+	// Set with error when the agent gave up this boot because retrying
+	// cannot help (the node's memory cannot hold its modules): the control
+	// plane errors a booting instance at once, with the error as the reason.
+	BootFailed    bool `protobuf:"varint,8,opt,name=boot_failed,json=bootFailed,proto3" json:"boot_failed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -538,6 +542,13 @@ func (x *Heartbeat) GetBootId() string {
 		return x.BootId
 	}
 	return ""
+}
+
+func (x *Heartbeat) GetBootFailed() bool {
+	if x != nil {
+		return x.BootFailed
+	}
+	return false
 }
 
 type TaskUpdate struct {
@@ -934,7 +945,7 @@ const file_tether_v1_agent_proto_rawDesc = "" +
 	"\theartbeat\x18\x01 \x01(\v2\x14.tether.v1.HeartbeatH\x00R\theartbeat\x128\n" +
 	"\vtask_update\x18\x02 \x01(\v2\x15.tether.v1.TaskUpdateH\x00R\n" +
 	"taskUpdateB\x05\n" +
-	"\x03msg\"\x87\x02\n" +
+	"\x03msg\"\xa8\x02\n" +
 	"\tHeartbeat\x12+\n" +
 	"\x05phase\x18\x01 \x01(\x0e2\x15.tether.v1.AgentPhaseR\x05phase\x12%\n" +
 	"\x0euptime_seconds\x18\x02 \x01(\x03R\ruptimeSeconds\x12#\n" +
@@ -942,7 +953,9 @@ const file_tether_v1_agent_proto_rawDesc = "" +
 	"\x16running_module_digests\x18\x04 \x03(\tR\x14runningModuleDigests\x12\x14\n" +
 	"\x05error\x18\x05 \x01(\tR\x05error\x12\x1c\n" +
 	"\taddresses\x18\x06 \x03(\tR\taddresses\x12\x17\n" +
-	"\aboot_id\x18\a \x01(\tR\x06bootId\"\xc4\x01\n" +
+	"\aboot_id\x18\a \x01(\tR\x06bootId\x12\x1f\n" +
+	"\vboot_failed\x18\b \x01(\bR\n" +
+	"bootFailed\"\xc4\x01\n" +
 	"\n" +
 	"TaskUpdate\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12-\n" +

@@ -1636,8 +1636,12 @@ type Instance struct {
 	// Whether a replica holds the agent's stream (design §2.10); unset when
 	// the agent never connected.
 	AgentPresence *AgentPresence `protobuf:"bytes,30,opt,name=agent_presence,json=agentPresence,proto3" json:"agent_presence,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// RAM the node holds in module files (they live on its /run tmpfs): the
+	// sizes of the running modules that the node's template names. Set by
+	// GetInstance only.
+	ModuleRamBytes int64 `protobuf:"varint,31,opt,name=module_ram_bytes,json=moduleRamBytes,proto3" json:"module_ram_bytes,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Instance) Reset() {
@@ -1878,6 +1882,13 @@ func (x *Instance) GetAgentPresence() *AgentPresence {
 		return x.AgentPresence
 	}
 	return nil
+}
+
+func (x *Instance) GetModuleRamBytes() int64 {
+	if x != nil {
+		return x.ModuleRamBytes
+	}
+	return 0
 }
 
 // AgentPresence is the evidence that an instance's agent is there.
@@ -2974,8 +2985,7 @@ const file_tether_v1_types_proto_rawDesc = "" +
 	"\x02by\x18\x01 \x01(\tR\x02by\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12*\n" +
 	"\x02at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12@\n" +
-	"\x11pool_state_before\x18\x04 \x01(\x0e2\x14.tether.v1.PoolStateR\x0fpoolStateBefore\"\xda\n" +
-	"\n" +
+	"\x11pool_state_before\x18\x04 \x01(\x0e2\x14.tether.v1.PoolStateR\x0fpoolStateBefore\"\x84\v\n" +
 	"\bInstance\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x1b\n" +
@@ -3013,7 +3023,8 @@ const file_tether_v1_types_proto_rawDesc = "" +
 	"updated_at\x18\x1b \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x12P\n" +
 	"\x16terminate_requested_at\x18\x1c \x01(\v2\x1a.google.protobuf.TimestampR\x14terminateRequestedAt\x12=\n" +
 	"\fsilent_since\x18\x1d \x01(\v2\x1a.google.protobuf.TimestampR\vsilentSince\x12?\n" +
-	"\x0eagent_presence\x18\x1e \x01(\v2\x18.tether.v1.AgentPresenceR\ragentPresence\"\xbb\x01\n" +
+	"\x0eagent_presence\x18\x1e \x01(\v2\x18.tether.v1.AgentPresenceR\ragentPresence\x12(\n" +
+	"\x10module_ram_bytes\x18\x1f \x01(\x03R\x0emoduleRamBytes\"\xbb\x01\n" +
 	"\rAgentPresence\x12\x1c\n" +
 	"\tconnected\x18\x01 \x01(\bR\tconnected\x12\x18\n" +
 	"\areplica\x18\x02 \x01(\tR\areplica\x12=\n" +
