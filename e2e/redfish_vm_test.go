@@ -138,7 +138,8 @@ func TestVMRedfish(t *testing.T) {
 	}
 
 	if _, err := env.cp.Admin.StopInstance(ctx, &v1.InstanceActionRequest{Id: id}); err != nil {
-		t.Fatal(err)
+		in, _ := env.cp.Admin.GetInstance(ctx, &v1.GetInstanceRequest{Id: id})
+		t.Fatalf("%v; instance: %v\nconsole:\n%s", err, in, tail(env.consoleOf(), 3000))
 	}
 	if st, err := env.vm.PowerState(ctx); err != nil || st != redfish.PowerOff {
 		t.Fatalf("after stop the VM is %s (%v)", st, err)

@@ -333,7 +333,7 @@ func build(ctx context.Context, o ServeOptions) (_ *daemon, err error) {
 		Lease: o.WorkerLease, Poll: o.WorkerPoll, Handlers: d.instSvc.Handlers()}
 	d.sensor = &liveness.Sensor{Store: st, Clock: o.Clock, Log: log, Instances: d.instSvc, SilentAfter: o.SilentAfter,
 		DeadAfter: o.PresumedDeadAfter, MaxHeartbeatsPerSecond: api.MaxHeartbeatsPerSecond, BootTimeout: o.BootTimeout, SwitchTimeout: o.SwitchTimeout}
-	d.syncer = &provsync.Syncer{Store: st, Clock: o.Clock, Log: log, Instances: d.instSvc}
+	d.syncer = &provsync.Syncer{Store: st, Clock: o.Clock, Log: log, Instances: d.instSvc, StreamLostConfirm: 2 * time.Second}
 	// Death signals (a provider's exit, a dropped stream) ask the provider
 	// at once instead of waiting for the sync or the silence (design §2.7).
 	d.checks = &provsync.Checks{Syncer: d.syncer}
@@ -356,7 +356,7 @@ func build(ctx context.Context, o ServeOptions) (_ *daemon, err error) {
 		Registry: &modules.Registry{Store: st, Blobs: blobs, Clock: o.Clock, Log: log, StaticSigners: edKeys(keys)},
 		Revoked:  d.revoked, Agents: d.hub, AgentURL: o.AgentURL, SigningKeys: keys,
 		ReadyHooks: []instances.ReadyHook{d.pools.ReadyHook}, Pools: d.pools, DisableAudit: o.DisableAudit, Credentials: d.creds, Panics: panics,
-		Presence: d.presence, StreamLost: func(id string) { d.checks.Signal(id, "stream_lost") },
+		Presence: d.presence, StreamLost: func(id string) { d.checks.Signal(id, provsync.SourceStreamLost) },
 		Limits: api.Limits{MaxConnections: max(o.MaxAgentConnections, 0), MaxUnauthenticatedPerSource: max(o.MaxUnauthenticatedPerSource, 0),
 			HandshakeTimeout: o.HandshakeTimeout, UnauthenticatedAge: o.UnauthenticatedAge},
 	})

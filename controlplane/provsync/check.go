@@ -11,6 +11,10 @@ import (
 	"github.com/tetherfleet/tether/providers"
 )
 
+// SourceStreamLost names the death signal of a stream that ended other
+// than by a newer one replacing it.
+const SourceStreamLost = "stream_lost"
+
 // Check asks the provider at once for one instance's machine, on a death
 // signal (source names it: "qemu_exit", "stream_lost"), and errors a
 // running row whose machine the provider observes stopped or gone. A

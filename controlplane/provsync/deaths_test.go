@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/tetherfleet/tether/controlplane/events"
+	"github.com/tetherfleet/tether/controlplane/instances/instancestest"
 	"github.com/tetherfleet/tether/controlplane/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/provsync"
 	"github.com/tetherfleet/tether/controlplane/store"
@@ -156,5 +157,53 @@ func TestCheckWithoutAnAnswerConcludesNothing(t *testing.T) {
 	}
 	if moved, err = f.syncer.Check(f.ctx, in.ID, "stream_lost"); err != nil || !moved {
 		t.Fatalf("second Check = %v, %v; the answer now says stopped", moved, err)
+	}
+}
+
+// A stopped machine seen on a dropped stream's check is asked about again
+// StreamLostConfirm later: a machine that runs by then (a BMC reporting a
+// passing state, an agent restarting) keeps its row; one still stopped
+// moves.
+func TestStreamLostStopConfirmedOnceMore(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		thenState providers.MachineState
+		moves     bool
+	}{
+		{"running again", providers.StateRunning, false},
+		{"still stopped", providers.StateStopped, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := instancestest.New(t, instancestest.SQLite(t), instancestest.Options{Node: "n", Timeout: 30 * time.Second})
+			f := &fixture{ctx: e.Ctx, st: e.Store, fake: e.Fake, nodeID: e.Node.ID, tplID: e.Template.ID,
+				syncer: &provsync.Syncer{Store: e.Store, Clock: e.Clock, Log: e.Log, Instances: e.Instances, StreamLostConfirm: 2 * time.Second}}
+			in := f.instance(t, fake.Name, lifecycle.Running)
+			f.fake.SetState(in.CloudInstanceID, providers.StateStopped)
+			type result struct {
+				moved bool
+				err   error
+			}
+			done := make(chan result, 1)
+			go func() {
+				moved, err := f.syncer.Check(f.ctx, in.ID, provsync.SourceStreamLost)
+				done <- result{moved, err}
+			}()
+			if err := e.Clock.BlockUntilPending(f.ctx, func(p []time.Duration) bool { return len(p) == 1 && p[0] == 2*time.Second }); err != nil {
+				t.Fatalf("the check did not wait to confirm: %v", err)
+			}
+			f.fake.SetState(in.CloudInstanceID, tc.thenState)
+			e.Clock.Advance(2 * time.Second)
+			r := <-done
+			if r.err != nil || r.moved != tc.moves {
+				t.Fatalf("Check = %v, %v; want moved %v", r.moved, r.err, tc.moves)
+			}
+			want := lifecycle.Running
+			if tc.moves {
+				want = lifecycle.Error
+			}
+			if got := f.get(t, in.ID); got.Status != want {
+				t.Fatalf("row is %s, want %s", got.Status, want)
+			}
+		})
 	}
 }

@@ -31,6 +31,13 @@ type Syncer struct {
 	Instances *instances.Service
 	// CallTimeout bounds each provider call (default 1 min).
 	CallTimeout time.Duration
+	// StreamLostConfirm, when set, is how long after a stopped machine is
+	// observed on a dropped stream's check the provider is asked again,
+	// and the row moves only if it still says stopped. A dropped stream
+	// is a weak signal (an agent restarting, a root switch), and a BMC may
+	// report a passing power state around a transition; a provider's own
+	// exit signal and the periodic sync need no second look.
+	StreamLostConfirm time.Duration
 
 	mu sync.Mutex
 	// cannotList holds the providers whose last List said KindUnsupported.
@@ -207,6 +214,22 @@ func (s *Syncer) confirmDead(ctx context.Context, p providers.Provider, in *stor
 	gone := err != nil || m.State == providers.StateGone
 	if !gone && m.State != providers.StateStopped {
 		return false, nil // it runs (or the provider cannot tell): no conclusion
+	}
+	if !gone && source == SourceStreamLost && s.StreamLostConfirm > 0 {
+		select {
+		case <-ctx.Done():
+			return false, nil
+		case <-s.Clock.After(s.StreamLostConfirm):
+		}
+		cctx, cancel := context.WithTimeout(ctx, s.timeout())
+		again, err := p.Status(cctx, in.CloudInstanceID)
+		cancel()
+		if err != nil || again.State != providers.StateStopped {
+			s.Log.Info("provider sync: a stopped machine seen on a dropped stream is not stopped a moment later; not concluding",
+				"instance", in.ID, "first", m.Detail, "then", again.State, "err", err)
+			return false, nil
+		}
+		m = again
 	}
 	now := s.Clock.Now()
 	// Tx may run fn again (a lost deadlock): count what committed.

@@ -2,6 +2,7 @@ package redfishtest
 
 import (
 	"context"
+	"fmt"
 	"sync"
 
 	"github.com/tetherfleet/tether/providers"
@@ -78,8 +79,12 @@ func (m *QEMUMachine) PowerState(ctx context.Context) (redfish.PowerState, error
 		return redfish.PowerOn, nil
 	case providers.StatePaused:
 		return redfish.PowerPaused, nil
+	case providers.StateStopped, providers.StateGone:
+		return redfish.PowerOff, nil
 	}
-	return redfish.PowerOff, nil
+	// A real BMC that cannot tell answers an error, never Off: Off would
+	// tell tetherd the machine died.
+	return "", fmt.Errorf("the VM's state is %s (%s)", st.State, st.Detail)
 }
 
 // Destroy removes the VM and its files.
