@@ -268,17 +268,26 @@ func (s *Sensor) bootTimeouts(ctx context.Context, res *Result) error {
 	// instances booting, and listing all of them every tick was a third
 	// of tetherd's CPU while 40,000 enrolled at once.
 	cutoff := now.Add(-limit)
+	return s.eachBooting(ctx, store.InstanceFilter{Statuses: booting, UpdatedBefore: &cutoff}, "booting", func(id string) error {
+		return s.timeOut(ctx, id, limit, now, res)
+	})
+}
+
+// eachBooting calls fn for every booting instance that f selects, page by
+// page, except those a terminate or the pool reaper (warming members)
+// owns.
+func (s *Sensor) eachBooting(ctx context.Context, f store.InstanceFilter, what string, fn func(id string) error) error {
 	page := store.Page{Limit: store.MaxPageSize}
 	for {
-		ins, err := s.Store.ListInstances(ctx, store.InstanceFilter{Statuses: booting, UpdatedBefore: &cutoff}, page)
+		ins, err := s.Store.ListInstances(ctx, f, page)
 		if err != nil {
-			return fmt.Errorf("liveness: list booting instances: %w", err)
+			return fmt.Errorf("liveness: list %s instances: %w", what, err)
 		}
 		for _, in := range ins {
 			if in.TerminateRequestedAt != nil || in.PoolState == lifecycle.PoolWarming {
 				continue
 			}
-			if err := s.timeOut(ctx, in.ID, limit, now, res); err != nil {
+			if err := fn(in.ID); err != nil {
 				return err
 			}
 		}
@@ -339,27 +348,12 @@ func (s *Sensor) switchTimeouts(ctx context.Context, res *Result) error {
 	}
 	now := s.Clock.Now()
 	cutoff := now.Add(-limit)
-	page := store.Page{Limit: store.MaxPageSize}
-	for {
-		// Only rows in the phase and past the limit are read: a mass boot
-		// keeps thousands of instances booting and quiet a while.
-		ins, err := s.Store.ListInstances(ctx, store.InstanceFilter{Statuses: booting, HeartbeatBefore: &cutoff, AgentPhase: switchPhase}, page)
-		if err != nil {
-			return fmt.Errorf("liveness: list switching instances: %w", err)
-		}
-		for _, in := range ins {
-			if in.TerminateRequestedAt != nil || in.PoolState == lifecycle.PoolWarming {
-				continue
-			}
-			if err := s.switchTimeOut(ctx, in.ID, limit, now, res); err != nil {
-				return err
-			}
-		}
-		if len(ins) < page.Limit {
-			return nil
-		}
-		page.After = ins[len(ins)-1].ID
-	}
+	// Only rows in the phase and past the limit are read: a mass boot
+	// keeps thousands of instances booting and quiet a while.
+	f := store.InstanceFilter{Statuses: booting, HeartbeatBefore: &cutoff, AgentPhase: switchPhase}
+	return s.eachBooting(ctx, f, "switching", func(id string) error {
+		return s.switchTimeOut(ctx, id, limit, now, res)
+	})
 }
 
 func (s *Sensor) switchTimeOut(ctx context.Context, id string, limit time.Duration, now time.Time, res *Result) error {
