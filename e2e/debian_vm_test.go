@@ -231,28 +231,7 @@ func TestVMDebianRoot(t *testing.T) {
 func TestVMDebianPool(t *testing.T) {
 	env := newDebianEnv(t, testcp.With(func(o *daemon.ServeOptions) { o.PoolReaperEvery = 2 * time.Second }))
 	ctx := debianCtx(t)
-	if _, err := env.cp.Admin.CreatePool(ctx, &v1.CreatePoolRequest{Name: "debian-pool", Template: env.template, Provider: "qemu", TargetSize: 2}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		dctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		_, _ = env.cp.Admin.DrainPool(dctx, &v1.PoolActionRequest{Name: "debian-pool"})
-	})
-	waitReady := func(want int32) *v1.Pool {
-		t.Helper()
-		deadline := time.Now().Add(2 * debianBoot)
-		for {
-			p, err := env.cp.Admin.GetPool(ctx, &v1.GetPoolRequest{Name: "debian-pool"})
-			if err == nil && p.Counts.GetReady() == want {
-				return p
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("the pool never had %d ready members: %v %v", want, p.GetCounts(), err)
-			}
-			time.Sleep(time.Second)
-		}
-	}
+	waitReady := startPool(t, ctx, env.cp, "debian-pool", env.template, 2*debianBoot, time.Second)
 	waitReady(2)
 	claim, err := env.cp.Admin.AcquirePoolMember(ctx, &v1.AcquirePoolMemberRequest{PoolName: "debian-pool", AcquiredBy: "e2e", AcquiredFor: t.Name()})
 	if err != nil {

@@ -475,28 +475,7 @@ func TestVMWrongCAFingerprint(t *testing.T) {
 func TestVMPool(t *testing.T) {
 	env := newVMEnv(t, testcp.With(func(o *daemon.ServeOptions) { o.PoolReaperEvery = 2 * time.Second }))
 	ctx := vmCtx(t)
-	if _, err := env.cp.Admin.CreatePool(ctx, &v1.CreatePoolRequest{Name: "vm-pool", Template: env.template, Provider: "qemu", TargetSize: 2}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		dctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		_, _ = env.cp.Admin.DrainPool(dctx, &v1.PoolActionRequest{Name: "vm-pool"})
-	})
-	waitReady := func(want int32) *v1.Pool {
-		t.Helper()
-		deadline := time.Now().Add(2 * bootTimeout)
-		for {
-			p, err := env.cp.Admin.GetPool(ctx, &v1.GetPoolRequest{Name: "vm-pool"})
-			if err == nil && p.Counts.GetReady() == want {
-				return p
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("pool never had %d ready members: %v %v", want, p.GetCounts(), err)
-			}
-			time.Sleep(500 * time.Millisecond)
-		}
-	}
+	waitReady := startPool(t, ctx, env.cp, "vm-pool", env.template, 2*bootTimeout, 500*time.Millisecond)
 	p := waitReady(2)
 	if p.Counts.Warming != 0 || p.Counts.Deficit != 0 {
 		t.Fatalf("counts after warm-up: %+v", p.Counts)
@@ -569,5 +548,35 @@ func TestVMExtensionModule(t *testing.T) {
 	}
 	if mounts := env.exec(t, ctx, id, "cat", "/proc/mounts"); strings.Contains(mounts, "/run/tether/ext/hello") {
 		t.Fatalf("the extension is still mounted after module_sync:\n%s", mounts)
+	}
+}
+
+// startPool creates a qemu pool of two on the template, drains it when the
+// test ends, and returns a wait (up to within, polling every poll: a real
+// VM's boot gives nothing else to wait on) for it to hold want ready
+// members.
+func startPool(t *testing.T, ctx context.Context, cp *testcp.ControlPlane, name, template string, within, poll time.Duration) func(want int32) *v1.Pool {
+	t.Helper()
+	if _, err := cp.Admin.CreatePool(ctx, &v1.CreatePoolRequest{Name: name, Template: template, Provider: "qemu", TargetSize: 2}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		dctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_, _ = cp.Admin.DrainPool(dctx, &v1.PoolActionRequest{Name: name})
+	})
+	return func(want int32) *v1.Pool {
+		t.Helper()
+		deadline := time.Now().Add(within)
+		for {
+			p, err := cp.Admin.GetPool(ctx, &v1.GetPoolRequest{Name: name})
+			if err == nil && p.Counts.GetReady() == want {
+				return p
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("pool %s never had %d ready members: %v %v", name, want, p.GetCounts(), err)
+			}
+			time.Sleep(poll)
+		}
 	}
 }
