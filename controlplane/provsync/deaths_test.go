@@ -7,10 +7,12 @@ import (
 	"time"
 
 	"github.com/tetherfleet/tether/controlplane/events"
+	"github.com/tetherfleet/tether/controlplane/instances"
 	"github.com/tetherfleet/tether/controlplane/instances/instancestest"
 	"github.com/tetherfleet/tether/controlplane/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/provsync"
 	"github.com/tetherfleet/tether/controlplane/store"
+	"github.com/tetherfleet/tether/controlplane/worker"
 	"github.com/tetherfleet/tether/providers"
 	"github.com/tetherfleet/tether/providers/fake"
 )
@@ -205,5 +207,34 @@ func TestStreamLostStopConfirmedOnceMore(t *testing.T) {
 				t.Fatalf("row is %s, want %s", got.Status, want)
 			}
 		})
+	}
+}
+
+// A stop or reboot stops the machine on purpose while its row still reads
+// running: the exit it causes is no death, and the operation settles the
+// row. With no operation under way the same signal moves the row.
+func TestExitDuringAPowerOperationIsLeftToIt(t *testing.T) {
+	f := setup(t)
+	in := f.instance(t, fake.Name, lifecycle.Running)
+	task := worker.NewLeased(in.ID, instances.TaskStop, "replica-a", t0, time.Minute)
+	if err := f.st.CreateTask(f.ctx, task); err != nil {
+		t.Fatal(err)
+	}
+	f.fake.SetState(in.CloudInstanceID, providers.StateStopped)
+	moved, err := f.syncer.Check(f.ctx, in.ID, "qemu_exit")
+	if err != nil || moved {
+		t.Fatalf("check during a stop: moved=%v err=%v, want the row left to the stop", moved, err)
+	}
+	if got := f.get(t, in.ID); got.Status != lifecycle.Running {
+		t.Fatalf("the stop's own exit moved the row to %s", got.Status)
+	}
+	if err := f.st.Tx(f.ctx, func(q store.Queries) error {
+		_, err := worker.Finish(f.ctx, q, task, nil, t0)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if moved, err := f.syncer.Check(f.ctx, in.ID, "qemu_exit"); err != nil || !moved {
+		t.Fatalf("check after the operation ended: moved=%v err=%v, want the row errored", moved, err)
 	}
 }

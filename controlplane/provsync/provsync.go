@@ -244,6 +244,12 @@ func (s *Syncer) confirmDead(ctx context.Context, p providers.Provider, in *stor
 		if cur.Status != lifecycle.Running || cur.TerminateRequestedAt != nil {
 			return nil
 		}
+		if busy, err := operationInProgress(ctx, q, cur.ID); err != nil || busy {
+			// A stop or reboot stops the machine on purpose while the row
+			// still reads running; the operation settles the row by what
+			// the provider then observes.
+			return err
+		}
 		var reason string
 		state := "gone"
 		if gone {
@@ -285,6 +291,17 @@ func (s *Syncer) confirmDead(ctx context.Context, p providers.Provider, in *stor
 		}
 	}
 	return n > 0, nil
+}
+
+// operationInProgress reports whether a worker task (a stop, reboot,
+// start or terminate) is under way on the instance.
+func operationInProgress(ctx context.Context, q store.Queries, instanceID string) (bool, error) {
+	ts, err := q.ListTasks(ctx, store.TaskFilter{InstanceID: instanceID, Target: store.TaskTargetWorker,
+		Statuses: []string{store.TaskPending, store.TaskLeased, store.TaskRunning}}, store.Page{Limit: 1})
+	if err != nil {
+		return false, fmt.Errorf("tasks of %s: %w", instanceID, err)
+	}
+	return len(ts) > 0, nil
 }
 
 // guestPresent reports a machine that outlived its terminated instance and
