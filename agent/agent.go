@@ -358,6 +358,12 @@ func (a *agent) run(ctx context.Context) error {
 
 	var sessMu sync.Mutex
 	var sess *session.Session
+	// The session outlives ctx by its goodbye (below): a stop (systemd's
+	// SIGTERM at poweroff) must not cut the stream before the last
+	// heartbeat and every queued task update are read. Its tasks are
+	// cancelled once the goodbye is over, before the deferred wg.Wait.
+	sessCtx, cancelSess := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelSess()
 	// startSession opens the Connect stream. It runs again if the stream was
 	// closed for a switch of root that then found no init to hand over to.
 	startSession := func() *session.Session {
@@ -377,7 +383,7 @@ func (a *agent) run(ctx context.Context) error {
 		sess = s
 		sessMu.Unlock()
 		wg.Add(1)
-		go func() { defer wg.Done(); a.reportEnd(ctx, "the control plane session", s.Run(ctx)) }()
+		go func() { defer wg.Done(); a.reportEnd(ctx, "the control plane session", s.Run(sessCtx)) }()
 		return s
 	}
 	current := func() *session.Session {
@@ -434,7 +440,30 @@ func (a *agent) run(ctx context.Context) error {
 		a.con.Printf("telling the service manager we are ready failed: %v", err)
 	}
 	<-ctx.Done()
+	a.goodbye(current())
 	return nil
+}
+
+// goodbyeTimeout bounds each half of the goodbye; with both it stays well
+// inside the unit's TimeoutStopSec (handover.Unit).
+const goodbyeTimeout = 3 * time.Second
+
+// goodbye ends the session cleanly when the agent is stopped: the last
+// heartbeat goes out, and the half-closed stream is drained, so the
+// control plane has read everything (the result of a task that ran
+// `systemctl poweroff`, say) and sees an orderly end, not a cut.
+func (a *agent) goodbye(sess *session.Session) {
+	if !sess.Connected() {
+		a.con.Printf("stopping: no stream to the control plane is open; nothing more to report")
+		sess.Close(0)
+		return
+	}
+	sent := sess.WaitSent(context.Background(), goodbyeTimeout)
+	if sess.Close(goodbyeTimeout) && sent {
+		a.con.Printf("stopping: the last heartbeat was read by the control plane")
+		return
+	}
+	a.con.Printf("stopping: the control plane did not confirm the last heartbeat within %s", goodbyeTimeout)
 }
 
 // reportEnd says on the console why a background part of the agent
@@ -451,6 +480,12 @@ func (a *agent) reportEnd(ctx context.Context, what string, err error) {
 // fail reports err in a heartbeat before the agent gives up on this run,
 // so the control plane shows why the boot stopped.
 func (a *agent) fail(ctx context.Context, sess *session.Session, err error) error {
+	if ctx.Err() != nil {
+		// Stopped mid-way: the cancellation is no fault of the boot, and
+		// reporting it would error the instance of a node being shut down.
+		a.goodbye(sess)
+		return err
+	}
 	var gaveUp *bootFailure
 	if errors.As(err, &gaveUp) {
 		a.status.SetBootFailed(err)

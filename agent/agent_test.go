@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -85,6 +86,10 @@ type stream struct {
 	arrived  chan struct{}
 	send     chan *tetherv1.ControlMessage
 	instance string
+	// ended is closed when the agent's side ends; endErr is how (io.EOF:
+	// the agent half-closed it cleanly).
+	ended  chan struct{}
+	endErr error
 }
 
 func (s *stream) all() []*tetherv1.AgentMessage {
@@ -138,7 +143,7 @@ func newControlPlane(t *testing.T) *controlPlane {
 	ca := enrolltest.NewCA(t, "tether CA")
 	cp := &controlPlane{Server: enrolltest.Start(t, ca), ca: ca, opened: make(chan *stream, 16)}
 	cp.ConnectHandler = func(inst string, st tetherv1.AgentService_ConnectServer) error {
-		s := &stream{arrived: make(chan struct{}, 1), send: make(chan *tetherv1.ControlMessage, 16), instance: inst}
+		s := &stream{arrived: make(chan struct{}, 1), send: make(chan *tetherv1.ControlMessage, 16), instance: inst, ended: make(chan struct{})}
 		cp.mu.Lock()
 		cp.streams = append(cp.streams, s)
 		cp.mu.Unlock()
@@ -153,6 +158,10 @@ func newControlPlane(t *testing.T) *controlPlane {
 		for {
 			m, err := st.Recv()
 			if err != nil {
+				s.mu.Lock()
+				s.endErr = err
+				s.mu.Unlock()
+				close(s.ended)
 				return nil
 			}
 			s.mu.Lock()
@@ -550,6 +559,39 @@ func TestRunTasks(t *testing.T) {
 	}
 	if !strings.Contains(r.console.String(), "would reboot now") {
 		t.Fatal("the dry-run reboot was not announced on the console")
+	}
+}
+
+// TestStopSaysGoodbye: a stopped agent (systemd's SIGTERM at poweroff)
+// sends the result of a task that finished just before, then half-closes
+// its stream, so the control plane reads all of it and sees an orderly end
+// rather than a cut connection.
+func TestStopSaysGoodbye(t *testing.T) {
+	cp := newControlPlane(t)
+	cp.assign(t, 1, 0)
+	r := start(t, Config{StateDir: t.TempDir(), Sources: []identity.Source{cmdline(t, cp.URL, cp.AddToken("i-4"), cp.ca.Fingerprint)}})
+	r.phases.wait(t, tetherv1.AgentPhase_AGENT_PHASE_READY)
+	s := cp.stream(t)
+	s.send <- &tetherv1.ControlMessage{Msg: &tetherv1.ControlMessage_Task{Task: &tetherv1.TaskAssignment{TaskId: "e1", Kind: tetherv1.TaskKind_TASK_KIND_EXEC,
+		Exec: &tetherv1.ExecPayload{Argv: []string{"sh", "-c", "echo bye"}}}}}
+	s.update(t, "e1", tetherv1.TaskStatus_TASK_STATUS_SUCCEEDED)
+	r.cancel()
+	if err := r.wait(t); err != nil {
+		t.Fatalf("a stopped agent returned %v", err)
+	}
+	select {
+	case <-s.ended:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the stream did not end")
+	}
+	s.mu.Lock()
+	endErr := s.endErr
+	s.mu.Unlock()
+	if !errors.Is(endErr, io.EOF) {
+		t.Fatalf("the stream ended with %v, want the agent's half-close (EOF)", endErr)
+	}
+	if !strings.Contains(r.console.String(), "stopping: the last heartbeat was read by the control plane") {
+		t.Fatalf("the console does not say the goodbye was read:\n%s", r.console.String())
 	}
 }
 
