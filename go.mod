@@ -11,7 +11,9 @@ require (
 	github.com/digitalocean/go-qemu v0.0.0-20250212194115-ee9b0668d242
 	github.com/diskfs/go-diskfs v1.9.4
 	github.com/erofs/go-erofs v0.3.1
+	github.com/google/go-attestation v0.6.4
 	github.com/google/go-containerregistry v0.22.1
+	github.com/google/go-tpm v0.9.8
 	github.com/google/uuid v1.6.0
 	github.com/insomniacslk/dhcp v0.0.0-20231206064809-8c70d406f6d2
 	github.com/jackc/pgx/v5 v5.12.0
