@@ -23,7 +23,10 @@ type Template struct {
 	RequireSignedModules bool
 	// RequiredSigners are signer fingerprints (sha256:HEX); every module
 	// needs a valid signature by at least one of them.
-	RequiredSigners      []string
+	RequiredSigners []string
+	// RequireAttestation refuses token enrollment for the instances of
+	// every node of the template.
+	RequireAttestation   bool
 	CreatedAt, UpdatedAt time.Time
 }
 
@@ -124,6 +127,13 @@ type Node struct {
 	// MACs are the hardware addresses of the machine's NICs, normalised
 	// (macaddr.Normalize); each belongs to one node at most.
 	MACs []string
+	// EKHashes are the SHA-256 of the public keys of the TPM endorsement
+	// keys the machine may present (sha256:HEX, lower case); each belongs
+	// to one node at most.
+	EKHashes []string
+	// RequireAttestation refuses token enrollment for the node's
+	// instances: only a TPM-attested enrollment may name them.
+	RequireAttestation bool
 	// BMC is the node's baseboard management controller; zero when
 	// something else powers the machine.
 	BMC       NodeBMC
@@ -168,6 +178,30 @@ func (e *MACInUseError) Error() string {
 
 // Is makes errors.Is(err, ErrAlreadyExists) hold.
 func (e *MACInUseError) Is(target error) bool { return target == ErrAlreadyExists }
+
+// EKInUseError is the ErrAlreadyExists a node write gets when one of its
+// EK hashes belongs to another node: one TPM is one machine, so binding it
+// twice would let either node's enrollment stand for the other.
+type EKInUseError struct {
+	EK, Node string
+}
+
+func (e *EKInUseError) Error() string {
+	return fmt.Sprintf("endorsement key %s already belongs to node %q", e.EK, e.Node)
+}
+
+// Is makes errors.Is(err, ErrAlreadyExists) hold.
+func (e *EKInUseError) Is(target error) bool { return target == ErrAlreadyExists }
+
+// EnrollGate is what a token enrollment must know of its instance, read
+// in the transaction that spends the token.
+type EnrollGate struct {
+	Status lifecycle.State
+	// NodeRequiresAttestation and TemplateRequiresAttestation are the
+	// require_attestation of the instance's node and of its template.
+	NodeRequiresAttestation     bool
+	TemplateRequiresAttestation bool
+}
 
 // DHCPLease is an address tetherd's DHCP server leased to a machine.
 type DHCPLease struct {

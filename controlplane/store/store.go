@@ -137,9 +137,10 @@ type Queries interface {
 	// at most limit records, the oldest first (all when limit <= 0).
 	DeleteAuditBefore(ctx context.Context, before time.Time, limit int) (int, error)
 
-	// CreateNode and UpdateNode write n.MACs too (UpdateNode replaces the
-	// set); an address of another node is a *MACInUseError. Call them in a
-	// transaction when n has MACs, so a refused address leaves nothing.
+	// CreateNode and UpdateNode write n.MACs and n.EKHashes too
+	// (UpdateNode replaces both sets); an address of another node is a
+	// *MACInUseError, an EK hash of another node an *EKInUseError. Call
+	// them in a transaction when n has either, so a refusal leaves nothing.
 	CreateNode(ctx context.Context, n *Node) error
 	GetNode(ctx context.Context, name string) (*Node, error)
 	GetNodeByID(ctx context.Context, id string) (*Node, error)
@@ -148,6 +149,9 @@ type Queries interface {
 	NodeNames(ctx context.Context, ids []string) (map[string]string, error)
 	// GetNodeByMAC finds the node owning a normalised hardware address.
 	GetNodeByMAC(ctx context.Context, mac string) (*Node, error)
+	// NodeByEK finds the node an EK hash (sha256:HEX, lower case) is bound
+	// to; ErrNotFound when none is.
+	NodeByEK(ctx context.Context, hash string) (*Node, error)
 	ListNodes(ctx context.Context, f NodeFilter, p Page) ([]*Node, error)
 	UpdateNode(ctx context.Context, n *Node) error
 	// DeleteNode refuses (ErrConflict) while a non-terminated instance of it exists.
@@ -169,6 +173,10 @@ type Queries interface {
 	// is no such instance): enrollment checks it for every certificate,
 	// and the whole row cost it a third of its store work.
 	InstanceStatus(ctx context.Context, id string) (lifecycle.State, error)
+	// EnrollGate reads an instance's state and whether its node or
+	// template requires attestation, in one query (ErrNotFound if there
+	// is no such instance).
+	EnrollGate(ctx context.Context, instanceID string) (EnrollGate, error)
 	// LockInstance reads an instance and, on PostgreSQL, locks its row
 	// until the transaction ends. Use it before a read-modify-write.
 	LockInstance(ctx context.Context, id string) (*Instance, error)

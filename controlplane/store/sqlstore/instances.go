@@ -143,6 +143,22 @@ func (q *queries) InstanceStatus(ctx context.Context, id string) (lifecycle.Stat
 	return st, nil
 }
 
+func (q *queries) EnrollGate(ctx context.Context, id string) (store.EnrollGate, error) {
+	var g store.EnrollGate
+	var status string
+	if err := q.row(ctx, `SELECT i.status, n.require_attestation, t.require_attestation FROM instances i
+		JOIN nodes n ON n.id = i.node_id JOIN templates t ON t.id = n.template_id WHERE i.id = ?`, id).
+		Scan(&status, &g.NodeRequiresAttestation, &g.TemplateRequiresAttestation); err != nil {
+		return g, notFound(q.db.classify(err), "instance", id)
+	}
+	st, err := parseStoredState(status)
+	if err != nil {
+		return g, fmt.Errorf("instance %s: %w", id, err)
+	}
+	g.Status = st
+	return g, nil
+}
+
 func (q *queries) LockInstance(ctx context.Context, id string) (*store.Instance, error) {
 	return q.getInstance(ctx, q.db.dialect.LockRow(), id)
 }

@@ -9,13 +9,13 @@ import (
 	"github.com/tetherfleet/tether/controlplane/store"
 )
 
-const templateCols = `id, name, kernel_digest, initramfs_digest, kernel_args, require_signed, required_signers, created_at, updated_at, console`
+const templateCols = `id, name, kernel_digest, initramfs_digest, kernel_args, require_signed, required_signers, created_at, updated_at, console, require_attestation`
 
 func scanTemplate(s scanner) (*store.Template, error) {
 	var t store.Template
 	var created, updated int64
 	var signers string
-	if err := s.Scan(&t.ID, &t.Name, &t.KernelDigest, &t.InitramfsDigest, &t.KernelArgs, &t.RequireSignedModules, &signers, &created, &updated, &t.Console); err != nil {
+	if err := s.Scan(&t.ID, &t.Name, &t.KernelDigest, &t.InitramfsDigest, &t.KernelArgs, &t.RequireSignedModules, &signers, &created, &updated, &t.Console, &t.RequireAttestation); err != nil {
 		return nil, err
 	}
 	if signers != "" {
@@ -29,8 +29,8 @@ func (q *queries) CreateTemplate(ctx context.Context, t *store.Template) error {
 	if t.ID == "" {
 		t.ID = newID()
 	}
-	_, err := q.exec(ctx, `INSERT INTO templates (`+templateCols+`) VALUES (?,?,?,?,?,?,?,?,?,?)`,
-		t.ID, t.Name, t.KernelDigest, t.InitramfsDigest, t.KernelArgs, t.RequireSignedModules, strings.Join(t.RequiredSigners, ","), ts(t.CreatedAt), ts(t.UpdatedAt), t.Console)
+	_, err := q.exec(ctx, `INSERT INTO templates (`+templateCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?)`,
+		t.ID, t.Name, t.KernelDigest, t.InitramfsDigest, t.KernelArgs, t.RequireSignedModules, strings.Join(t.RequiredSigners, ","), ts(t.CreatedAt), ts(t.UpdatedAt), t.Console, t.RequireAttestation)
 	if err != nil {
 		return fmt.Errorf("create template %q: %w", t.Name, err)
 	}
@@ -121,8 +121,8 @@ func (q *queries) ListTemplates(ctx context.Context, p store.Page) ([]*store.Tem
 }
 
 func (q *queries) UpdateTemplate(ctx context.Context, t *store.Template) error {
-	res, err := q.exec(ctx, `UPDATE templates SET kernel_digest = ?, initramfs_digest = ?, kernel_args = ?, require_signed = ?, required_signers = ?, updated_at = ?, console = ? WHERE id = ?`,
-		t.KernelDigest, t.InitramfsDigest, t.KernelArgs, t.RequireSignedModules, strings.Join(t.RequiredSigners, ","), ts(t.UpdatedAt), t.Console, t.ID)
+	res, err := q.exec(ctx, `UPDATE templates SET kernel_digest = ?, initramfs_digest = ?, kernel_args = ?, require_signed = ?, required_signers = ?, updated_at = ?, console = ?, require_attestation = ? WHERE id = ?`,
+		t.KernelDigest, t.InitramfsDigest, t.KernelArgs, t.RequireSignedModules, strings.Join(t.RequiredSigners, ","), ts(t.UpdatedAt), t.Console, t.RequireAttestation, t.ID)
 	if err := mustAffect(res, err, "template", t.Name); err != nil {
 		return err
 	}
