@@ -53,6 +53,9 @@ type Enrollment struct {
 	Token           string
 	// CAFingerprint is "sha256:<hex>" over the CA certificate's DER bytes.
 	CAFingerprint string
+	// InstanceID is the Tether instance the boot is for. It is no secret:
+	// a machine that enrolls by its TPM, with no token, names itself by it.
+	InstanceID string
 }
 
 // Spec describes a machine to create.

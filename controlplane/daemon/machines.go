@@ -47,6 +47,8 @@ type LibvirtOptions struct {
 	// "UID:GID"): the user libvirtd runs QEMU as.
 	FileOwner string
 	StopGrace time.Duration
+	// TPM gives every domain a TPM 2.0 (libvirtd's swtpm).
+	TPM bool
 }
 
 // libvirtCheckTimeout bounds the start-up probe of libvirtd.
@@ -80,7 +82,7 @@ func buildLibvirt(o ServeOptions, log *slog.Logger, clk clock.Clock) (*libvirt.P
 	plog := log.With("provider", libvirt.Name)
 	p, err := libvirt.New(libvirt.Config{URI: lo.URI, StateDir: stateDir, Boot: boot, Firmware: fw, Network: nw,
 		DomainType: lo.DomainType, MemoryMiB: lo.MemoryMiB, CPUs: lo.CPUs, FileOwner: lo.FileOwner,
-		StopGrace: lo.StopGrace, Logger: plog, Clock: clk})
+		StopGrace: lo.StopGrace, TPM: lo.TPM, Logger: plog, Clock: clk})
 	if err != nil {
 		return nil, fmt.Errorf("serve: libvirt provider: %w", err)
 	}
@@ -122,7 +124,7 @@ func buildProviders(o ServeOptions, log *slog.Logger, clk clock.Clock, bmcs *bmc
 	if err != nil {
 		return nil, fmt.Errorf("serve: --qemu-boot: %w", err)
 	}
-	q, err := qemu.New(qemu.Config{Mode: mode, StateDir: stateDir, Boot: bootMode, Tap: o.QEMUTap,
+	q, err := qemu.New(qemu.Config{Mode: mode, StateDir: stateDir, Boot: bootMode, Tap: o.QEMUTap, TPM: o.QEMUTPM,
 		Logger: log.With("provider", "qemu"), Clock: clk})
 	if err != nil {
 		return nil, fmt.Errorf("serve: qemu provider: %w", err)

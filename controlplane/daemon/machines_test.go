@@ -135,3 +135,22 @@ func TestBuildProvidersLibvirt(t *testing.T) {
 		})
 	}
 }
+
+// --qemu-tpm without swtpm stops tetherd at start-up, naming what to
+// install, rather than failing every boot later.
+func TestBuildProvidersQEMUTPMNeedsSwtpm(t *testing.T) {
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	dir := t.TempDir()
+	t.Setenv("PATH", t.TempDir())
+	_, err := buildProviders(ServeOptions{DataDir: dir, QEMUMode: "real", QEMUTPM: true}, log, clock.Real{}, &bmc.Resolver{})
+	if err == nil || !strings.Contains(err.Error(), "swtpm") || !strings.Contains(err.Error(), "--qemu-tpm") {
+		t.Fatalf("err %v, want one naming swtpm and --qemu-tpm", err)
+	}
+	ps, err := buildProviders(ServeOptions{DataDir: dir, QEMUMode: "recorder", QEMUTPM: true}, log, clock.Real{}, &bmc.Resolver{})
+	if err != nil {
+		t.Fatalf("recorder with --qemu-tpm: %v", err)
+	}
+	if q := ps[qemu.Name].(*qemu.Provider); !q.TPM() {
+		t.Fatal("qemu provider has no TPM")
+	}
+}

@@ -76,6 +76,9 @@ type ServeOptions struct {
 	// QEMUTap puts qemu VMs on this tap device instead of QEMU's user-mode
 	// network (one VM at a time).
 	QEMUTap string
+	// QEMUTPM gives every qemu VM a TPM (swtpm); tetherd refuses to start
+	// with it when swtpm is missing.
+	QEMUTPM bool
 	// Redfish tunes the redfish provider: how long a stop waits for a
 	// graceful shutdown before forcing the power off, how long an action
 	// waits for PowerState to show it, and the bound on one BMC request

@@ -123,6 +123,9 @@ type Config struct {
 	DomainType string
 	// MachineType is the QEMU machine (default q35).
 	MachineType string
+	// TPM gives each domain a TPM 2.0 (tpm-crb) emulated by libvirtd's
+	// swtpm (--libvirt-tpm). libvirtd keeps its state with the domain.
+	TPM bool
 	// MemoryMiB is the guest RAM (default 512); CPUs the vCPUs (default 1).
 	MemoryMiB int
 	CPUs      int

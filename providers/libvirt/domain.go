@@ -34,6 +34,9 @@ const (
 	fwCfgToken   = "opt/tether/token"
 	fwCfgCA      = "opt/tether/ca"
 	fwCfgSigners = "opt/tether/signers"
+	// fwCfgInstance is the instance the boot is for: a tokenless (TPM)
+	// boot has no token to name it by.
+	fwCfgInstance = "opt/tether/instance"
 )
 
 // userNetKernelArg configures the agent's network statically on QEMU's
@@ -89,6 +92,12 @@ type domainSpec struct {
 	Kernel, Initramfs, KernelArgs string
 	URL, CA                       string
 	Signers                       []string
+	// Instance is the fw_cfg instance entry (Enrollment.InstanceID);
+	// empty: no entry.
+	Instance string
+	// TPM adds a TPM 2.0 on the CRB interface, emulated by swtpm, which
+	// libvirtd starts and stops with the domain.
+	TPM bool
 	// TokenFile is the fw_cfg token's file; empty: no token entry. The
 	// token itself never appears in the definition (libvirtd keeps it on
 	// disk and QEMU's argv shows it to every user of the host).
@@ -145,6 +154,16 @@ func domainXML(s domainSpec) (string, error) {
 			MemBalloon:  &libvirtxml.DomainMemBalloon{Model: "none"},
 		},
 	}
+	if s.TPM {
+		// tpm-crb is the TPM 2.0 interface the guest kernel drives with
+		// tpm_crb; it needs q35 (on pc the choice would be tpm-tis).
+		model := "tpm-crb"
+		if !strings.Contains(s.Machine, "q35") {
+			model = "tpm-tis"
+		}
+		d.Devices.TPMs = []libvirtxml.DomainTPM{{Model: model,
+			Backend: &libvirtxml.DomainTPMBackend{Emulator: &libvirtxml.DomainTPMBackendEmulator{Version: "2.0"}}}}
+	}
 	if s.Firmware == FirmwareUEFI {
 		d.OS.Loader = &libvirtxml.DomainLoader{Path: s.OVMFCode, Readonly: "yes", Type: "pflash"}
 		// libvirtd copies the template into the domain's own NVRAM file
@@ -197,6 +216,9 @@ func domainXML(s domainSpec) (string, error) {
 	}
 	if len(s.Signers) > 0 {
 		entries = append(entries, libvirtxml.DomainSysInfoEntry{Name: fwCfgSigners, Value: strings.Join(s.Signers, ",")})
+	}
+	if s.Instance != "" {
+		entries = append(entries, libvirtxml.DomainSysInfoEntry{Name: fwCfgInstance, Value: s.Instance})
 	}
 	if s.TokenFile != "" {
 		entries = append(entries, libvirtxml.DomainSysInfoEntry{Name: fwCfgToken, File: s.TokenFile})

@@ -35,7 +35,15 @@ func TestDomainXML(t *testing.T) {
 			`<on_poweroff>destroy</on_poweroff>`, `<on_reboot>destroy</on_reboot>`, `<on_crash>destroy</on_crash>`,
 			`<serial type="file">`, `path="/s/i-1/console.log" append="on"`, `<rng model="virtio">`,
 			`<controller type="usb" model="none">`, `<memballoon model="none">`,
-		}, notWant: []string{"<loader", "<nvram", "commandline", "<uuid>"}},
+		}, notWant: []string{"<loader", "<nvram", "commandline", "<uuid>", "<tpm", "opt/tether/instance"}},
+		{name: "TPM on q35: tpm-crb with libvirtd's swtpm", mod: func(s *domainSpec) { s.TPM = true },
+			want: []string{`<tpm model="tpm-crb">`, `<backend type="emulator" version="2.0">`}},
+		{name: "TPM on pc: tpm-tis", mod: func(s *domainSpec) { s.TPM, s.Machine = true, "pc" },
+			want: []string{`<tpm model="tpm-tis">`}, notWant: []string{"tpm-crb"}},
+		{name: "instance id in fw_cfg", mod: func(s *domainSpec) { s.Instance = "0b7e3c56-7b2c-4d1e-9d0a-6d1f2c3b4a59" },
+			want: []string{`<entry name="opt/tether/instance">0b7e3c56-7b2c-4d1e-9d0a-6d1f2c3b4a59</entry>`}},
+		{name: "tokenless boot: instance, no token", mod: func(s *domainSpec) { s.Instance, s.TokenFile = "i-1", "" },
+			want: []string{`<entry name="opt/tether/instance">i-1</entry>`, `<entry name="opt/tether/url">`}, notWant: []string{"opt/tether/token"}},
 		{name: "kvm, uefi, known uuid and mac", mod: func(s *domainSpec) {
 			s.Type, s.Firmware, s.UUID, s.MAC = "kvm", FirmwareUEFI, "c3a7c1c7-a269-4a12-b085-37fba2baa882", "52:54:00:aa:bb:cc"
 		}, want: []string{`<domain type="kvm">`, `<loader readonly="yes" type="pflash">/fw/CODE.fd</loader>`,

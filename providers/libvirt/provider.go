@@ -367,7 +367,7 @@ func (p *Provider) boot(h hypervisor, op, id string, boot providers.Boot, mac st
 		Name: DomainName(id), InstanceID: id, Type: typ, Machine: p.cfg.MachineType,
 		MemoryMiB: p.cfg.MemoryMiB, CPUs: p.cfg.CPUs, Boot: p.cfg.Boot, Firmware: p.cfg.Firmware,
 		OVMFCode: p.cfg.OVMFCode, OVMFVars: p.cfg.OVMFVars, Network: p.cfg.Network, MAC: mac,
-		Console: p.ConsoleLogPath(id),
+		Console: p.ConsoleLogPath(id), TPM: p.cfg.TPM,
 	}
 	if f.exists {
 		// Keep the domain's identity across definitions: libvirtd refuses
@@ -389,6 +389,7 @@ func (p *Provider) boot(h hypervisor, op, id string, boot providers.Boot, mac st
 	} else {
 		s.Kernel, s.Initramfs, s.KernelArgs = boot.KernelPath, boot.InitramfsPath, boot.KernelArgs
 		s.URL, s.CA, s.Signers = boot.Enrollment.ControlPlaneURL, boot.Enrollment.CAFingerprint, boot.Signers
+		s.Instance = boot.Enrollment.InstanceID
 	}
 
 	dir := filepath.Join(p.cfg.StateDir, id)

@@ -25,6 +25,14 @@ const (
 	macFile = "mac"
 	// ovmfVarsFile is the VM's own UEFI variable store.
 	ovmfVarsFile = "OVMF_VARS.fd"
+	// nodeFile remembers the VM's node (whose TPM it gets) for its later
+	// boots, as macFile does its MAC.
+	nodeFile = "node"
+	// The VM's swtpm (--qemu-tpm): its control socket, which QEMU's
+	// -tpmdev emulator connects to, its pid file and its output.
+	tpmSocketFile = "swtpm.sock"
+	tpmPIDFile    = "swtpm.pid"
+	tpmLogFile    = "swtpm.log"
 )
 
 // BootScriptPath is the control plane's boot route for a hardware address.
@@ -37,6 +45,9 @@ const (
 	fwCfgCA    = "opt/tether/ca"
 	// fwCfgSigners is the node's signer anchor, comma-separated fingerprints.
 	fwCfgSigners = "opt/tether/signers"
+	// fwCfgInstance is the instance the boot is for: a tokenless (TPM)
+	// boot has no token to name it by.
+	fwCfgInstance = "opt/tether/instance"
 )
 
 // networkKernelArg lets the agent configure the network statically: with
@@ -63,12 +74,16 @@ func checkID(op, id string) error {
 	if !validID.MatchString(id) {
 		return permanent(op, id, fmt.Errorf("invalid instance id %q: want 1-64 of [A-Za-z0-9_.-], starting with a letter or digit", id))
 	}
+	if id == tpmDirName {
+		return permanent(op, id, fmt.Errorf("instance id %q is reserved: the state directory keeps the nodes' TPMs there", id))
+	}
 	return nil
 }
 
 // instancePaths are the files of one instance.
 type instancePaths struct {
 	dir, console, qmp, pid, qemuLog, token, mac, ovmfVars string
+	node, tpmSock, tpmPID, tpmLog                         string
 }
 
 func pathsFor(stateDir, id string) instancePaths {
@@ -82,6 +97,10 @@ func pathsFor(stateDir, id string) instancePaths {
 		token:    filepath.Join(dir, tokenFile),
 		mac:      filepath.Join(dir, macFile),
 		ovmfVars: filepath.Join(dir, ovmfVarsFile),
+		node:     filepath.Join(dir, nodeFile),
+		tpmSock:  filepath.Join(dir, tpmSocketFile),
+		tpmPID:   filepath.Join(dir, tpmPIDFile),
+		tpmLog:   filepath.Join(dir, tpmLogFile),
 	}
 }
 
@@ -106,8 +125,14 @@ type launchSpec struct {
 	URL        string
 	CA         string
 	Signers    []string
+	// Instance is the fw_cfg instance entry (Enrollment.InstanceID);
+	// empty: no entry.
+	Instance string
 	// WithToken adds the fw_cfg token entry, read from Paths.token.
 	WithToken bool
+	// TPM gives the VM a TPM 2.0 on the CRB interface, backed by the swtpm
+	// listening on Paths.tpmSock. tpm-crb needs q35, which every VM gets.
+	TPM bool
 
 	// Boot is direct, bios or uefi. In bios and uefi the VM gets no
 	// kernel, initramfs, command line or fw_cfg entry: its firmware's iPXE
@@ -164,6 +189,12 @@ func buildArgv(s launchSpec) []string {
 		"-serial", "chardev:ser0",
 		"-qmp", s.Paths.qmpArg(),
 	)
+	if s.TPM {
+		argv = append(argv,
+			"-chardev", "socket,id=chrtpm,path="+optEscape(s.Paths.tpmSock),
+			"-tpmdev", "emulator,id=tpm0,chardev=chrtpm",
+			"-device", "tpm-crb,tpmdev=tpm0")
+	}
 	if s.Boot.Netboot() {
 		return argv
 	}
@@ -175,6 +206,9 @@ func buildArgv(s launchSpec) []string {
 	}
 	if len(s.Signers) > 0 {
 		argv = append(argv, "-fw_cfg", "name="+fwCfgSigners+",string="+optEscape(strings.Join(s.Signers, ",")))
+	}
+	if s.Instance != "" {
+		argv = append(argv, "-fw_cfg", "name="+fwCfgInstance+",string="+optEscape(s.Instance))
 	}
 	if s.WithToken {
 		argv = append(argv, "-fw_cfg", "name="+fwCfgToken+",file="+optEscape(s.Paths.token))

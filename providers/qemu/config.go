@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"regexp"
+	"strings"
 	"time"
 
 	"github.com/tetherfleet/tether/internal/clock"
@@ -122,8 +123,12 @@ type Config struct {
 	// OVMFCode and OVMFVars are the UEFI firmware and its variable store
 	// template (each VM gets its own copy of the store); default Debian's.
 	OVMFCode, OVMFVars string
-	Logger             *slog.Logger
-	Clock              clock.Clock
+	// TPM gives every VM a TPM 2.0 (--qemu-tpm): one swtpm per VM, with
+	// the state of its node's TPM in StateDir/tpm/NODE, kept across the
+	// node's instances. Real mode needs swtpm and swtpm-tools.
+	TPM    bool
+	Logger *slog.Logger
+	Clock  clock.Clock
 }
 
 const (
@@ -192,6 +197,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.Mode != ModeDisabled && c.StateDir == "" {
 		return c, fmt.Errorf("qemu: StateDir is required in %s mode", c.Mode)
+	}
+	if c.TPM && strings.Contains(c.StateDir, ",") {
+		return c, fmt.Errorf("qemu: --qemu-tpm: state dir %q has a comma, which swtpm's options cannot carry", c.StateDir)
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

@@ -54,9 +54,13 @@ func fakeEvent(format string, args ...any) {
 }
 
 func runFakeQEMU(mode string, args []string) int {
-	var sock string
+	var sock, tpmSock string
 	for i := 0; i+1 < len(args); i++ {
 		switch args[i] {
+		case "-chardev":
+			if rest, ok := strings.CutPrefix(args[i+1], "socket,id=chrtpm,path="); ok {
+				tpmSock = rest
+			}
 		case "-qmp":
 			v := strings.TrimPrefix(args[i+1], "unix:")
 			sock, _, _ = strings.Cut(v, ",")
@@ -81,6 +85,17 @@ func runFakeQEMU(mode string, args []string) int {
 	if sock == "" {
 		fmt.Fprintln(os.Stderr, "fake qemu: no -qmp")
 		return 2
+	}
+	if tpmSock != "" {
+		// Like QEMU's -tpmdev emulator: connect to swtpm's control socket
+		// at start-up and hold the connection for the VM's life.
+		c, err := net.Dial("unix", tpmSock)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "qemu-system-x86_64: tpm-emulator: Failed to connect to socket %s: %v\n", tpmSock, err)
+			return 1
+		}
+		defer c.Close()
+		fakeEvent("tpm connected")
 	}
 	l, err := net.Listen("unix", sock)
 	if err != nil {

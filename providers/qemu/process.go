@@ -100,6 +100,9 @@ type proc struct {
 	pid  int
 	done chan struct{}
 	err  error // set before done is closed
+	// tpmDied: the VM's swtpm had exited before QEMU did (set before done
+	// is closed).
+	tpmDied bool
 }
 
 // waitExit waits up to timeout (and ctx) for the instance's VM process to

@@ -12,6 +12,7 @@ package qemu
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/tetherfleet/tether/providers"
 )
@@ -61,6 +62,13 @@ func newProvider(cfg Config, probe kvmProbe) (*Provider, error) {
 		p.rec = newRecorder(cfg, accel)
 		p.driver = p.rec
 	case ModeReal:
+		if cfg.TPM {
+			// Refuse now, not at the first boot: an operator who asked
+			// for TPMs must not get a control plane whose every VM fails.
+			if err := checkTPMTools(); err != nil {
+				return nil, err
+			}
+		}
 		d, err := newRealDriver(cfg, accel)
 		if err != nil {
 			return nil, err
@@ -87,6 +95,30 @@ func (p *Provider) ConsoleLogPath(id string) string {
 		return ""
 	}
 	return consolePath(p.cfg.StateDir, id)
+}
+
+// TPM reports whether VMs get a TPM (--qemu-tpm).
+func (p *Provider) TPM() bool { return p.cfg.Mode != ModeDisabled && p.cfg.TPM }
+
+// NodeTPMDir is the directory of a node's TPM; "" for a name that is not
+// a safe path element, or when the provider is disabled.
+func (p *Provider) NodeTPMDir(node string) string {
+	if p.cfg.Mode == ModeDisabled || !validID.MatchString(node) {
+		return ""
+	}
+	return TPMDir(p.cfg.StateDir, node)
+}
+
+// PrepareNodeTPM makes the node's TPM now, before any instance of it boots,
+// and returns its EK hash, so an operator can register the node's EK
+// (tetherctl node update --ek) ahead of its first boot. An existing TPM is
+// kept.
+func (p *Provider) PrepareNodeTPM(node string) (string, error) {
+	dir := p.NodeTPMDir(node)
+	if dir == "" {
+		return "", fmt.Errorf("qemu: no TPM for node %q (provider disabled, or not a name of [A-Za-z0-9_.-])", node)
+	}
+	return PrepareTPM(dir)
 }
 
 // Netboots reports whether VMs boot from their firmware over the network

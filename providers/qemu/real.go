@@ -30,6 +30,8 @@ type realDriver struct {
 
 	mu    sync.Mutex
 	procs map[string]*proc
+	// tpms are the swtpm processes we are parent of (--qemu-tpm).
+	tpms map[string]*proc
 	// exits keeps, per instance, how its last child QEMU ended, so Status
 	// can say what was observed (cleared when it is launched again).
 	exits  map[string]string
@@ -60,6 +62,7 @@ func newRealDriver(cfg Config, accel string) (*realDriver, error) {
 		log:   cfg.Logger,
 		locks: keyed.New(),
 		procs: map[string]*proc{},
+		tpms:  map[string]*proc{},
 		exits: map[string]string{},
 	}, nil
 }
@@ -136,6 +139,15 @@ func (r *realDriver) Provision(ctx context.Context, spec providers.Spec) (provid
 	}
 	if err := os.MkdirAll(p.dir, 0o700); err != nil {
 		return providers.Machine{}, permanent(opProvision, id, fmt.Errorf("instance dir: %w", err))
+	}
+	if r.cfg.TPM && spec.Node != "" {
+		if !validID.MatchString(spec.Node) {
+			_ = os.RemoveAll(p.dir)
+			return providers.Machine{}, permanent(opProvision, id, fmt.Errorf("node %q cannot name a TPM directory: want 1-64 of [A-Za-z0-9_.-], starting with a letter or digit", spec.Node))
+		}
+		if err := os.WriteFile(p.node, []byte(spec.Node), 0o600); err != nil {
+			return providers.Machine{}, transient(opProvision, id, fmt.Errorf("record the node: %w", err))
+		}
 	}
 	if r.cfg.Boot.Netboot() {
 		if err := checkMAC(opProvision, id, spec.MAC); err != nil {
@@ -228,6 +240,11 @@ func (r *realDriver) Stop(ctx context.Context, id string) (providers.Machine, er
 		}
 		r.log.Info("qemu stopped", "instance", id, "pid", o.pid)
 	}
+	// A stopped VM has no use for its TPM; one that outlived a QEMU we
+	// were not parent of (or a crash) ends here.
+	if err := r.stopTPM(id); err != nil {
+		return providers.Machine{}, transient(opStop, id, err)
+	}
 	return r.machine(id, providers.StateStopped, ""), nil
 }
 
@@ -254,6 +271,11 @@ func (r *realDriver) Terminate(ctx context.Context, id string) error {
 		if err := r.halt(ctx, opTerminate, id, o.pid, false); err != nil {
 			return err
 		}
+	}
+	// No swtpm may outlive its VM. The node's TPM state stays: it is the
+	// node's, for its next instance.
+	if err := r.stopTPM(id); err != nil {
+		return transient(opTerminate, id, err)
 	}
 	if err := os.RemoveAll(r.paths(id).dir); err != nil {
 		return transient(opTerminate, id, fmt.Errorf("remove instance dir: %w", err))
@@ -334,7 +356,7 @@ func (r *realDriver) List(ctx context.Context) ([]providers.Machine, error) {
 	}
 	var out []providers.Machine
 	for _, e := range entries {
-		if !e.IsDir() || !validID.MatchString(e.Name()) {
+		if !e.IsDir() || !validID.MatchString(e.Name()) || e.Name() == tpmDirName {
 			continue
 		}
 		m, err := r.Status(ctx, e.Name())
@@ -354,6 +376,9 @@ func (r *realDriver) List(ctx context.Context) ([]providers.Machine, error) {
 }
 
 func (r *realDriver) machine(id string, st providers.MachineState, detail string) providers.Machine {
+	if t := r.tpmDetail(id); t != "" {
+		detail += ", " + t
+	}
 	return providers.Machine{ID: id, InstanceID: id, State: st, Detail: detail}
 }
 
@@ -418,11 +443,26 @@ func (r *realDriver) launch(ctx context.Context, op, id string, boot providers.B
 		URL:        boot.Enrollment.ControlPlaneURL,
 		CA:         boot.Enrollment.CAFingerprint,
 		Signers:    boot.Signers,
+		Instance:   boot.Enrollment.InstanceID,
 		WithToken:  withToken,
 	}
 	if err := netbootLaunch(r.cfg, &ls, boot, mac); err != nil {
 		return providers.Machine{}, permanent(op, id, err)
 	}
+	var tp *proc
+	if r.cfg.TPM {
+		if tp, _, err = r.startTPM(ctx, op, id); err != nil {
+			return providers.Machine{}, err
+		}
+		ls.TPM = true
+	}
+	// Every failure from here on ends the swtpm we just started.
+	launched := false
+	defer func() {
+		if tp != nil && !launched {
+			r.killTPM(id, tp)
+		}
+	}()
 	argv := buildArgv(ls)
 
 	logf, err := os.OpenFile(p.qemuLog, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
@@ -456,10 +496,24 @@ func (r *realDriver) launch(ctx context.Context, op, id string, boot providers.B
 	r.procs[id] = pr
 	delete(r.exits, id)
 	r.mu.Unlock()
+	// From here the reaper owns the swtpm: it ends it with QEMU.
+	launched = true
 	// Reap the process while we are its parent, so it never lingers as a
 	// zombie that looks alive to kill -0.
 	go func() {
 		pr.err = cmd.Wait()
+		if tp != nil {
+			select {
+			case <-tp.done:
+				pr.tpmDied = true
+			default:
+			}
+			// Before done: whoever waits for the VM to be gone must find
+			// its swtpm gone too.
+			if err := r.endTPM(id, tp.pid, tp); err != nil {
+				r.log.Error("swtpm outlived its VM", "instance", id, "err", err)
+			}
+		}
 		close(pr.done)
 		detail := exitDetail(pr.err)
 		r.mu.Lock()
@@ -489,7 +543,11 @@ func (r *realDriver) launch(ctx context.Context, op, id string, boot providers.B
 		case <-pr.done:
 			// QEMU refused its command line or its files: retrying the same
 			// boot will not help.
-			return providers.Machine{}, permanent(op, id, fmt.Errorf("qemu exited during start-up (%s): %s", exitText(pr.err), logTail(p.qemuLog, logStart)))
+			qerr := fmt.Errorf("qemu exited during start-up (%s): %s", exitText(pr.err), logTail(p.qemuLog, logStart))
+			if terr := tpmFailure(pr, tp, p); terr != nil {
+				qerr = fmt.Errorf("%w; %w", terr, qerr)
+			}
+			return providers.Machine{}, permanent(op, id, qerr)
 		default:
 		}
 		r.abort(pr)

@@ -2,8 +2,11 @@ package qemu
 
 import (
 	"context"
+	"fmt"
 	"maps"
+	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -36,11 +39,12 @@ type recorder struct {
 	mu       sync.Mutex
 	machines map[string]providers.MachineState
 	macs     map[string]string // netboot: each VM's hardware address
+	nodes    map[string]string // --qemu-tpm: each VM's node
 	entries  []Entry
 }
 
 func newRecorder(cfg Config, accel string) *recorder {
-	return &recorder{cfg: cfg, accel: accel, machines: map[string]providers.MachineState{}, macs: map[string]string{}}
+	return &recorder{cfg: cfg, accel: accel, machines: map[string]providers.MachineState{}, macs: map[string]string{}, nodes: map[string]string{}}
 }
 
 func (r *recorder) record(e Entry) {
@@ -83,15 +87,25 @@ func (r *recorder) launchEntry(op, id string, boot providers.Boot) (Entry, error
 		URL:        boot.Enrollment.ControlPlaneURL,
 		CA:         boot.Enrollment.CAFingerprint,
 		Signers:    boot.Signers,
+		Instance:   boot.Enrollment.InstanceID,
 		WithToken:  withToken,
 	}
 	if err := netbootLaunch(r.cfg, &ls, boot, r.macs[id]); err != nil {
 		return Entry{}, permanent(op, id, err)
 	}
+	ls.TPM = r.cfg.TPM
 	argv := buildArgv(ls)
 	var steps []string
 	if op == opProvision {
 		steps = append(steps, "mkdir "+p.dir+" 0700")
+	}
+	if r.cfg.TPM {
+		dir := filepath.Join(p.dir, tpmDirName)
+		if n := r.nodes[id]; n != "" {
+			dir = TPMDir(r.cfg.StateDir, n)
+		}
+		steps = append(steps, "swtpm_setup "+dir+" unless made (once per node)",
+			"start "+strings.Join(swtpmArgv(swtpmBinary, filepath.Join(dir, tpmStateSubdir), p), " ")+" with "+p.tpmSock+" as fd 3")
 	}
 	if withToken {
 		steps = append(steps, "write "+p.token+" 0600 (token redacted)")
@@ -122,9 +136,17 @@ func (r *recorder) Provision(_ context.Context, spec providers.Spec) (providers.
 		}
 		r.macs[id] = spec.MAC
 	}
+	if r.cfg.TPM && spec.Node != "" {
+		if !validID.MatchString(spec.Node) {
+			delete(r.macs, id)
+			return providers.Machine{}, permanent(opProvision, id, fmt.Errorf("node %q cannot name a TPM directory", spec.Node))
+		}
+		r.nodes[id] = spec.Node
+	}
 	e, err := r.launchEntry(opProvision, id, spec.Boot)
 	if err != nil {
 		delete(r.macs, id)
+		delete(r.nodes, id)
 		return providers.Machine{}, err
 	}
 	r.record(e)
@@ -206,10 +228,17 @@ func (r *recorder) Terminate(_ context.Context, id string) error {
 		e.QMP = []string{"quit"}
 		e.Steps = []string{"SIGKILL if alive after " + r.cfg.KillTimeout.String()}
 	}
+	if r.cfg.TPM {
+		e.Steps = append(e.Steps, "stop swtpm (SIGTERM, SIGKILL after "+r.cfg.KillTimeout.String()+")")
+		if n := r.nodes[id]; n != "" {
+			e.Steps = append(e.Steps, "keep "+TPMDir(r.cfg.StateDir, n))
+		}
+	}
 	e.Steps = append(e.Steps, "remove "+pathsFor(r.cfg.StateDir, id).dir)
 	r.record(e)
 	delete(r.machines, id)
 	delete(r.macs, id)
+	delete(r.nodes, id)
 	return nil
 }
 
