@@ -55,6 +55,8 @@ type Config struct {
 	ControlPlane string
 	Token        string
 	CASHA256     string
+	// Instance names the instance of a tokenless, TPM-attested boot.
+	Instance string
 
 	StateDir string   // default /run/tether
 	RootMode RootMode // default switch when PID1, else none
@@ -124,6 +126,11 @@ type Config struct {
 	// ConnGrace is how long an old connection lives after a renewal
 	// (default 1 minute).
 	ConnGrace time.Duration
+
+	// OpenTPM opens the machine's TPM for a tokenless, attested
+	// enrollment (default: agent/tpm at /dev/tpmrm0). It returns an
+	// error wrapping tpm.ErrNoTPM when the machine has none.
+	OpenTPM func() (AttesterCloser, error)
 }
 
 func (c *Config) defaults() error {
@@ -268,7 +275,7 @@ func (a *agent) run(ctx context.Context) error {
 	st := &a.st
 	successor := st.Switched && st.BootID == cfg.BootID
 
-	explicit := identity.Fields{URL: cfg.ControlPlane, Token: cfg.Token, CA: cfg.CASHA256}
+	explicit := identity.Fields{URL: cfg.ControlPlane, Token: cfg.Token, CA: cfg.CASHA256, Instance: cfg.Instance}
 	disc, err := identity.Discover(ctx, explicit, cfg.Sources...)
 	if err != nil {
 		return fmt.Errorf("discover enrollment material: %w", err)
@@ -497,11 +504,15 @@ func (a *agent) fail(ctx context.Context, sess *session.Session, err error) erro
 	return err
 }
 
-// enroll trades the discovered token for a certificate, retrying while the
+// enroll trades the discovered token for a certificate, or, on a
+// tokenless boot, proves the machine by its TPM; it retries while the
 // control plane is unreachable.
 func (a *agent) enroll(ctx context.Context, mgr *enroll.Manager, disc identity.Discovery) (*enroll.Identity, error) {
 	if err := disc.Require(true); err != nil {
 		return nil, err
+	}
+	if disc.Token == "" {
+		return a.enrollAttested(ctx, mgr, disc)
 	}
 	if mgr.TokenSpent(disc.Token) {
 		return nil, errors.New("the bootstrap token this node holds was already spent by an earlier enrollment of this node, whose identity is gone; " +

@@ -183,6 +183,17 @@ func MountPseudoFilesystems() error {
 			return fmt.Errorf("boot: symlink %s: %w", name, err)
 		}
 	}
+	// securityfs holds the firmware's TPM event log, which an attested
+	// enrollment replays. A kernel built without it has no mount point
+	// under /sys; such a node attests without a log.
+	const security = "/sys/kernel/security"
+	if _, err := os.Stat(security); err == nil {
+		if mounted, err := isMountPoint(security); err == nil && !mounted {
+			if err := unix.Mount("securityfs", security, "securityfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+				return fmt.Errorf("boot: mount securityfs on %s: %w", security, err)
+			}
+		}
+	}
 	return nil
 }
 

@@ -15,7 +15,9 @@ const (
 	ParamURL   = "tether.url"
 	ParamToken = "tether.token"
 	ParamCA    = "tether.ca"
-	ParamDebug = "tether.debug"
+	// ParamInstance names the instance of a tokenless, TPM-attested boot.
+	ParamInstance = "tether.instance"
+	ParamDebug    = "tether.debug"
 )
 
 // Param is one parameter of a kernel command line, as the kernel splits it.
@@ -174,7 +176,7 @@ func ParseTetherCmdline(s string) (Cmdline, error) {
 		}
 		seen[p.Key] = p.Value
 		switch p.Key {
-		case ParamURL, ParamToken, ParamCA:
+		case ParamURL, ParamToken, ParamCA, ParamInstance:
 			if !p.HasValue || p.Value == "" {
 				return Cmdline{}, &CmdlineError{Param: p.Key, Reason: "has no value (want " + p.Key + "=" + placeholder(p.Key) + ")"}
 			}
@@ -198,6 +200,12 @@ func ParseTetherCmdline(s string) (Cmdline, error) {
 				return Cmdline{}, &CmdlineError{Param: p.Key, Reason: err.Error()}
 			}
 			c.CA = v
+		case ParamInstance:
+			v, err := CheckInstance(p.Value)
+			if err != nil {
+				return Cmdline{}, &CmdlineError{Param: p.Key, Reason: err.Error()}
+			}
+			c.Instance = v
 		case ParamSigners:
 			fps, err := pki.ParseSignerList(p.Value)
 			if err != nil {
@@ -233,6 +241,8 @@ func placeholder(key string) string {
 		return "https://HOST:PORT"
 	case ParamToken:
 		return "TOKEN"
+	case ParamInstance:
+		return "INSTANCE_ID"
 	default:
 		return "sha256:HEX"
 	}

@@ -87,6 +87,14 @@ func TestParseTetherCmdline(t *testing.T) {
 		{name: "bad token", in: "tether.token=hunter2", wantParam: "tether.token", wantErr: "not a Tether bootstrap token"},
 		{name: "conflicting duplicates", in: "tether.url=https://a:1 tether.url=https://b:1", wantParam: "tether.url", wantErr: "twice"},
 		{name: "bad debug", in: "tether.debug=maybe", wantParam: "tether.debug", wantErr: "not 0 or 1"},
+		{
+			name: "tokenless: instance instead of a token",
+			in:   "tether.url=https://10.0.2.2:7443 tether.instance=i-0123abcd tether.ca=" + testCA,
+			want: Cmdline{Fields: Fields{URL: "https://10.0.2.2:7443", Instance: "i-0123abcd", CA: testCA}},
+		},
+		{name: "empty instance", in: "tether.instance=", wantParam: "tether.instance", wantErr: "has no value"},
+		{name: "instance with a quote", in: "tether.instance=i-1/x", wantParam: "tether.instance", wantErr: "no instance id has"},
+		{name: "overlong instance", in: "tether.instance=" + strings.Repeat("a", 65), wantParam: "tether.instance", wantErr: "longer than any"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

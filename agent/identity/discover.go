@@ -40,7 +40,7 @@ type Discovery struct {
 }
 
 // FlagNames are the command-line flags that set each field explicitly.
-var FlagNames = map[string]string{"url": "--control-plane", "token": "--token", "ca": "--ca-sha256"}
+var FlagNames = map[string]string{"url": "--control-plane", "token": "--token", "ca": "--ca-sha256", "instance": "--instance"}
 
 // Discover fills the fields from explicit values first, then from each
 // source in order, each field taken from the first place that has it. It
@@ -94,11 +94,12 @@ func (d *Discovery) merge(f Fields, from string) {
 	set(&d.URL, f.URL, "url")
 	set(&d.Token, f.Token, "token")
 	set(&d.CA, f.CA, "ca")
+	set(&d.Instance, f.Instance, "instance")
 }
 
 func describe(f Fields) string {
 	var have []string
-	for _, x := range []struct{ name, v string }{{"url", f.URL}, {"token", f.Token}, {"ca", f.CA}} {
+	for _, x := range []struct{ name, v string }{{"url", f.URL}, {"token", f.Token}, {"ca", f.CA}, {"instance", f.Instance}} {
 		if x.v != "" {
 			have = append(have, x.name)
 		}
@@ -113,14 +114,16 @@ func describe(f Fields) string {
 var ErrIncomplete = errors.New("enrollment material incomplete")
 
 // Require checks that the fields the caller needs were found and, if not,
+// (needToken: a token, or the instance id of a TPM-attested enrollment)
 // says where the agent looked and how to hand them over.
 func (d Discovery) Require(needToken bool) error {
 	var missing []string
 	if d.URL == "" {
 		missing = append(missing, "control plane URL (tether.url=https://HOST:PORT, fw_cfg opt/tether/url, seed ISO tether/url, or --control-plane)")
 	}
-	if d.Token == "" && needToken {
-		missing = append(missing, "bootstrap token (tether.token=, fw_cfg opt/tether/token, seed ISO tether/token, or --token; mint one with `tetherctl token create --instance ID`)")
+	if d.Token == "" && d.Instance == "" && needToken {
+		missing = append(missing, "bootstrap token (tether.token=, fw_cfg opt/tether/token, seed ISO tether/token, or --token; mint one with `tetherctl token create --instance ID`), "+
+			"or, for a node whose TPM is bound to it, its instance id (tether.instance=, fw_cfg opt/tether/instance, or --instance)")
 	}
 	if d.CA == "" {
 		missing = append(missing, "CA fingerprint (tether.ca=sha256:HEX, fw_cfg opt/tether/ca, seed ISO tether/ca, or --ca-sha256)")

@@ -14,9 +14,31 @@ type Fields struct {
 	URL   string // https://HOST:PORT[,https://HOST:PORT...], normalised by CheckURL
 	Token string
 	CA    string // "sha256:<hex>", normalised by pki.ParseFingerprint
+	// Instance is the instance a tokenless node boots as: public, since a
+	// TPM attestation, not the id, proves it (docs/adr/0023).
+	Instance string
 }
 
-func (f Fields) complete() bool { return f.URL != "" && f.Token != "" && f.CA != "" }
+// complete is true once the material for one way of enrolling is known:
+// a token, or the instance id a TPM proves.
+func (f Fields) complete() bool {
+	return f.URL != "" && f.CA != "" && (f.Token != "" || f.Instance != "")
+}
+
+// CheckInstance checks an instance id's shape: printable, no blanks, and
+// not longer than an id, so that a mangled hand-off is named where it was
+// found.
+func CheckInstance(s string) (string, error) {
+	if len(s) > 64 {
+		return "", fmt.Errorf("instance id of %d bytes is longer than any instance id", len(s))
+	}
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.') {
+			return "", fmt.Errorf("instance id %q has a character %q no instance id has", s, r)
+		}
+	}
+	return s, nil
+}
 
 // CheckToken checks a bootstrap token's shape, so a token mangled in
 // transit (a cut-off command line, a stray quote) is reported where it was
@@ -59,6 +81,11 @@ func (f Fields) check(where func(field string) string) (Fields, error) {
 			return Fields{}, fmt.Errorf("%s: %w", where("ca"), err)
 		}
 	}
+	if f.Instance != "" {
+		if f.Instance, err = CheckInstance(f.Instance); err != nil {
+			return Fields{}, fmt.Errorf("%s: %w", where("instance"), err)
+		}
+	}
 	return f, nil
 }
 
@@ -68,7 +95,7 @@ func (f Fields) String() string {
 	if f.Token != "" {
 		tok = "(set)"
 	}
-	return fmt.Sprintf("url=%s token=%s ca=%s", f.URL, tok, f.CA)
+	return fmt.Sprintf("url=%s token=%s ca=%s instance=%s", f.URL, tok, f.CA, f.Instance)
 }
 
 func trimValue(b []byte) string { return strings.TrimRight(string(b), " \t\r\n\x00") }

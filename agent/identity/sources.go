@@ -72,7 +72,7 @@ func ReadCmdline(path string) (Cmdline, error) {
 	return ParseTetherCmdline(string(raw))
 }
 
-// FwCfgSource reads QEMU fw_cfg entries opt/tether/{url,token,ca}, which
+// FwCfgSource reads QEMU fw_cfg entries opt/tether/{url,token,ca,instance}, which
 // the qemu_fw_cfg kernel module exposes under sysfs.
 type FwCfgSource struct {
 	Dir string // default /sys/firmware/qemu_fw_cfg/by_name/opt/tether
@@ -94,7 +94,7 @@ func (s FwCfgSource) Lookup(context.Context) (Found, bool, error) {
 	for _, e := range []struct {
 		name string
 		dst  *string
-	}{{"url", &f.URL}, {"token", &f.Token}, {"ca", &f.CA}} {
+	}{{"url", &f.URL}, {"token", &f.Token}, {"ca", &f.CA}, {"instance", &f.Instance}} {
 		p := filepath.Join(dir, e.name, "raw")
 		v, ok, err := readValue(p)
 		if err != nil {

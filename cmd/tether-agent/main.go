@@ -34,6 +34,7 @@ func main() {
 	fs := flag.NewFlagSet("tether-agent", flag.ContinueOnError)
 	cp := fs.String("control-plane", "", "control plane URL, https://HOST:PORT, or several separated by commas to move between (default: discovered)")
 	token := fs.String("token", "", "one-time bootstrap token (default: discovered)")
+	instance := fs.String("instance", "", "instance id of a tokenless boot, proved by the TPM (default: discovered)")
 	ca := fs.String("ca-sha256", "", "SHA-256 fingerprint of the control plane's CA certificate, sha256:HEX (default: discovered)")
 	stateDir := fs.String("state-dir", agent.DefaultStateDir, "directory for the key, certificate and module cache")
 	defaultMode := agent.RootModeNone
@@ -60,6 +61,7 @@ func main() {
 		ControlPlane: *cp,
 		Token:        *token,
 		CASHA256:     *ca,
+		Instance:     *instance,
 		StateDir:     *stateDir,
 		RootMode:     agent.RootMode(*rootMode),
 		PID1:         pid1,

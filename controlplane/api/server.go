@@ -84,6 +84,8 @@ type Config struct {
 	// limit). Enroll needs no credential, and each refusal costs a
 	// database read.
 	EnrollLimiter *throttle.Limiter
+	// AttestTimeout bounds an attested enrollment (zero: AttestTimeout).
+	AttestTimeout time.Duration
 	// Catalog writes templates and nodes; Certificates writes revocations
 	// (nil: built on Store and Clock).
 	Catalog      *catalog.Service

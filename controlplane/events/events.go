@@ -25,10 +25,14 @@ const (
 	EnrollSucceeded   = "enroll.succeeded"
 	EnrollTokenReused = "enroll.token_reused"
 	EnrollRefused     = "enroll.refused"
-	CertRenewed       = "certificate.renewed"
-	CertRevoked       = "certificate.revoked"
-	CertIssued        = "certificate.issued"
-	TokenIssued       = "token.issued"
+	// EnrollEKMismatch is an attested enrollment whose TPM is not the one
+	// bound to the node: another node's EK, or a new TPM on a node that
+	// has one registered. High severity; the payload names every hash.
+	EnrollEKMismatch = "enroll.ek_mismatch"
+	CertRenewed      = "certificate.renewed"
+	CertRevoked      = "certificate.revoked"
+	CertIssued       = "certificate.issued"
+	TokenIssued      = "token.issued"
 	// NodeMACGenerated records a hardware address the control plane made
 	// up for a netbooting machine of a node that had none.
 	NodeMACGenerated = "node.mac_generated"

@@ -369,7 +369,3 @@ func (s *Service) TransitionTx(ctx context.Context, q store.Queries, in *store.I
 	return s.transition(ctx, q, in, ev, reason, now)
 }
 
-// IssueTokenTx issues a fresh bootstrap token inside q's transaction.
-func (s *Service) IssueTokenTx(ctx context.Context, q store.Queries, instanceID string, now time.Time) (string, error) {
-	return s.issueToken(ctx, q, instanceID, now)
-}

@@ -46,12 +46,27 @@ func (s *Service) bootFor(ctx context.Context, q store.Queries, in *store.Instan
 		// carries a fresh token: one issued here would never be used.
 		return b, nil
 	}
-	tok, err := s.issueToken(ctx, q, in.ID, now)
+	tok, err := s.BootToken(ctx, q, in, now)
 	if err != nil {
 		return providers.Boot{}, err
 	}
-	b.Enrollment = providers.Enrollment{ControlPlaneURL: s.AgentURL, Token: tok, CAFingerprint: s.CAFingerprint}
+	b.Enrollment = providers.Enrollment{ControlPlaneURL: s.AgentURL, Token: tok, CAFingerprint: s.CAFingerprint, InstanceID: in.ID}
 	return b, nil
+}
+
+// BootToken is the token of a new boot of in, issued in q's transaction;
+// empty when in's node has a TPM bound (an EK hash): such a boot carries
+// no secret, only the instance id, and the TPM proves the machine
+// (docs/adr/0023).
+func (s *Service) BootToken(ctx context.Context, q store.Queries, in *store.Instance, now time.Time) (string, error) {
+	node, err := q.GetNodeByID(ctx, in.NodeID)
+	if err != nil {
+		return "", fmt.Errorf("read node of instance %s: %w", in.ID, err)
+	}
+	if len(node.EKHashes) > 0 {
+		return "", nil
+	}
+	return s.issueToken(ctx, q, in.ID, now)
 }
 
 // errTerminated ends a task whose instance was terminated under it.

@@ -278,13 +278,13 @@ func (s *Server) serveScript(w http.ResponseWriter, r *http.Request, id, bootIF 
 		if boot.KernelURL == "" {
 			return &refusal{http.StatusServiceUnavailable, "the netboot server's base URL is not configured"}
 		}
-		tok, err := s.Instances.IssueTokenTx(ctx, q, id, now)
+		tok, err := s.Instances.BootToken(ctx, q, in, now)
 		if err != nil {
 			return err
 		}
 		// A netbooted machine has no static address: the agent asks DHCP,
 		// on the interface it booted from first.
-		body = Script(boot.KernelURL, boot.InitramfsURL, WithSigners(boot.KernelArgs+" ip=dhcp "+bootIF, boot.Signers), s.Instances.AgentURL, tok, s.Instances.CAFingerprint)
+		body = Script(boot.KernelURL, boot.InitramfsURL, WithSigners(boot.KernelArgs+" ip=dhcp "+bootIF, boot.Signers), s.Instances.AgentURL, tok, id, s.Instances.CAFingerprint)
 		_, err = events.E{Kind: events.NetbootServed, InstanceID: id,
 			Message: fmt.Sprintf("iPXE script served to %s (instance %s)", r.RemoteAddr, st),
 			Payload: map[string]any{"remote": r.RemoteAddr, "status": string(st)}}.Write(ctx, q, now)
@@ -393,15 +393,23 @@ func (s *Server) FlushRefusals(ctx context.Context, final bool) {
 }
 
 // Script is an instance's iPXE script. Template arguments come before the
-// tether.* parameters, which the agent reads by name.
-func Script(kernelURL, initramfsURL, kernelArgs, agentURL, token, caFingerprint string) string {
+// tether.* parameters, which the agent reads by name. An empty token is a
+// tokenless boot: the script names the instance, whose TPM proves it, and
+// carries no secret.
+func Script(kernelURL, initramfsURL, kernelArgs, agentURL, token, instanceID, caFingerprint string) string {
 	// A line break in template arguments would be a second iPXE command.
 	args := strings.Join(strings.Fields(kernelArgs), " ")
 	cmdline := "initrd=initramfs"
 	if args != "" {
 		cmdline += " " + args
 	}
-	cmdline += " tether.url=" + agentURL + " tether.token=" + token + " tether.ca=" + caFingerprint
+	cmdline += " tether.url=" + agentURL
+	if token != "" {
+		cmdline += " tether.token=" + token
+	} else {
+		cmdline += " tether.instance=" + instanceID
+	}
+	cmdline += " tether.ca=" + caFingerprint
 	return "#!ipxe\n" +
 		"kernel " + kernelURL + " " + cmdline + "\n" +
 		"initrd --name initramfs " + initramfsURL + "\n" +

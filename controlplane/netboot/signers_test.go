@@ -12,7 +12,7 @@ import (
 // reads them back as its anchor.
 func TestScriptCarriesSignerAnchor(t *testing.T) {
 	a, b := "sha256:"+strings.Repeat("a", 64), "sha256:"+strings.Repeat("b", 64)
-	script := netboot.Script("http://k", "http://i", netboot.WithSigners("quiet", []string{a, b}), "https://10.0.2.2:7443", "tbt_"+strings.Repeat("A", 43), "sha256:"+strings.Repeat("c", 64))
+	script := netboot.Script("http://k", "http://i", netboot.WithSigners("quiet", []string{a, b}), "https://10.0.2.2:7443", "tbt_"+strings.Repeat("A", 43), "i-1", "sha256:"+strings.Repeat("c", 64))
 	line := strings.Split(script, "\n")[1]
 	c, err := identity.ParseTetherCmdline(strings.TrimPrefix(line, "kernel http://k "))
 	if err != nil {

@@ -144,6 +144,560 @@ func (x *EnrollResponse) GetNotAfter() *timestamppb.Timestamp {
 	return nil
 }
 
+type AttestedEnrollRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Step:
+	//
+	//	*AttestedEnrollRequest_Begin
+	//	*AttestedEnrollRequest_Proof
+	Step          isAttestedEnrollRequest_Step `protobuf_oneof:"step"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AttestedEnrollRequest) Reset() {
+	*x = AttestedEnrollRequest{}
+	mi := &file_tether_v1_enrollment_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AttestedEnrollRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AttestedEnrollRequest) ProtoMessage() {}
+
+func (x *AttestedEnrollRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_enrollment_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AttestedEnrollRequest.ProtoReflect.Descriptor instead.
+func (*AttestedEnrollRequest) Descriptor() ([]byte, []int) {
+	return file_tether_v1_enrollment_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *AttestedEnrollRequest) GetStep() isAttestedEnrollRequest_Step {
+	if x != nil {
+		return x.Step
+	}
+	return nil
+}
+
+func (x *AttestedEnrollRequest) GetBegin() *AttestBegin {
+	if x != nil {
+		if x, ok := x.Step.(*AttestedEnrollRequest_Begin); ok {
+			return x.Begin
+		}
+	}
+	return nil
+}
+
+func (x *AttestedEnrollRequest) GetProof() *AttestProof {
+	if x != nil {
+		if x, ok := x.Step.(*AttestedEnrollRequest_Proof); ok {
+			return x.Proof
+		}
+	}
+	return nil
+}
+
+type isAttestedEnrollRequest_Step interface {
+	isAttestedEnrollRequest_Step()
+}
+
+type AttestedEnrollRequest_Begin struct {
+	Begin *AttestBegin `protobuf:"bytes,1,opt,name=begin,proto3,oneof"`
+}
+
+type AttestedEnrollRequest_Proof struct {
+	Proof *AttestProof `protobuf:"bytes,2,opt,name=proof,proto3,oneof"`
+}
+
+func (*AttestedEnrollRequest_Begin) isAttestedEnrollRequest_Step() {}
+
+func (*AttestedEnrollRequest_Proof) isAttestedEnrollRequest_Step() {}
+
+type AttestBegin struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The instance the machine boots as: public, from its per-boot script or
+	// fw_cfg. The TPM, not this id, is the proof.
+	InstanceId string `protobuf:"bytes,1,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
+	// PEM-encoded PKCS#10 request with an Ed25519 key.
+	CsrPem string `protobuf:"bytes,2,opt,name=csr_pem,json=csrPem,proto3" json:"csr_pem,omitempty"`
+	// The endorsement key's public key, PKIX DER; its SHA-256 is what
+	// `tetherctl node update --ek` binds.
+	EkPublic []byte `protobuf:"bytes,3,opt,name=ek_public,json=ekPublic,proto3" json:"ek_public,omitempty"`
+	// The EK certificate from the TPM's NV, DER; empty when it has none.
+	EkCertificate []byte          `protobuf:"bytes,4,opt,name=ek_certificate,json=ekCertificate,proto3" json:"ek_certificate,omitempty"`
+	Ak            *AttestationKey `protobuf:"bytes,5,opt,name=ak,proto3" json:"ak,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AttestBegin) Reset() {
+	*x = AttestBegin{}
+	mi := &file_tether_v1_enrollment_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AttestBegin) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AttestBegin) ProtoMessage() {}
+
+func (x *AttestBegin) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_enrollment_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AttestBegin.ProtoReflect.Descriptor instead.
+func (*AttestBegin) Descriptor() ([]byte, []int) {
+	return file_tether_v1_enrollment_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *AttestBegin) GetInstanceId() string {
+	if x != nil {
+		return x.InstanceId
+	}
+	return ""
+}
+
+func (x *AttestBegin) GetCsrPem() string {
+	if x != nil {
+		return x.CsrPem
+	}
+	return ""
+}
+
+func (x *AttestBegin) GetEkPublic() []byte {
+	if x != nil {
+		return x.EkPublic
+	}
+	return nil
+}
+
+func (x *AttestBegin) GetEkCertificate() []byte {
+	if x != nil {
+		return x.EkCertificate
+	}
+	return nil
+}
+
+func (x *AttestBegin) GetAk() *AttestationKey {
+	if x != nil {
+		return x.Ak
+	}
+	return nil
+}
+
+// AttestationKey is a fresh TPM 2.0 attestation key: its public area and
+// the TPM's creation data, attestation and signature over it.
+type AttestationKey struct {
+	state             protoimpl.MessageState `protogen:"open.v1"`
+	Public            []byte                 `protobuf:"bytes,1,opt,name=public,proto3" json:"public,omitempty"`
+	CreateData        []byte                 `protobuf:"bytes,2,opt,name=create_data,json=createData,proto3" json:"create_data,omitempty"`
+	CreateAttestation []byte                 `protobuf:"bytes,3,opt,name=create_attestation,json=createAttestation,proto3" json:"create_attestation,omitempty"`
+	CreateSignature   []byte                 `protobuf:"bytes,4,opt,name=create_signature,json=createSignature,proto3" json:"create_signature,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *AttestationKey) Reset() {
+	*x = AttestationKey{}
+	mi := &file_tether_v1_enrollment_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AttestationKey) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AttestationKey) ProtoMessage() {}
+
+func (x *AttestationKey) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_enrollment_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AttestationKey.ProtoReflect.Descriptor instead.
+func (*AttestationKey) Descriptor() ([]byte, []int) {
+	return file_tether_v1_enrollment_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *AttestationKey) GetPublic() []byte {
+	if x != nil {
+		return x.Public
+	}
+	return nil
+}
+
+func (x *AttestationKey) GetCreateData() []byte {
+	if x != nil {
+		return x.CreateData
+	}
+	return nil
+}
+
+func (x *AttestationKey) GetCreateAttestation() []byte {
+	if x != nil {
+		return x.CreateAttestation
+	}
+	return nil
+}
+
+func (x *AttestationKey) GetCreateSignature() []byte {
+	if x != nil {
+		return x.CreateSignature
+	}
+	return nil
+}
+
+type AttestProof struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The secret the TPM released from the challenge's credential.
+	Secret []byte      `protobuf:"bytes,1,opt,name=secret,proto3" json:"secret,omitempty"`
+	Quotes []*TPMQuote `protobuf:"bytes,2,rep,name=quotes,proto3" json:"quotes,omitempty"`
+	// The SHA-256 bank's PCR values the quotes cover.
+	Pcrs []*PCRValue `protobuf:"bytes,3,rep,name=pcrs,proto3" json:"pcrs,omitempty"`
+	// The firmware's TCG event log; empty when the machine has none.
+	EventLog      []byte `protobuf:"bytes,4,opt,name=event_log,json=eventLog,proto3" json:"event_log,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AttestProof) Reset() {
+	*x = AttestProof{}
+	mi := &file_tether_v1_enrollment_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AttestProof) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AttestProof) ProtoMessage() {}
+
+func (x *AttestProof) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_enrollment_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AttestProof.ProtoReflect.Descriptor instead.
+func (*AttestProof) Descriptor() ([]byte, []int) {
+	return file_tether_v1_enrollment_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *AttestProof) GetSecret() []byte {
+	if x != nil {
+		return x.Secret
+	}
+	return nil
+}
+
+func (x *AttestProof) GetQuotes() []*TPMQuote {
+	if x != nil {
+		return x.Quotes
+	}
+	return nil
+}
+
+func (x *AttestProof) GetPcrs() []*PCRValue {
+	if x != nil {
+		return x.Pcrs
+	}
+	return nil
+}
+
+func (x *AttestProof) GetEventLog() []byte {
+	if x != nil {
+		return x.EventLog
+	}
+	return nil
+}
+
+type TPMQuote struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Quote         []byte                 `protobuf:"bytes,1,opt,name=quote,proto3" json:"quote,omitempty"`
+	Signature     []byte                 `protobuf:"bytes,2,opt,name=signature,proto3" json:"signature,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TPMQuote) Reset() {
+	*x = TPMQuote{}
+	mi := &file_tether_v1_enrollment_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TPMQuote) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TPMQuote) ProtoMessage() {}
+
+func (x *TPMQuote) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_enrollment_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TPMQuote.ProtoReflect.Descriptor instead.
+func (*TPMQuote) Descriptor() ([]byte, []int) {
+	return file_tether_v1_enrollment_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *TPMQuote) GetQuote() []byte {
+	if x != nil {
+		return x.Quote
+	}
+	return nil
+}
+
+func (x *TPMQuote) GetSignature() []byte {
+	if x != nil {
+		return x.Signature
+	}
+	return nil
+}
+
+type PCRValue struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Index         uint32                 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	Digest        []byte                 `protobuf:"bytes,2,opt,name=digest,proto3" json:"digest,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PCRValue) Reset() {
+	*x = PCRValue{}
+	mi := &file_tether_v1_enrollment_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PCRValue) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PCRValue) ProtoMessage() {}
+
+func (x *PCRValue) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_enrollment_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PCRValue.ProtoReflect.Descriptor instead.
+func (*PCRValue) Descriptor() ([]byte, []int) {
+	return file_tether_v1_enrollment_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *PCRValue) GetIndex() uint32 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *PCRValue) GetDigest() []byte {
+	if x != nil {
+		return x.Digest
+	}
+	return nil
+}
+
+type AttestedEnrollResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Step:
+	//
+	//	*AttestedEnrollResponse_Challenge
+	//	*AttestedEnrollResponse_Enrolled
+	Step          isAttestedEnrollResponse_Step `protobuf_oneof:"step"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AttestedEnrollResponse) Reset() {
+	*x = AttestedEnrollResponse{}
+	mi := &file_tether_v1_enrollment_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AttestedEnrollResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AttestedEnrollResponse) ProtoMessage() {}
+
+func (x *AttestedEnrollResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_enrollment_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AttestedEnrollResponse.ProtoReflect.Descriptor instead.
+func (*AttestedEnrollResponse) Descriptor() ([]byte, []int) {
+	return file_tether_v1_enrollment_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *AttestedEnrollResponse) GetStep() isAttestedEnrollResponse_Step {
+	if x != nil {
+		return x.Step
+	}
+	return nil
+}
+
+func (x *AttestedEnrollResponse) GetChallenge() *AttestChallenge {
+	if x != nil {
+		if x, ok := x.Step.(*AttestedEnrollResponse_Challenge); ok {
+			return x.Challenge
+		}
+	}
+	return nil
+}
+
+func (x *AttestedEnrollResponse) GetEnrolled() *EnrollResponse {
+	if x != nil {
+		if x, ok := x.Step.(*AttestedEnrollResponse_Enrolled); ok {
+			return x.Enrolled
+		}
+	}
+	return nil
+}
+
+type isAttestedEnrollResponse_Step interface {
+	isAttestedEnrollResponse_Step()
+}
+
+type AttestedEnrollResponse_Challenge struct {
+	Challenge *AttestChallenge `protobuf:"bytes,1,opt,name=challenge,proto3,oneof"`
+}
+
+type AttestedEnrollResponse_Enrolled struct {
+	Enrolled *EnrollResponse `protobuf:"bytes,2,opt,name=enrolled,proto3,oneof"`
+}
+
+func (*AttestedEnrollResponse_Challenge) isAttestedEnrollResponse_Step() {}
+
+func (*AttestedEnrollResponse_Enrolled) isAttestedEnrollResponse_Step() {}
+
+type AttestChallenge struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Names this enrollment; the quote's nonce binds it.
+	EnrollmentId string `protobuf:"bytes,1,opt,name=enrollment_id,json=enrollmentId,proto3" json:"enrollment_id,omitempty"`
+	// go-attestation's EncryptedCredential: the credential blob and the
+	// secret encrypted to the EK.
+	Credential    []byte `protobuf:"bytes,2,opt,name=credential,proto3" json:"credential,omitempty"`
+	Secret        []byte `protobuf:"bytes,3,opt,name=secret,proto3" json:"secret,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AttestChallenge) Reset() {
+	*x = AttestChallenge{}
+	mi := &file_tether_v1_enrollment_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AttestChallenge) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AttestChallenge) ProtoMessage() {}
+
+func (x *AttestChallenge) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_enrollment_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AttestChallenge.ProtoReflect.Descriptor instead.
+func (*AttestChallenge) Descriptor() ([]byte, []int) {
+	return file_tether_v1_enrollment_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *AttestChallenge) GetEnrollmentId() string {
+	if x != nil {
+		return x.EnrollmentId
+	}
+	return ""
+}
+
+func (x *AttestChallenge) GetCredential() []byte {
+	if x != nil {
+		return x.Credential
+	}
+	return nil
+}
+
+func (x *AttestChallenge) GetSecret() []byte {
+	if x != nil {
+		return x.Secret
+	}
+	return nil
+}
+
 var File_tether_v1_enrollment_proto protoreflect.FileDescriptor
 
 const file_tether_v1_enrollment_proto_rawDesc = "" +
@@ -157,9 +711,48 @@ const file_tether_v1_enrollment_proto_rawDesc = "" +
 	"instanceId\x12'\n" +
 	"\x0fcertificate_pem\x18\x02 \x01(\tR\x0ecertificatePem\x12\x15\n" +
 	"\x06ca_pem\x18\x03 \x01(\tR\x05caPem\x127\n" +
-	"\tnot_after\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\bnotAfter2R\n" +
+	"\tnot_after\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\bnotAfter\"\x7f\n" +
+	"\x15AttestedEnrollRequest\x12.\n" +
+	"\x05begin\x18\x01 \x01(\v2\x16.tether.v1.AttestBeginH\x00R\x05begin\x12.\n" +
+	"\x05proof\x18\x02 \x01(\v2\x16.tether.v1.AttestProofH\x00R\x05proofB\x06\n" +
+	"\x04step\"\xb6\x01\n" +
+	"\vAttestBegin\x12\x1f\n" +
+	"\vinstance_id\x18\x01 \x01(\tR\n" +
+	"instanceId\x12\x17\n" +
+	"\acsr_pem\x18\x02 \x01(\tR\x06csrPem\x12\x1b\n" +
+	"\tek_public\x18\x03 \x01(\fR\bekPublic\x12%\n" +
+	"\x0eek_certificate\x18\x04 \x01(\fR\rekCertificate\x12)\n" +
+	"\x02ak\x18\x05 \x01(\v2\x19.tether.v1.AttestationKeyR\x02ak\"\xa3\x01\n" +
+	"\x0eAttestationKey\x12\x16\n" +
+	"\x06public\x18\x01 \x01(\fR\x06public\x12\x1f\n" +
+	"\vcreate_data\x18\x02 \x01(\fR\n" +
+	"createData\x12-\n" +
+	"\x12create_attestation\x18\x03 \x01(\fR\x11createAttestation\x12)\n" +
+	"\x10create_signature\x18\x04 \x01(\fR\x0fcreateSignature\"\x98\x01\n" +
+	"\vAttestProof\x12\x16\n" +
+	"\x06secret\x18\x01 \x01(\fR\x06secret\x12+\n" +
+	"\x06quotes\x18\x02 \x03(\v2\x13.tether.v1.TPMQuoteR\x06quotes\x12'\n" +
+	"\x04pcrs\x18\x03 \x03(\v2\x13.tether.v1.PCRValueR\x04pcrs\x12\x1b\n" +
+	"\tevent_log\x18\x04 \x01(\fR\beventLog\">\n" +
+	"\bTPMQuote\x12\x14\n" +
+	"\x05quote\x18\x01 \x01(\fR\x05quote\x12\x1c\n" +
+	"\tsignature\x18\x02 \x01(\fR\tsignature\"8\n" +
+	"\bPCRValue\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\rR\x05index\x12\x16\n" +
+	"\x06digest\x18\x02 \x01(\fR\x06digest\"\x95\x01\n" +
+	"\x16AttestedEnrollResponse\x12:\n" +
+	"\tchallenge\x18\x01 \x01(\v2\x1a.tether.v1.AttestChallengeH\x00R\tchallenge\x127\n" +
+	"\benrolled\x18\x02 \x01(\v2\x19.tether.v1.EnrollResponseH\x00R\benrolledB\x06\n" +
+	"\x04step\"n\n" +
+	"\x0fAttestChallenge\x12#\n" +
+	"\renrollment_id\x18\x01 \x01(\tR\fenrollmentId\x12\x1e\n" +
+	"\n" +
+	"credential\x18\x02 \x01(\fR\n" +
+	"credential\x12\x16\n" +
+	"\x06secret\x18\x03 \x01(\fR\x06secret2\xad\x01\n" +
 	"\x11EnrollmentService\x12=\n" +
-	"\x06Enroll\x12\x18.tether.v1.EnrollRequest\x1a\x19.tether.v1.EnrollResponseB8Z6github.com/tetherfleet/tether/proto/tether/v1;tetherv1b\x06proto3"
+	"\x06Enroll\x12\x18.tether.v1.EnrollRequest\x1a\x19.tether.v1.EnrollResponse\x12Y\n" +
+	"\x0eEnrollAttested\x12 .tether.v1.AttestedEnrollRequest\x1a!.tether.v1.AttestedEnrollResponse(\x010\x01B8Z6github.com/tetherfleet/tether/proto/tether/v1;tetherv1b\x06proto3"
 
 var (
 	file_tether_v1_enrollment_proto_rawDescOnce sync.Once
@@ -173,21 +766,38 @@ func file_tether_v1_enrollment_proto_rawDescGZIP() []byte {
 	return file_tether_v1_enrollment_proto_rawDescData
 }
 
-var file_tether_v1_enrollment_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
+var file_tether_v1_enrollment_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_tether_v1_enrollment_proto_goTypes = []any{
-	(*EnrollRequest)(nil),         // 0: tether.v1.EnrollRequest
-	(*EnrollResponse)(nil),        // 1: tether.v1.EnrollResponse
-	(*timestamppb.Timestamp)(nil), // 2: google.protobuf.Timestamp
+	(*EnrollRequest)(nil),          // 0: tether.v1.EnrollRequest
+	(*EnrollResponse)(nil),         // 1: tether.v1.EnrollResponse
+	(*AttestedEnrollRequest)(nil),  // 2: tether.v1.AttestedEnrollRequest
+	(*AttestBegin)(nil),            // 3: tether.v1.AttestBegin
+	(*AttestationKey)(nil),         // 4: tether.v1.AttestationKey
+	(*AttestProof)(nil),            // 5: tether.v1.AttestProof
+	(*TPMQuote)(nil),               // 6: tether.v1.TPMQuote
+	(*PCRValue)(nil),               // 7: tether.v1.PCRValue
+	(*AttestedEnrollResponse)(nil), // 8: tether.v1.AttestedEnrollResponse
+	(*AttestChallenge)(nil),        // 9: tether.v1.AttestChallenge
+	(*timestamppb.Timestamp)(nil),  // 10: google.protobuf.Timestamp
 }
 var file_tether_v1_enrollment_proto_depIdxs = []int32{
-	2, // 0: tether.v1.EnrollResponse.not_after:type_name -> google.protobuf.Timestamp
-	0, // 1: tether.v1.EnrollmentService.Enroll:input_type -> tether.v1.EnrollRequest
-	1, // 2: tether.v1.EnrollmentService.Enroll:output_type -> tether.v1.EnrollResponse
-	2, // [2:3] is the sub-list for method output_type
-	1, // [1:2] is the sub-list for method input_type
-	1, // [1:1] is the sub-list for extension type_name
-	1, // [1:1] is the sub-list for extension extendee
-	0, // [0:1] is the sub-list for field type_name
+	10, // 0: tether.v1.EnrollResponse.not_after:type_name -> google.protobuf.Timestamp
+	3,  // 1: tether.v1.AttestedEnrollRequest.begin:type_name -> tether.v1.AttestBegin
+	5,  // 2: tether.v1.AttestedEnrollRequest.proof:type_name -> tether.v1.AttestProof
+	4,  // 3: tether.v1.AttestBegin.ak:type_name -> tether.v1.AttestationKey
+	6,  // 4: tether.v1.AttestProof.quotes:type_name -> tether.v1.TPMQuote
+	7,  // 5: tether.v1.AttestProof.pcrs:type_name -> tether.v1.PCRValue
+	9,  // 6: tether.v1.AttestedEnrollResponse.challenge:type_name -> tether.v1.AttestChallenge
+	1,  // 7: tether.v1.AttestedEnrollResponse.enrolled:type_name -> tether.v1.EnrollResponse
+	0,  // 8: tether.v1.EnrollmentService.Enroll:input_type -> tether.v1.EnrollRequest
+	2,  // 9: tether.v1.EnrollmentService.EnrollAttested:input_type -> tether.v1.AttestedEnrollRequest
+	1,  // 10: tether.v1.EnrollmentService.Enroll:output_type -> tether.v1.EnrollResponse
+	8,  // 11: tether.v1.EnrollmentService.EnrollAttested:output_type -> tether.v1.AttestedEnrollResponse
+	10, // [10:12] is the sub-list for method output_type
+	8,  // [8:10] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_tether_v1_enrollment_proto_init() }
@@ -195,13 +805,21 @@ func file_tether_v1_enrollment_proto_init() {
 	if File_tether_v1_enrollment_proto != nil {
 		return
 	}
+	file_tether_v1_enrollment_proto_msgTypes[2].OneofWrappers = []any{
+		(*AttestedEnrollRequest_Begin)(nil),
+		(*AttestedEnrollRequest_Proof)(nil),
+	}
+	file_tether_v1_enrollment_proto_msgTypes[8].OneofWrappers = []any{
+		(*AttestedEnrollResponse_Challenge)(nil),
+		(*AttestedEnrollResponse_Enrolled)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tether_v1_enrollment_proto_rawDesc), len(file_tether_v1_enrollment_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   2,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

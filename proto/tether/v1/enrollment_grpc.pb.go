@@ -19,7 +19,8 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	EnrollmentService_Enroll_FullMethodName = "/tether.v1.EnrollmentService/Enroll"
+	EnrollmentService_Enroll_FullMethodName         = "/tether.v1.EnrollmentService/Enroll"
+	EnrollmentService_EnrollAttested_FullMethodName = "/tether.v1.EnrollmentService/EnrollAttested"
 )
 
 // EnrollmentServiceClient is the client API for EnrollmentService service.
@@ -31,6 +32,16 @@ type EnrollmentServiceClient interface {
 	// Enroll trades a one-time bootstrap token and an Ed25519 CSR for a short-lived
 	// node certificate whose URI SAN is tether://instance/<id>.
 	Enroll(ctx context.Context, in *EnrollRequest, opts ...grpc.CallOption) (*EnrollResponse, error)
+	// EnrollAttested proves a machine by its TPM 2.0 instead of a token, so
+	// no secret crosses the provisioning network (docs/adr/0023). The agent
+	// opens with begin (its EK, a fresh attestation key, the instance it
+	// claims and its CSR); tetherd answers a challenge, a credential that
+	// only that TPM can activate, and only for that key; the agent sends
+	// proof (the activated secret, a quote over its PCRs whose nonce binds
+	// this enrollment and its CSR, and the TPM event log); tetherd answers
+	// enrolled. The challenge lives only as long as this stream, so nothing
+	// of an earlier enrollment can be replayed into a later one.
+	EnrollAttested(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[AttestedEnrollRequest, AttestedEnrollResponse], error)
 }
 
 type enrollmentServiceClient struct {
@@ -51,6 +62,19 @@ func (c *enrollmentServiceClient) Enroll(ctx context.Context, in *EnrollRequest,
 	return out, nil
 }
 
+func (c *enrollmentServiceClient) EnrollAttested(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[AttestedEnrollRequest, AttestedEnrollResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &EnrollmentService_ServiceDesc.Streams[0], EnrollmentService_EnrollAttested_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[AttestedEnrollRequest, AttestedEnrollResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type EnrollmentService_EnrollAttestedClient = grpc.BidiStreamingClient[AttestedEnrollRequest, AttestedEnrollResponse]
+
 // EnrollmentServiceServer is the server API for EnrollmentService service.
 // All implementations must embed UnimplementedEnrollmentServiceServer
 // for forward compatibility.
@@ -60,6 +84,16 @@ type EnrollmentServiceServer interface {
 	// Enroll trades a one-time bootstrap token and an Ed25519 CSR for a short-lived
 	// node certificate whose URI SAN is tether://instance/<id>.
 	Enroll(context.Context, *EnrollRequest) (*EnrollResponse, error)
+	// EnrollAttested proves a machine by its TPM 2.0 instead of a token, so
+	// no secret crosses the provisioning network (docs/adr/0023). The agent
+	// opens with begin (its EK, a fresh attestation key, the instance it
+	// claims and its CSR); tetherd answers a challenge, a credential that
+	// only that TPM can activate, and only for that key; the agent sends
+	// proof (the activated secret, a quote over its PCRs whose nonce binds
+	// this enrollment and its CSR, and the TPM event log); tetherd answers
+	// enrolled. The challenge lives only as long as this stream, so nothing
+	// of an earlier enrollment can be replayed into a later one.
+	EnrollAttested(grpc.BidiStreamingServer[AttestedEnrollRequest, AttestedEnrollResponse]) error
 	mustEmbedUnimplementedEnrollmentServiceServer()
 }
 
@@ -72,6 +106,9 @@ type UnimplementedEnrollmentServiceServer struct{}
 
 func (UnimplementedEnrollmentServiceServer) Enroll(context.Context, *EnrollRequest) (*EnrollResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Enroll not implemented")
+}
+func (UnimplementedEnrollmentServiceServer) EnrollAttested(grpc.BidiStreamingServer[AttestedEnrollRequest, AttestedEnrollResponse]) error {
+	return status.Error(codes.Unimplemented, "method EnrollAttested not implemented")
 }
 func (UnimplementedEnrollmentServiceServer) mustEmbedUnimplementedEnrollmentServiceServer() {}
 func (UnimplementedEnrollmentServiceServer) testEmbeddedByValue()                           {}
@@ -112,6 +149,13 @@ func _EnrollmentService_Enroll_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _EnrollmentService_EnrollAttested_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(EnrollmentServiceServer).EnrollAttested(&grpc.GenericServerStream[AttestedEnrollRequest, AttestedEnrollResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type EnrollmentService_EnrollAttestedServer = grpc.BidiStreamingServer[AttestedEnrollRequest, AttestedEnrollResponse]
+
 // EnrollmentService_ServiceDesc is the grpc.ServiceDesc for EnrollmentService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -124,6 +168,13 @@ var EnrollmentService_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _EnrollmentService_Enroll_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "EnrollAttested",
+			Handler:       _EnrollmentService_EnrollAttested_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+	},
 	Metadata: "tether/v1/enrollment.proto",
 }
