@@ -93,8 +93,13 @@ func (a *adminServer) CreateTemplate(ctx context.Context, req *v1.CreateTemplate
 	if err != nil {
 		return nil, err
 	}
+	if req.RequireAttestation {
+		if err := attestationNeedsAdmin(ctx, "a template's require_attestation"); err != nil {
+			return nil, err
+		}
+	}
 	t := &store.Template{Name: req.Name, KernelDigest: req.KernelDigest, InitramfsDigest: req.InitramfsDigest,
-		KernelArgs: req.KernelArgs, Console: console, RequireSignedModules: req.RequireSignedModules}
+		KernelArgs: req.KernelArgs, Console: console, RequireSignedModules: req.RequireSignedModules, RequireAttestation: req.RequireAttestation}
 	if t.RequiredSigners, err = parseRequiredSigners(req.RequiredSigners); err != nil {
 		return nil, err
 	}
@@ -156,9 +161,14 @@ func (a *adminServer) UpdateTemplate(ctx context.Context, req *v1.UpdateTemplate
 	if req.Name == "" {
 		return nil, fail.Invalid("name", "required")
 	}
-	mask, err := updateMask(req.UpdateMask, "root_modules", "extension_modules", "kernel_digest", "initramfs_digest", "kernel_args", "require_signed_modules", "console", "required_signers")
+	mask, err := updateMask(req.UpdateMask, "root_modules", "extension_modules", "kernel_digest", "initramfs_digest", "kernel_args", "require_signed_modules", "console", "required_signers", "require_attestation")
 	if err != nil {
 		return nil, err
+	}
+	if mask["require_attestation"] {
+		if err := attestationNeedsAdmin(ctx, "a template's require_attestation"); err != nil {
+			return nil, err
+		}
 	}
 	t, err := a.Catalog.UpdateTemplate(ctx, req.Name, func(q store.Queries, t *store.Template) error {
 		var err error
@@ -200,6 +210,9 @@ func (a *adminServer) UpdateTemplate(ctx context.Context, req *v1.UpdateTemplate
 			if t.Console, err = validateConsole(req.Console); err != nil {
 				return err
 			}
+		}
+		if mask["require_attestation"] {
+			t.RequireAttestation = req.RequireAttestation
 		}
 		if mask["required_signers"] {
 			var err error
@@ -361,7 +374,22 @@ func (a *adminServer) CreateNode(ctx context.Context, req *v1.CreateNodeRequest)
 	if err != nil {
 		return nil, err
 	}
-	n := &store.Node{Name: req.Name, Enabled: req.Enabled == nil || *req.Enabled, PublicAddress: req.PublicAddress, MACs: macs, BMC: bmc}
+	eks, err := nodeEKHashes(req.EkHashes)
+	if err != nil {
+		return nil, err
+	}
+	if len(eks) > 0 {
+		if err := attestationNeedsAdmin(ctx, "a node's ek_hashes"); err != nil {
+			return nil, err
+		}
+	}
+	if req.RequireAttestation {
+		if err := attestationNeedsAdmin(ctx, "a node's require_attestation"); err != nil {
+			return nil, err
+		}
+	}
+	n := &store.Node{Name: req.Name, Enabled: req.Enabled == nil || *req.Enabled, PublicAddress: req.PublicAddress, MACs: macs, BMC: bmc,
+		EKHashes: eks, RequireAttestation: req.RequireAttestation}
 	if req.Config != nil {
 		var err error
 		if n.Config, err = nodeConfig("config", req.Config); err != nil {
@@ -374,7 +402,7 @@ func (a *adminServer) CreateNode(ctx context.Context, req *v1.CreateNodeRequest)
 		return nil, fail.Exists("macs: %v", inUse)
 	}
 	if err != nil {
-		return nil, err
+		return nil, a.ekConflict(ctx, req.Name, err)
 	}
 	return nodeProto(n, tpl.Name), nil
 }
@@ -437,9 +465,23 @@ func (a *adminServer) UpdateNode(ctx context.Context, req *v1.UpdateNodeRequest)
 	if req.Name == "" {
 		return nil, fail.Invalid("name", "required")
 	}
-	mask, err := updateMask(req.UpdateMask, "template", "enabled", "config", "public_address", "macs", "bmc")
+	mask, err := updateMask(req.UpdateMask, "template", "enabled", "config", "public_address", "macs", "bmc", "ek_hashes", "require_attestation")
 	if err != nil {
 		return nil, err
+	}
+	var eks []string
+	if mask["ek_hashes"] {
+		if err := attestationNeedsAdmin(ctx, "a node's ek_hashes"); err != nil {
+			return nil, err
+		}
+		if eks, err = nodeEKHashes(req.EkHashes); err != nil {
+			return nil, err
+		}
+	}
+	if mask["require_attestation"] {
+		if err := attestationNeedsAdmin(ctx, "a node's require_attestation"); err != nil {
+			return nil, err
+		}
 	}
 	var bmc store.NodeBMC
 	if mask["bmc"] {
@@ -485,6 +527,12 @@ func (a *adminServer) UpdateNode(ctx context.Context, req *v1.UpdateNodeRequest)
 		if mask["bmc"] {
 			n.BMC = bmc
 		}
+		if mask["ek_hashes"] {
+			n.EKHashes = eks
+		}
+		if mask["require_attestation"] {
+			n.RequireAttestation = req.RequireAttestation
+		}
 		return checkNodeBMC(ctx, q, n)
 	})
 	var inUse *store.MACInUseError
@@ -492,7 +540,7 @@ func (a *adminServer) UpdateNode(ctx context.Context, req *v1.UpdateNodeRequest)
 		return nil, fail.Exists("macs: %v", inUse)
 	}
 	if err != nil {
-		return nil, err
+		return nil, a.ekConflict(ctx, req.Name, err)
 	}
 	return a.nodeOut(ctx, n)
 }

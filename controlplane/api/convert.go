@@ -129,7 +129,7 @@ func templateProto(t *store.Template, modules map[store.ModuleRef]*store.Module)
 		Id: t.ID, Name: t.Name, RootModules: refs(t.RootModules), ExtensionModules: refs(t.ExtensionModules),
 		KernelDigest: t.KernelDigest, InitramfsDigest: t.InitramfsDigest, KernelArgs: t.KernelArgs,
 		Console: templateConsole(t), RequireSignedModules: t.RequireSignedModules, CreatedAt: tsp(t.CreatedAt), UpdatedAt: tsp(t.UpdatedAt),
-		RequiredSigners: t.RequiredSigners,
+		RequiredSigners: t.RequiredSigners, RequireAttestation: t.RequireAttestation,
 	}
 }
 
@@ -144,7 +144,7 @@ func moduleProto(m *store.Module) *v1.Module {
 
 func nodeProto(n *store.Node, templateName string) *v1.Node {
 	return &v1.Node{Id: n.ID, Name: n.Name, TemplateId: n.TemplateID, TemplateName: templateName, Enabled: n.Enabled,
-		Config: jsonStruct(n.Config), PublicAddress: n.PublicAddress, Macs: n.MACs, Bmc: nodeBMCProto(n.BMC), CreatedAt: tsp(n.CreatedAt), UpdatedAt: tsp(n.UpdatedAt)}
+		Config: jsonStruct(n.Config), PublicAddress: n.PublicAddress, Macs: n.MACs, EkHashes: n.EKHashes, RequireAttestation: n.RequireAttestation, Bmc: nodeBMCProto(n.BMC), CreatedAt: tsp(n.CreatedAt), UpdatedAt: tsp(n.UpdatedAt)}
 }
 
 // InstanceProto converts an instance.

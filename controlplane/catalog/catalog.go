@@ -91,8 +91,9 @@ func (s *Service) CreateNode(ctx context.Context, n *store.Node, template string
 		return q.CreateNode(ctx, n)
 	})
 	var inUse *store.MACInUseError
-	if errors.As(err, &inUse) {
-		// The caller names the address and its owner; not "node exists".
+	var ekInUse *store.EKInUseError
+	if errors.As(err, &inUse) || errors.As(err, &ekInUse) {
+		// The caller names the address or EK and its owner; not "node exists".
 		return nil, err
 	}
 	if errors.Is(err, store.ErrAlreadyExists) {

@@ -28,6 +28,7 @@ import (
 	"github.com/tetherfleet/tether/internal/clock"
 	"github.com/tetherfleet/tether/internal/pgtest"
 	"github.com/tetherfleet/tether/internal/swtpmtest"
+	"github.com/tetherfleet/tether/pki"
 	"github.com/tetherfleet/tether/pki/attest"
 	"github.com/tetherfleet/tether/pki/ca"
 )
@@ -362,5 +363,55 @@ func TestAttestedEnrollment(t *testing.T) {
 				t.Fatalf("ek_mismatch events %+v, want one naming both EKs", evs)
 			}
 		})
+	})
+}
+
+// TestTokenRefusedWhenAttestationRequired: a token for an instance whose
+// node or template requires attestation is refused, with one event, and
+// left unspent: once the requirement is lifted the same token enrolls.
+func TestTokenRefusedWhenAttestationRequired(t *testing.T) {
+	tests := []struct {
+		name        string
+		node, tpl   bool
+		wantRefusal string
+	}{
+		{"node requires it", true, false, "its node requires TPM attestation"},
+		{"template requires it", false, true, "its template requires TPM attestation"},
+	}
+	stores(t, func(t *testing.T, open func(t *testing.T) store.Store) {
+		for _, tt := range tests {
+			t.Run(tt.name, func(t *testing.T) {
+				ctx := context.Background()
+				e := newAttestEnv(t, open(t), nil, nil)
+				setRequire := func(on bool) {
+					e.edge.RequireAttestation = tt.node && on
+					must(t, e.st.Tx(ctx, func(q store.Queries) error { return q.UpdateNode(ctx, e.edge) }))
+					tpl, err := e.st.GetTemplateByID(ctx, e.edge.TemplateID)
+					must(t, err)
+					tpl.RequireAttestation = tt.tpl && on
+					must(t, e.st.UpdateTemplate(ctx, tpl))
+				}
+				setRequire(true)
+				token, hash, err := pki.NewToken()
+				must(t, err)
+				now := e.clk.Now()
+				must(t, e.st.CreateToken(ctx, &store.Token{Hash: hash, InstanceID: e.inst.ID, ExpiresAt: now.Add(time.Hour), CreatedAt: now}))
+				_, csr := csrPEM(t)
+				for range 2 {
+					_, err = e.svc.Enroll(ctx, token, csr)
+					st := status.Convert(fail.From(err))
+					if st.Code() != codes.FailedPrecondition || !strings.Contains(st.Message(), tt.wantRefusal) || !strings.Contains(st.Message(), "a token alone is refused") {
+						t.Fatalf("Enroll = %v, want FailedPrecondition saying %q", err, tt.wantRefusal)
+					}
+				}
+				if n := countEvents(t, e.st, events.EnrollRefused); n != 1 {
+					t.Fatalf("%d enroll.refused events after two refusals, want 1", n)
+				}
+				setRequire(false)
+				if _, err := e.svc.Enroll(ctx, token, csr); err != nil {
+					t.Fatalf("the refused token was spent: %v", err)
+				}
+			})
+		}
 	})
 }

@@ -58,6 +58,12 @@ type Issued struct {
 	Cert       *x509.Certificate
 }
 
+// attestationRequired rolls back a token enrollment for an instance whose
+// node or template requires TPM attestation.
+type attestationRequired struct{ why string }
+
+func (e *attestationRequired) Error() string { return "attestation required: " + e.why }
+
 // errTerminated rolls back an enrollment whose instance was terminated.
 var errTerminated = errors.New("instance is terminated")
 
@@ -119,6 +125,7 @@ func (s *Service) Enroll(ctx context.Context, token, csrPEM string) (*Issued, er
 	// Only a token racing its instance's termination costs a signature;
 	// it is still refused, and the token is left as it was.
 	spent := tok
+	var required *attestationRequired
 	err = s.Store.Tx(ctx, func(q store.Queries) error {
 		if t, err := q.ConsumeToken(ctx, hash, now); err != nil {
 			if t != nil {
@@ -126,15 +133,24 @@ func (s *Service) Enroll(ctx context.Context, token, csrPEM string) (*Issued, er
 			}
 			return err
 		}
-		status, err := q.InstanceStatus(ctx, tok.InstanceID)
+		gate, err := q.EnrollGate(ctx, tok.InstanceID)
 		if errors.Is(err, store.ErrNotFound) {
 			return errTerminated
 		}
 		if err != nil {
 			return err
 		}
-		if status == lifecycle.Terminated {
+		if gate.Status == lifecycle.Terminated {
 			return errTerminated
+		}
+		// Rolling back leaves the token unspent: the refusal changes
+		// nothing, and the machine with the TPM is not locked out by
+		// whoever tried its token.
+		if gate.NodeRequiresAttestation {
+			return &attestationRequired{"its node requires TPM attestation"}
+		}
+		if gate.TemplateRequiresAttestation {
+			return &attestationRequired{"its template requires TPM attestation"}
 		}
 		if err := q.CreateCertificate(ctx, record(cert, tok.InstanceID, now)); err != nil {
 			return err
@@ -155,6 +171,10 @@ func (s *Service) Enroll(ctx context.Context, token, csrPEM string) (*Issued, er
 	case errors.Is(err, errTerminated):
 		s.refused(ctx, tok.InstanceID, now, "instance is terminated or gone")
 		return nil, errRefused
+	case errors.As(err, &required):
+		s.refused(ctx, tok.InstanceID, now, "a token alone is refused: "+required.why)
+		return nil, fail.Precondition("enrollment refused: instance %s needs TPM attestation (%s); a token alone is refused. "+
+			"Boot the machine whose TPM is bound to the node, or clear require_attestation", tok.InstanceID, required.why)
 	case errors.Is(err, store.ErrConflict), errors.Is(err, store.ErrNotFound):
 		s.refused(ctx, tok.InstanceID, now, err.Error())
 		return nil, errRefused

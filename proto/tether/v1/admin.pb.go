@@ -36,9 +36,10 @@ type CreateTemplateRequest struct {
 	Console string `protobuf:"bytes,8,opt,name=console,proto3" json:"console,omitempty"`
 	// Signer fingerprints (sha256:HEX); each module must carry a valid
 	// signature by at least one of them.
-	RequiredSigners []string `protobuf:"bytes,9,rep,name=required_signers,json=requiredSigners,proto3" json:"required_signers,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	RequiredSigners    []string `protobuf:"bytes,9,rep,name=required_signers,json=requiredSigners,proto3" json:"required_signers,omitempty"`
+	RequireAttestation bool     `protobuf:"varint,10,opt,name=require_attestation,json=requireAttestation,proto3" json:"require_attestation,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *CreateTemplateRequest) Reset() {
@@ -132,6 +133,13 @@ func (x *CreateTemplateRequest) GetRequiredSigners() []string {
 		return x.RequiredSigners
 	}
 	return nil
+}
+
+func (x *CreateTemplateRequest) GetRequireAttestation() bool {
+	if x != nil {
+		return x.RequireAttestation
+	}
+	return false
 }
 
 type GetTemplateRequest struct {
@@ -294,10 +302,11 @@ type UpdateTemplateRequest struct {
 	KernelArgs           string       `protobuf:"bytes,7,opt,name=kernel_args,json=kernelArgs,proto3" json:"kernel_args,omitempty"`
 	RequireSignedModules bool         `protobuf:"varint,8,opt,name=require_signed_modules,json=requireSignedModules,proto3" json:"require_signed_modules,omitempty"`
 	// Empty means "ttyS0" (see Template.console).
-	Console         string   `protobuf:"bytes,9,opt,name=console,proto3" json:"console,omitempty"`
-	RequiredSigners []string `protobuf:"bytes,10,rep,name=required_signers,json=requiredSigners,proto3" json:"required_signers,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	Console            string   `protobuf:"bytes,9,opt,name=console,proto3" json:"console,omitempty"`
+	RequiredSigners    []string `protobuf:"bytes,10,rep,name=required_signers,json=requiredSigners,proto3" json:"required_signers,omitempty"`
+	RequireAttestation bool     `protobuf:"varint,11,opt,name=require_attestation,json=requireAttestation,proto3" json:"require_attestation,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *UpdateTemplateRequest) Reset() {
@@ -398,6 +407,13 @@ func (x *UpdateTemplateRequest) GetRequiredSigners() []string {
 		return x.RequiredSigners
 	}
 	return nil
+}
+
+func (x *UpdateTemplateRequest) GetRequireAttestation() bool {
+	if x != nil {
+		return x.RequireAttestation
+	}
+	return false
 }
 
 type DeleteTemplateRequest struct {
@@ -912,9 +928,13 @@ type CreateNodeRequest struct {
 	// Hardware addresses (any case, ':' or '-' separated); unique across nodes.
 	Macs []string `protobuf:"bytes,6,rep,name=macs,proto3" json:"macs,omitempty"`
 	// The machine's BMC (needs at least one MAC: the machine netboots by it).
-	Bmc           *NodeBMC `protobuf:"bytes,7,opt,name=bmc,proto3" json:"bmc,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Bmc *NodeBMC `protobuf:"bytes,7,opt,name=bmc,proto3" json:"bmc,omitempty"`
+	// sha256:HEX of each TPM endorsement key (admin only, with
+	// require_attestation).
+	EkHashes           []string `protobuf:"bytes,8,rep,name=ek_hashes,json=ekHashes,proto3" json:"ek_hashes,omitempty"`
+	RequireAttestation bool     `protobuf:"varint,9,opt,name=require_attestation,json=requireAttestation,proto3" json:"require_attestation,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *CreateNodeRequest) Reset() {
@@ -994,6 +1014,20 @@ func (x *CreateNodeRequest) GetBmc() *NodeBMC {
 		return x.Bmc
 	}
 	return nil
+}
+
+func (x *CreateNodeRequest) GetEkHashes() []string {
+	if x != nil {
+		return x.EkHashes
+	}
+	return nil
+}
+
+func (x *CreateNodeRequest) GetRequireAttestation() bool {
+	if x != nil {
+		return x.RequireAttestation
+	}
+	return false
 }
 
 type GetNodeRequest struct {
@@ -1163,9 +1197,12 @@ type UpdateNodeRequest struct {
 	// With "macs" in update_mask: the node's whole set of hardware addresses.
 	Macs []string `protobuf:"bytes,7,rep,name=macs,proto3" json:"macs,omitempty"`
 	// With "bmc" in update_mask: the node's whole BMC (unset removes it).
-	Bmc           *NodeBMC `protobuf:"bytes,8,opt,name=bmc,proto3" json:"bmc,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Bmc *NodeBMC `protobuf:"bytes,8,opt,name=bmc,proto3" json:"bmc,omitempty"`
+	// Replaces the node's whole set under mask "ek_hashes"; empty clears it.
+	EkHashes           []string `protobuf:"bytes,9,rep,name=ek_hashes,json=ekHashes,proto3" json:"ek_hashes,omitempty"`
+	RequireAttestation bool     `protobuf:"varint,10,opt,name=require_attestation,json=requireAttestation,proto3" json:"require_attestation,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *UpdateNodeRequest) Reset() {
@@ -1252,6 +1289,20 @@ func (x *UpdateNodeRequest) GetBmc() *NodeBMC {
 		return x.Bmc
 	}
 	return nil
+}
+
+func (x *UpdateNodeRequest) GetEkHashes() []string {
+	if x != nil {
+		return x.EkHashes
+	}
+	return nil
+}
+
+func (x *UpdateNodeRequest) GetRequireAttestation() bool {
+	if x != nil {
+		return x.RequireAttestation
+	}
+	return false
 }
 
 type DeleteNodeRequest struct {
@@ -4931,7 +4982,7 @@ var File_tether_v1_admin_proto protoreflect.FileDescriptor
 
 const file_tether_v1_admin_proto_rawDesc = "" +
 	"\n" +
-	"\x15tether/v1/admin.proto\x12\ttether.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15tether/v1/types.proto\"\x93\x03\n" +
+	"\x15tether/v1/admin.proto\x12\ttether.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15tether/v1/types.proto\"\xc4\x03\n" +
 	"\x15CreateTemplateRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x127\n" +
 	"\froot_modules\x18\x02 \x03(\v2\x14.tether.v1.ModuleRefR\vrootModules\x12A\n" +
@@ -4942,7 +4993,9 @@ const file_tether_v1_admin_proto_rawDesc = "" +
 	"kernelArgs\x124\n" +
 	"\x16require_signed_modules\x18\a \x01(\bR\x14requireSignedModules\x12\x18\n" +
 	"\aconsole\x18\b \x01(\tR\aconsole\x12)\n" +
-	"\x10required_signers\x18\t \x03(\tR\x0frequiredSigners\"(\n" +
+	"\x10required_signers\x18\t \x03(\tR\x0frequiredSigners\x12/\n" +
+	"\x13require_attestation\x18\n" +
+	" \x01(\bR\x12requireAttestation\"(\n" +
 	"\x12GetTemplateRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"R\n" +
 	"\x14ListTemplatesRequest\x12\x1b\n" +
@@ -4951,7 +5004,7 @@ const file_tether_v1_admin_proto_rawDesc = "" +
 	"page_token\x18\x02 \x01(\tR\tpageToken\"r\n" +
 	"\x15ListTemplatesResponse\x121\n" +
 	"\ttemplates\x18\x01 \x03(\v2\x13.tether.v1.TemplateR\ttemplates\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xb4\x03\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xe5\x03\n" +
 	"\x15UpdateTemplateRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1f\n" +
 	"\vupdate_mask\x18\x02 \x03(\tR\n" +
@@ -4965,7 +5018,8 @@ const file_tether_v1_admin_proto_rawDesc = "" +
 	"\x16require_signed_modules\x18\b \x01(\bR\x14requireSignedModules\x12\x18\n" +
 	"\aconsole\x18\t \x01(\tR\aconsole\x12)\n" +
 	"\x10required_signers\x18\n" +
-	" \x03(\tR\x0frequiredSigners\"+\n" +
+	" \x03(\tR\x0frequiredSigners\x12/\n" +
+	"\x13require_attestation\x18\v \x01(\bR\x12requireAttestation\"+\n" +
 	"\x15DeleteTemplateRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"\x18\n" +
 	"\x16DeleteTemplateResponse\"i\n" +
@@ -4996,7 +5050,7 @@ const file_tether_v1_admin_proto_rawDesc = "" +
 	"\x13DeleteModuleRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\"\x16\n" +
-	"\x14DeleteModuleResponse\"\x80\x02\n" +
+	"\x14DeleteModuleResponse\"\xce\x02\n" +
 	"\x11CreateNodeRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
 	"\btemplate\x18\x02 \x01(\tR\btemplate\x12\x1d\n" +
@@ -5004,7 +5058,9 @@ const file_tether_v1_admin_proto_rawDesc = "" +
 	"\x06config\x18\x04 \x01(\v2\x17.google.protobuf.StructR\x06config\x12%\n" +
 	"\x0epublic_address\x18\x05 \x01(\tR\rpublicAddress\x12\x12\n" +
 	"\x04macs\x18\x06 \x03(\tR\x04macs\x12$\n" +
-	"\x03bmc\x18\a \x01(\v2\x12.tether.v1.NodeBMCR\x03bmcB\n" +
+	"\x03bmc\x18\a \x01(\v2\x12.tether.v1.NodeBMCR\x03bmc\x12\x1b\n" +
+	"\tek_hashes\x18\b \x03(\tR\bekHashes\x12/\n" +
+	"\x13require_attestation\x18\t \x01(\bR\x12requireAttestationB\n" +
 	"\n" +
 	"\b_enabled\"$\n" +
 	"\x0eGetNodeRequest\x12\x12\n" +
@@ -5016,7 +5072,7 @@ const file_tether_v1_admin_proto_rawDesc = "" +
 	"page_token\x18\x03 \x01(\tR\tpageToken\"b\n" +
 	"\x11ListNodesResponse\x12%\n" +
 	"\x05nodes\x18\x01 \x03(\v2\x0f.tether.v1.NodeR\x05nodes\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x90\x02\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xde\x02\n" +
 	"\x11UpdateNodeRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1f\n" +
 	"\vupdate_mask\x18\x02 \x03(\tR\n" +
@@ -5026,7 +5082,10 @@ const file_tether_v1_admin_proto_rawDesc = "" +
 	"\x06config\x18\x05 \x01(\v2\x17.google.protobuf.StructR\x06config\x12%\n" +
 	"\x0epublic_address\x18\x06 \x01(\tR\rpublicAddress\x12\x12\n" +
 	"\x04macs\x18\a \x03(\tR\x04macs\x12$\n" +
-	"\x03bmc\x18\b \x01(\v2\x12.tether.v1.NodeBMCR\x03bmc\"'\n" +
+	"\x03bmc\x18\b \x01(\v2\x12.tether.v1.NodeBMCR\x03bmc\x12\x1b\n" +
+	"\tek_hashes\x18\t \x03(\tR\bekHashes\x12/\n" +
+	"\x13require_attestation\x18\n" +
+	" \x01(\bR\x12requireAttestation\"'\n" +
 	"\x11DeleteNodeRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"\x14\n" +
 	"\x12DeleteNodeResponse\"\xaa\x01\n" +

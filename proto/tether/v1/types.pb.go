@@ -698,8 +698,11 @@ type Template struct {
 	Console string `protobuf:"bytes,11,opt,name=console,proto3" json:"console,omitempty"`
 	// Signer fingerprints; each module needs a signature by one of them.
 	RequiredSigners []string `protobuf:"bytes,12,rep,name=required_signers,json=requiredSigners,proto3" json:"required_signers,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Refuses token enrollment for the instances of every node of the
+	// template (docs/design.md §3.8).
+	RequireAttestation bool `protobuf:"varint,13,opt,name=require_attestation,json=requireAttestation,proto3" json:"require_attestation,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *Template) Reset() {
@@ -814,6 +817,13 @@ func (x *Template) GetRequiredSigners() []string {
 		return x.RequiredSigners
 	}
 	return nil
+}
+
+func (x *Template) GetRequireAttestation() bool {
+	if x != nil {
+		return x.RequireAttestation
+	}
+	return false
 }
 
 type Module struct {
@@ -1259,9 +1269,16 @@ type Node struct {
 	Macs []string `protobuf:"bytes,10,rep,name=macs,proto3" json:"macs,omitempty"`
 	// The machine's BMC, when the control plane powers it (the redfish
 	// provider); unset for one something else powers.
-	Bmc           *NodeBMC `protobuf:"bytes,11,opt,name=bmc,proto3" json:"bmc,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Bmc *NodeBMC `protobuf:"bytes,11,opt,name=bmc,proto3" json:"bmc,omitempty"`
+	// SHA-256 of the public keys of the TPM endorsement keys the machine may
+	// present, as sha256: and 64 lower-case hex digits; each belongs to one
+	// node at most (docs/design.md §3.8).
+	EkHashes []string `protobuf:"bytes,12,rep,name=ek_hashes,json=ekHashes,proto3" json:"ek_hashes,omitempty"`
+	// Refuses token enrollment for the node's instances: only an attested
+	// enrollment may name them.
+	RequireAttestation bool `protobuf:"varint,13,opt,name=require_attestation,json=requireAttestation,proto3" json:"require_attestation,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *Node) Reset() {
@@ -1369,6 +1386,20 @@ func (x *Node) GetBmc() *NodeBMC {
 		return x.Bmc
 	}
 	return nil
+}
+
+func (x *Node) GetEkHashes() []string {
+	if x != nil {
+		return x.EkHashes
+	}
+	return nil
+}
+
+func (x *Node) GetRequireAttestation() bool {
+	if x != nil {
+		return x.RequireAttestation
+	}
+	return false
 }
 
 // A node's baseboard management controller. It names a credential and
@@ -2885,7 +2916,7 @@ const file_tether_v1_types_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x16\n" +
 	"\x06digest\x18\x03 \x01(\tR\x06digest\x12\x12\n" +
-	"\x04size\x18\x04 \x01(\x03R\x04size\"\x8c\x04\n" +
+	"\x04size\x18\x04 \x01(\x03R\x04size\"\xbd\x04\n" +
 	"\bTemplate\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x127\n" +
@@ -2902,7 +2933,8 @@ const file_tether_v1_types_proto_rawDesc = "" +
 	"updated_at\x18\n" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x12\x18\n" +
 	"\aconsole\x18\v \x01(\tR\aconsole\x12)\n" +
-	"\x10required_signers\x18\f \x03(\tR\x0frequiredSigners\"\xf7\x01\n" +
+	"\x10required_signers\x18\f \x03(\tR\x0frequiredSigners\x12/\n" +
+	"\x13require_attestation\x18\r \x01(\bR\x12requireAttestation\"\xf7\x01\n" +
 	"\x06Module\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x16\n" +
@@ -2947,7 +2979,7 @@ const file_tether_v1_types_proto_rawDesc = "" +
 	"\x06serial\x18\x05 \x01(\tR\x06serial\x12\x16\n" +
 	"\x06method\x18\x06 \x01(\tR\x06method\x12\x16\n" +
 	"\x06target\x18\a \x01(\tR\x06target\x12\x12\n" +
-	"\x04code\x18\b \x01(\tR\x04code\"\x92\x03\n" +
+	"\x04code\x18\b \x01(\tR\x04code\"\xe0\x03\n" +
 	"\x04Node\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1f\n" +
@@ -2963,7 +2995,9 @@ const file_tether_v1_types_proto_rawDesc = "" +
 	"updated_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x12\x12\n" +
 	"\x04macs\x18\n" +
 	" \x03(\tR\x04macs\x12$\n" +
-	"\x03bmc\x18\v \x01(\v2\x12.tether.v1.NodeBMCR\x03bmc\"\xcb\x01\n" +
+	"\x03bmc\x18\v \x01(\v2\x12.tether.v1.NodeBMCR\x03bmc\x12\x1b\n" +
+	"\tek_hashes\x18\f \x03(\tR\bekHashes\x12/\n" +
+	"\x13require_attestation\x18\r \x01(\bR\x12requireAttestation\"\xcb\x01\n" +
 	"\aNodeBMC\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x1e\n" +
 	"\n" +
