@@ -247,15 +247,20 @@ func (r *realDriver) waitGone(pr *proc, pid int, fp string, timeout time.Duratio
 // tpmDetail is the EK of the instance's TPM for its Machine.Detail; "" when
 // the provider gives no TPMs or the TPM is not made yet.
 func (r *realDriver) tpmDetail(id string) string {
-	if !r.cfg.TPM {
+	if h := r.ekHash(id); h != "" {
+		return "tpm ek " + h
+	}
+	return ""
+}
+
+// ekHash is the EK hash of the instance's TPM; "" when there is none.
+func (r *realDriver) ekHash(id string) string {
+	if !r.cfg.TPM || !validID.MatchString(id) {
 		return ""
 	}
 	dir, err := r.tpmDirOf(id)
 	if err != nil {
 		return ""
 	}
-	if h := cachedEKHash(dir); h != "" {
-		return "tpm ek " + h
-	}
-	return ""
+	return cachedEKHash(dir)
 }

@@ -331,6 +331,12 @@ func TestRealTPMLifecycleWithFakeQEMU(t *testing.T) {
 	if !strings.Contains(m.Detail, "tpm ek "+nodeEK) {
 		t.Fatalf("detail %q lacks the node's EK %s", m.Detail, nodeEK)
 	}
+	if h := e.p.TPMEKHash("t-1"); h != nodeEK {
+		t.Fatalf("TPMEKHash = %q, want %s", h, nodeEK)
+	}
+	if h := e.p.TPMEKHash("../x"); h != "" {
+		t.Fatalf("TPMEKHash(../x) = %q", h)
+	}
 	sw1 := swtpmOf(e.stateDir, "t-1")
 	if sw1 == 0 {
 		t.Fatal("no swtpm runs for the VM")
