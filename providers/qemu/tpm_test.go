@@ -445,3 +445,22 @@ func TestTPMFailureNamesSwtpm(t *testing.T) {
 		t.Fatalf("no TPM blamed: %v", err)
 	}
 }
+
+// A launch given up on (the caller's context ends, as on tetherd's Ctrl-C
+// while a boot waits for QMP) kills QEMU and its swtpm with it.
+func TestRealTPMAbandonedLaunchLeavesNoSwtpm(t *testing.T) {
+	requireSwtpm(t)
+	e := newFakeEnv(t, fakeMute, func(c *Config) { c.TPM = true })
+	if _, err := e.p.PrepareNodeTPM("node-m"); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	_, err := e.p.Provision(ctx, providers.Spec{InstanceID: "m-1", Node: "node-m", Boot: e.boot("tok-" + strings.Repeat("3", 32))})
+	if err == nil {
+		t.Fatal("provision against a mute QEMU succeeded")
+	}
+	if pid := swtpmOf(e.stateDir, "m-1"); pid != 0 {
+		t.Fatalf("swtpm pid %d outlived an abandoned launch", pid)
+	}
+}
