@@ -182,11 +182,16 @@ func (r *realDriver) stopTPM(id string) error {
 	tp := r.tpms[id]
 	r.mu.Unlock()
 	pid := 0
-	if tp != nil {
+	n, perr := readPID(p.tpmPID)
+	switch {
+	case tp != nil:
 		pid = tp.pid
-	} else if n, err := readPID(p.tpmPID); err == nil && processIsVM(n, fp) {
+	case perr == nil && processIsVM(n, fp):
 		pid = n
-	} else {
+	case r.cfg.TPM || n > 0:
+		// No live pid file: a crash between starting swtpm and writing
+		// it, or a damaged file. Look for the process itself. A provider
+		// without TPMs whose instance never had one skips the scan.
 		pid = findVM(fp)
 	}
 	if pid <= 0 || !processIsVM(pid, fp) {
