@@ -82,6 +82,13 @@ func (r *realDriver) startTPM(ctx context.Context, op, id string) (*proc, string
 	if err := r.stopTPM(id); err != nil {
 		return nil, "", transient(op, id, err)
 	}
+	state := filepath.Join(dir, tpmStateSubdir)
+	if other := findVM("dir=" + state); other > 0 {
+		// One TPM, one machine: a second swtpm on the state would fail
+		// QEMU's TPM init with nothing but a result code. Another
+		// instance of the node still runs (or is being stopped).
+		return nil, "", transient(op, id, fmt.Errorf("the TPM %s is in use by another VM (swtpm pid %d): a node's instances cannot run at once", dir, other))
+	}
 	bin, err := exec.LookPath(swtpmBinary)
 	if err != nil {
 		return nil, "", permanent(op, id, fmt.Errorf("swtpm not found (install the swtpm package): %w", err))
@@ -107,7 +114,7 @@ func (r *realDriver) startTPM(ctx context.Context, op, id string) (*proc, string
 	if err != nil {
 		return nil, "", transient(op, id, fmt.Errorf("swtpm log: %w", err))
 	}
-	argv := swtpmArgv(bin, filepath.Join(dir, tpmStateSubdir), p)
+	argv := swtpmArgv(bin, state, p)
 	fmt.Fprintf(logf, "=== %s %s: %s\n", r.cfg.Clock.Now().UTC().Format(time.RFC3339), op, strings.Join(argv, " "))
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Dir = p.dir

@@ -464,3 +464,32 @@ func TestRealTPMAbandonedLaunchLeavesNoSwtpm(t *testing.T) {
 		t.Fatalf("swtpm pid %d outlived an abandoned launch", pid)
 	}
 }
+
+// Two VMs of one node cannot share its TPM: the second boot is refused
+// with a reason, and the first keeps running with its swtpm.
+func TestRealTPMInUseByAnotherVM(t *testing.T) {
+	requireSwtpm(t)
+	e := newFakeEnv(t, fakeNormal, func(c *Config) { c.TPM = true })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := e.p.Provision(ctx, providers.Spec{InstanceID: "u-1", Node: "node-u", Boot: e.boot("tok-" + strings.Repeat("4", 32))}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := e.p.Provision(ctx, providers.Spec{InstanceID: "u-2", Node: "node-u", Boot: e.boot("tok-" + strings.Repeat("5", 32))})
+	if err == nil || !strings.Contains(err.Error(), "in use by another VM") {
+		t.Fatalf("second VM of the node = %v", err)
+	}
+	if pid := swtpmOf(e.stateDir, "u-2"); pid != 0 {
+		t.Fatalf("swtpm %d started for the refused VM", pid)
+	}
+	mustState(t, e.p, "u-1", providers.StateRunning)
+	if swtpmOf(e.stateDir, "u-1") == 0 {
+		t.Fatal("the first VM lost its swtpm")
+	}
+	if err := e.p.Terminate(ctx, "u-1"); err != nil {
+		t.Fatal(err)
+	}
+	if pid := swtpmOf(e.stateDir, "u-1"); pid != 0 {
+		t.Fatalf("swtpm %d after terminate", pid)
+	}
+}
