@@ -529,3 +529,28 @@ func TestDomainTypeFollowsLibvirtd(t *testing.T) {
 		t.Fatalf("provision when the capabilities fail = %v, want transient naming them", err)
 	}
 }
+
+// A tokenless boot on a TPM domain: the instance id in fw_cfg, no token
+// entry and no token file, and the TPM element from Config.TPM.
+func TestProvisionTokenlessWithTPM(t *testing.T) {
+	for _, tpm := range []bool{false, true} {
+		t.Run(fmt.Sprintf("tpm=%v", tpm), func(t *testing.T) {
+			f := newUnit(t, func(c *Config) { c.TPM = tpm })
+			b := f.boot("")
+			b.Enrollment.InstanceID = "i-1"
+			if _, err := f.p.Provision(ctx, providers.Spec{InstanceID: "i-1", Boot: b}); err != nil {
+				t.Fatal(err)
+			}
+			x := f.lv.domain("tether-i-1").xml
+			if !strings.Contains(x, `<entry name="opt/tether/instance">i-1</entry>`) || strings.Contains(x, "opt/tether/token") {
+				t.Fatalf("definition of a tokenless boot:\n%s", x)
+			}
+			if len(f.lv.tokens) != 0 {
+				t.Fatalf("QEMU read tokens %q", f.lv.tokens)
+			}
+			if got := strings.Contains(x, `<tpm model="tpm-crb">`); got != tpm {
+				t.Fatalf("tpm-crb in the definition: %v, want %v:\n%s", got, tpm, x)
+			}
+		})
+	}
+}

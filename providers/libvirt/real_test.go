@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -48,7 +49,7 @@ type realFixture struct {
 	logs           *syncBuffer
 }
 
-func newRealFixture(t *testing.T) *realFixture {
+func newRealFixture(t *testing.T, mods ...func(*Config)) *realFixture {
 	t.Helper()
 	d := libvirttest.Start(t)
 	kernel := qemutest.FetchKernel(t)
@@ -56,8 +57,12 @@ func newRealFixture(t *testing.T) *realFixture {
 	// The initramfs sits in the test's private temp dir, where the
 	// daemon's user cannot read it: the provider stages its own copies.
 	f := &realFixture{d: d, kernel: kernel.Path, initrd: initrd, logs: &syncBuffer{}}
-	p, err := New(Config{URI: d.URI, StateDir: d.StateDir, FileOwner: d.Owner, DomainType: DomainTypeAuto,
-		StopGrace: time.Second, Logger: slog.New(slog.NewTextHandler(f.logs, nil))})
+	cfg := Config{URI: d.URI, StateDir: d.StateDir, FileOwner: d.Owner, DomainType: DomainTypeAuto,
+		StopGrace: time.Second, Logger: slog.New(slog.NewTextHandler(f.logs, nil))}
+	for _, m := range mods {
+		m(&cfg)
+	}
+	p, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -309,4 +314,66 @@ func TestRealLibvirtUEFINVRAM(t *testing.T) {
 	if names := d.DomainNames(t); len(names) != 0 {
 		t.Fatalf("domains after terminate = %v", names)
 	}
+}
+
+// TestRealLibvirtTPM boots a tokenless domain with Config.TPM through a
+// private libvirtd: the guest finds /dev/tpmrm0 and its instance id in
+// fw_cfg, and after terminate no swtpm of the domain is left.
+func TestRealLibvirtTPM(t *testing.T) {
+	if _, err := exec.LookPath("swtpm"); err != nil {
+		qemutest.SkipLoudly(t, "swtpm not installed (install the swtpm and swtpm-tools packages): %v", err)
+	}
+	f := newRealFixture(t, func(c *Config) { c.TPM = true })
+	const id = "lvtpm-1"
+	console := f.p.ConsoleLogPath(id)
+	t.Cleanup(func() {
+		if t.Failed() {
+			b, _ := os.ReadFile(console)
+			t.Logf("console log:\n%s\nprovider log:\n%s", b, f.logs.String())
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*vmBound)
+	defer cancel()
+	b := f.boot("")
+	b.Enrollment.InstanceID = id
+	if _, err := f.p.Provision(ctx, providers.Spec{InstanceID: id, Boot: b}); err != nil {
+		t.Fatalf("provision: %v", err)
+	}
+	waitLine(t, ctx, console, qemutest.TinyInitMarker, 1)
+	if got := qemutest.Lines(console, "TETHER-TINYINIT: tpm-device=tpmrm0"); len(got) != 1 {
+		t.Fatalf("the guest has no /dev/tpmrm0 (tpm lines: %q)", qemutest.Lines(console, "tpm"))
+	}
+	if got := qemutest.Lines(console, "TETHER-TINYINIT: instance="+id); len(got) != 1 {
+		t.Fatalf("instance lines = %q", got)
+	}
+	for _, l := range qemutest.Lines(console, "tpm-eventlog") {
+		t.Logf("firmware event log: %s", strings.TrimSpace(l))
+	}
+	// libvirtd names the swtpm's socket and log after the domain.
+	if len(swtpmsOf(DomainName(id))) == 0 {
+		t.Fatal("no swtpm runs for the domain")
+	}
+	if err := f.p.Terminate(ctx, id); err != nil {
+		t.Fatalf("terminate: %v", err)
+	}
+	if left := swtpmsOf(DomainName(id)); len(left) > 0 {
+		t.Fatalf("swtpm left after terminate: %v", left)
+	}
+}
+
+// swtpmsOf lists the swtpm processes whose command line names s.
+func swtpmsOf(s string) []string {
+	var out []string
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err != nil {
+			continue
+		}
+		cmd := strings.ReplaceAll(string(b), "\x00", " ")
+		if strings.Contains(cmd, "swtpm") && strings.Contains(cmd, s) {
+			out = append(out, e.Name()+": "+cmd)
+		}
+	}
+	return out
 }

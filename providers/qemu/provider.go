@@ -121,6 +121,16 @@ func (p *Provider) PrepareNodeTPM(node string) (string, error) {
 	return PrepareTPM(dir)
 }
 
+// TPMEKHash is the EK hash ("sha256:HEX") of the TPM a machine boots with
+// (its node's), for the instance view; "" when the provider gives no TPMs,
+// in recorder mode, and before the TPM is made.
+func (p *Provider) TPMEKHash(id string) string {
+	if d, ok := p.driver.(*realDriver); ok {
+		return d.ekHash(id)
+	}
+	return ""
+}
+
 // Netboots reports whether VMs boot from their firmware over the network
 // (--qemu-boot bios or uefi): providers.Netbooter.
 func (p *Provider) Netboots() bool { return p.cfg.Mode != ModeDisabled && p.cfg.Boot.Netboot() }

@@ -82,6 +82,13 @@ func (r *realDriver) startTPM(ctx context.Context, op, id string) (*proc, string
 	if err := r.stopTPM(id); err != nil {
 		return nil, "", transient(op, id, err)
 	}
+	state := filepath.Join(dir, tpmStateSubdir)
+	if other := findVM("dir=" + state); other > 0 {
+		// One TPM, one machine: a second swtpm on the state would fail
+		// QEMU's TPM init with nothing but a result code. Another
+		// instance of the node still runs (or is being stopped).
+		return nil, "", transient(op, id, fmt.Errorf("the TPM %s is in use by another VM (swtpm pid %d): a node's instances cannot run at once", dir, other))
+	}
 	bin, err := exec.LookPath(swtpmBinary)
 	if err != nil {
 		return nil, "", permanent(op, id, fmt.Errorf("swtpm not found (install the swtpm package): %w", err))
@@ -107,7 +114,7 @@ func (r *realDriver) startTPM(ctx context.Context, op, id string) (*proc, string
 	if err != nil {
 		return nil, "", transient(op, id, fmt.Errorf("swtpm log: %w", err))
 	}
-	argv := swtpmArgv(bin, filepath.Join(dir, tpmStateSubdir), p)
+	argv := swtpmArgv(bin, state, p)
 	fmt.Fprintf(logf, "=== %s %s: %s\n", r.cfg.Clock.Now().UTC().Format(time.RFC3339), op, strings.Join(argv, " "))
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Dir = p.dir
@@ -182,11 +189,16 @@ func (r *realDriver) stopTPM(id string) error {
 	tp := r.tpms[id]
 	r.mu.Unlock()
 	pid := 0
-	if tp != nil {
+	n, perr := readPID(p.tpmPID)
+	switch {
+	case tp != nil:
 		pid = tp.pid
-	} else if n, err := readPID(p.tpmPID); err == nil && processIsVM(n, fp) {
+	case perr == nil && processIsVM(n, fp):
 		pid = n
-	} else {
+	case r.cfg.TPM || n > 0:
+		// No live pid file: a crash between starting swtpm and writing
+		// it, or a damaged file. Look for the process itself. A provider
+		// without TPMs whose instance never had one skips the scan.
 		pid = findVM(fp)
 	}
 	if pid <= 0 || !processIsVM(pid, fp) {
@@ -247,15 +259,20 @@ func (r *realDriver) waitGone(pr *proc, pid int, fp string, timeout time.Duratio
 // tpmDetail is the EK of the instance's TPM for its Machine.Detail; "" when
 // the provider gives no TPMs or the TPM is not made yet.
 func (r *realDriver) tpmDetail(id string) string {
-	if !r.cfg.TPM {
+	if h := r.ekHash(id); h != "" {
+		return "tpm ek " + h
+	}
+	return ""
+}
+
+// ekHash is the EK hash of the instance's TPM; "" when there is none.
+func (r *realDriver) ekHash(id string) string {
+	if !r.cfg.TPM || !validID.MatchString(id) {
 		return ""
 	}
 	dir, err := r.tpmDirOf(id)
 	if err != nil {
 		return ""
 	}
-	if h := cachedEKHash(dir); h != "" {
-		return "tpm ek " + h
-	}
-	return ""
+	return cachedEKHash(dir)
 }

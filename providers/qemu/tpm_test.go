@@ -331,6 +331,12 @@ func TestRealTPMLifecycleWithFakeQEMU(t *testing.T) {
 	if !strings.Contains(m.Detail, "tpm ek "+nodeEK) {
 		t.Fatalf("detail %q lacks the node's EK %s", m.Detail, nodeEK)
 	}
+	if h := e.p.TPMEKHash("t-1"); h != nodeEK {
+		t.Fatalf("TPMEKHash = %q, want %s", h, nodeEK)
+	}
+	if h := e.p.TPMEKHash("../x"); h != "" {
+		t.Fatalf("TPMEKHash(../x) = %q", h)
+	}
 	sw1 := swtpmOf(e.stateDir, "t-1")
 	if sw1 == 0 {
 		t.Fatal("no swtpm runs for the VM")
@@ -437,5 +443,53 @@ func TestTPMFailureNamesSwtpm(t *testing.T) {
 	}
 	if err := tpmFailure(&proc{tpmDied: true}, nil, p); err != nil {
 		t.Fatalf("no TPM blamed: %v", err)
+	}
+}
+
+// A launch given up on (the caller's context ends, as on tetherd's Ctrl-C
+// while a boot waits for QMP) kills QEMU and its swtpm with it.
+func TestRealTPMAbandonedLaunchLeavesNoSwtpm(t *testing.T) {
+	requireSwtpm(t)
+	e := newFakeEnv(t, fakeMute, func(c *Config) { c.TPM = true })
+	if _, err := e.p.PrepareNodeTPM("node-m"); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	_, err := e.p.Provision(ctx, providers.Spec{InstanceID: "m-1", Node: "node-m", Boot: e.boot("tok-" + strings.Repeat("3", 32))})
+	if err == nil {
+		t.Fatal("provision against a mute QEMU succeeded")
+	}
+	if pid := swtpmOf(e.stateDir, "m-1"); pid != 0 {
+		t.Fatalf("swtpm pid %d outlived an abandoned launch", pid)
+	}
+}
+
+// Two VMs of one node cannot share its TPM: the second boot is refused
+// with a reason, and the first keeps running with its swtpm.
+func TestRealTPMInUseByAnotherVM(t *testing.T) {
+	requireSwtpm(t)
+	e := newFakeEnv(t, fakeNormal, func(c *Config) { c.TPM = true })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := e.p.Provision(ctx, providers.Spec{InstanceID: "u-1", Node: "node-u", Boot: e.boot("tok-" + strings.Repeat("4", 32))}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := e.p.Provision(ctx, providers.Spec{InstanceID: "u-2", Node: "node-u", Boot: e.boot("tok-" + strings.Repeat("5", 32))})
+	if err == nil || !strings.Contains(err.Error(), "in use by another VM") {
+		t.Fatalf("second VM of the node = %v", err)
+	}
+	if pid := swtpmOf(e.stateDir, "u-2"); pid != 0 {
+		t.Fatalf("swtpm %d started for the refused VM", pid)
+	}
+	mustState(t, e.p, "u-1", providers.StateRunning)
+	if swtpmOf(e.stateDir, "u-1") == 0 {
+		t.Fatal("the first VM lost its swtpm")
+	}
+	if err := e.p.Terminate(ctx, "u-1"); err != nil {
+		t.Fatal(err)
+	}
+	if pid := swtpmOf(e.stateDir, "u-1"); pid != 0 {
+		t.Fatalf("swtpm %d after terminate", pid)
 	}
 }

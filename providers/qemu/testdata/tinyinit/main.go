@@ -48,6 +48,10 @@ func main() {
 	} else {
 		say("token unreadable: %v", err)
 	}
+	if b, err := os.ReadFile(byName + "opt/tether/instance/raw"); err == nil {
+		say("instance=%s", b)
+	}
+	reportTPM()
 	fmt.Fprintln(os.Stdout, marker)
 	for {
 		time.Sleep(time.Hour)
@@ -66,4 +70,32 @@ func loadModule(path string) {
 	if err := unix.FinitModule(int(f.Fd()), "", 0); err != nil && err != unix.EEXIST {
 		say("load %s: %v", path, err)
 	}
+}
+
+// reportTPM says whether the kernel found a TPM (--qemu-tpm) and whether
+// the firmware left it an event log of the boot's measurements.
+func reportTPM() {
+	for _, dev := range []string{"tpm0", "tpmrm0"} {
+		class := "/sys/class/tpm/"
+		if dev == "tpmrm0" {
+			class = "/sys/class/tpmrm/"
+		}
+		if _, err := os.Stat(class + dev); err == nil {
+			say("tpm-device=%s", dev)
+		}
+	}
+	const sec = "/sys/kernel/security"
+	if err := unix.Mount("securityfs", sec, "securityfs", 0, ""); err != nil {
+		say("mount %s: %v", sec, err)
+		return
+	}
+	if _, err := os.Stat(sec + "/tpm0"); err != nil {
+		return
+	}
+	b, err := os.ReadFile(sec + "/tpm0/binary_bios_measurements")
+	if err != nil {
+		say("tpm-eventlog unreadable: %v", err)
+		return
+	}
+	say("tpm-eventlog=%d bytes", len(b))
 }
