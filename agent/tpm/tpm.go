@@ -12,6 +12,8 @@ import (
 	"io/fs"
 	"os"
 
+	"golang.org/x/sys/unix"
+
 	gattest "github.com/google/go-attestation/attest"
 
 	"github.com/tetherfleet/tether/pki/attest"
@@ -35,13 +37,18 @@ type TPM struct {
 // Open opens the TPM at path (the kernel's resource manager, DevicePath)
 // and reads the firmware's event log where the kernel exposes one.
 func Open(path string) (*TPM, error) {
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
-	if errors.Is(err, fs.ErrNotExist) {
+	// Opened blocking, by hand: os.OpenFile puts a character device in
+	// non-blocking mode for Go's poller, and the kernel's TPM device then
+	// runs commands asynchronously and answers a read made before the
+	// response is ready with 0 bytes, which reads as EOF.
+	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.ENOENT) {
 		return nil, fmt.Errorf("%w: %s does not exist", ErrNoTPM, path)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("open TPM %s: %w", path, err)
 	}
+	f := os.NewFile(uintptr(fd), path)
 	log, err := os.ReadFile(EventLogPath)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		f.Close()
