@@ -14,7 +14,7 @@ import (
 )
 
 func nodeTable(w *tabwriter.Writer, ns []*v1.Node) {
-	row(w, "NAME", "TEMPLATE", "ENABLED", "PUBLIC ADDRESS", "MACS", "BMC", "CREATED")
+	row(w, "NAME", "TEMPLATE", "ENABLED", "PUBLIC ADDRESS", "MACS", "BMC", "TPM", "CREATED")
 	for _, n := range ns {
 		bmc := "-"
 		if b := n.Bmc; b != nil {
@@ -23,8 +23,19 @@ func nodeTable(w *tabwriter.Writer, ns []*v1.Node) {
 				bmc += " UNVERIFIED TLS"
 			}
 		}
-		row(w, n.Name, n.TemplateName, n.Enabled, dash(n.PublicAddress), dash(strings.Join(n.Macs, ",")), bmc, when(n.CreatedAt))
+		row(w, n.Name, n.TemplateName, n.Enabled, dash(n.PublicAddress), dash(strings.Join(n.Macs, ",")), bmc, nodeTPM(n), when(n.CreatedAt))
 	}
+}
+
+// nodeTPM says what binds the node's identity: its EK hashes in full (an
+// operator compares them with what the machine reports), and whether a
+// token alone is refused.
+func nodeTPM(n *v1.Node) string {
+	s := dash(strings.Join(n.EkHashes, ","))
+	if n.RequireAttestation {
+		s += " (attestation required)"
+	}
+	return s
 }
 
 func parseConfig(s string) (*structpb.Struct, error) {
@@ -64,19 +75,28 @@ func (a *App) nodeCmd() *cobra.Command {
 	create.Flags().StringVar(&createReq.PublicAddress, "public-address", "", "public address")
 	create.Flags().StringArrayVar(&createReq.Macs, "mac", nil, "hardware address of a NIC the machine netboots from (repeatable)")
 	create.Flags().BoolVar(&disabled, "disabled", false, "create the node disabled")
+	create.Flags().StringArrayVar(&createReq.EkHashes, "ek", nil, "sha256:HEX of the machine's TPM endorsement key; such a node boots with no token (repeatable; admin only)")
+	create.Flags().BoolVar(&createReq.RequireAttestation, "require-attestation", false, "refuse token enrollment: only the TPM bound with --ek may enroll (admin only)")
 	createBMC.add(create.Flags(), false)
 	_ = create.MarkFlagRequired("template")
 
 	var updateReq v1.UpdateNodeRequest
 	var updateCfg string
-	update := &cobra.Command{Use: "update NAME [--template T] [--enabled=BOOL] [--config-json J] [--public-address A] [--mac MAC...]", Short: "Change a node", Args: cobra.ExactArgs(1),
+	var clearEK bool
+	update := &cobra.Command{Use: "update NAME [--template T] [--enabled=BOOL] [--config-json J] [--public-address A] [--mac MAC...] [--ek sha256:HEX... | --clear-ek] [--require-attestation=BOOL]", Short: "Change a node", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var err error
 			updateReq.Name = args[0]
-			for flag, field := range map[string]string{"template": "template", "enabled": "enabled", "config-json": "config", "public-address": "public_address", "mac": "macs"} {
-				if cmd.Flags().Changed(flag) {
+			for flag, field := range map[string]string{"template": "template", "enabled": "enabled", "config-json": "config", "public-address": "public_address", "mac": "macs", "ek": "ek_hashes", "clear-ek": "ek_hashes", "require-attestation": "require_attestation"} {
+				if cmd.Flags().Changed(flag) && !slices.Contains(updateReq.UpdateMask, field) {
 					updateReq.UpdateMask = append(updateReq.UpdateMask, field)
 				}
+			}
+			if clearEK {
+				if len(updateReq.EkHashes) > 0 {
+					return fmt.Errorf("--clear-ek and --ek: give one (--ek replaces the set, --clear-ek empties it)")
+				}
+				updateReq.EkHashes = nil
 			}
 			// --mac "" clears the set: an empty address means none.
 			updateReq.Macs = slices.DeleteFunc(updateReq.Macs, func(m string) bool { return m == "" })
@@ -101,6 +121,9 @@ func (a *App) nodeCmd() *cobra.Command {
 	update.Flags().StringVar(&updateCfg, "config-json", "", "free-form JSON object")
 	update.Flags().StringVar(&updateReq.PublicAddress, "public-address", "", "public address")
 	update.Flags().StringArrayVar(&updateReq.Macs, "mac", nil, "the node's hardware addresses, replacing the current set (repeatable; --mac \"\" clears)")
+	update.Flags().StringArrayVar(&updateReq.EkHashes, "ek", nil, "sha256:HEX of a TPM endorsement key, replacing the node's set (repeatable; admin only)")
+	update.Flags().BoolVar(&clearEK, "clear-ek", false, "remove every EK: the node boots with a token again (admin only)")
+	update.Flags().BoolVar(&updateReq.RequireAttestation, "require-attestation", false, "refuse token enrollment (=false allows it again; admin only)")
 	updateBMC.add(update.Flags(), true)
 
 	var tpl string

@@ -58,6 +58,7 @@ func templateDetail(w *tabwriter.Writer, t *v1.Template) {
 	row(w, "kernel args:", dash(t.KernelArgs))
 	row(w, "signed modules:", t.RequireSignedModules)
 	row(w, "required signers:", dash(strings.Join(t.RequiredSigners, ",")))
+	row(w, "attestation required:", t.RequireAttestation)
 }
 
 // templateFlags are the fields template create and update share.
@@ -96,6 +97,7 @@ func (a *App) templateCmd() *cobra.Command {
 	templateFlags(create.Flags(), &root, &ext, &createReq.KernelArgs, &createReq.RequireSignedModules, &createReq.KernelDigest, &createReq.InitramfsDigest)
 	create.Flags().StringVar(&createReq.Console, "console", "", "kernel console: a console= value (ttyS0, ttyS1,115200n8, tty0) or none (default ttyS0)")
 	create.Flags().StringArrayVar(&createReq.RequiredSigners, "require-signer", nil, "signer fingerprint (sha256:HEX) one of which must have signed every module (repeatable)")
+	create.Flags().BoolVar(&createReq.RequireAttestation, "require-attestation", false, "refuse token enrollment for every node of the template: only TPM attestation (admin only)")
 	_ = create.MarkFlagRequired("root")
 
 	var updateRoot, updateExt []string
@@ -118,7 +120,7 @@ func (a *App) templateCmd() *cobra.Command {
 					return fmt.Errorf("--ext %w", err)
 				}
 			}
-			for flag, field := range map[string]string{"kernel-args": "kernel_args", "require-signed": "require_signed_modules", "kernel": "kernel_digest", "initramfs": "initramfs_digest", "console": "console", "require-signer": "required_signers"} {
+			for flag, field := range map[string]string{"kernel-args": "kernel_args", "require-signed": "require_signed_modules", "kernel": "kernel_digest", "initramfs": "initramfs_digest", "console": "console", "require-signer": "required_signers", "require-attestation": "require_attestation"} {
 				if f.Changed(flag) {
 					updateReq.UpdateMask = append(updateReq.UpdateMask, field)
 				}
@@ -129,6 +131,7 @@ func (a *App) templateCmd() *cobra.Command {
 	templateFlags(update.Flags(), &updateRoot, &updateExt, &updateReq.KernelArgs, &updateReq.RequireSignedModules, &updateReq.KernelDigest, &updateReq.InitramfsDigest)
 	update.Flags().StringVar(&updateReq.Console, "console", "", "kernel console: a console= value or none")
 	update.Flags().StringArrayVar(&updateReq.RequiredSigners, "require-signer", nil, "signer fingerprint (sha256:HEX), repeatable; replaces the list (pass --require-signer= to clear)")
+	update.Flags().BoolVar(&updateReq.RequireAttestation, "require-attestation", false, "refuse token enrollment for the template's nodes (=false allows it again; admin only)")
 
 	var pg paging
 	listCmd := &cobra.Command{Use: "list", Short: "List templates", Args: cobra.NoArgs, RunE: func(*cobra.Command, []string) error {
