@@ -41,7 +41,12 @@ func TestVMAttestedEnrollment(t *testing.T) {
 	}
 
 	id := env.provision(t, ctx)
-	env.waitRunning(t, ctx, id, nil)
+	if in := env.waitRunning(t, ctx, id, nil); in.TpmEkHash != "" && in.TpmEkHash != ek {
+		t.Errorf("ListInstances view shows EK %s, want %s", in.TpmEkHash, ek)
+	}
+	if in, err := env.cp.Admin.GetInstance(ctx, &v1.GetInstanceRequest{Id: id}); err != nil || in.TpmEkHash != ek {
+		t.Errorf("instance view: EK %q (%v), want the TPM's %s", in.GetTpmEkHash(), err, ek)
+	}
 	argv := qemuArgv(t, id)
 	for _, bad := range []string{"opt/tether/token", "tether.token", "tbt_"} {
 		if strings.Contains(argv, bad) {

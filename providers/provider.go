@@ -58,6 +58,13 @@ type Enrollment struct {
 	InstanceID string
 }
 
+// TPMReporter is a provider that gives its machines a TPM and can say
+// which: the hash of the EK (sha256:HEX) of machine id, empty when it has
+// none. The instance view shows it, so an operator can bind it to the node.
+type TPMReporter interface {
+	TPMEKHash(id string) string
+}
+
 // Spec describes a machine to create.
 type Spec struct {
 	// InstanceID is Tether's id; providers name machines after it so that

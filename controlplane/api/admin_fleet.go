@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/tetherfleet/tether/providers"
 	"strconv"
 	"time"
 
@@ -59,6 +60,9 @@ func (a *adminServer) GetInstance(ctx context.Context, req *v1.GetInstanceReques
 	out.ModuleRamBytes, err = a.moduleRAM(ctx, in)
 	if err != nil {
 		return nil, fmt.Errorf("instance %s: module sizes: %w", in.ID, err)
+	}
+	if p, ok := a.Instances.Machines[in.Provider].(providers.TPMReporter); ok && in.CloudInstanceID != "" {
+		out.TpmEkHash = p.TPMEKHash(in.CloudInstanceID)
 	}
 	return out, nil
 }

@@ -55,6 +55,9 @@ func instanceDetail(w *tabwriter.Writer, in *v1.Instance) {
 	row(w, "agent stream:", presenceText(in.AgentPresence))
 	row(w, "addresses:", dash(strings.Join(in.Addresses, ", ")))
 	row(w, "modules:", dash(strings.Join(in.RunningModuleDigests, ", ")))
+	if in.TpmEkHash != "" {
+		row(w, "TPM EK:", in.TpmEkHash)
+	}
 	if in.ModuleRamBytes > 0 {
 		row(w, "module RAM:", fmt.Sprintf("%.1f MiB", float64(in.ModuleRamBytes)/(1<<20)))
 	}

@@ -1671,8 +1671,12 @@ type Instance struct {
 	// sizes of the running modules that the node's template names. Set by
 	// GetInstance only.
 	ModuleRamBytes int64 `protobuf:"varint,31,opt,name=module_ram_bytes,json=moduleRamBytes,proto3" json:"module_ram_bytes,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// sha256:HEX of the endorsement key of the TPM the provider gave the
+	// machine (qemu --qemu-tpm), the value `node update --ek` binds. Set by
+	// GetInstance only; empty when the provider gives none or cannot say.
+	TpmEkHash     string `protobuf:"bytes,32,opt,name=tpm_ek_hash,json=tpmEkHash,proto3" json:"tpm_ek_hash,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Instance) Reset() {
@@ -1920,6 +1924,13 @@ func (x *Instance) GetModuleRamBytes() int64 {
 		return x.ModuleRamBytes
 	}
 	return 0
+}
+
+func (x *Instance) GetTpmEkHash() string {
+	if x != nil {
+		return x.TpmEkHash
+	}
+	return ""
 }
 
 // AgentPresence is the evidence that an instance's agent is there.
@@ -3019,7 +3030,7 @@ const file_tether_v1_types_proto_rawDesc = "" +
 	"\x02by\x18\x01 \x01(\tR\x02by\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12*\n" +
 	"\x02at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12@\n" +
-	"\x11pool_state_before\x18\x04 \x01(\x0e2\x14.tether.v1.PoolStateR\x0fpoolStateBefore\"\x84\v\n" +
+	"\x11pool_state_before\x18\x04 \x01(\x0e2\x14.tether.v1.PoolStateR\x0fpoolStateBefore\"\xa4\v\n" +
 	"\bInstance\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x1b\n" +
@@ -3058,7 +3069,8 @@ const file_tether_v1_types_proto_rawDesc = "" +
 	"\x16terminate_requested_at\x18\x1c \x01(\v2\x1a.google.protobuf.TimestampR\x14terminateRequestedAt\x12=\n" +
 	"\fsilent_since\x18\x1d \x01(\v2\x1a.google.protobuf.TimestampR\vsilentSince\x12?\n" +
 	"\x0eagent_presence\x18\x1e \x01(\v2\x18.tether.v1.AgentPresenceR\ragentPresence\x12(\n" +
-	"\x10module_ram_bytes\x18\x1f \x01(\x03R\x0emoduleRamBytes\"\xbb\x01\n" +
+	"\x10module_ram_bytes\x18\x1f \x01(\x03R\x0emoduleRamBytes\x12\x1e\n" +
+	"\vtpm_ek_hash\x18  \x01(\tR\ttpmEkHash\"\xbb\x01\n" +
 	"\rAgentPresence\x12\x1c\n" +
 	"\tconnected\x18\x01 \x01(\bR\tconnected\x12\x18\n" +
 	"\areplica\x18\x02 \x01(\tR\areplica\x12=\n" +
