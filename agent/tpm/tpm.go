@@ -117,9 +117,13 @@ type AK struct {
 }
 
 // NewAK creates a fresh attestation key: a restricted signing key under
-// the storage root key, which never leaves the TPM.
-func (t *TPM) NewAK() (*AK, error) {
-	ak, err := t.t.NewAK(nil)
+// the storage root key, which never leaves the TPM. It is ECDSA P-256: a
+// TPM makes an RSA key by searching for primes, which takes it far longer
+// (docs/benchmarks.md, BenchmarkNewAK), and every boot makes one.
+func (t *TPM) NewAK() (*AK, error) { return t.newAK(gattest.ECDSA) }
+
+func (t *TPM) newAK(alg gattest.Algorithm) (*AK, error) {
+	ak, err := t.t.NewAK(&gattest.AKConfig{Algorithm: alg})
 	if err != nil {
 		return nil, fmt.Errorf("create an attestation key: %w", err)
 	}
