@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"slices"
 	"strings"
 	"time"
 
@@ -91,11 +90,17 @@ func (s *Service) BeginAttested(ctx context.Context, b Begin) (*Attestation, att
 		s.refusedAttest(ctx, inst.ID, ekHash, now, "instance is terminated")
 		return nil, none, fail.Precondition("attested enrollment refused: instance %s is terminated", inst.ID)
 	}
-	node, err := s.Store.GetNodeByID(ctx, inst.NodeID)
-	if err != nil {
-		return nil, none, fmt.Errorf("read node of instance %s: %w", inst.ID, err)
+	// The common case, the EK bound to the instance's node, reads one
+	// row; the node itself is read only to explain a refusal.
+	bound, err := s.Store.EKNodeID(ctx, ekHash)
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
+		return nil, none, fmt.Errorf("look up EK %s: %w", ekHash, err)
 	}
-	if !slices.Contains(node.EKHashes, ekHash) {
+	if bound != inst.NodeID {
+		node, err := s.Store.GetNodeByID(ctx, inst.NodeID)
+		if err != nil {
+			return nil, none, fmt.Errorf("read node of instance %s: %w", inst.ID, err)
+		}
 		return nil, none, s.ekMismatch(ctx, inst, node, ekHash, now)
 	}
 
@@ -108,7 +113,7 @@ func (s *Service) BeginAttested(ctx context.Context, b Begin) (*Attestation, att
 	if err != nil {
 		return nil, none, err
 	}
-	return &Attestation{ID: id, InstanceID: inst.ID, NodeID: node.ID, EKHash: ekHash,
+	return &Attestation{ID: id, InstanceID: inst.ID, NodeID: inst.NodeID, EKHash: ekHash,
 		ak: b.AK, csr: csr, secret: secret, nonce: attest.Nonce(id, secret, csr.Raw)}, c, nil
 }
 
@@ -150,8 +155,8 @@ func (s *Service) FinishAttested(ctx context.Context, a *Attestation, secret []b
 		// The binding is read again where the enrollment commits: an
 		// operator who unbinds an EK while a challenge is out has the
 		// last word.
-		bound, err := q.NodeByEK(ctx, a.EKHash)
-		if errors.Is(err, store.ErrNotFound) || (err == nil && bound.ID != a.NodeID) {
+		bound, err := q.EKNodeID(ctx, a.EKHash)
+		if errors.Is(err, store.ErrNotFound) || (err == nil && bound != a.NodeID) {
 			return errUnbound
 		}
 		if err != nil {

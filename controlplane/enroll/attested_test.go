@@ -68,7 +68,7 @@ func stores(t *testing.T, fn func(t *testing.T, open func(t *testing.T) store.St
 	})
 }
 
-func newAttestEnv(t *testing.T, st store.Store, edgeEKs, otherEKs []string) *attestEnv {
+func newAttestEnv(t testing.TB, st store.Store, edgeEKs, otherEKs []string) *attestEnv {
 	t.Helper()
 	ctx := context.Background()
 	clk := clock.NewFake(time.Now())

@@ -68,14 +68,14 @@ func setup(t *testing.T) *fixture {
 		svc: &enroll.Service{Store: st, CA: authority, Clock: clk, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}}
 }
 
-func must(t *testing.T, err error) {
+func must(t testing.TB, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
 	}
 }
 
-func csrPEM(t *testing.T) (ed25519.PublicKey, string) {
+func csrPEM(t testing.TB) (ed25519.PublicKey, string) {
 	t.Helper()
 	pub, key, _ := ed25519.GenerateKey(rand.Reader)
 	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{}, key)

@@ -152,6 +152,9 @@ type Queries interface {
 	// NodeByEK finds the node an EK hash (sha256:HEX, lower case) is bound
 	// to; ErrNotFound when none is.
 	NodeByEK(ctx context.Context, hash string) (*Node, error)
+	// EKNodeID is the id of the node an EK hash is bound to, without the
+	// node: what an attested enrollment checks on its every step.
+	EKNodeID(ctx context.Context, hash string) (string, error)
 	ListNodes(ctx context.Context, f NodeFilter, p Page) ([]*Node, error)
 	UpdateNode(ctx context.Context, n *Node) error
 	// DeleteNode refuses (ErrConflict) while a non-terminated instance of it exists.

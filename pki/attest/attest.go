@@ -171,13 +171,12 @@ func NewChallenge(ekDER, ekCertDER []byte, ak AKParams, rnd io.Reader) (Challeng
 	if err := checkAKSizes(ak); err != nil {
 		return Challenge{}, nil, err
 	}
+	// Generate checks the AK (CheckAKParameters) before it makes the
+	// credential; calling both verified its creation signature twice.
 	p := gattest.ActivationParameters{EK: ek, AK: akParams(ak), Rand: rnd}
-	if err := p.CheckAKParameters(); err != nil {
-		return Challenge{}, nil, fmt.Errorf("%w: %v", ErrBadAK, err)
-	}
 	secret, ec, err := p.Generate()
 	if err != nil {
-		return Challenge{}, nil, fmt.Errorf("%w: make the credential: %v", ErrBadAK, err)
+		return Challenge{}, nil, fmt.Errorf("%w: %v", ErrBadAK, err)
 	}
 	return Challenge{Credential: ec.Credential, Secret: ec.Secret}, secret, nil
 }

@@ -20,7 +20,7 @@ type machine struct {
 	log []byte
 }
 
-func newMachine(t *testing.T) *machine {
+func newMachine(t testing.TB) *machine {
 	t.Helper()
 	sw := swtpmtest.Start(t)
 	c := sw.Dial(t)
@@ -57,7 +57,7 @@ type enrollment struct {
 	ev     attest.Evidence
 }
 
-func (m *machine) enroll(t *testing.T, id string, csr []byte) *enrollment {
+func (m *machine) enroll(t testing.TB, id string, csr []byte) *enrollment {
 	t.Helper()
 	ak, err := m.tpm.NewAK()
 	if err != nil {

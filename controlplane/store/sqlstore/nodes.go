@@ -164,6 +164,18 @@ func (q *queries) NodeByEK(ctx context.Context, hash string) (*store.Node, error
 	return n, q.loadHardware(ctx, n)
 }
 
+func (q *queries) EKNodeID(ctx context.Context, hash string) (string, error) {
+	var id string
+	if err := q.row(ctx, `SELECT node_id FROM node_eks WHERE ek_hash = ?`, hash).Scan(&id); err != nil {
+		err = q.db.classify(err)
+		if errors.Is(err, sql.ErrNoRows) {
+			return "", store.Errorf(store.ErrNotFound, "no node has endorsement key %s", hash)
+		}
+		return "", err
+	}
+	return id, nil
+}
+
 // setMACs makes n.MACs the node's whole set of hardware addresses. An
 // address of another node is named in the error; the primary key refuses
 // it anyway if two writers race past the check.

@@ -23,6 +23,11 @@ func testNodeEKs(t *testing.T, s store.Store) {
 	}
 	_, err = s.NodeByEK(c, ekHash('9'))
 	wantErr(t, err, store.ErrNotFound)
+	if id, err := s.EKNodeID(c, ekHash('b')); err != nil || id != a.ID {
+		t.Fatalf("EKNodeID = %q, %v; want %s", id, err, a.ID)
+	}
+	_, err = s.EKNodeID(c, ekHash('9'))
+	wantErr(t, err, store.ErrNotFound)
 
 	// An EK of another node is refused, names that node and the hash, and writes nothing.
 	b := &store.Node{Name: "rack2-02", TemplateID: tpl.ID, EKHashes: []string{ekHash('c'), ekHash('b')}, MACs: []string{"52:54:00:00:01:01"}, CreatedAt: t0, UpdatedAt: t0}
