@@ -18,4 +18,3 @@ func EKConflict(ek, boundNode, node, how string) E {
 		Message: fmt.Sprintf("endorsement key %s is bound to node %q; %s for node %q was refused it", ek, boundNode, how, node),
 		Payload: map[string]any{"ek_hash": ek, "bound_node": boundNode, "node": node}}
 }
-

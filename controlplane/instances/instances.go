@@ -368,4 +368,3 @@ func (s *Service) Transition(ctx context.Context, id string, ev lifecycle.Event,
 func (s *Service) TransitionTx(ctx context.Context, q store.Queries, in *store.Instance, ev lifecycle.Event, reason string, now time.Time) error {
 	return s.transition(ctx, q, in, ev, reason, now)
 }
-
