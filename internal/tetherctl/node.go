@@ -98,6 +98,8 @@ func (a *App) nodeCmd() *cobra.Command {
 				}
 				updateReq.EkHashes = nil
 			}
+			// --ek "" clears the set as --clear-ek does, like --mac "".
+			updateReq.EkHashes = slices.DeleteFunc(updateReq.EkHashes, func(h string) bool { return h == "" })
 			// --mac "" clears the set: an empty address means none.
 			updateReq.Macs = slices.DeleteFunc(updateReq.Macs, func(m string) bool { return m == "" })
 			if updateReq.Config, err = parseConfig(updateCfg); err != nil {
