@@ -12,7 +12,7 @@ import (
 	"github.com/tetherfleet/tether/agent/enroll"
 	"github.com/tetherfleet/tether/agent/identity"
 	"github.com/tetherfleet/tether/agent/tpm"
-	"github.com/tetherfleet/tether/pki/attest"
+	"github.com/tetherfleet/tether/pki/attestation"
 	tetherv1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
 
@@ -67,7 +67,7 @@ func (a *agent) enrollAttested(ctx context.Context, mgr *enroll.Manager, disc id
 	defer t.Close()
 	ek := "unknown EK"
 	if pub, _, err := t.Endorsement(); err == nil {
-		if h, err := attest.EKHashDER(pub); err == nil {
+		if h, err := attestation.EKHashDER(pub); err == nil {
 			ek = "EK " + h
 		}
 	}

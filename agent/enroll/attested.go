@@ -6,7 +6,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/tetherfleet/tether/pki/attest"
+	"github.com/tetherfleet/tether/pki/attestation"
 	tetherv1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
 
@@ -21,9 +21,9 @@ type Attester interface {
 
 // AttestationKey is one enrollment's key in the TPM.
 type AttestationKey interface {
-	Params() attest.AKParams
-	Activate(attest.Challenge) ([]byte, error)
-	Quote(nonce []byte) (attest.Evidence, error)
+	Params() attestation.AKParams
+	Activate(attestation.Challenge) ([]byte, error)
+	Quote(nonce []byte) (attestation.Evidence, error)
 	Close() error
 }
 
@@ -75,11 +75,11 @@ func (m *Manager) EnrollAttested(ctx context.Context, client tetherv1.Enrollment
 	if ch == nil {
 		return nil, errors.New("attested enroll: the control plane answered begin with something other than a challenge")
 	}
-	secret, err := ak.Activate(attest.Challenge{Credential: ch.GetCredential(), Secret: ch.GetSecret()})
+	secret, err := ak.Activate(attestation.Challenge{Credential: ch.GetCredential(), Secret: ch.GetSecret()})
 	if err != nil {
 		return nil, fmt.Errorf("attested enroll: the TPM would not activate the control plane's credential: %w", err)
 	}
-	ev, err := ak.Quote(attest.Nonce(ch.GetEnrollmentId(), secret, block.Bytes))
+	ev, err := ak.Quote(attestation.Nonce(ch.GetEnrollmentId(), secret, block.Bytes))
 	if err != nil {
 		return nil, fmt.Errorf("attested enroll: quote: %w", err)
 	}

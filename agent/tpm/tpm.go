@@ -16,7 +16,7 @@ import (
 
 	gattest "github.com/google/go-attestation/attest"
 
-	"github.com/tetherfleet/tether/pki/attest"
+	"github.com/tetherfleet/tether/pki/attestation"
 )
 
 // Where the kernel exposes the TPM and its firmware's event log.
@@ -131,14 +131,14 @@ func (t *TPM) newAK(alg gattest.Algorithm) (*AK, error) {
 }
 
 // Params describes the key for the control plane.
-func (a *AK) Params() attest.AKParams {
+func (a *AK) Params() attestation.AKParams {
 	p := a.ak.AttestationParameters()
-	return attest.AKParams{Public: p.Public, CreateData: p.CreateData, CreateAttestation: p.CreateAttestation, CreateSignature: p.CreateSignature}
+	return attestation.AKParams{Public: p.Public, CreateData: p.CreateData, CreateAttestation: p.CreateAttestation, CreateSignature: p.CreateSignature}
 }
 
 // Activate releases the challenge's secret. The TPM does so only if the
 // credential was made for this key and encrypted to its EK.
-func (a *AK) Activate(c attest.Challenge) ([]byte, error) {
+func (a *AK) Activate(c attestation.Challenge) ([]byte, error) {
 	secret, err := a.ak.ActivateCredential(a.t.t, gattest.EncryptedCredential{Credential: c.Credential, Secret: c.Secret})
 	if err != nil {
 		return nil, fmt.Errorf("activate credential: %w", err)
@@ -148,21 +148,21 @@ func (a *AK) Activate(c attest.Challenge) ([]byte, error) {
 
 // Quote signs the SHA-256 PCRs with nonce, and returns them with the
 // event log.
-func (a *AK) Quote(nonce []byte) (attest.Evidence, error) {
+func (a *AK) Quote(nonce []byte) (attestation.Evidence, error) {
 	// PCRs first, as go-attestation does: a PCR extended between the two
 	// makes the quote disagree with the values, which the control plane
 	// refuses, rather than a quote of values never sent.
 	pcrs, err := a.t.t.PCRs(gattest.HashSHA256)
 	if err != nil {
-		return attest.Evidence{}, fmt.Errorf("read the SHA-256 PCRs: %w", err)
+		return attestation.Evidence{}, fmt.Errorf("read the SHA-256 PCRs: %w", err)
 	}
 	q, err := a.ak.Quote(a.t.t, nonce, gattest.HashSHA256)
 	if err != nil {
-		return attest.Evidence{}, fmt.Errorf("quote: %w", err)
+		return attestation.Evidence{}, fmt.Errorf("quote: %w", err)
 	}
-	ev := attest.Evidence{Quotes: []attest.Quote{{Quote: q.Quote, Signature: q.Signature}}, EventLog: a.t.eventLog}
+	ev := attestation.Evidence{Quotes: []attestation.Quote{{Quote: q.Quote, Signature: q.Signature}}, EventLog: a.t.eventLog}
 	for _, p := range pcrs {
-		ev.PCRs = append(ev.PCRs, attest.PCR{Index: p.Index, Digest: p.Digest})
+		ev.PCRs = append(ev.PCRs, attestation.PCR{Index: p.Index, Digest: p.Digest})
 	}
 	return ev, nil
 }

@@ -6,7 +6,7 @@ import (
 	"github.com/tetherfleet/tether/controlplane/enroll"
 	"github.com/tetherfleet/tether/controlplane/fail"
 	"github.com/tetherfleet/tether/controlplane/throttle"
-	"github.com/tetherfleet/tether/pki/attest"
+	"github.com/tetherfleet/tether/pki/attestation"
 	"github.com/tetherfleet/tether/pki/ca"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 	"google.golang.org/grpc/peer"
@@ -100,20 +100,20 @@ func recvBefore(stream v1.EnrollmentService_EnrollAttestedServer, deadline <-cha
 	}
 }
 
-func akParams(k *v1.AttestationKey) attest.AKParams {
+func akParams(k *v1.AttestationKey) attestation.AKParams {
 	if k == nil {
-		return attest.AKParams{}
+		return attestation.AKParams{}
 	}
-	return attest.AKParams{Public: k.Public, CreateData: k.CreateData, CreateAttestation: k.CreateAttestation, CreateSignature: k.CreateSignature}
+	return attestation.AKParams{Public: k.Public, CreateData: k.CreateData, CreateAttestation: k.CreateAttestation, CreateSignature: k.CreateSignature}
 }
 
-func evidence(p *v1.AttestProof) attest.Evidence {
-	ev := attest.Evidence{EventLog: p.EventLog}
+func evidence(p *v1.AttestProof) attestation.Evidence {
+	ev := attestation.Evidence{EventLog: p.EventLog}
 	for _, q := range p.Quotes {
-		ev.Quotes = append(ev.Quotes, attest.Quote{Quote: q.GetQuote(), Signature: q.GetSignature()})
+		ev.Quotes = append(ev.Quotes, attestation.Quote{Quote: q.GetQuote(), Signature: q.GetSignature()})
 	}
 	for _, r := range p.Pcrs {
-		ev.PCRs = append(ev.PCRs, attest.PCR{Index: int(r.GetIndex()), Digest: r.GetDigest()})
+		ev.PCRs = append(ev.PCRs, attestation.PCR{Index: int(r.GetIndex()), Digest: r.GetDigest()})
 	}
 	return ev
 }

@@ -7,7 +7,7 @@ import (
 	"github.com/tetherfleet/tether/controlplane/events"
 	"github.com/tetherfleet/tether/controlplane/fail"
 	"github.com/tetherfleet/tether/controlplane/store"
-	"github.com/tetherfleet/tether/pki/attest"
+	"github.com/tetherfleet/tether/pki/attestation"
 )
 
 // maxNodeEKs bounds a node's endorsement keys: a machine has one TPM, and
@@ -44,7 +44,7 @@ func nodeEKHashes(in []string) ([]string, error) {
 
 // parseEKHash is the one form of an EK hash, shared with the attested
 // enrollment that computes it.
-func parseEKHash(s string) (string, error) { return attest.ParseEKHash(s) }
+func parseEKHash(s string) (string, error) { return attestation.ParseEKHash(s) }
 
 // attestationNeedsAdmin refuses an identity below admin that sets a
 // node's EK hashes or a require_attestation flag: binding a TPM decides

@@ -16,7 +16,7 @@ import (
 	"github.com/tetherfleet/tether/controlplane/fail"
 	"github.com/tetherfleet/tether/controlplane/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/store"
-	"github.com/tetherfleet/tether/pki/attest"
+	"github.com/tetherfleet/tether/pki/attestation"
 	"github.com/tetherfleet/tether/pki/ca"
 )
 
@@ -28,7 +28,7 @@ type Begin struct {
 	CSRPEM        string
 	EKPublic      []byte // PKIX DER
 	EKCertificate []byte // DER; nil when the TPM holds none
-	AK            attest.AKParams
+	AK            attestation.AKParams
 }
 
 // Attestation is one attested enrollment between its challenge and its
@@ -41,7 +41,7 @@ type Attestation struct {
 	NodeID     string
 	EKHash     string
 
-	ak     attest.AKParams
+	ak     attestation.AKParams
 	csr    *x509.CertificateRequest
 	secret []byte
 	nonce  []byte
@@ -51,8 +51,8 @@ type Attestation struct {
 // claimed instance's node and that the AK is a TPM's restricted signing
 // key, then makes the challenge: a credential only that TPM can activate,
 // and only for that AK. Nothing is written but refusal events.
-func (s *Service) BeginAttested(ctx context.Context, b Begin) (*Attestation, attest.Challenge, error) {
-	var none attest.Challenge
+func (s *Service) BeginAttested(ctx context.Context, b Begin) (*Attestation, attestation.Challenge, error) {
+	var none attestation.Challenge
 	if b.InstanceID == "" {
 		return nil, none, fail.Invalid("begin.instance_id", "required")
 	}
@@ -72,7 +72,7 @@ func (s *Service) BeginAttested(ctx context.Context, b Begin) (*Attestation, att
 	if err != nil {
 		return nil, none, fail.Invalid("begin.csr_pem", "%v", err)
 	}
-	ekHash, err := attest.EKHashDER(b.EKPublic)
+	ekHash, err := attestation.EKHashDER(b.EKPublic)
 	if err != nil {
 		return nil, none, fail.Invalid("begin.ek_public", "%v", err)
 	}
@@ -104,7 +104,7 @@ func (s *Service) BeginAttested(ctx context.Context, b Begin) (*Attestation, att
 		return nil, none, s.ekMismatch(ctx, inst, node, ekHash, now)
 	}
 
-	c, secret, err := attest.NewChallenge(b.EKPublic, b.EKCertificate, b.AK, rand.Reader)
+	c, secret, err := attestation.NewChallenge(b.EKPublic, b.EKCertificate, b.AK, rand.Reader)
 	if err != nil {
 		s.refusedAttest(ctx, inst.ID, ekHash, now, reason(err))
 		return nil, none, fail.Invalid(field(err), "%v", err)
@@ -114,7 +114,7 @@ func (s *Service) BeginAttested(ctx context.Context, b Begin) (*Attestation, att
 		return nil, none, err
 	}
 	return &Attestation{ID: id, InstanceID: inst.ID, NodeID: inst.NodeID, EKHash: ekHash,
-		ak: b.AK, csr: csr, secret: secret, nonce: attest.Nonce(id, secret, csr.Raw)}, c, nil
+		ak: b.AK, csr: csr, secret: secret, nonce: attestation.Nonce(id, secret, csr.Raw)}, c, nil
 }
 
 // Nonce is what the agent's quote must carry; exported for tests and for
@@ -126,16 +126,16 @@ func (a *Attestation) Nonce() []byte { return a.nonce }
 // for this enrollment and this CSR), and the event log's replay against
 // the quoted PCRs. Only then does it sign, in the transaction that records
 // the enrollment, as a token enrollment does.
-func (s *Service) FinishAttested(ctx context.Context, a *Attestation, secret []byte, ev attest.Evidence) (*Issued, error) {
+func (s *Service) FinishAttested(ctx context.Context, a *Attestation, secret []byte, ev attestation.Evidence) (*Issued, error) {
 	now := s.Clock.Now()
 	if subtle.ConstantTimeCompare(secret, a.secret) != 1 {
 		s.refusedAttest(ctx, a.InstanceID, a.EKHash, now, "the credential was not activated by the TPM holding the EK")
 		return nil, fail.Denied("attested enrollment refused: the activated secret is wrong; the attestation key is not in the TPM of EK %s", a.EKHash)
 	}
-	res, err := attest.VerifyEvidence(a.ak, ev, a.nonce)
+	res, err := attestation.VerifyEvidence(a.ak, ev, a.nonce)
 	if err != nil {
 		s.refusedAttest(ctx, a.InstanceID, a.EKHash, now, reason(err))
-		if errors.Is(err, attest.ErrTooLarge) || errors.Is(err, attest.ErrMalformed) {
+		if errors.Is(err, attestation.ErrTooLarge) || errors.Is(err, attestation.ErrMalformed) {
 			return nil, fail.Invalid("proof", "%v", err)
 		}
 		return nil, fail.Denied("attested enrollment refused: %v", err)
@@ -225,8 +225,8 @@ func (s *Service) refusedAttest(ctx context.Context, instanceID, ekHash string, 
 // reason is the short cause of a verification error, for the event key:
 // one event per cause, not per detail.
 func reason(err error) string {
-	for _, e := range []error{attest.ErrTooLarge, attest.ErrMalformed, attest.ErrBadAK, attest.ErrEKCertMismatch,
-		attest.ErrBadActivation, attest.ErrBadQuote, attest.ErrNonce, attest.ErrEventLog} {
+	for _, e := range []error{attestation.ErrTooLarge, attestation.ErrMalformed, attestation.ErrBadAK, attestation.ErrEKCertMismatch,
+		attestation.ErrBadActivation, attestation.ErrBadQuote, attestation.ErrNonce, attestation.ErrEventLog} {
 		if errors.Is(err, e) {
 			return e.Error()
 		}
@@ -237,9 +237,9 @@ func reason(err error) string {
 // field names the part of the opening an error is about.
 func field(err error) string {
 	switch {
-	case errors.Is(err, attest.ErrEKCertMismatch):
+	case errors.Is(err, attestation.ErrEKCertMismatch):
 		return "begin.ek_certificate"
-	case errors.Is(err, attest.ErrBadAK):
+	case errors.Is(err, attestation.ErrBadAK):
 		return "begin.ak"
 	}
 	return "begin"

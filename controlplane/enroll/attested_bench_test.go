@@ -19,7 +19,7 @@ import (
 	"github.com/tetherfleet/tether/controlplane/store/sqlite"
 	"github.com/tetherfleet/tether/internal/swtpmtest"
 	"github.com/tetherfleet/tether/pki"
-	"github.com/tetherfleet/tether/pki/attest"
+	"github.com/tetherfleet/tether/pki/attestation"
 )
 
 // BenchmarkEnrollTokenVsAttested runs token and attested enrollments side
@@ -169,7 +169,7 @@ func benchAttested(b *testing.B, proto string, clients int) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	if ekHash, err = attest.EKHashDER(ek.PublicDER); err != nil {
+	if ekHash, err = attestation.EKHashDER(ek.PublicDER); err != nil {
 		b.Fatal(err)
 	}
 	e := benchStore(b, []string{ekHash})
@@ -193,7 +193,7 @@ func benchAttested(b *testing.B, proto string, clients int) {
 			return 0, err
 		}
 		block, _ := pem.Decode([]byte(cs[i]))
-		ev, err := ak.Quote(attest.Nonce(a.ID, secret, block.Bytes))
+		ev, err := ak.Quote(attestation.Nonce(a.ID, secret, block.Bytes))
 		if err != nil {
 			return 0, err
 		}

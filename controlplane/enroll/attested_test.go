@@ -29,7 +29,7 @@ import (
 	"github.com/tetherfleet/tether/internal/pgtest"
 	"github.com/tetherfleet/tether/internal/swtpmtest"
 	"github.com/tetherfleet/tether/pki"
-	"github.com/tetherfleet/tether/pki/attest"
+	"github.com/tetherfleet/tether/pki/attestation"
 	"github.com/tetherfleet/tether/pki/ca"
 )
 
@@ -97,7 +97,7 @@ func fakeEK(t *testing.T) ([]byte, string) {
 	must(t, err)
 	der, err := x509.MarshalPKIXPublicKey(&k.PublicKey)
 	must(t, err)
-	h, err := attest.EKHashDER(der)
+	h, err := attestation.EKHashDER(der)
 	must(t, err)
 	return der, h
 }
@@ -224,13 +224,13 @@ func newTPMMachine(t *testing.T) *tpmMachine {
 	t.Cleanup(func() { tp.Close() })
 	ek, err := tp.EK()
 	must(t, err)
-	h, err := attest.EKHashDER(ek.PublicDER)
+	h, err := attestation.EKHashDER(ek.PublicDER)
 	must(t, err)
 	return &tpmMachine{tpm: tp, ek: ek, hash: h}
 }
 
 // begin opens an attested enrollment for instanceID with a fresh AK.
-func (m *tpmMachine) begin(t *testing.T, svc *enroll.Service, instanceID string) (*enroll.Attestation, attest.Challenge, *tpm.AK, []byte, error) {
+func (m *tpmMachine) begin(t *testing.T, svc *enroll.Service, instanceID string) (*enroll.Attestation, attestation.Challenge, *tpm.AK, []byte, error) {
 	t.Helper()
 	ak, err := m.tpm.NewAK()
 	must(t, err)
@@ -243,11 +243,11 @@ func (m *tpmMachine) begin(t *testing.T, svc *enroll.Service, instanceID string)
 }
 
 // proof activates c and quotes for a.
-func proof(t *testing.T, a *enroll.Attestation, c attest.Challenge, ak *tpm.AK, csrDER []byte) ([]byte, attest.Evidence) {
+func proof(t *testing.T, a *enroll.Attestation, c attestation.Challenge, ak *tpm.AK, csrDER []byte) ([]byte, attestation.Evidence) {
 	t.Helper()
 	secret, err := ak.Activate(c)
 	must(t, err)
-	ev, err := ak.Quote(attest.Nonce(a.ID, secret, csrDER))
+	ev, err := ak.Quote(attestation.Nonce(a.ID, secret, csrDER))
 	must(t, err)
 	return secret, ev
 }

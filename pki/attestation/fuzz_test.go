@@ -1,11 +1,11 @@
-package attest_test
+package attestation_test
 
 import (
 	"crypto/rand"
 	"testing"
 
 	"github.com/tetherfleet/tether/internal/swtpmtest"
-	"github.com/tetherfleet/tether/pki/attest"
+	"github.com/tetherfleet/tether/pki/attestation"
 )
 
 // FuzzNewChallenge: whatever a machine sends as its EK and AK, the
@@ -13,7 +13,7 @@ import (
 func FuzzNewChallenge(f *testing.F) {
 	f.Add([]byte{0x30, 0x82, 0x01, 0x22}, []byte{}, []byte{0x00, 0x01, 0x00, 0x0b}, []byte{0, 0}, []byte{0xff, 0x54, 0x43, 0x47}, []byte{0, 0x14, 0, 0x0b, 0, 1})
 	f.Fuzz(func(t *testing.T, ek, ekCert, pub, data, att, sig []byte) {
-		_, _, _ = attest.NewChallenge(ek, ekCert, attest.AKParams{Public: pub, CreateData: data, CreateAttestation: att, CreateSignature: sig}, rand.Reader)
+		_, _, _ = attestation.NewChallenge(ek, ekCert, attestation.AKParams{Public: pub, CreateData: data, CreateAttestation: att, CreateSignature: sig}, rand.Reader)
 	})
 }
 
@@ -22,8 +22,8 @@ func FuzzNewChallenge(f *testing.F) {
 func FuzzVerifyEvidence(f *testing.F) {
 	f.Add([]byte{0x00, 0x01, 0x00, 0x0b}, []byte{0xff, 0x54, 0x43, 0x47, 0x80, 0x18}, []byte{0, 0x14}, []byte{1, 2, 3}, uint8(4), []byte{})
 	f.Fuzz(func(t *testing.T, pub, quote, sig, digest []byte, index uint8, log []byte) {
-		ev := attest.Evidence{Quotes: []attest.Quote{{Quote: quote, Signature: sig}}, PCRs: []attest.PCR{{Index: int(index), Digest: digest}}, EventLog: log}
-		_, _ = attest.VerifyEvidence(attest.AKParams{Public: pub}, ev, []byte("nonce"))
+		ev := attestation.Evidence{Quotes: []attestation.Quote{{Quote: quote, Signature: sig}}, PCRs: []attestation.PCR{{Index: int(index), Digest: digest}}, EventLog: log}
+		_, _ = attestation.VerifyEvidence(attestation.AKParams{Public: pub}, ev, []byte("nonce"))
 	})
 }
 
@@ -33,6 +33,6 @@ func FuzzReplayEventLog(f *testing.F) {
 	f.Add(swtpmtest.EventLog([]swtpmtest.Event{{PCR: 4, Type: swtpmtest.EvIPL, Data: []byte("kernel")}}), []byte{})
 	f.Add([]byte{}, make([]byte, 32))
 	f.Fuzz(func(t *testing.T, log, digest []byte) {
-		_, _ = attest.ReplayEventLog(log, []attest.PCR{{Index: 4, Digest: digest}})
+		_, _ = attestation.ReplayEventLog(log, []attestation.PCR{{Index: 4, Digest: digest}})
 	})
 }

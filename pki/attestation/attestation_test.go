@@ -1,4 +1,4 @@
-package attest_test
+package attestation_test
 
 import (
 	"bytes"
@@ -9,7 +9,7 @@ import (
 
 	"github.com/tetherfleet/tether/agent/tpm"
 	"github.com/tetherfleet/tether/internal/swtpmtest"
-	"github.com/tetherfleet/tether/pki/attest"
+	"github.com/tetherfleet/tether/pki/attestation"
 )
 
 // machine is a software TPM opened the way the agent opens one, with a
@@ -50,11 +50,11 @@ func newMachine(t testing.TB) *machine {
 // enrollment is one run of the protocol up to the proof.
 type enrollment struct {
 	ak     *tpm.AK
-	params attest.AKParams
+	params attestation.AKParams
 	secret []byte // the control plane's
 	got    []byte // what the TPM released
 	nonce  []byte
-	ev     attest.Evidence
+	ev     attestation.Evidence
 }
 
 func (m *machine) enroll(t testing.TB, id string, csr []byte) *enrollment {
@@ -65,7 +65,7 @@ func (m *machine) enroll(t testing.TB, id string, csr []byte) *enrollment {
 	}
 	t.Cleanup(func() { ak.Close() })
 	p := ak.Params()
-	c, secret, err := attest.NewChallenge(m.ek.PublicDER, m.ek.CertificateDER, p, rand.Reader)
+	c, secret, err := attestation.NewChallenge(m.ek.PublicDER, m.ek.CertificateDER, p, rand.Reader)
 	if err != nil {
 		t.Fatalf("NewChallenge: %v", err)
 	}
@@ -73,7 +73,7 @@ func (m *machine) enroll(t testing.TB, id string, csr []byte) *enrollment {
 	if err != nil {
 		t.Fatalf("Activate: %v", err)
 	}
-	nonce := attest.Nonce(id, got, csr)
+	nonce := attestation.Nonce(id, got, csr)
 	ev, err := ak.Quote(nonce)
 	if err != nil {
 		t.Fatalf("Quote: %v", err)
@@ -91,7 +91,7 @@ func TestAttestationEndToEnd(t *testing.T) {
 	if !bytes.Equal(e.got, e.secret) {
 		t.Fatal("the TPM released another secret than the challenge's")
 	}
-	res, err := attest.VerifyEvidence(e.params, e.ev, e.nonce)
+	res, err := attestation.VerifyEvidence(e.params, e.ev, e.nonce)
 	if err != nil {
 		t.Fatalf("VerifyEvidence: %v", err)
 	}
@@ -109,28 +109,28 @@ func TestAttestationEndToEnd(t *testing.T) {
 	}
 	tests := []struct {
 		name  string
-		ak    attest.AKParams
-		ev    attest.Evidence
+		ak    attestation.AKParams
+		ev    attestation.Evidence
 		nonce []byte
 		want  error
 	}{
-		{"a quote from an earlier enrollment", later.params, e.ev, later.nonce, attest.ErrNonce},
-		{"the nonce of another CSR", e.params, e.ev, attest.Nonce("enrollment-1", e.got, []byte("csr two")), attest.ErrNonce},
-		{"a quote signed by another AK", e.params, later.ev, later.nonce, attest.ErrBadQuote},
-		{"a signature that does not verify", e.params, attest.Evidence{Quotes: []attest.Quote{{Quote: e.ev.Quotes[0].Quote, Signature: flip(e.ev.Quotes[0].Signature)}}, PCRs: e.ev.PCRs, EventLog: m.log}, e.nonce, attest.ErrBadQuote},
-		{"PCR values other than quoted", e.params, attest.Evidence{Quotes: e.ev.Quotes, PCRs: withPCR(e.ev.PCRs, 4, bytes.Repeat([]byte{7}, 32)), EventLog: m.log}, e.nonce, attest.ErrBadQuote},
-		{"an event log that does not replay", e.params, attest.Evidence{Quotes: e.ev.Quotes, PCRs: e.ev.PCRs,
-			EventLog: swtpmtest.EventLog([]swtpmtest.Event{{PCR: 4, Type: swtpmtest.EvIPL, Data: []byte("another kernel")}, {PCR: 9, Type: swtpmtest.EvIPL, Data: []byte("initramfs")}})}, e.nonce, attest.ErrEventLog},
-		{"an event log that is not one", e.params, attest.Evidence{Quotes: e.ev.Quotes, PCRs: e.ev.PCRs, EventLog: []byte("not a log at all, but long enough to be read as one")}, e.nonce, attest.ErrMalformed},
-		{"an oversized event log", e.params, attest.Evidence{Quotes: e.ev.Quotes, PCRs: e.ev.PCRs, EventLog: make([]byte, attest.MaxEventLogBytes+1)}, e.nonce, attest.ErrTooLarge},
-		{"no quote", e.params, attest.Evidence{PCRs: e.ev.PCRs}, e.nonce, attest.ErrMalformed},
-		{"a quote that is no TPM structure", e.params, attest.Evidence{Quotes: []attest.Quote{{Quote: []byte("junk"), Signature: []byte("junk")}}, PCRs: e.ev.PCRs}, e.nonce, attest.ErrMalformed},
-		{"a PCR of the wrong size", e.params, attest.Evidence{Quotes: e.ev.Quotes, PCRs: withPCR(e.ev.PCRs, 4, []byte{1})}, e.nonce, attest.ErrMalformed},
-		{"an AK public area that is no TPM structure", attest.AKParams{Public: []byte("junk")}, e.ev, e.nonce, attest.ErrMalformed},
+		{"a quote from an earlier enrollment", later.params, e.ev, later.nonce, attestation.ErrNonce},
+		{"the nonce of another CSR", e.params, e.ev, attestation.Nonce("enrollment-1", e.got, []byte("csr two")), attestation.ErrNonce},
+		{"a quote signed by another AK", e.params, later.ev, later.nonce, attestation.ErrBadQuote},
+		{"a signature that does not verify", e.params, attestation.Evidence{Quotes: []attestation.Quote{{Quote: e.ev.Quotes[0].Quote, Signature: flip(e.ev.Quotes[0].Signature)}}, PCRs: e.ev.PCRs, EventLog: m.log}, e.nonce, attestation.ErrBadQuote},
+		{"PCR values other than quoted", e.params, attestation.Evidence{Quotes: e.ev.Quotes, PCRs: withPCR(e.ev.PCRs, 4, bytes.Repeat([]byte{7}, 32)), EventLog: m.log}, e.nonce, attestation.ErrBadQuote},
+		{"an event log that does not replay", e.params, attestation.Evidence{Quotes: e.ev.Quotes, PCRs: e.ev.PCRs,
+			EventLog: swtpmtest.EventLog([]swtpmtest.Event{{PCR: 4, Type: swtpmtest.EvIPL, Data: []byte("another kernel")}, {PCR: 9, Type: swtpmtest.EvIPL, Data: []byte("initramfs")}})}, e.nonce, attestation.ErrEventLog},
+		{"an event log that is not one", e.params, attestation.Evidence{Quotes: e.ev.Quotes, PCRs: e.ev.PCRs, EventLog: []byte("not a log at all, but long enough to be read as one")}, e.nonce, attestation.ErrMalformed},
+		{"an oversized event log", e.params, attestation.Evidence{Quotes: e.ev.Quotes, PCRs: e.ev.PCRs, EventLog: make([]byte, attestation.MaxEventLogBytes+1)}, e.nonce, attestation.ErrTooLarge},
+		{"no quote", e.params, attestation.Evidence{PCRs: e.ev.PCRs}, e.nonce, attestation.ErrMalformed},
+		{"a quote that is no TPM structure", e.params, attestation.Evidence{Quotes: []attestation.Quote{{Quote: []byte("junk"), Signature: []byte("junk")}}, PCRs: e.ev.PCRs}, e.nonce, attestation.ErrMalformed},
+		{"a PCR of the wrong size", e.params, attestation.Evidence{Quotes: e.ev.Quotes, PCRs: withPCR(e.ev.PCRs, 4, []byte{1})}, e.nonce, attestation.ErrMalformed},
+		{"an AK public area that is no TPM structure", attestation.AKParams{Public: []byte("junk")}, e.ev, e.nonce, attestation.ErrMalformed},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := attest.VerifyEvidence(tt.ak, tt.ev, tt.nonce)
+			_, err := attestation.VerifyEvidence(tt.ak, tt.ev, tt.nonce)
 			if !errors.Is(err, tt.want) {
 				t.Fatalf("err = %v, want %v", err, tt.want)
 			}
@@ -140,7 +140,7 @@ func TestAttestationEndToEnd(t *testing.T) {
 	t.Run("activation by another TPM", func(t *testing.T) {
 		// The credential is encrypted to m's EK: other's TPM cannot
 		// release it, even for a key whose parameters it was sent.
-		c, _, err := attest.NewChallenge(m.ek.PublicDER, m.ek.CertificateDER, later.params, rand.Reader)
+		c, _, err := attestation.NewChallenge(m.ek.PublicDER, m.ek.CertificateDER, later.params, rand.Reader)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -156,7 +156,7 @@ func TestAttestationEndToEnd(t *testing.T) {
 	t.Run("a challenge answered twice", func(t *testing.T) {
 		// The secret of one challenge is not the secret of the next: an
 		// activation replayed into a later enrollment compares unequal.
-		_, s2, err := attest.NewChallenge(m.ek.PublicDER, m.ek.CertificateDER, later.params, rand.Reader)
+		_, s2, err := attestation.NewChallenge(m.ek.PublicDER, m.ek.CertificateDER, later.params, rand.Reader)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -166,8 +166,8 @@ func TestAttestationEndToEnd(t *testing.T) {
 	})
 }
 
-func withPCR(pcrs []attest.PCR, index int, digest []byte) []attest.PCR {
-	out := make([]attest.PCR, len(pcrs))
+func withPCR(pcrs []attestation.PCR, index int, digest []byte) []attestation.PCR {
+	out := make([]attestation.PCR, len(pcrs))
 	copy(out, pcrs)
 	for i := range out {
 		if out[i].Index == index {
@@ -188,8 +188,8 @@ func TestNewChallengeRefusals(t *testing.T) {
 	}
 	defer ak.Close()
 	good := ak.Params()
-	tamper := func(f func(p *attest.AKParams)) attest.AKParams {
-		p := attest.AKParams{Public: bytes.Clone(good.Public), CreateData: bytes.Clone(good.CreateData),
+	tamper := func(f func(p *attestation.AKParams)) attestation.AKParams {
+		p := attestation.AKParams{Public: bytes.Clone(good.Public), CreateData: bytes.Clone(good.CreateData),
 			CreateAttestation: bytes.Clone(good.CreateAttestation), CreateSignature: bytes.Clone(good.CreateSignature)}
 		f(&p)
 		return p
@@ -198,23 +198,23 @@ func TestNewChallengeRefusals(t *testing.T) {
 		name   string
 		ek     []byte
 		ekCert []byte
-		ak     attest.AKParams
+		ak     attestation.AKParams
 		want   error
 	}{
-		{"EK certificate of another TPM", m.ek.PublicDER, other.ek.CertificateDER, good, attest.ErrEKCertMismatch},
-		{"EK certificate that is no certificate", m.ek.PublicDER, []byte("junk"), good, attest.ErrMalformed},
-		{"EK that is no key", []byte("junk"), nil, good, attest.ErrMalformed},
-		{"oversized EK", make([]byte, attest.MaxEKBytes+1), nil, good, attest.ErrTooLarge},
-		{"AK whose creation data was changed", m.ek.PublicDER, nil, tamper(func(p *attest.AKParams) { p.CreateData[len(p.CreateData)-1] ^= 1 }), attest.ErrBadAK},
-		{"AK whose attestation was changed", m.ek.PublicDER, nil, tamper(func(p *attest.AKParams) { p.CreateAttestation[len(p.CreateAttestation)-1] ^= 1 }), attest.ErrBadAK},
-		{"AK whose creation signature was changed", m.ek.PublicDER, nil, tamper(func(p *attest.AKParams) { p.CreateSignature[len(p.CreateSignature)-1] ^= 1 }), attest.ErrBadAK},
-		{"AK attributes of an unrestricted key", m.ek.PublicDER, nil, tamper(func(p *attest.AKParams) { clearRestricted(t, p.Public) }), attest.ErrBadAK},
-		{"AK with a missing part", m.ek.PublicDER, nil, tamper(func(p *attest.AKParams) { p.CreateSignature = nil }), attest.ErrMalformed},
-		{"oversized AK", m.ek.PublicDER, nil, tamper(func(p *attest.AKParams) { p.Public = make([]byte, attest.MaxAKBytes+1) }), attest.ErrTooLarge},
+		{"EK certificate of another TPM", m.ek.PublicDER, other.ek.CertificateDER, good, attestation.ErrEKCertMismatch},
+		{"EK certificate that is no certificate", m.ek.PublicDER, []byte("junk"), good, attestation.ErrMalformed},
+		{"EK that is no key", []byte("junk"), nil, good, attestation.ErrMalformed},
+		{"oversized EK", make([]byte, attestation.MaxEKBytes+1), nil, good, attestation.ErrTooLarge},
+		{"AK whose creation data was changed", m.ek.PublicDER, nil, tamper(func(p *attestation.AKParams) { p.CreateData[len(p.CreateData)-1] ^= 1 }), attestation.ErrBadAK},
+		{"AK whose attestation was changed", m.ek.PublicDER, nil, tamper(func(p *attestation.AKParams) { p.CreateAttestation[len(p.CreateAttestation)-1] ^= 1 }), attestation.ErrBadAK},
+		{"AK whose creation signature was changed", m.ek.PublicDER, nil, tamper(func(p *attestation.AKParams) { p.CreateSignature[len(p.CreateSignature)-1] ^= 1 }), attestation.ErrBadAK},
+		{"AK attributes of an unrestricted key", m.ek.PublicDER, nil, tamper(func(p *attestation.AKParams) { clearRestricted(t, p.Public) }), attestation.ErrBadAK},
+		{"AK with a missing part", m.ek.PublicDER, nil, tamper(func(p *attestation.AKParams) { p.CreateSignature = nil }), attestation.ErrMalformed},
+		{"oversized AK", m.ek.PublicDER, nil, tamper(func(p *attestation.AKParams) { p.Public = make([]byte, attestation.MaxAKBytes+1) }), attestation.ErrTooLarge},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if _, _, err := attest.NewChallenge(tt.ek, tt.ekCert, tt.ak, rand.Reader); !errors.Is(err, tt.want) {
+			if _, _, err := attestation.NewChallenge(tt.ek, tt.ekCert, tt.ak, rand.Reader); !errors.Is(err, tt.want) {
 				t.Fatalf("err = %v, want %v", err, tt.want)
 			}
 		})
@@ -234,21 +234,21 @@ func clearRestricted(t *testing.T, pub []byte) {
 
 func TestEKHash(t *testing.T) {
 	m := newMachine(t)
-	h, err := attest.EKHashDER(m.ek.PublicDER)
+	h, err := attestation.EKHashDER(m.ek.PublicDER)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !strings.HasPrefix(h, "sha256:") || len(h) != 7+64 {
 		t.Fatalf("hash %q", h)
 	}
-	if back, err := attest.ParseEKHash(strings.ToUpper(h[7:])); err == nil {
+	if back, err := attestation.ParseEKHash(strings.ToUpper(h[7:])); err == nil {
 		t.Fatalf("a hash without its prefix parsed as %q", back)
 	}
-	if back, err := attest.ParseEKHash("sha256:" + strings.ToUpper(h[7:])); err != nil || back != h {
+	if back, err := attestation.ParseEKHash("sha256:" + strings.ToUpper(h[7:])); err != nil || back != h {
 		t.Fatalf("ParseEKHash(upper) = %q, %v; want %q", back, err, h)
 	}
 	for _, bad := range []string{"", "sha256:", "sha256:" + strings.Repeat("g", 64), "sha1:" + strings.Repeat("a", 40), "sha256:" + strings.Repeat("a", 63)} {
-		if _, err := attest.ParseEKHash(bad); err == nil {
+		if _, err := attestation.ParseEKHash(bad); err == nil {
 			t.Errorf("ParseEKHash(%q) accepted", bad)
 		}
 	}

@@ -1,9 +1,9 @@
-// Package attest verifies a TPM 2.0 attested enrollment on the control
+// Package attestation verifies a TPM 2.0 attested enrollment on the control
 // plane's side (docs/adr/0023): it makes the credential-activation
 // challenge for an attestation key, binds the quote to one enrollment, and
 // checks the quote and the event log. It talks to no TPM; go-attestation
 // does the TPM structures.
-package attest
+package attestation
 
 import (
 	"crypto"

@@ -1,10 +1,10 @@
-package attest_test
+package attestation_test
 
 import (
 	"crypto/rand"
 	"testing"
 
-	"github.com/tetherfleet/tether/pki/attest"
+	"github.com/tetherfleet/tether/pki/attestation"
 )
 
 // BenchmarkAttestationSteps is where the control plane's time in an
@@ -16,21 +16,21 @@ func BenchmarkAttestationSteps(b *testing.B) {
 	e := m.enroll(b, "bench", []byte("csr"))
 	b.Run("challenge", func(b *testing.B) {
 		for b.Loop() {
-			if _, _, err := attest.NewChallenge(m.ek.PublicDER, m.ek.CertificateDER, e.params, rand.Reader); err != nil {
+			if _, _, err := attestation.NewChallenge(m.ek.PublicDER, m.ek.CertificateDER, e.params, rand.Reader); err != nil {
 				b.Fatal(err)
 			}
 		}
 	})
 	b.Run("verify-quote-and-log", func(b *testing.B) {
 		for b.Loop() {
-			if _, err := attest.VerifyEvidence(e.params, e.ev, e.nonce); err != nil {
+			if _, err := attestation.VerifyEvidence(e.params, e.ev, e.nonce); err != nil {
 				b.Fatal(err)
 			}
 		}
 	})
 	b.Run("replay-log", func(b *testing.B) {
 		for b.Loop() {
-			if _, err := attest.ReplayEventLog(e.ev.EventLog, e.ev.PCRs); err != nil {
+			if _, err := attestation.ReplayEventLog(e.ev.EventLog, e.ev.PCRs); err != nil {
 				b.Fatal(err)
 			}
 		}
