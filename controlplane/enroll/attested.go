@@ -78,7 +78,9 @@ func (s *Service) BeginAttested(ctx context.Context, b Begin) (*Attestation, att
 	}
 	now := s.Clock.Now()
 
-	inst, err := s.Store.GetInstance(ctx, b.InstanceID)
+	// Two one-row reads in the common case; the node is read only to
+	// explain a refusal.
+	instNode, status, err := s.Store.InstanceNode(ctx, b.InstanceID)
 	if errors.Is(err, store.ErrNotFound) {
 		s.refusedAttest(ctx, "", ekHash, now, "no such instance "+b.InstanceID)
 		return nil, none, fail.Denied("attested enrollment refused: no instance %s", b.InstanceID)
@@ -86,12 +88,11 @@ func (s *Service) BeginAttested(ctx context.Context, b Begin) (*Attestation, att
 	if err != nil {
 		return nil, none, err
 	}
+	inst := &store.Instance{ID: b.InstanceID, NodeID: instNode, Status: status}
 	if inst.Status == lifecycle.Terminated {
 		s.refusedAttest(ctx, inst.ID, ekHash, now, "instance is terminated")
 		return nil, none, fail.Precondition("attested enrollment refused: instance %s is terminated", inst.ID)
 	}
-	// The common case, the EK bound to the instance's node, reads one
-	// row; the node itself is read only to explain a refusal.
 	bound, err := s.Store.EKNodeID(ctx, ekHash)
 	if err != nil && !errors.Is(err, store.ErrNotFound) {
 		return nil, none, fmt.Errorf("look up EK %s: %w", ekHash, err)

@@ -176,6 +176,9 @@ type Queries interface {
 	// is no such instance): enrollment checks it for every certificate,
 	// and the whole row cost it a third of its store work.
 	InstanceStatus(ctx context.Context, id string) (lifecycle.State, error)
+	// InstanceNode is an instance's node id and state, in one row: what
+	// an attested enrollment's opening checks before anything else.
+	InstanceNode(ctx context.Context, id string) (nodeID string, status lifecycle.State, err error)
 	// EnrollGate reads an instance's state and whether its node or
 	// template requires attestation, in one query (ErrNotFound if there
 	// is no such instance).

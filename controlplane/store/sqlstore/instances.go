@@ -143,6 +143,18 @@ func (q *queries) InstanceStatus(ctx context.Context, id string) (lifecycle.Stat
 	return st, nil
 }
 
+func (q *queries) InstanceNode(ctx context.Context, id string) (string, lifecycle.State, error) {
+	var node, status string
+	if err := q.row(ctx, `SELECT node_id, status FROM instances WHERE id = ?`, id).Scan(&node, &status); err != nil {
+		return "", "", notFound(q.db.classify(err), "instance", id)
+	}
+	st, err := parseStoredState(status)
+	if err != nil {
+		return "", "", fmt.Errorf("instance %s: %w", id, err)
+	}
+	return node, st, nil
+}
+
 func (q *queries) EnrollGate(ctx context.Context, id string) (store.EnrollGate, error) {
 	var g store.EnrollGate
 	var status string

@@ -426,6 +426,11 @@ func testInstances(t *testing.T, s store.Store) {
 	}
 	_, err = s.InstanceStatus(c, "no-such-instance")
 	wantErr(t, err, store.ErrNotFound)
+	if node, st, err := s.InstanceNode(c, in.ID); err != nil || st != lifecycle.Provisioning || node != in.NodeID {
+		t.Fatalf("InstanceNode = %q, %q, %v; want %s, provisioning", node, st, err, in.NodeID)
+	}
+	_, _, err = s.InstanceNode(c, "no-such-instance")
+	wantErr(t, err, store.ErrNotFound)
 
 	pending, err := s.ListInstances(c, store.InstanceFilter{Statuses: []lifecycle.State{lifecycle.Pending}}, store.Page{})
 	must(t, err)
