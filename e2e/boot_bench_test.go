@@ -18,6 +18,7 @@ import (
 	"github.com/tetherfleet/tether/controlplane/daemon"
 	"github.com/tetherfleet/tether/internal/testcp"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
+	"github.com/tetherfleet/tether/providers/qemu"
 )
 
 // bootMarks are console lines that end a boot phase, in order. The host
@@ -61,65 +62,15 @@ func benchBoot(b *testing.B, mode string) {
 	if mode == "uefi" {
 		requireFiles(b, map[string]string{ovmfCode: "ovmf", ovmfVars: "ovmf"})
 	}
-	stateDir, err := os.MkdirTemp("", "tq")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer os.RemoveAll(stateDir)
-	netLis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	cp := testcp.Start(b, testcp.With(func(o *daemon.ServeOptions) {
-		o.QEMUMode, o.QEMUStateDir, o.Kernel, o.Initramfs = "real", stateDir, a.kernel, a.initramfs
-		o.QEMUBoot, o.NetbootListener = mode, netLis
-	}))
-	ctx := context.Background()
-	data, err := os.ReadFile(a.rootModule)
-	if err != nil {
-		b.Fatal(err)
-	}
-	cp.PushModule(ctx, "example", "1", data)
-	if _, err := cp.Admin.CreateTemplate(ctx, &v1.CreateTemplateRequest{Name: "boot", RootModules: []*v1.ModuleRef{{Name: "example", Version: "1"}}}); err != nil {
-		b.Fatal(err)
-	}
-	if _, err := cp.Admin.CreateNode(ctx, &v1.CreateNodeRequest{Name: "boot", Template: "boot", Macs: []string{"52:54:00:be:0e:01"}}); err != nil {
-		b.Fatal(err)
-	}
+	bc := newBootCP(b, a, mode, false)
 	samples := map[string][]time.Duration{}
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		start := time.Now()
-		resp, err := cp.Admin.ProvisionInstance(ctx, &v1.ProvisionInstanceRequest{Node: "boot", Provider: "qemu"})
-		if err != nil {
-			b.Fatal(err)
-		}
-		id := resp.Instance.Id
-		marks := watchConsole(filepath.Join(stateDir, id, "console.log"), start)
-		deadline := start.Add(bootTimeout)
-		for {
-			in, err := cp.Admin.GetInstance(ctx, &v1.GetInstanceRequest{Id: id})
-			if err == nil && in.Status == v1.InstanceStatus_INSTANCE_STATUS_RUNNING && in.AgentPhase == v1.AgentPhase_AGENT_PHASE_READY {
-				samples["running"] = append(samples["running"], time.Since(start))
-				break
-			}
-			if time.Now().After(deadline) {
-				b.Fatalf("boot %d: not running after %s", i, bootTimeout)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-		keepConsole(b, filepath.Join(stateDir, id, "console.log"), mode, i)
-		for phase, at := range marks() {
-			if mode == "direct" && netbootOnly[phase] {
-				continue // the kernel's "Probing EDD" shows in a direct boot too
-			}
+		running, marks := bc.boot(b, i)
+		samples["running"] = append(samples["running"], running)
+		for phase, at := range marks {
 			samples[phase] = append(samples[phase], at)
 		}
-		b.StopTimer()
-		if _, err := cp.Admin.TerminateInstance(ctx, &v1.InstanceActionRequest{Id: id}); err != nil {
-			b.Fatal(err)
-		}
-		b.StartTimer()
 	}
 	b.StopTimer()
 	for _, m := range bootMarks {
@@ -131,8 +82,97 @@ func benchBoot(b *testing.B, mode string) {
 	fmt.Fprintf(os.Stderr, "%s: boot to running over %d boots: %v\n", mode, len(samples["running"]), samples["running"])
 	// UEFI's EFI-stub kernel prints no "Probing EDD": no transfer mark.
 	if mode == "bios" {
-		reportTransfer(b, a, netLis.Addr().String(), median(samples["kernel+initramfs transfer"])-median(samples["loader"]))
+		reportTransfer(b, a, bc.netboot, median(samples["kernel+initramfs transfer"])-median(samples["loader"]))
 	}
+}
+
+// bootCP is a control plane with the real qemu provider, the example root
+// on a template, and one node to boot again and again.
+type bootCP struct {
+	cp       *testcp.ControlPlane
+	stateDir string
+	netboot  string
+	mode     string
+}
+
+// newBootCP starts it. With tpm, every VM gets the node's swtpm and the
+// node's EK is bound with attestation required, so each boot enrolls by
+// attestation with no token.
+func newBootCP(b *testing.B, a artifacts, mode string, tpm bool) *bootCP {
+	stateDir, err := os.MkdirTemp("", "tq")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { os.RemoveAll(stateDir) })
+	netLis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	cp := testcp.Start(b, testcp.With(func(o *daemon.ServeOptions) {
+		o.QEMUMode, o.QEMUStateDir, o.Kernel, o.Initramfs = "real", stateDir, a.kernel, a.initramfs
+		o.QEMUBoot, o.NetbootListener, o.QEMUTPM = mode, netLis, tpm
+	}))
+	ctx := context.Background()
+	data, err := os.ReadFile(a.rootModule)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cp.PushModule(ctx, "example", "1", data)
+	if _, err := cp.Admin.CreateTemplate(ctx, &v1.CreateTemplateRequest{Name: "boot", RootModules: []*v1.ModuleRef{{Name: "example", Version: "1"}}}); err != nil {
+		b.Fatal(err)
+	}
+	node := &v1.CreateNodeRequest{Name: "boot", Template: "boot", Macs: []string{"52:54:00:be:0e:01"}}
+	if tpm {
+		ek, err := qemu.PrepareTPM(qemu.TPMDir(stateDir, node.Name))
+		if err != nil {
+			b.Fatal(err)
+		}
+		node.EkHashes, node.RequireAttestation = []string{ek}, true
+	}
+	if _, err := cp.Admin.CreateNode(ctx, node); err != nil {
+		b.Fatal(err)
+	}
+	return &bootCP{cp: cp, stateDir: stateDir, netboot: netLis.Addr().String(), mode: mode}
+}
+
+// boot provisions the node, waits for it to run, and terminates it
+// outside the timer: the time from the provision call to running, and to
+// each boot mark on the console.
+func (bc *bootCP) boot(b *testing.B, i int) (time.Duration, map[string]time.Duration) {
+	ctx := context.Background()
+	start := time.Now()
+	resp, err := bc.cp.Admin.ProvisionInstance(ctx, &v1.ProvisionInstanceRequest{Node: "boot", Provider: "qemu"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	id := resp.Instance.Id
+	stop := watchConsole(filepath.Join(bc.stateDir, id, "console.log"), start)
+	deadline := start.Add(bootTimeout)
+	var running time.Duration
+	for {
+		in, err := bc.cp.Admin.GetInstance(ctx, &v1.GetInstanceRequest{Id: id})
+		if err == nil && in.Status == v1.InstanceStatus_INSTANCE_STATUS_RUNNING && in.AgentPhase == v1.AgentPhase_AGENT_PHASE_READY {
+			running = time.Since(start)
+			break
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("boot %d: not running after %s", i, bootTimeout)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	keepConsole(b, filepath.Join(bc.stateDir, id, "console.log"), bc.mode, i)
+	marks := stop()
+	for phase := range marks {
+		if bc.mode == "direct" && netbootOnly[phase] {
+			delete(marks, phase) // the kernel's "Probing EDD" shows in a direct boot too
+		}
+	}
+	b.StopTimer()
+	if _, err := bc.cp.Admin.TerminateInstance(ctx, &v1.InstanceActionRequest{Id: id}); err != nil {
+		b.Fatal(err)
+	}
+	b.StartTimer()
+	return running, marks
 }
 
 // keepConsole copies a boot's serial log to TETHER_BENCH_CONSOLE_DIR, when
