@@ -23,6 +23,7 @@ command -v mkfs.erofs >/dev/null || missing+=(erofs-utils)
 command -v cpio >/dev/null || missing+=(cpio)
 command -v depmod >/dev/null || missing+=(kmod)
 [ -f /usr/lib/ipxe/undionly.kpxe ] || missing+=(ipxe) # firmware netboot loaders (--ipxe-dir)
+command -v jq >/dev/null || missing+=(jq)            # README "Try it by hand" reads the instance id with it
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
     die "missing packages: ${missing[*]}; run as root or: sudo apt-get install --no-install-recommends ${missing[*]}"
