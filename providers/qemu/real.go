@@ -39,12 +39,15 @@ type realDriver struct {
 }
 
 // WatchExits implements providers.ExitWatcher: every QEMU child this
-// driver reaps is reported, whether Tether stopped it or not; the caller
-// asks Status and judges by the row.
+// driver reaps is reported, whether Tether stopped it or not, and so is
+// the exit of every VM already running when it is called (found in the
+// state dir, started by an earlier tetherd); the caller asks Status and
+// judges by the row.
 func (r *realDriver) WatchExits(ctx context.Context, f func(providers.Exit)) {
 	r.mu.Lock()
 	r.onExit = f
 	r.mu.Unlock()
+	r.watchAdopted(ctx)
 	context.AfterFunc(ctx, func() {
 		r.mu.Lock()
 		r.onExit = nil
