@@ -268,15 +268,15 @@ func (s *Sensor) bootTimeouts(ctx context.Context, res *Result) error {
 	// instances booting, and listing all of them every tick was a third
 	// of tetherd's CPU while 40,000 enrolled at once.
 	cutoff := now.Add(-limit)
-	return s.eachBooting(ctx, store.InstanceFilter{Statuses: booting, UpdatedBefore: &cutoff}, "booting", func(id string) error {
+	return s.eachBooting(ctx, store.InstanceFilter{Statuses: booting, UpdatedBefore: &cutoff}, "booting", true, func(id string) error {
 		return s.timeOut(ctx, id, limit, now, res)
 	})
 }
 
 // eachBooting calls fn for every booting instance that f selects, page by
-// page, except those a terminate or the pool reaper (warming members)
-// owns.
-func (s *Sensor) eachBooting(ctx context.Context, f store.InstanceFilter, what string, fn func(id string) error) error {
+// page, except those a terminate owns and, with skipWarming, the warming
+// pool members the pool reaper times out itself.
+func (s *Sensor) eachBooting(ctx context.Context, f store.InstanceFilter, what string, skipWarming bool, fn func(id string) error) error {
 	page := store.Page{Limit: store.MaxPageSize}
 	for {
 		ins, err := s.Store.ListInstances(ctx, f, page)
@@ -284,7 +284,7 @@ func (s *Sensor) eachBooting(ctx context.Context, f store.InstanceFilter, what s
 			return fmt.Errorf("liveness: list %s instances: %w", what, err)
 		}
 		for _, in := range ins {
-			if in.TerminateRequestedAt != nil || in.PoolState == lifecycle.PoolWarming {
+			if in.TerminateRequestedAt != nil || (skipWarming && in.PoolState == lifecycle.PoolWarming) {
 				continue
 			}
 			if err := fn(in.ID); err != nil {
@@ -351,7 +351,10 @@ func (s *Sensor) switchTimeouts(ctx context.Context, res *Result) error {
 	// Only rows in the phase and past the limit are read: a mass boot
 	// keeps thousands of instances booting and quiet a while.
 	f := store.InstanceFilter{Statuses: booting, HeartbeatBefore: &cutoff, AgentPhase: switchPhase}
-	return s.eachBooting(ctx, f, "switching", func(id string) error {
+	// Warming pool members too: the pool's warming timeout (10 min by
+	// default) would replace one whose root starts no agent later, and
+	// without saying why; errored, the reaper replaces it on its next tick.
+	return s.eachBooting(ctx, f, "switching", false, func(id string) error {
 		return s.switchTimeOut(ctx, id, limit, now, res)
 	})
 }

@@ -271,7 +271,7 @@ func TestSwitchTimeout(t *testing.T) {
 		{"after a reboot", lifecycle.Rebooting, "switching", lifecycle.NoPool, 4 * time.Minute, true},
 		{"still within the timeout", lifecycle.Provisioning, "switching", lifecycle.NoPool, 2 * time.Minute, false},
 		{"quiet while pulling is the boot timeout's", lifecycle.Provisioning, "pulling", lifecycle.NoPool, 4 * time.Minute, false},
-		{"warming pool member is the reaper's", lifecycle.Provisioning, "switching", lifecycle.PoolWarming, 4 * time.Minute, false},
+		{"warming pool member too (the reaper then replaces it)", lifecycle.Provisioning, "switching", lifecycle.PoolWarming, 4 * time.Minute, true},
 		{"running is liveness's other half", lifecycle.Running, "switching", lifecycle.NoPool, 4 * time.Minute, false},
 	}
 	for _, tc := range tests {
