@@ -16,6 +16,7 @@ import (
 	"github.com/tetherfleet/tether/agent/enroll"
 	"github.com/tetherfleet/tether/agent/modules"
 	"github.com/tetherfleet/tether/agent/modules/fetchbench"
+	"github.com/tetherfleet/tether/agent/rootfs"
 	"github.com/tetherfleet/tether/controlplane/daemon"
 	"github.com/tetherfleet/tether/internal/testcp"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
@@ -32,7 +33,37 @@ func BenchmarkFetchVerifyTetherd(b *testing.B) {
 	if _, err := rand.Read(payload); err != nil {
 		b.Fatal(err)
 	}
-	img := testcp.BuildErofs(fstest.MapFS{"payload": {Data: payload}})
+	benchFetch(b, testcp.BuildErofs(fstest.MapFS{"payload": {Data: payload}}), "")
+}
+
+// BenchmarkFetchVerifyMountTetherd is the same for a real compressed root
+// module, fetched, verified and then mounted as the agent mounts a layer
+// (loop device, erofs, read-only), its /sbin/init looked up, and
+// unmounted: all three are timed. The module is TETHER_BENCH_MODULE, or the
+// Debian root the Debian e2e caches (.cache/debian-root.erofs, lz4hc,
+// about 107 MiB). Mounting needs root.
+//
+//	TETHER_BENCH_MODULE=.cache/debian-root.erofs go test -tags nobadger,nobbolt,nomysql -run '^$' -bench FetchVerifyMountTetherd -benchtime 5x ./e2e/
+func BenchmarkFetchVerifyMountTetherd(b *testing.B) {
+	path := os.Getenv("TETHER_BENCH_MODULE")
+	if path == "" {
+		path = filepath.Join("..", ".cache", "debian-root.erofs")
+	}
+	img, err := os.ReadFile(path)
+	if err != nil {
+		b.Skipf("SKIP: no module to fetch (%v): set TETHER_BENCH_MODULE, or run the Debian e2e once to cache .cache/debian-root.erofs", err)
+	}
+	if os.Geteuid() != 0 {
+		b.Skip("SKIP: mounting the module needs root")
+	}
+	benchFetch(b, img, b.TempDir())
+}
+
+// benchFetch enrolls an agent against an in-process tetherd serving img as
+// a root module and runs fetchbench over it; with mountDir, each fetch is
+// followed by a mount of the module there, a look-up of /sbin/init and an
+// unmount, all timed.
+func benchFetch(b *testing.B, img []byte, mountDir string) {
 	// The same bytes are the control plane's default kernel, so its netboot
 	// HTTP server serves them (over TLS here, with tetherd's own
 	// certificate) for curl to fetch beside the agent.
@@ -101,8 +132,21 @@ func BenchmarkFetchVerifyTetherd(b *testing.B) {
 			return nil
 		},
 		func() error {
-			_, err := f.Fetch(ctx, mod)
-			return err
+			if _, err := f.Fetch(ctx, mod); err != nil {
+				return err
+			}
+			if mountDir == "" {
+				return nil
+			}
+			sys := rootfs.RealSys()
+			if err := rootfs.MountErofs(sys, path, mountDir); err != nil {
+				return err
+			}
+			_, serr := os.Lstat(filepath.Join(mountDir, "sbin", "init"))
+			if err := sys.Unmount(mountDir, 0); err != nil {
+				return fmt.Errorf("unmount %s: %w", mountDir, err)
+			}
+			return serr
 		},
 		curlPeers(b, "https://"+lis.Addr().String()+"/artifacts/"+mod.Digest, filepath.Join(cp.DataDir, daemon.AdminDir, daemon.AdminCAFile), filepath.Dir(path), mod.Digest)...)
 }
