@@ -50,8 +50,9 @@ bench: ## Benchmarks recorded in docs/benchmarks.md
 	go test -run '^$$' -bench . -benchtime 1x ./controlplane/... ./agent/...
 
 BOOT_PAIRS ?= 5
-bench-boot: initramfs modules ## Boot to running against the bare-netboot floor, alternated (docs/benchmarks.md); BOOT_PAIRS=5
-	scripts/bench-boot.sh $(BOOT_PAIRS)
+BOOT_ROOT  ?= example
+bench-boot: initramfs modules ## Boot to running against the bare-netboot floor, alternated (docs/benchmarks.md); BOOT_PAIRS=5, BOOT_ROOT=example|debian
+	scripts/bench-boot.sh $(BOOT_PAIRS) $(BOOT_ROOT)
 # The peer of `tether-bench peers`, built once into the repository's cache
 # folder. Its own build tags (GOFLAGS cleared): step-ca's default database
 # is badger, which Tether's tags leave out.

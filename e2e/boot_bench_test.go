@@ -51,8 +51,12 @@ var netbootOnly = map[string]bool{"firmware+DHCP": true, "loader": true, "kernel
 // boots of each with:
 //
 //	TETHER_E2E=1 go test -tags nobadger,nobbolt,nomysql -run '^$' -bench BootToRunning -benchtime 5x ./e2e/
+//
+// The debian case boots the stock Debian root of the Debian e2e (systemd,
+// nothing of Tether's in it) directly, to compare with the same root
+// through initramfs/floor (scripts/bench-boot.sh debian).
 func BenchmarkBootToRunning(b *testing.B) {
-	for _, mode := range []string{"direct", "bios", "uefi"} {
+	for _, mode := range []string{"direct", "bios", "uefi", "debian"} {
 		b.Run(mode, func(b *testing.B) { benchBoot(b, mode) })
 	}
 }
@@ -62,7 +66,11 @@ func benchBoot(b *testing.B, mode string) {
 	if mode == "uefi" {
 		requireFiles(b, map[string]string{ovmfCode: "ovmf", ovmfVars: "ovmf"})
 	}
-	bc := newBootCP(b, a, mode, false)
+	root := a.rootModule
+	if mode == "debian" {
+		root = debianModulePath(b)
+	}
+	bc := newBootCP(b, a, mode, root, false)
 	samples := map[string][]time.Duration{}
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
@@ -98,7 +106,11 @@ type bootCP struct {
 // newBootCP starts it. With tpm, every VM gets the node's swtpm and the
 // node's EK is bound with attestation required, so each boot enrolls by
 // attestation with no token.
-func newBootCP(b *testing.B, a artifacts, mode string, tpm bool) *bootCP {
+func newBootCP(b *testing.B, a artifacts, mode, rootModule string, tpm bool) *bootCP {
+	boot := mode
+	if mode == "debian" {
+		boot = "direct"
+	}
 	stateDir, err := os.MkdirTemp("", "tq")
 	if err != nil {
 		b.Fatal(err)
@@ -110,10 +122,10 @@ func newBootCP(b *testing.B, a artifacts, mode string, tpm bool) *bootCP {
 	}
 	cp := testcp.Start(b, testcp.With(func(o *daemon.ServeOptions) {
 		o.QEMUMode, o.QEMUStateDir, o.Kernel, o.Initramfs = "real", stateDir, a.kernel, a.initramfs
-		o.QEMUBoot, o.NetbootListener, o.QEMUTPM = mode, netLis, tpm
+		o.QEMUBoot, o.NetbootListener, o.QEMUTPM = boot, netLis, tpm
 	}))
 	ctx := context.Background()
-	data, err := os.ReadFile(a.rootModule)
+	data, err := os.ReadFile(rootModule)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -147,7 +159,11 @@ func (bc *bootCP) boot(b *testing.B, i int) (time.Duration, map[string]time.Dura
 	}
 	id := resp.Instance.Id
 	stop := watchConsole(filepath.Join(bc.stateDir, id, "console.log"), start)
-	deadline := start.Add(bootTimeout)
+	within := bootTimeout
+	if bc.mode == "debian" {
+		within = debianBoot
+	}
+	deadline := start.Add(within)
 	var running time.Duration
 	for {
 		in, err := bc.cp.Admin.GetInstance(ctx, &v1.GetInstanceRequest{Id: id})
@@ -156,14 +172,14 @@ func (bc *bootCP) boot(b *testing.B, i int) (time.Duration, map[string]time.Dura
 			break
 		}
 		if time.Now().After(deadline) {
-			b.Fatalf("boot %d: not running after %s", i, bootTimeout)
+			b.Fatalf("boot %d: not running after %s", i, within)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	keepConsole(b, filepath.Join(bc.stateDir, id, "console.log"), bc.mode, i)
 	marks := stop()
 	for phase := range marks {
-		if bc.mode == "direct" && netbootOnly[phase] {
+		if (bc.mode == "direct" || bc.mode == "debian") && netbootOnly[phase] {
 			delete(marks, phase) // the kernel's "Probing EDD" shows in a direct boot too
 		}
 	}

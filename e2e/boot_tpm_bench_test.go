@@ -20,8 +20,8 @@ import (
 func BenchmarkBootAttested(b *testing.B) {
 	a := requireVM(b)
 	swtpmtest.Require(b)
-	token := newBootCP(b, a, "direct", false)
-	tpm := newBootCP(b, a, "direct", true)
+	token := newBootCP(b, a, "direct", a.rootModule, false)
+	tpm := newBootCP(b, a, "direct", a.rootModule, true)
 	var tok, att []time.Duration
 	phases := map[string]map[string][]time.Duration{"token": {}, "tpm": {}}
 	b.ResetTimer()

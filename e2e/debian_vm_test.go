@@ -32,7 +32,7 @@ var debianPackages = []string{"systemd-sysv", "iproute2", "udev"}
 // debianModule returns the Debian root as an lz4hc erofs image, building
 // the tree and the image into .cache when absent. It skips loudly when
 // mmdebstrap or mkfs.erofs cannot run.
-func debianModule(t *testing.T) []byte {
+func debianModule(t testing.TB) []byte {
 	t.Helper()
 	skip := func(format string, args ...any) {
 		msg := "SKIP (Debian root e2e): " + fmt.Sprintf(format, args...)
@@ -79,6 +79,17 @@ func debianModule(t *testing.T) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// debianModulePath is debianModule's cached image, built when absent.
+func debianModulePath(t testing.TB) string {
+	t.Helper()
+	debianModule(t)
+	path, err := filepath.Abs(filepath.Join("..", ".cache", "debian-root.erofs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
 
 func newDebianEnv(t *testing.T, extra ...testcp.Option) *vmEnv {

@@ -2,7 +2,11 @@
 # Boot to running against the bare-netboot floor, alternated in one run:
 # floor, Tether, floor, Tether, ... so that both see the same machine load.
 #
-# Usage: scripts/bench-boot.sh [PAIRS]      (default 5; `make bench-boot`)
+# Usage: scripts/bench-boot.sh [PAIRS] [ROOT]  (default 5, example; `make bench-boot`)
+#   ROOT=debian boots the stock Debian root the Debian e2e caches
+#   (.cache/debian-root.erofs: systemd, nothing of Tether's) on both sides;
+#   the floor's run ends at systemd's "Reached target sysinit.target - System Initialization.", the
+#   point where the agent's unit has been started.
 # Needs what `make e2e` needs (qemu, the kernel, build/initramfs.cpio and the
 # example module: `make initramfs modules`).
 #
@@ -20,6 +24,17 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
 work=$repo/.cache/bench-boot
 mkdir -p "$work"
+root=${2:-example}
+bench='BootToRunning/direct$'
+case $root in
+  example) ;;
+  debian)
+    [ -s .cache/debian-root.erofs ] ||
+      { echo "bench-boot: .cache/debian-root.erofs is missing; run the Debian e2e once (TETHER_E2E=1 go test -run TestVMDebianRoot ./e2e/)" >&2; exit 1; }
+    export FLOOR_MODULE=.cache/debian-root.erofs FLOOR_READY='- System Initialization.'
+    bench='BootToRunning/debian$' ;;
+  *) echo "bench-boot: ROOT is example or debian, not $root" >&2; exit 1 ;;
+esac
 
 for f in .cache/kernel/vmlinuz build/initramfs.cpio build/modules/tether-example-root.erofs; do
   [ -s "$f" ] || { echo "bench-boot: $f is missing; run \`make initramfs modules\` first" >&2; exit 1; }
@@ -36,9 +51,9 @@ floor=()
 tether=()
 for i in $(seq "$pairs"); do
   f=$(FLOOR_REUSE=1 initramfs/floor/run.sh 1 | tee -a "$work/floor.log" | awk '/^median of/ {print $4}')
-  out=$(cd e2e && TETHER_E2E=1 TETHER_BENCH_CONSOLE_DIR="$work/consoles" "$work/e2e.test" -test.run '^$' -test.bench 'BootToRunning/direct$' -test.benchtime 1x 2>>"$work/tether.err")
+  out=$(cd e2e && TETHER_E2E=1 TETHER_BENCH_CONSOLE_DIR="$work/consoles" "$work/e2e.test" -test.run '^$' -test.bench "$bench" -test.benchtime 1x 2>>"$work/tether.err")
   printf '%s\n' "$out" >>"$work/tether.log"
-  line=$(printf '%s\n' "$out" | grep '^BenchmarkBootToRunning/direct') || {
+  line=$(printf '%s\n' "$out" | grep '^BenchmarkBootToRunning/') || {
     echo "bench-boot: pair $i: the Tether boot failed; see $work/tether.log and $work/tether.err" >&2
     exit 1
   }

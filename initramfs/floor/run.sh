@@ -11,6 +11,11 @@
 #              FLOOR_CPU     QEMU CPU model (default max,aes=off, as the qemu provider uses under TCG)
 #              FLOOR_REUSE   1 to boot what an earlier run built in .cache/floor instead of
 #                            building again (scripts/bench-boot.sh alternates single runs)
+#              FLOOR_MODULE  an erofs root module to boot instead of the example root
+#                            (e.g. .cache/debian-root.erofs, which the Debian e2e caches)
+#              FLOOR_READY   the console line that ends a run (default the example root's
+#                            TETHER_EXAMPLE_READY; for a systemd root, say
+#                            "- System Initialization.", which ends its sysinit.target line); QEMU is then stopped
 # Prints one line per run and the median, in milliseconds. Logs and build
 # outputs go to .cache/floor/.
 set -euo pipefail
@@ -27,8 +32,11 @@ cpu=${FLOOR_CPU:-max,aes=off}
 
 command -v qemu-system-x86_64 >/dev/null || { echo "floor: qemu-system-x86_64 is missing (apt-get install qemu-system-x86)" >&2; exit 1; }
 
-if [ "${FLOOR_REUSE:-0}" = 1 ] && [ -s "$work/initramfs.cpio" ] && [ -s "$work/module" ]; then
+ready=${FLOOR_READY:-TETHER_EXAMPLE_READY}
+if [ "${FLOOR_REUSE:-0}" = 1 ] && [ -s "$work/initramfs.cpio" ] && [ -s "$work/module" ] && [ -z "${FLOOR_MODULE:-}" ]; then
   read -r image digest <"$work/module"
+elif [ "${FLOOR_REUSE:-0}" = 1 ] && [ -s "$work/initramfs.cpio" ] && [ -n "${FLOOR_MODULE:-}" ]; then
+  read -r image digest <"$work/module.own"
 else
   release=$(scripts/fetch-kernel.sh .cache/kernel)
   echo "floor: kernel $release" >&2
@@ -45,6 +53,14 @@ else
   digest=${line##*sha256:}
   echo "$image $digest" >"$work/module"
   echo "floor: module $image $(echo "$line" | cut -d' ' -f2) bytes sha256:$digest" >&2
+  if [ -n "${FLOOR_MODULE:-}" ]; then
+    [ -s "$FLOOR_MODULE" ] || { echo "floor: FLOOR_MODULE $FLOOR_MODULE is missing" >&2; exit 1; }
+    image=own.erofs
+    cp "$FLOOR_MODULE" "$work/modules/$image"
+    digest=$(sha256sum "$work/modules/$image" | cut -d' ' -f1)
+    echo "$image $digest" >"$work/module.own"
+    echo "floor: module $FLOOR_MODULE $(stat -c %s "$FLOOR_MODULE") bytes sha256:$digest" >&2
+  fi
 fi
 [ "$runs" -gt 0 ] || exit 0
 
@@ -64,16 +80,19 @@ times=()
 for i in $(seq "$runs"); do
   log=$work/run$i.log
   : >"$log"
-  rm -f "$work/t$i" "$work/h$i"
+  rm -f "$work/t$i" "$work/h$i" "$work/qemu.pid"
   start=$(date +%s%N)
   # The marker is printed by the example root's rcS; it then powers off, so
   # QEMU exits on its own; the timeout bounds a VM that hangs.
-  timeout "$vm_timeout" qemu-system-x86_64 -M q35 -accel tcg -cpu "$cpu" -m 512 -smp 1 -nodefaults -nographic \
+  timeout "$vm_timeout" qemu-system-x86_64 -pidfile "$work/qemu.pid" -M q35 -accel tcg -cpu "$cpu" -m 512 -smp 1 -nodefaults -nographic \
     -serial stdio -no-reboot -netdev user,id=n0 -device "virtio-net-pci,netdev=n0${FLOOR_NIC_OPTS:-}" \
     -kernel .cache/kernel/vmlinuz -initrd "$work/initramfs.cpio" -append "$append" </dev/null 2>&1 |
     while IFS= read -r l; do
       case $l in
-        *TETHER_EXAMPLE_READY*) [ -e "$work/t$i" ] || echo $((($(date +%s%N) - start) / 1000000)) >"$work/t$i" ;;
+        *"$ready"*)
+          [ -e "$work/t$i" ] || echo $((($(date +%s%N) - start) / 1000000)) >"$work/t$i"
+          # A root that does not power off by itself (systemd) is stopped.
+          [ "$ready" = TETHER_EXAMPLE_READY ] || kill "$(cat "$work/qemu.pid")" 2>/dev/null || true ;;
         # Host stamps of the firmware's first line, the kernel's start
         # and /init's, to compare with Tether's phases (e2e bootMarks).
         *"SeaBIOS (version "*) echo "qemu $((($(date +%s%N) - start) / 1000000))" >>"$work/h$i" ;;
@@ -81,7 +100,7 @@ for i in $(seq "$runs"); do
         *"floor: /init started"*) echo "init $((($(date +%s%N) - start) / 1000000))" >>"$work/h$i" ;;
       esac
       printf '%s\n' "$l" >>"$log"
-    done
+    done || true # QEMU stopped after a systemd root's marker exits non-zero; the marker decides
   if [ ! -s "$work/t$i" ]; then
     echo "floor: run $i: no ready marker within ${vm_timeout}s; log $log:" >&2
     tail -n 30 "$log" >&2
