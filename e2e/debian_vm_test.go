@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tetherfleet/tether/controlplane/daemon"
+	"github.com/tetherfleet/tether/internal/modulebuild"
 	"github.com/tetherfleet/tether/internal/testcp"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
@@ -29,8 +30,8 @@ const debianBoot = 8 * time.Minute
 // device unit appears (without it systemd waits 90 s for it).
 var debianPackages = []string{"systemd-sysv", "iproute2", "udev"}
 
-// debianModule returns the Debian root as an lz4hc erofs image, building
-// the tree and the image into .cache when absent. It skips loudly when
+// debianModule returns the Debian root as an lz4hc erofs image made by
+// module build, building the tree and the image into .cache when absent. It skips loudly when
 // mmdebstrap or mkfs.erofs cannot run.
 func debianModule(t testing.TB) []byte {
 	t.Helper()
@@ -66,10 +67,12 @@ func debianModule(t testing.TB) []byte {
 	if _, err := exec.LookPath("mkfs.erofs"); err != nil {
 		skip("mkfs.erofs is not installed (apt-get install erofs-utils)")
 	}
+	// Built as `tetherctl module build DIR debian:12` builds it, so the
+	// boots below also prove what module build makes boots under systemd.
 	tmp := image + ".tmp"
-	if out, err := exec.Command("mkfs.erofs", "-zlz4hc", tmp, tree).CombinedOutput(); err != nil {
+	if _, err := modulebuild.Build(context.Background(), modulebuild.Options{Source: tree, Out: tmp}); err != nil {
 		os.Remove(tmp)
-		t.Fatalf("mkfs.erofs -zlz4hc %s: %v\n%s", tree, err, out)
+		t.Fatalf("module build %s: %v", tree, err)
 	}
 	if err := os.Rename(tmp, image); err != nil {
 		t.Fatal(err)
