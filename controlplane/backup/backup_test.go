@@ -5,6 +5,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"filippo.io/age"
+	"fmt"
 	"io"
 	"io/fs"
 	"os"
@@ -55,8 +57,21 @@ func create(t *testing.T, src Source, enc Encryption) string {
 	return out
 }
 
+// ageKey makes an age X25519 identity: its recipient string and the
+// identity file's text, as age-keygen writes them.
+func ageKey(t *testing.T) (recipient, identity string) {
+	t.Helper()
+	id, err := age.GenerateX25519Identity()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id.Recipient().String(), "# created by a test\n" + id.String() + "\n"
+}
+
 func TestRoundTrip(t *testing.T) {
 	src := dataDir(t)
+	r1, id1 := ageKey(t)
+	r2, id2 := ageKey(t)
 	for _, tc := range []struct {
 		name string
 		enc  Encryption
@@ -64,6 +79,8 @@ func TestRoundTrip(t *testing.T) {
 	}{
 		{"clear", Encryption{}, Decryption{}},
 		{"passphrase", Encryption{Passphrase: "correct horse", workFactor: 10}, Decryption{Passphrase: "correct horse"}},
+		{"one recipient", Encryption{Recipients: []string{r1}}, Decryption{Identities: id1}},
+		{"two recipients, the second's identity", Encryption{Recipients: []string{r1, r2}}, Decryption{Identities: id2}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			out := create(t, source(src, 8), tc.enc)
@@ -187,6 +204,9 @@ func editManifest(t *testing.T, in string, f func(*Manifest)) string {
 func TestRestoreRefusesBadBackups(t *testing.T) {
 	good := create(t, source(dataDir(t), 8), Encryption{})
 	sealed := create(t, source(dataDir(t), 8), Encryption{Passphrase: "right", workFactor: 10})
+	r1, _ := ageKey(t)
+	_, other := ageKey(t)
+	toKey := create(t, source(dataDir(t), 8), Encryption{Recipients: []string{r1}})
 	raw, _ := os.ReadFile(good)
 	write := func(b []byte) string {
 		p := filepath.Join(t.TempDir(), "x.tbk")
@@ -227,6 +247,9 @@ func TestRestoreRefusesBadBackups(t *testing.T) {
 		{"an absolute path", editManifest(t, good, func(m *Manifest) { m.Files[0].Path = "/etc/passwd" }), Decryption{}, 8, "may not"},
 		{"encrypted, no passphrase", sealed, Decryption{}, 8, "encrypted"},
 		{"encrypted, wrong passphrase", sealed, Decryption{Passphrase: "wrong"}, 8, "cannot decrypt"},
+		{"to a recipient, another identity", toKey, Decryption{Identities: other}, 8, "cannot decrypt"},
+		{"to a recipient, no identity", toKey, Decryption{}, 8, "encrypted"},
+		{"to a recipient, a passphrase", toKey, Decryption{Passphrase: "right"}, 8, "cannot decrypt"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -301,5 +324,22 @@ func TestBlobDeletedDuringTheBackupIsNamed(t *testing.T) {
 	}
 	if mk, _, _ := ReadMarker(dst); len(mk.MissingBlobs) != 1 {
 		t.Fatalf("the restore marker does not name the missing blob: %+v", mk)
+	}
+}
+
+// A recipient that is not an age X25519 key is refused by name, before
+// anything is written.
+func TestCreateRefusesABadRecipient(t *testing.T) {
+	for _, bad := range []string{"age1notakey", "ssh-ed25519 AAAA", ""} {
+		t.Run(bad, func(t *testing.T) {
+			out := filepath.Join(t.TempDir(), "b.tbk")
+			_, err := Create(context.Background(), source(dataDir(t), 8), Encryption{Recipients: []string{bad}}, out)
+			if err == nil || !strings.Contains(err.Error(), "recipient") || !strings.Contains(err.Error(), fmt.Sprintf("%q", bad)) {
+				t.Fatalf("Create with recipient %q = %v, want an error naming it", bad, err)
+			}
+			if _, err := os.Stat(out); err == nil {
+				t.Fatal("a refused backup left a file")
+			}
+		})
 	}
 }
