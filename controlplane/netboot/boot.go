@@ -39,6 +39,14 @@ const maxRecentRefusals = 4096
 // (docs/design.md §7.4: per source).
 const perSourceMachines = 16
 
+// allSourcesMachines bounds the refusals recorded one by one in a window
+// over every source together: an attacker with many addresses (issue
+// 26's probe used 49) would otherwise still write perSourceMachines rows
+// into `netboot seen` per address per minute. Past it, refusals are
+// counted into one summary for the window. A real rack of unknown machines
+// keeps retrying, so each is recorded in a later window.
+const allSourcesMachines = 256
+
 // bootRefusal is why a machine gets no script.
 type bootRefusal struct {
 	code string // events.Refused*
@@ -182,6 +190,8 @@ type recentRefusals struct {
 	mu      sync.Mutex
 	seen    map[string]time.Time
 	sources map[string]*sourceWindow
+	// all is the window over every source (allSourcesMachines).
+	all *sourceWindow
 	// ended are windows that ended with refusals held back, for the next
 	// flush to summarise.
 	ended []sourceSummary
@@ -192,9 +202,11 @@ type sourceWindow struct {
 	recorded, held int
 }
 
-// sourceSummary is one source's held-back refusals in one window.
+// sourceSummary is one source's held-back refusals in one window, or, with
+// allSources, those held back past allSourcesMachines.
 type sourceSummary struct {
 	source      string
+	allSources  bool
 	count       int
 	first, last time.Time
 }
@@ -232,9 +244,29 @@ func (rr *recentRefusals) note(key, src string, now time.Time) bool {
 		sw.held++
 		return false
 	}
+	if rr.all != nil && now.Sub(rr.all.start) >= refusalWindow {
+		rr.endAll()
+	}
+	if rr.all == nil {
+		rr.all = &sourceWindow{start: now}
+	}
+	rr.all.last = now
+	if rr.all.recorded >= allSourcesMachines {
+		rr.all.held++
+		return false
+	}
+	rr.all.recorded++
 	sw.recorded++
 	rr.seen[key] = now
 	return true
+}
+
+// endAll closes the window over every source (rr.mu held).
+func (rr *recentRefusals) endAll() {
+	if rr.all.held > 0 {
+		rr.ended = append(rr.ended, sourceSummary{allSources: true, count: rr.all.held, first: rr.all.start, last: rr.all.last})
+	}
+	rr.all = nil
 }
 
 // end closes src's window (rr.mu held), keeping its summary if it held
@@ -256,6 +288,9 @@ func (rr *recentRefusals) flush(now time.Time, final bool) []sourceSummary {
 			rr.end(src, sw)
 		}
 	}
+	if rr.all != nil && (final || now.Sub(rr.all.start) >= refusalWindow) {
+		rr.endAll()
+	}
 	out := rr.ended
 	rr.ended = nil
 	return out
@@ -268,11 +303,17 @@ func (s *Server) flushMachineRefusals(ctx context.Context, now time.Time, final 
 	for _, sum := range s.recent.flush(now, final) {
 		msg := fmt.Sprintf("netboot refused %d more requests from %s between %s and %s (past %d distinct machines in a window, refusals from one address are counted, not recorded one by one)",
 			sum.count, sum.source, sum.first.UTC().Format(time.RFC3339), sum.last.UTC().Format(time.RFC3339), perSourceMachines)
-		s.Log.Warn("netboot machine refusals coalesced", "remote", sum.source, "count", sum.count)
+		payload := map[string]any{"remote": sum.source, "count": sum.count, "coalesced": true,
+			"first": sum.first.UTC().Format(time.RFC3339Nano), "last": sum.last.UTC().Format(time.RFC3339Nano)}
+		if sum.allSources {
+			msg = fmt.Sprintf("netboot refused %d more requests from many sources between %s and %s (past %d distinct machines in a window over all sources, refusals are counted, not recorded one by one)",
+				sum.count, sum.first.UTC().Format(time.RFC3339), sum.last.UTC().Format(time.RFC3339), allSourcesMachines)
+			delete(payload, "remote")
+			payload["all_sources"] = true
+		}
+		s.Log.Warn("netboot machine refusals coalesced", "remote", sum.source, "all_sources", sum.allSources, "count", sum.count)
 		err := s.Store.Tx(ctx, func(q store.Queries) error {
-			_, err := events.E{Kind: events.NetbootMachineRefused, Severity: events.Medium, Message: msg,
-				Payload: map[string]any{"remote": sum.source, "count": sum.count, "coalesced": true,
-					"first": sum.first.UTC().Format(time.RFC3339Nano), "last": sum.last.UTC().Format(time.RFC3339Nano)}}.Write(ctx, q, now)
+			_, err := events.E{Kind: events.NetbootMachineRefused, Severity: events.Medium, Message: msg, Payload: payload}.Write(ctx, q, now)
 			return err
 		})
 		if err != nil {

@@ -3,6 +3,7 @@ package netboot_test
 import (
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"strings"
 	"testing"
@@ -192,5 +193,57 @@ func TestRandomMACFloodIsCoalescedPerSource(t *testing.T) {
 	}
 	if summary == nil || !strings.Contains(summary.Message, fmt.Sprintf("refused %d more", flood-perMAC)) {
 		t.Fatalf("summary %v, want the %d held-back refusals counted", summary, flood-perMAC)
+	}
+}
+
+// Many senders (issue 26's probe used 49), each within its own 16, still
+// record at most 256 refusals one by one in a window; the rest are one
+// summary over all sources, and a later window records again.
+func TestMachineRefusalsFromManySourcesAreCapped(t *testing.T) {
+	f := setup(t)
+	h := f.nb.Handler()
+	const sources, perSource = 49, 16
+	refuse := func(src, i int) {
+		req := httptest.NewRequest(http.MethodGet, netboot.BootPath(fmt.Sprintf("52:54:01:%02x:%02x:%02x", src, i, f.clk.Now().Minute())), nil)
+		req.RemoteAddr = fmt.Sprintf("10.9.%d.%d:4011", src/200, src%200+1)
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		if rec.Code != http.StatusOK {
+			t.Fatalf("source %d, machine %d: status %d", src, i, rec.Code)
+		}
+	}
+	for src := range sources {
+		for i := range perSource {
+			refuse(src, i)
+		}
+	}
+	count := func() (single int, allSummaries []*store.Event) {
+		evs, err := f.st.ListEvents(f.ctx, store.EventFilter{Kind: events.NetbootMachineRefused}, store.Page{Limit: 2000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range evs {
+			switch {
+			case strings.Contains(e.Message, "from many sources"):
+				allSummaries = append(allSummaries, e)
+			case !strings.Contains(e.Message, "more requests from"):
+				single++
+			}
+		}
+		return single, allSummaries
+	}
+	if single, _ := count(); single != 256 {
+		t.Fatalf("%d refusals recorded one by one from %d sources, want the cap of 256", single, sources)
+	}
+	f.clk.Advance(2 * time.Minute)
+	f.nb.FlushRefusals(f.ctx, false)
+	_, sums := count()
+	if want := fmt.Sprintf("refused %d more", sources*perSource-256); len(sums) != 1 || !strings.Contains(sums[0].Message, want) {
+		t.Fatalf("summaries over all sources %v, want one saying %q", sums, want)
+	}
+	// The next window records again.
+	refuse(0, 0)
+	if single, _ := count(); single != 257 {
+		t.Fatalf("%d refusals recorded one by one after the window, want 257", single)
 	}
 }
