@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -21,55 +20,12 @@ import (
 	"github.com/tetherfleet/tether/agent/modules"
 	"github.com/tetherfleet/tether/agent/session"
 	"github.com/tetherfleet/tether/internal/clock"
+	"github.com/tetherfleet/tether/internal/logbuf"
 	tetherv1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
 
 // syncBuffer is a console the test can read while the agent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-	// changed is closed and replaced by every write, so a test waits for
-	// a line without polling.
-	changed chan struct{}
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.changed != nil {
-		close(s.changed)
-	}
-	s.changed = make(chan struct{})
-	return s.b.Write(p)
-}
-
-// await blocks until ok holds for what was written, or d passes; it
-// reports whether ok held.
-func (s *syncBuffer) await(d time.Duration, ok func(string) bool) bool {
-	timeout := time.After(d)
-	for {
-		s.mu.Lock()
-		if s.changed == nil {
-			s.changed = make(chan struct{})
-		}
-		text, changed := s.b.String(), s.changed
-		s.mu.Unlock()
-		if ok(text) {
-			return true
-		}
-		select {
-		case <-changed:
-		case <-timeout:
-			return false
-		}
-	}
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+type syncBuffer = logbuf.Buffer
 
 // controlPlane is the fake control plane plus a record of every stream.
 type controlPlane struct {
@@ -607,7 +563,7 @@ func (c offsetClock) After(d time.Duration) <-chan time.Time { return time.After
 
 func waitConsole(t *testing.T, r *run, want string, times int) {
 	t.Helper()
-	if !r.console.await(20*time.Second, func(s string) bool { return strings.Count(s, want) >= times }) {
+	if !r.console.Await(20*time.Second, func(s string) bool { return strings.Count(s, want) >= times }) {
 		t.Fatalf("console never showed %q %d times", want, times)
 	}
 }
@@ -667,7 +623,7 @@ func TestSuperviseNeverGivesUp(t *testing.T) {
 			Sources:     []identity.Source{identity.FwCfgSource{Dir: filepath.Join(t.TempDir(), "none")}},
 		})
 	}()
-	if !con.await(20*time.Second, func(s string) bool { return strings.Count(s, "retrying the boot") >= 3 }) {
+	if !con.Await(20*time.Second, func(s string) bool { return strings.Count(s, "retrying the boot") >= 3 }) {
 		t.Fatalf("console:\n%s", con.String())
 	}
 	cancel()

@@ -4,35 +4,19 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/tetherfleet/tether/agent"
+	"github.com/tetherfleet/tether/internal/logbuf"
 	"github.com/tetherfleet/tether/internal/testcp"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
 
 // syncBuffer is a console several goroutines write to.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+type syncBuffer = logbuf.Buffer
 
 // startAgent runs a real agent in root mode none against cp.
 func startAgent(t *testing.T, ctx context.Context, cp *testcp.ControlPlane, token string) (*syncBuffer, <-chan error) {

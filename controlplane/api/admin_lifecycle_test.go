@@ -20,6 +20,7 @@ import (
 
 	"github.com/tetherfleet/tether/controlplane/daemon"
 	"github.com/tetherfleet/tether/internal/clock"
+	"github.com/tetherfleet/tether/internal/logbuf"
 	"github.com/tetherfleet/tether/internal/seediso"
 	"github.com/tetherfleet/tether/internal/testcp"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
@@ -30,22 +31,7 @@ import (
 )
 
 // logBuffer collects a control plane's log output.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
+type logBuffer = logbuf.Buffer
 
 // lifecycleCP starts tetherd with netboot artifacts, the given providers
 // and its log captured.

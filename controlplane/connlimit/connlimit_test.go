@@ -1,12 +1,10 @@
 package connlimit
 
 import (
-	"bytes"
 	"io"
 	"log/slog"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,6 +12,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/tetherfleet/tether/internal/clock"
+	"github.com/tetherfleet/tether/internal/logbuf"
 )
 
 // dialFrom opens a TCP connection to addr from a loopback source address.
@@ -214,19 +213,4 @@ func TestRefusalLogIsRateLimited(t *testing.T) {
 var _ io.Closer = (*Conn)(nil)
 
 // lockedBuffer is a log the listener's goroutine writes while the test reads.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
+type lockedBuffer = logbuf.Buffer

@@ -10,10 +10,10 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/tetherfleet/tether/internal/logbuf"
 	"github.com/tetherfleet/tether/providers"
 	"github.com/tetherfleet/tether/providers/libvirt/libvirttest"
 	"github.com/tetherfleet/tether/providers/qemu/qemutest"
@@ -23,22 +23,7 @@ import (
 // initramfs takes a few seconds here; the margin is for a loaded machine.
 const vmBound = 90 * time.Second
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+type syncBuffer = logbuf.Buffer
 
 // realFixture is a private libvirtd, the tiny initramfs where its QEMU can
 // read it, and a provider on both.

@@ -2,7 +2,6 @@ package qemu
 
 import (
 	"bufio"
-	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -11,9 +10,10 @@ import (
 	"net"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/tetherfleet/tether/internal/logbuf"
 )
 
 // The test binary doubles as a fake QEMU: when the provider launches it with
@@ -160,22 +160,7 @@ func serveFakeQMP(c net.Conn, mode string) (code int, exit bool) {
 
 // syncBuffer collects log output from goroutines that may outlive a test
 // (the reaper logs when a VM exits), which t.Log would not allow.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
+type syncBuffer = logbuf.Buffer
 
 func testLogger(t *testing.T) (*slog.Logger, *syncBuffer) {
 	buf := &syncBuffer{}

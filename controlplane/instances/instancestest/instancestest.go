@@ -5,12 +5,10 @@
 package instancestest
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,6 +18,7 @@ import (
 	"github.com/tetherfleet/tether/controlplane/store/sqlite"
 	"github.com/tetherfleet/tether/controlplane/worker"
 	"github.com/tetherfleet/tether/internal/clock"
+	"github.com/tetherfleet/tether/internal/logbuf"
 	"github.com/tetherfleet/tether/providers"
 	"github.com/tetherfleet/tether/providers/external"
 	"github.com/tetherfleet/tether/providers/fake"
@@ -115,19 +114,4 @@ func New(t testing.TB, st store.Store, o Options) *Env {
 }
 
 // LogBuffer collects log output from concurrent goroutines.
-type LogBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *LogBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *LogBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+type LogBuffer = logbuf.Buffer

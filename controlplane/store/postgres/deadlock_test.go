@@ -19,7 +19,7 @@ import (
 )
 
 // retries counts the transactions the store re-ran (its log says so).
-func (s *syncBuffer) retries() int { return strings.Count(s.String(), "retrying transaction") }
+func retries(log *syncBuffer) int { return strings.Count(log.String(), "retrying transaction") }
 
 func logged(t *testing.T) (*postgres.Store, *syncBuffer) {
 	t.Helper()
@@ -108,7 +108,7 @@ func TestEventAppendAndRowLockDoNotDeadlock(t *testing.T) {
 			t.Fatalf("transaction failed: %v", err)
 		}
 	}
-	if n := log.retries(); n != 0 {
+	if n := retries(log); n != 0 {
 		t.Fatalf("%d transaction(s) needed a retry: the event append still takes its lock before a row lock\n%s", n, log)
 	}
 	evs, err := s.ListEventsSince(ctx, store.EventFilter{InstanceID: id}, 0, 10)
@@ -164,7 +164,7 @@ func TestTxRetriesDeadlockVictim(t *testing.T) {
 	// At least the victim ran again. (PostgreSQL may, rarely, pick a
 	// victim once more on its re-run while the survivor's locks are being
 	// released; the count is not the point, the two writes are.)
-	if n, r := attempts.Load(), log.retries(); n < 3 || r < 1 || int(n) != 2+r {
+	if n, r := attempts.Load(), retries(log); n < 3 || r < 1 || int(n) != 2+r {
 		t.Fatalf("attempts = %d, logged retries = %d: want 2 + one per retry, at least one\n%s", n, r, log)
 	}
 	evs, err := s.ListEventsSince(ctx, store.EventFilter{Kind: "instance.transition"}, 0, 10)

@@ -1,7 +1,6 @@
 package postgres_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
@@ -14,26 +13,12 @@ import (
 
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/controlplane/store/postgres"
+	"github.com/tetherfleet/tether/internal/logbuf"
 	"github.com/tetherfleet/tether/internal/pgtest"
 )
 
 // syncBuffer is a log sink the test can read while the store writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+type syncBuffer = logbuf.Buffer
 
 // A PostgreSQL restart under load: calls during the outage fail with
 // ErrUnavailable, the store recovers by itself (pool, listener, elector),

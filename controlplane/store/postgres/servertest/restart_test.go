@@ -1,7 +1,6 @@
 package servertest
 
 import (
-	"bytes"
 	"log/slog"
 	"strings"
 	"sync"
@@ -13,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/tetherfleet/tether/internal/apierr"
+	"github.com/tetherfleet/tether/internal/logbuf"
 	"github.com/tetherfleet/tether/internal/pgtest"
 	"github.com/tetherfleet/tether/internal/testcp"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
@@ -147,19 +147,4 @@ func TestPostgresRestartThroughTheAPI(t *testing.T) {
 }
 
 // syncBuffer is a log sink the test reads while tetherd writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+type syncBuffer = logbuf.Buffer
