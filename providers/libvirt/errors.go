@@ -3,38 +3,28 @@ package libvirt
 import (
 	"errors"
 	"fmt"
+	"github.com/tetherfleet/tether/providers/internal/operr"
 
 	golibvirt "github.com/digitalocean/go-libvirt"
 
 	"github.com/tetherfleet/tether/providers"
 )
 
-// Provider operation names, as they appear in errors.
+// errs makes this provider's typed errors.
+const errs = operr.For(Name)
+
+// Operation names, as they appear in errors.
 const (
-	opProvision = "provision"
-	opStart     = "start"
-	opStop      = "stop"
-	opReboot    = "reboot"
-	opTerminate = "terminate"
-	opStatus    = "status"
-	opList      = "list"
+	opProvision = operr.Provision
+	opStart     = operr.Start
+	opStop      = operr.Stop
+	opReboot    = operr.Reboot
+	opTerminate = operr.Terminate
+	opStatus    = operr.Status
+	opList      = operr.List
 )
 
-func provErr(kind providers.Kind, op, id string, err error) error {
-	return providers.MachineError(kind, Name, op, id, err)
-}
-
-func permanent(op, id string, err error) error {
-	return provErr(providers.KindPermanent, op, id, err)
-}
-
-func transient(op, id string, err error) error {
-	return provErr(providers.KindTransient, op, id, err)
-}
-
-func notFound(op, id string) error {
-	return provErr(providers.KindNotFound, op, id, errors.New("no such domain"))
-}
+func notFound(op, id string) error { return errs.NotFound(op, id, "no such domain") }
 
 // libvirtCode returns the libvirt error number of err, if it is one.
 func libvirtCode(err error) (golibvirt.ErrorNumber, bool) {
@@ -87,5 +77,5 @@ func wrap(op, id, what string, err error) error {
 	if errors.As(err, &pe) {
 		return err
 	}
-	return provErr(kindOf(err), op, id, fmt.Errorf("%s: %w", what, err))
+	return errs.Err(kindOf(err), op, id, fmt.Errorf("%s: %w", what, err))
 }

@@ -34,7 +34,7 @@ func TestKindOf(t *testing.T) {
 		{"connection refused", errors.New("dial unix /var/run/libvirt/libvirt-sock: connect: connection refused"), providers.KindTransient},
 		{"session ended", fmt.Errorf("%w: %w", errSessionEnded, context.DeadlineExceeded), providers.KindTransient},
 		{"wrapped libvirt error", fmt.Errorf("define: %w", lverr(golibvirt.ErrXMLError, "x")), providers.KindPermanent},
-		{"already typed", permanent("start", "i", errors.New("x")), providers.KindPermanent},
+		{"already typed", errs.Permanent("start", "i", errors.New("x")), providers.KindPermanent},
 	}
 	for _, tc := range cases {
 		if got := kindOf(tc.err); got != tc.want {

@@ -165,7 +165,7 @@ func (p *Provider) session(ctx context.Context, op, id string, fn func(h hypervi
 	defer cancel()
 	h, err := p.dial(ctx)
 	if err != nil {
-		return transient(op, id, err)
+		return errs.Transient(op, id, err)
 	}
 	err = fn(h)
 	if cerr := h.Close(); cerr != nil {
@@ -199,7 +199,7 @@ func (p *Provider) domainType(h hypervisor) (string, error) {
 
 func checkID(op, id string) error {
 	if !validID.MatchString(id) {
-		return permanent(op, id, fmt.Errorf("invalid instance id %q: want 1-64 of [A-Za-z0-9_.-], starting with a letter or digit", id))
+		return errs.Permanent(op, id, fmt.Errorf("invalid instance id %q: want 1-64 of [A-Za-z0-9_.-], starting with a letter or digit", id))
 	}
 	return nil
 }
@@ -239,7 +239,7 @@ func (p *Provider) lookup(h hypervisor, op, id string) (found, error) {
 	}
 	got, perr := instanceOf(md)
 	if err != nil || perr != nil || got != id {
-		return found{}, permanent(op, id, fmt.Errorf("domain %s exists but is not tagged as instance %s in its metadata (%s): it is not Tether's; rename or remove it", DomainName(id), id, MetadataNS))
+		return found{}, errs.Permanent(op, id, fmt.Errorf("domain %s exists but is not tagged as instance %s in its metadata (%s): it is not Tether's; rename or remove it", DomainName(id), id, MetadataNS))
 	}
 	st, reason, err := h.State(d)
 	if isCode(err, golibvirt.ErrNoDomain) {
@@ -266,7 +266,7 @@ func (p *Provider) Provision(ctx context.Context, spec providers.Spec) (provider
 	}
 	unlock, err := p.locks.Lock(ctx, id)
 	if err != nil {
-		return providers.Machine{}, transient(opProvision, id, err)
+		return providers.Machine{}, errs.Transient(opProvision, id, err)
 	}
 	defer unlock()
 	var m providers.Machine
@@ -328,7 +328,7 @@ func (p *Provider) power(ctx context.Context, op, id string, boot providers.Boot
 	}
 	unlock, err := p.locks.Lock(ctx, id)
 	if err != nil {
-		return providers.Machine{}, transient(op, id, err)
+		return providers.Machine{}, errs.Transient(op, id, err)
 	}
 	defer unlock()
 	var m providers.Machine
@@ -379,11 +379,11 @@ func (p *Provider) boot(h hypervisor, op, id string, boot providers.Boot, mac st
 	}
 	if s.Boot == BootNetwork {
 		if s.MAC == "" {
-			return providers.Machine{}, permanent(op, id, errors.New("a netbooting domain needs a hardware address (the node's MAC), and its definition has none"))
+			return providers.Machine{}, errs.Permanent(op, id, errors.New("a netbooting domain needs a hardware address (the node's MAC), and its definition has none"))
 		}
 		if s.Network.Kind == "user" {
 			if s.BootFile, err = bootFileURL(boot, s.MAC); err != nil {
-				return providers.Machine{}, permanent(op, id, err)
+				return providers.Machine{}, errs.Permanent(op, id, err)
 			}
 		}
 	} else {
@@ -394,16 +394,16 @@ func (p *Provider) boot(h hypervisor, op, id string, boot providers.Boot, mac st
 
 	dir := filepath.Join(p.cfg.StateDir, id)
 	if err := p.ownedDir(dir); err != nil {
-		return providers.Machine{}, transient(op, id, err)
+		return providers.Machine{}, errs.Transient(op, id, err)
 	}
 	if s.Boot == BootDirect && p.owner != nil {
 		// QEMU runs as another user, who cannot read the control plane's
 		// files (its blob store is private): it gets its own copies.
 		if s.Kernel, err = p.stage(dir, "kernel", s.Kernel); err != nil {
-			return providers.Machine{}, transient(op, id, err)
+			return providers.Machine{}, errs.Transient(op, id, err)
 		}
 		if s.Initramfs, err = p.stage(dir, "initramfs", s.Initramfs); err != nil {
-			return providers.Machine{}, transient(op, id, err)
+			return providers.Machine{}, errs.Transient(op, id, err)
 		}
 	}
 	if s.Boot == BootDirect && boot.Enrollment.Token != "" {
@@ -412,12 +412,12 @@ func (p *Provider) boot(h hypervisor, op, id string, boot providers.Boot, mac st
 		// has read it (or will never run with it).
 		defer removeQuietly(s.TokenFile)
 		if err := p.writeSecret(s.TokenFile, boot.Enrollment.Token); err != nil {
-			return providers.Machine{}, transient(op, id, fmt.Errorf("write token file: %w", err))
+			return providers.Machine{}, errs.Transient(op, id, fmt.Errorf("write token file: %w", err))
 		}
 	}
 	doc, err := domainXML(s)
 	if err != nil {
-		return providers.Machine{}, permanent(op, id, err)
+		return providers.Machine{}, errs.Permanent(op, id, err)
 	}
 	d, err := h.DefineXML(doc)
 	if err != nil {
@@ -473,7 +473,7 @@ func (p *Provider) Stop(ctx context.Context, id string) (providers.Machine, erro
 	}
 	unlock, err := p.locks.Lock(ctx, id)
 	if err != nil {
-		return providers.Machine{}, transient(opStop, id, err)
+		return providers.Machine{}, errs.Transient(opStop, id, err)
 	}
 	defer unlock()
 	var m providers.Machine
@@ -538,7 +538,7 @@ func (p *Provider) awaitOff(ctx context.Context, h hypervisor, d golibvirt.Domai
 		}
 		select {
 		case <-ctx.Done():
-			return false, transient(opStop, d.Name, ctx.Err())
+			return false, errs.Transient(opStop, d.Name, ctx.Err())
 		case <-grace.C():
 			return false, nil
 		case <-tick.C():
@@ -552,7 +552,7 @@ func (p *Provider) Terminate(ctx context.Context, id string) error {
 	}
 	unlock, err := p.locks.Lock(ctx, id)
 	if err != nil {
-		return transient(opTerminate, id, err)
+		return errs.Transient(opTerminate, id, err)
 	}
 	defer unlock()
 	return p.session(ctx, opTerminate, id, func(h hypervisor) error {
@@ -573,7 +573,7 @@ func (p *Provider) Terminate(ctx context.Context, id string) error {
 		// The directory goes last: while the domain exists, its console
 		// is what an operator reads to learn why a terminate failed.
 		if err := os.RemoveAll(filepath.Join(p.cfg.StateDir, id)); err != nil {
-			return transient(opTerminate, id, fmt.Errorf("remove instance dir: %w", err))
+			return errs.Transient(opTerminate, id, fmt.Errorf("remove instance dir: %w", err))
 		}
 		if f.exists {
 			p.log.Info("libvirt terminated", "instance", id, "domain", DomainName(id))
@@ -612,7 +612,7 @@ func (p *Provider) List(ctx context.Context) ([]providers.Machine, error) {
 			}
 			if err != nil {
 				if ctx.Err() != nil {
-					return transient(opList, "", ctx.Err())
+					return errs.Transient(opList, "", ctx.Err())
 				}
 				return wrap(opList, "", "metadata of domain "+d.Name, err)
 			}
@@ -627,7 +627,7 @@ func (p *Provider) List(ctx context.Context) ([]providers.Machine, error) {
 			}
 			if err != nil {
 				if ctx.Err() != nil {
-					return transient(opList, "", ctx.Err())
+					return errs.Transient(opList, "", ctx.Err())
 				}
 				// One domain whose state cannot be read must not hide the
 				// others; unknown is what the sync loop leaves alone.
@@ -681,17 +681,17 @@ func (p *Provider) checkBoot(op, id string, b providers.Boot) error {
 	if p.cfg.Boot == BootNetwork {
 		if p.cfg.Network.Kind == "user" {
 			if _, err := bootFileURL(b, "00:00:00:00:00:00"); err != nil {
-				return permanent(op, id, err)
+				return errs.Permanent(op, id, err)
 			}
 		}
 		return nil
 	}
 	if b.KernelPath == "" || b.InitramfsPath == "" {
-		return permanent(op, id, errors.New("boot needs a kernel path and an initramfs path (direct kernel boot)"))
+		return errs.Permanent(op, id, errors.New("boot needs a kernel path and an initramfs path (direct kernel boot)"))
 	}
 	for _, f := range []struct{ what, path string }{{"kernel", b.KernelPath}, {"initramfs", b.InitramfsPath}} {
 		if _, err := os.Stat(f.path); err != nil {
-			return permanent(op, id, fmt.Errorf("%s: %w", f.what, err))
+			return errs.Permanent(op, id, fmt.Errorf("%s: %w", f.what, err))
 		}
 	}
 	return nil
@@ -703,7 +703,7 @@ func bootFileURL(b providers.Boot, mac string) (string, error) {
 
 func checkMAC(op, id, mac string) error {
 	if err := providers.CheckNICAddress(mac); err != nil {
-		return permanent(op, id, err)
+		return errs.Permanent(op, id, err)
 	}
 	return nil
 }

@@ -72,10 +72,10 @@ var validID = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
 
 func checkID(op, id string) error {
 	if !validID.MatchString(id) {
-		return permanent(op, id, fmt.Errorf("invalid instance id %q: want 1-64 of [A-Za-z0-9_.-], starting with a letter or digit", id))
+		return errs.Permanent(op, id, fmt.Errorf("invalid instance id %q: want 1-64 of [A-Za-z0-9_.-], starting with a letter or digit", id))
 	}
 	if id == tpmDirName {
-		return permanent(op, id, fmt.Errorf("instance id %q is reserved: the state directory keeps the nodes' TPMs there", id))
+		return errs.Permanent(op, id, fmt.Errorf("instance id %q is reserved: the state directory keeps the nodes' TPMs there", id))
 	}
 	return nil
 }

@@ -153,7 +153,7 @@ func (r *realDriver) halt(ctx context.Context, op, id string, pid int, graceful 
 		}
 	}
 	if err := ctx.Err(); err != nil {
-		return transient(op, id, fmt.Errorf("halting pid %d: %w", pid, err))
+		return errs.Transient(op, id, fmt.Errorf("halting pid %d: %w", pid, err))
 	}
 	if _, err := qmpRun(ctx, p.qmp, r.cfg.QMPTimeout, "quit"); err != nil && !quitLost(err) {
 		log.Warn("qemu quit failed; killing", "err", err)
@@ -162,18 +162,18 @@ func (r *realDriver) halt(ctx context.Context, op, id string, pid int, graceful 
 		return nil
 	}
 	if err := ctx.Err(); err != nil {
-		return transient(op, id, fmt.Errorf("halting pid %d: %w", pid, err))
+		return errs.Transient(op, id, fmt.Errorf("halting pid %d: %w", pid, err))
 	}
 	log.Warn("qemu still alive after quit; sending SIGKILL")
 	// Re-check identity right before the signal: the pid must still be our
 	// VM, never a process that inherited the number.
 	if processIsVM(pid, p.qmpArg()) {
 		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
-			return transient(op, id, fmt.Errorf("kill pid %d: %w", pid, err))
+			return errs.Transient(op, id, fmt.Errorf("kill pid %d: %w", pid, err))
 		}
 	}
 	if r.waitExit(ctx, id, pid, p.qmpArg(), r.cfg.KillTimeout) {
 		return nil
 	}
-	return transient(op, id, fmt.Errorf("qemu pid %d still alive after SIGKILL", pid))
+	return errs.Transient(op, id, fmt.Errorf("qemu pid %d still alive after SIGKILL", pid))
 }

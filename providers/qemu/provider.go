@@ -153,7 +153,7 @@ type disabled struct{}
 var errDisabled = errors.New("qemu provider disabled")
 
 func refuse(op string) error {
-	return provErr(providers.KindUnsupported, op, "", errDisabled)
+	return errs.Err(providers.KindUnsupported, op, "", errDisabled)
 }
 
 func (disabled) Provision(context.Context, providers.Spec) (providers.Machine, error) {

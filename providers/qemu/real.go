@@ -121,13 +121,13 @@ func (r *realDriver) Provision(ctx context.Context, spec providers.Spec) (provid
 	}
 	unlock, err := r.locks.Lock(ctx, id)
 	if err != nil {
-		return providers.Machine{}, transient(opProvision, id, err)
+		return providers.Machine{}, errs.Transient(opProvision, id, err)
 	}
 	defer unlock()
 
 	o, err := r.observe(id)
 	if err != nil {
-		return providers.Machine{}, transient(opProvision, id, err)
+		return providers.Machine{}, errs.Transient(opProvision, id, err)
 	}
 	if o.booted {
 		// Provision is idempotent by instance id: the machine exists, in
@@ -138,18 +138,18 @@ func (r *realDriver) Provision(ctx context.Context, spec providers.Spec) (provid
 	// creating the directory and launching QEMU. Both are safe to launch.
 	p := r.paths(id)
 	if len(p.qmp) > maxSocketPath {
-		return providers.Machine{}, permanent(opProvision, id, fmt.Errorf("QMP socket path %s is %d bytes, longer than a unix socket allows (%d): use a shorter state directory", p.qmp, len(p.qmp), maxSocketPath))
+		return providers.Machine{}, errs.Permanent(opProvision, id, fmt.Errorf("QMP socket path %s is %d bytes, longer than a unix socket allows (%d): use a shorter state directory", p.qmp, len(p.qmp), maxSocketPath))
 	}
 	if err := os.MkdirAll(p.dir, 0o700); err != nil {
-		return providers.Machine{}, permanent(opProvision, id, fmt.Errorf("instance dir: %w", err))
+		return providers.Machine{}, errs.Permanent(opProvision, id, fmt.Errorf("instance dir: %w", err))
 	}
 	if r.cfg.TPM && spec.Node != "" {
 		if !validID.MatchString(spec.Node) {
 			_ = os.RemoveAll(p.dir)
-			return providers.Machine{}, permanent(opProvision, id, fmt.Errorf("node %q cannot name a TPM directory: want 1-64 of [A-Za-z0-9_.-], starting with a letter or digit", spec.Node))
+			return providers.Machine{}, errs.Permanent(opProvision, id, fmt.Errorf("node %q cannot name a TPM directory: want 1-64 of [A-Za-z0-9_.-], starting with a letter or digit", spec.Node))
 		}
 		if err := os.WriteFile(p.node, []byte(spec.Node), 0o600); err != nil {
-			return providers.Machine{}, transient(opProvision, id, fmt.Errorf("record the node: %w", err))
+			return providers.Machine{}, errs.Transient(opProvision, id, fmt.Errorf("record the node: %w", err))
 		}
 	}
 	if r.cfg.Boot.Netboot() {
@@ -158,7 +158,7 @@ func (r *realDriver) Provision(ctx context.Context, spec providers.Spec) (provid
 			return providers.Machine{}, err
 		}
 		if err := os.WriteFile(p.mac, []byte(spec.MAC), 0o600); err != nil {
-			return providers.Machine{}, transient(opProvision, id, fmt.Errorf("record the MAC: %w", err))
+			return providers.Machine{}, errs.Transient(opProvision, id, fmt.Errorf("record the MAC: %w", err))
 		}
 	}
 	m, err := r.launch(ctx, opProvision, id, spec.Boot)
@@ -198,13 +198,13 @@ func (r *realDriver) boot(ctx context.Context, op, id string, boot providers.Boo
 	}
 	unlock, err := r.locks.Lock(ctx, id)
 	if err != nil {
-		return providers.Machine{}, transient(op, id, err)
+		return providers.Machine{}, errs.Transient(op, id, err)
 	}
 	defer unlock()
 
 	o, err := r.observe(id)
 	if err != nil {
-		return providers.Machine{}, transient(op, id, err)
+		return providers.Machine{}, errs.Transient(op, id, err)
 	}
 	if !o.exists {
 		return providers.Machine{}, notFound(op, id)
@@ -226,13 +226,13 @@ func (r *realDriver) Stop(ctx context.Context, id string) (providers.Machine, er
 	}
 	unlock, err := r.locks.Lock(ctx, id)
 	if err != nil {
-		return providers.Machine{}, transient(opStop, id, err)
+		return providers.Machine{}, errs.Transient(opStop, id, err)
 	}
 	defer unlock()
 
 	o, err := r.observe(id)
 	if err != nil {
-		return providers.Machine{}, transient(opStop, id, err)
+		return providers.Machine{}, errs.Transient(opStop, id, err)
 	}
 	if !o.exists {
 		return providers.Machine{}, notFound(opStop, id)
@@ -246,7 +246,7 @@ func (r *realDriver) Stop(ctx context.Context, id string) (providers.Machine, er
 	// A stopped VM has no use for its TPM; one that outlived a QEMU we
 	// were not parent of (or a crash) ends here.
 	if err := r.stopTPM(id); err != nil {
-		return providers.Machine{}, transient(opStop, id, err)
+		return providers.Machine{}, errs.Transient(opStop, id, err)
 	}
 	return r.machine(id, providers.StateStopped, ""), nil
 }
@@ -257,13 +257,13 @@ func (r *realDriver) Terminate(ctx context.Context, id string) error {
 	}
 	unlock, err := r.locks.Lock(ctx, id)
 	if err != nil {
-		return transient(opTerminate, id, err)
+		return errs.Transient(opTerminate, id, err)
 	}
 	defer unlock()
 
 	o, err := r.observe(id)
 	if err != nil {
-		return transient(opTerminate, id, err)
+		return errs.Transient(opTerminate, id, err)
 	}
 	if !o.exists {
 		return nil
@@ -278,10 +278,10 @@ func (r *realDriver) Terminate(ctx context.Context, id string) error {
 	// No swtpm may outlive its VM. The node's TPM state stays: it is the
 	// node's, for its next instance.
 	if err := r.stopTPM(id); err != nil {
-		return transient(opTerminate, id, err)
+		return errs.Transient(opTerminate, id, err)
 	}
 	if err := os.RemoveAll(r.paths(id).dir); err != nil {
-		return transient(opTerminate, id, fmt.Errorf("remove instance dir: %w", err))
+		return errs.Transient(opTerminate, id, fmt.Errorf("remove instance dir: %w", err))
 	}
 	r.log.Info("qemu terminated", "instance", id)
 	return nil
@@ -293,12 +293,12 @@ func (r *realDriver) Status(ctx context.Context, id string) (providers.Machine, 
 	}
 	unlock, err := r.locks.Lock(ctx, id)
 	if err != nil {
-		return providers.Machine{}, transient(opStatus, id, err)
+		return providers.Machine{}, errs.Transient(opStatus, id, err)
 	}
 	defer unlock()
 	o, err := r.observe(id)
 	if err != nil {
-		return providers.Machine{}, transient(opStatus, id, err)
+		return providers.Machine{}, errs.Transient(opStatus, id, err)
 	}
 	return r.status(ctx, opStatus, id, o)
 }
@@ -324,11 +324,11 @@ func (r *realDriver) status(ctx context.Context, op, id string, o observed) (pro
 	}
 	out, err := qmpRun(ctx, p.qmp, r.cfg.QMPTimeout, "query-status")
 	if err != nil {
-		return providers.Machine{}, transient(op, id, fmt.Errorf("pid %d alive but QMP failed: %w", o.pid, err))
+		return providers.Machine{}, errs.Transient(op, id, fmt.Errorf("pid %d alive but QMP failed: %w", o.pid, err))
 	}
 	st, err := parseQueryStatus(out[0])
 	if err != nil {
-		return providers.Machine{}, transient(op, id, err)
+		return providers.Machine{}, errs.Transient(op, id, err)
 	}
 	// QMP answering means QEMU is past reading its fw_cfg files.
 	removeQuietly(p.token)
@@ -355,7 +355,7 @@ func (r *realDriver) List(ctx context.Context) ([]providers.Machine, error) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, transient(opList, "", fmt.Errorf("read state dir: %w", err))
+		return nil, errs.Transient(opList, "", fmt.Errorf("read state dir: %w", err))
 	}
 	var out []providers.Machine
 	for _, e := range entries {
@@ -365,7 +365,7 @@ func (r *realDriver) List(ctx context.Context) ([]providers.Machine, error) {
 		m, err := r.Status(ctx, e.Name())
 		if err != nil {
 			if ctx.Err() != nil {
-				return nil, transient(opList, "", ctx.Err())
+				return nil, errs.Transient(opList, "", ctx.Err())
 			}
 			// One wedged VM must not hide the others; it is listed as
 			// unknown, which the sync loop leaves alone.
@@ -391,22 +391,22 @@ func (r *realDriver) machine(id string, st providers.MachineState, detail string
 func (r *realDriver) launch(ctx context.Context, op, id string, boot providers.Boot) (providers.Machine, error) {
 	bin, err := exec.LookPath(r.cfg.Binary)
 	if err != nil {
-		return providers.Machine{}, permanent(op, id, fmt.Errorf("qemu binary %q not found (install the qemu-system-x86 package): %w", r.cfg.Binary, err))
+		return providers.Machine{}, errs.Permanent(op, id, fmt.Errorf("qemu binary %q not found (install the qemu-system-x86 package): %w", r.cfg.Binary, err))
 	}
 	p := r.paths(id)
 	var mac string
 	if r.cfg.Boot.Netboot() {
 		b, err := os.ReadFile(p.mac)
 		if err != nil {
-			return providers.Machine{}, permanent(op, id, fmt.Errorf("the VM's recorded MAC: %w", err))
+			return providers.Machine{}, errs.Permanent(op, id, fmt.Errorf("the VM's recorded MAC: %w", err))
 		}
 		mac = string(b)
 		if r.cfg.Boot == BootUEFI {
 			if err := ovmfVars(r.cfg.OVMFVars, p.ovmfVars); err != nil {
-				return providers.Machine{}, permanent(op, id, err)
+				return providers.Machine{}, errs.Permanent(op, id, err)
 			}
 			if _, err := os.Stat(r.cfg.OVMFCode); err != nil {
-				return providers.Machine{}, permanent(op, id, fmt.Errorf("UEFI firmware (install the ovmf package): %w", err))
+				return providers.Machine{}, errs.Permanent(op, id, fmt.Errorf("UEFI firmware (install the ovmf package): %w", err))
 			}
 		}
 		// No kernel, no initramfs, no token: the firmware fetches them.
@@ -414,12 +414,12 @@ func (r *realDriver) launch(ctx context.Context, op, id string, boot providers.B
 	} else {
 		for _, f := range []struct{ what, path string }{{"kernel", boot.KernelPath}, {"initramfs", boot.InitramfsPath}} {
 			if _, err := os.Stat(f.path); err != nil {
-				return providers.Machine{}, permanent(op, id, fmt.Errorf("%s: %w", f.what, err))
+				return providers.Machine{}, errs.Permanent(op, id, fmt.Errorf("%s: %w", f.what, err))
 			}
 		}
 	}
 	if len(p.qmp) > maxSocketPath {
-		return providers.Machine{}, permanent(op, id, fmt.Errorf("QMP socket path %s is too long for a unix socket", p.qmp))
+		return providers.Machine{}, errs.Permanent(op, id, fmt.Errorf("QMP socket path %s is too long for a unix socket", p.qmp))
 	}
 
 	// The token file exists only until QMP answers (or the launch fails).
@@ -427,7 +427,7 @@ func (r *realDriver) launch(ctx context.Context, op, id string, boot providers.B
 	withToken := boot.Enrollment.Token != ""
 	if withToken {
 		if err := writeSecret(p.token, boot.Enrollment.Token); err != nil {
-			return providers.Machine{}, transient(op, id, fmt.Errorf("write token file: %w", err))
+			return providers.Machine{}, errs.Transient(op, id, fmt.Errorf("write token file: %w", err))
 		}
 	}
 	// A socket file left by a dead QEMU would make us talk to nobody.
@@ -450,7 +450,7 @@ func (r *realDriver) launch(ctx context.Context, op, id string, boot providers.B
 		WithToken:  withToken,
 	}
 	if err := netbootLaunch(r.cfg, &ls, boot, mac); err != nil {
-		return providers.Machine{}, permanent(op, id, err)
+		return providers.Machine{}, errs.Permanent(op, id, err)
 	}
 	var tp *proc
 	if r.cfg.TPM {
@@ -470,7 +470,7 @@ func (r *realDriver) launch(ctx context.Context, op, id string, boot providers.B
 
 	logf, err := os.OpenFile(p.qemuLog, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
-		return providers.Machine{}, transient(op, id, fmt.Errorf("qemu log: %w", err))
+		return providers.Machine{}, errs.Transient(op, id, fmt.Errorf("qemu log: %w", err))
 	}
 	logStart, _ := logf.Seek(0, io.SeekEnd)
 	fmt.Fprintf(logf, "=== %s %s: %s\n", r.cfg.Clock.Now().UTC().Format(time.RFC3339), op, strings.Join(redact(argv, boot.Enrollment.Token), " "))
@@ -492,7 +492,7 @@ func (r *realDriver) launch(ctx context.Context, op, id string, boot providers.B
 		if errors.Is(err, os.ErrNotExist) || errors.Is(err, os.ErrPermission) {
 			kind = providers.KindPermanent
 		}
-		return providers.Machine{}, provErr(kind, op, id, fmt.Errorf("start qemu: %w", err))
+		return providers.Machine{}, errs.Err(kind, op, id, fmt.Errorf("start qemu: %w", err))
 	}
 	pr := &proc{pid: cmd.Process.Pid, done: make(chan struct{})}
 	r.mu.Lock()
@@ -537,7 +537,7 @@ func (r *realDriver) launch(ctx context.Context, op, id string, boot providers.B
 
 	if err := writePID(p.pid, pr.pid); err != nil {
 		r.abort(pr)
-		return providers.Machine{}, transient(op, id, fmt.Errorf("write pid file: %w", err))
+		return providers.Machine{}, errs.Transient(op, id, fmt.Errorf("write pid file: %w", err))
 	}
 
 	st, err := r.awaitQMP(ctx, p, pr)
@@ -550,11 +550,11 @@ func (r *realDriver) launch(ctx context.Context, op, id string, boot providers.B
 			if terr := tpmFailure(pr, tp, p); terr != nil {
 				qerr = fmt.Errorf("%w; %w", terr, qerr)
 			}
-			return providers.Machine{}, permanent(op, id, qerr)
+			return providers.Machine{}, errs.Permanent(op, id, qerr)
 		default:
 		}
 		r.abort(pr)
-		return providers.Machine{}, transient(op, id, err)
+		return providers.Machine{}, errs.Transient(op, id, err)
 	}
 	return r.machine(id, machineState(st), fmt.Sprintf("pid %d, qmp status %s, accel %s", pr.pid, st.Status, r.accel)), nil
 }
@@ -604,13 +604,13 @@ func checkBoot(cfg Config, op, id string, b providers.Boot) error {
 	if cfg.Boot.Netboot() {
 		if cfg.Tap == "" {
 			if _, err := bootFileURL(b, "00:00:00:00:00:00"); err != nil {
-				return permanent(op, id, err)
+				return errs.Permanent(op, id, err)
 			}
 		}
 		return nil
 	}
 	if b.KernelPath == "" || b.InitramfsPath == "" {
-		return permanent(op, id, errors.New("boot needs a kernel path and an initramfs path (direct kernel boot)"))
+		return errs.Permanent(op, id, errors.New("boot needs a kernel path and an initramfs path (direct kernel boot)"))
 	}
 	return nil
 }
@@ -621,7 +621,7 @@ func bootFileURL(b providers.Boot, mac string) (string, error) {
 
 func checkMAC(op, id, mac string) error {
 	if err := providers.CheckNICAddress(mac); err != nil {
-		return permanent(op, id, err)
+		return errs.Permanent(op, id, err)
 	}
 	return nil
 }

@@ -91,7 +91,7 @@ func (r *recorder) launchEntry(op, id string, boot providers.Boot) (Entry, error
 		WithToken:  withToken,
 	}
 	if err := netbootLaunch(r.cfg, &ls, boot, r.macs[id]); err != nil {
-		return Entry{}, permanent(op, id, err)
+		return Entry{}, errs.Permanent(op, id, err)
 	}
 	ls.TPM = r.cfg.TPM
 	argv := buildArgv(ls)
@@ -139,7 +139,7 @@ func (r *recorder) Provision(_ context.Context, spec providers.Spec) (providers.
 	if r.cfg.TPM && spec.Node != "" {
 		if !validID.MatchString(spec.Node) {
 			delete(r.macs, id)
-			return providers.Machine{}, permanent(opProvision, id, fmt.Errorf("node %q cannot name a TPM directory", spec.Node))
+			return providers.Machine{}, errs.Permanent(opProvision, id, fmt.Errorf("node %q cannot name a TPM directory", spec.Node))
 		}
 		r.nodes[id] = spec.Node
 	}

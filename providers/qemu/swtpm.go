@@ -73,46 +73,46 @@ func (r *realDriver) startTPM(ctx context.Context, op, id string) (*proc, string
 	p := r.paths(id)
 	dir, err := r.tpmDirOf(id)
 	if err != nil {
-		return nil, "", permanent(op, id, err)
+		return nil, "", errs.Permanent(op, id, err)
 	}
 	ek, err := prepareTPM(ctx, dir)
 	if err != nil {
-		return nil, "", permanent(op, id, err)
+		return nil, "", errs.Permanent(op, id, err)
 	}
 	if err := r.stopTPM(id); err != nil {
-		return nil, "", transient(op, id, err)
+		return nil, "", errs.Transient(op, id, err)
 	}
 	state := filepath.Join(dir, tpmStateSubdir)
 	if other := findVM("dir=" + state); other > 0 {
 		// One TPM, one machine: a second swtpm on the state would fail
 		// QEMU's TPM init with nothing but a result code. Another
 		// instance of the node still runs (or is being stopped).
-		return nil, "", transient(op, id, fmt.Errorf("the TPM %s is in use by another VM (swtpm pid %d): a node's instances cannot run at once", dir, other))
+		return nil, "", errs.Transient(op, id, fmt.Errorf("the TPM %s is in use by another VM (swtpm pid %d): a node's instances cannot run at once", dir, other))
 	}
 	bin, err := exec.LookPath(swtpmBinary)
 	if err != nil {
-		return nil, "", permanent(op, id, fmt.Errorf("swtpm not found (install the swtpm package): %w", err))
+		return nil, "", errs.Permanent(op, id, fmt.Errorf("swtpm not found (install the swtpm package): %w", err))
 	}
 	if len(p.tpmSock) > maxSocketPath {
-		return nil, "", permanent(op, id, fmt.Errorf("swtpm socket path %s is too long for a unix socket", p.tpmSock))
+		return nil, "", errs.Permanent(op, id, fmt.Errorf("swtpm socket path %s is too long for a unix socket", p.tpmSock))
 	}
 	removeQuietly(p.tpmSock)
 	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: p.tpmSock, Net: "unix"})
 	if err != nil {
-		return nil, "", transient(op, id, fmt.Errorf("swtpm socket: %w", err))
+		return nil, "", errs.Transient(op, id, fmt.Errorf("swtpm socket: %w", err))
 	}
 	// Our copies close below; the socket file must stay for QEMU.
 	l.SetUnlinkOnClose(false)
 	lf, err := l.File()
 	l.Close()
 	if err != nil {
-		return nil, "", transient(op, id, fmt.Errorf("swtpm socket: %w", err))
+		return nil, "", errs.Transient(op, id, fmt.Errorf("swtpm socket: %w", err))
 	}
 	defer lf.Close()
 
 	logf, err := os.OpenFile(p.tpmLog, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
-		return nil, "", transient(op, id, fmt.Errorf("swtpm log: %w", err))
+		return nil, "", errs.Transient(op, id, fmt.Errorf("swtpm log: %w", err))
 	}
 	argv := swtpmArgv(bin, state, p)
 	fmt.Fprintf(logf, "=== %s %s: %s\n", r.cfg.Clock.Now().UTC().Format(time.RFC3339), op, strings.Join(argv, " "))
@@ -124,7 +124,7 @@ func (r *realDriver) startTPM(ctx context.Context, op, id string) (*proc, string
 	err = cmd.Start()
 	logf.Close()
 	if err != nil {
-		return nil, "", permanent(op, id, fmt.Errorf("start swtpm: %w", err))
+		return nil, "", errs.Permanent(op, id, fmt.Errorf("start swtpm: %w", err))
 	}
 	tp := &proc{pid: cmd.Process.Pid, done: make(chan struct{})}
 	r.mu.Lock()
@@ -155,7 +155,7 @@ func (r *realDriver) startTPM(ctx context.Context, op, id string) (*proc, string
 	}()
 	if err := writePID(p.tpmPID, tp.pid); err != nil {
 		r.killTPM(id, tp)
-		return nil, "", transient(op, id, fmt.Errorf("write swtpm pid file: %w", err))
+		return nil, "", errs.Transient(op, id, fmt.Errorf("write swtpm pid file: %w", err))
 	}
 	r.log.Info("swtpm started", "instance", id, "pid", tp.pid, "tpm", dir, "ek", ek)
 	return tp, ek, nil
