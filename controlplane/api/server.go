@@ -7,6 +7,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"fmt"
 	"log/slog"
 	"net"
 	"time"
@@ -87,7 +88,7 @@ type Config struct {
 	// AttestTimeout bounds an attested enrollment (zero: AttestTimeout).
 	AttestTimeout time.Duration
 	// Catalog writes templates and nodes; Certificates writes revocations
-	// (nil: built on Store and Clock).
+	// (both required).
 	Catalog      *catalog.Service
 	Certificates *certificates.Service
 	// Credentials stores BMC credentials (nil: the credential RPCs refuse).
@@ -146,13 +147,18 @@ type Server struct {
 	endStreams context.CancelFunc
 }
 
-// New builds the server and registers every service.
-func New(cfg Config) *Server {
-	if cfg.Catalog == nil {
-		cfg.Catalog = &catalog.Service{Store: cfg.Store, Clock: cfg.Clock}
-	}
-	if cfg.Certificates == nil {
-		cfg.Certificates = &certificates.Service{Store: cfg.Store, Clock: cfg.Clock}
+// New builds the server and registers every service. The services it
+// delegates to are the caller's to build (the composition root does), so
+// a missing one is an error, not one quietly made here.
+func New(cfg Config) (*Server, error) {
+	for _, r := range []struct {
+		name    string
+		missing bool
+	}{{"Store", cfg.Store == nil}, {"CA", cfg.CA == nil}, {"Catalog", cfg.Catalog == nil},
+		{"Certificates", cfg.Certificates == nil}, {"Instances", cfg.Instances == nil}, {"Enrollment", cfg.Enrollment == nil}} {
+		if r.missing {
+			return nil, fmt.Errorf("api: Config.%s is required", r.name)
+		}
 	}
 	streams, endStreams := context.WithCancel(context.Background())
 	m := NewMetrics(cfg.Registerer)
@@ -226,7 +232,7 @@ func New(cfg Config) *Server {
 	for _, svc := range []string{"", "tether.v1.EnrollmentService", "tether.v1.AgentService", "tether.v1.AdminService"} {
 		s.Health.SetServingStatus(svc, healthpb.HealthCheckResponse_SERVING)
 	}
-	return s
+	return s, nil
 }
 
 // Serve accepts connections on lis until Stop, within the configured limits.

@@ -20,6 +20,8 @@ import (
 	"github.com/tetherfleet/tether/controlplane/api"
 	"github.com/tetherfleet/tether/controlplane/audit"
 	"github.com/tetherfleet/tether/controlplane/bmc"
+	"github.com/tetherfleet/tether/controlplane/catalog"
+	"github.com/tetherfleet/tether/controlplane/certificates"
 	"github.com/tetherfleet/tether/controlplane/certreload"
 	"github.com/tetherfleet/tether/controlplane/credentials"
 	"github.com/tetherfleet/tether/controlplane/enroll"
@@ -233,11 +235,14 @@ type daemon struct {
 }
 
 // build opens and wires everything. On failure it closes what it opened.
-func build(ctx context.Context, o ServeOptions) (_ *daemon, err error) {
-	if err := o.defaults(); err != nil {
+func build(ctx context.Context, opts ServeOptions) (_ *daemon, err error) {
+	if err := opts.defaults(); err != nil {
 		return nil, err
 	}
-	d := &daemon{o: o, log: o.Log, lis: o.Listener, netLis: o.NetbootListener, metricsLis: o.MetricsListener}
+	d := &daemon{o: opts, log: opts.Log, lis: opts.Listener, netLis: opts.NetbootListener, metricsLis: opts.MetricsListener}
+	// One copy of the options: what build derives (the netboot URL, say)
+	// is what run and the daemon's parts read afterwards.
+	o := &d.o
 	defer func() {
 		if err != nil {
 			d.close()
@@ -303,7 +308,7 @@ func build(ctx context.Context, o ServeOptions) (_ *daemon, err error) {
 		return nil, fmt.Errorf("serve: load revocations: %w", err)
 	}
 	d.reloadFailures = api.NewReloadFailures(reg)
-	machines, err := buildProviders(o, log, o.Clock, &bmc.Resolver{Store: st, Credentials: d.creds, Clock: o.Clock, Log: log})
+	machines, err := buildProviders(*o, log, o.Clock, &bmc.Resolver{Store: st, Credentials: d.creds, Clock: o.Clock, Log: log})
 	if err != nil {
 		return nil, err
 	}
@@ -321,11 +326,9 @@ func build(ctx context.Context, o ServeOptions) (_ *daemon, err error) {
 	if err := o.pxeURL(d.netLis); err != nil {
 		return nil, err
 	}
-	d.o.NetbootURL = o.NetbootURL
 	if d.netLis != nil && o.NetbootURL == "" {
 		_, port, _ := net.SplitHostPort(d.netLis.Addr().String())
 		o.NetbootURL = "http://10.0.2.2:" + port
-		d.o.NetbootURL = o.NetbootURL
 	}
 	d.taskSvc = &tasks.Service{Store: st, Clock: o.Clock, Log: log}
 	d.instSvc = &instances.Service{Store: st, Clock: o.Clock, Log: log, Machines: machines,
@@ -352,8 +355,9 @@ func build(ctx context.Context, o ServeOptions) (_ *daemon, err error) {
 	d.hub = api.NewAgentHub(st, log, o.HeartbeatFlush)
 	d.hub.Sweep = o.AgentSweep
 	d.enrollSvc = &enroll.Service{Store: st, CA: authority, Clock: o.Clock, Log: log}
-	d.srv = api.New(api.Config{
+	d.srv, err = api.New(api.Config{
 		Store: st, CA: authority, GetServerCert: d.serverCert.GetCertificate, Clock: o.Clock, Log: log, Registerer: reg,
+		Catalog: &catalog.Service{Store: st, Clock: o.Clock}, Certificates: &certificates.Service{Store: st, Clock: o.Clock},
 		Enrollment: d.enrollSvc, EnrollLimiter: o.unauthenticatedLimiter(),
 		Instances: d.instSvc, Tasks: d.taskSvc,
 		Registry: &modules.Registry{Store: st, Blobs: blobs, Clock: o.Clock, Log: log, StaticSigners: edKeys(keys)},
@@ -363,6 +367,9 @@ func build(ctx context.Context, o ServeOptions) (_ *daemon, err error) {
 		Limits: api.Limits{MaxConnections: max(o.MaxAgentConnections, 0), MaxUnauthenticatedPerSource: max(o.MaxUnauthenticatedPerSource, 0),
 			HandshakeTimeout: o.HandshakeTimeout, UnauthenticatedAge: o.UnauthenticatedAge},
 	})
+	if err != nil {
+		return nil, fmt.Errorf("serve: %w", err)
+	}
 	log.Info("connection budget", "max_agent_connections", o.MaxAgentConnections, "fd_reserve", o.FDReserve,
 		"max_unauthenticated_per_source", o.MaxUnauthenticatedPerSource)
 	d.hub.Metrics = d.srv.Metrics
@@ -390,7 +397,7 @@ func build(ctx context.Context, o ServeOptions) (_ *daemon, err error) {
 		}
 	}
 	if d.metricsLis != nil {
-		d.metricsSrv, d.metricsLis = metricsServer(reg, d.metricsLis, o, log)
+		d.metricsSrv, d.metricsLis = metricsServer(reg, d.metricsLis, *o, log)
 	}
 	return d, nil
 }
