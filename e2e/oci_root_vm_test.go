@@ -3,6 +3,7 @@ package e2e
 import (
 	"archive/tar"
 	"bytes"
+	"context"
 	"io"
 	"os"
 	"os/exec"
@@ -28,14 +29,7 @@ import (
 func TestVMRootFromOCILayout(t *testing.T) {
 	env := newVMEnv(t)
 	ctx := vmCtx(t)
-	if os.Geteuid() != 0 {
-		t.Skip("SKIP (real-VM e2e): not root: the test mounts the example root to make its layer, and staging an image sets owners")
-	}
-	for _, tool := range []string{"mkfs.erofs", "tar", "mount"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("SKIP (real-VM e2e): %s is not on PATH", tool)
-		}
-	}
+	requireLayoutTools(t)
 	work := t.TempDir()
 	mnt := filepath.Join(work, "mnt")
 	if err := os.Mkdir(mnt, 0o755); err != nil {
@@ -44,13 +38,53 @@ func TestVMRootFromOCILayout(t *testing.T) {
 	if out, err := exec.Command("mount", "-t", "erofs", "-o", "loop,ro", env.a.rootModule, mnt).CombinedOutput(); err != nil {
 		t.Skipf("SKIP (real-VM e2e): cannot mount %s as erofs: %v %s", env.a.rootModule, err, out)
 	}
-	lower := filepath.Join(work, "lower.tar")
-	out, err := exec.Command("tar", "--xattrs", "--numeric-owner", "-C", mnt, "-cf", lower, ".").CombinedOutput()
+	dir := writeLayout(t, work, mnt)
 	if uerr := exec.Command("umount", mnt).Run(); uerr != nil {
 		t.Errorf("umount %s: %v", mnt, uerr)
 	}
-	if err != nil {
-		t.Fatalf("tar the example root: %v %s", err, out)
+	id := bootLayout(t, ctx, env, work, dir, "oci-root")
+	got := env.exec(t, ctx, id, "/bin/sh", "-c", "cat /etc/tether-oci-layer; test -e /etc/profile && echo profile-still-there; cat /etc/os-release")
+	if !strings.Contains(got, "from the upper layer") || strings.Contains(got, "profile-still-there") || !strings.Contains(got, "ID=tether-example") {
+		t.Fatalf("the booted root is not the two layers applied:\n%s", got)
+	}
+}
+
+// TestVMDebianRootFromOCILayout is the same with the stock Debian tree
+// (systemd) as the lower layer: the image boots to running, PID 1 is
+// systemd with the agent back under it, and the upper layer is applied.
+func TestVMDebianRootFromOCILayout(t *testing.T) {
+	env := newDebianEnv(t)
+	ctx := debianCtx(t)
+	requireLayoutTools(t)
+	work := t.TempDir()
+	dir := writeLayout(t, work, filepath.Join(filepath.Dir(debianModulePath(t)), "debian-root"))
+	id := bootLayout(t, ctx, env, work, dir, "oci-debian")
+	checkSystemd(t, env, ctx, id)
+	got := env.exec(t, ctx, id, "/bin/sh", "-c", "cat /etc/tether-oci-layer; test -e /etc/profile && echo profile-still-there; true")
+	if !strings.Contains(got, "from the upper layer") || strings.Contains(got, "profile-still-there") {
+		t.Fatalf("the booted root is not the two layers applied:\n%s", got)
+	}
+}
+
+func requireLayoutTools(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("SKIP (real-VM e2e): not root: the test mounts the example root to make its layer, and staging an image sets owners")
+	}
+	for _, tool := range []string{"mkfs.erofs", "tar", "mount"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("SKIP (real-VM e2e): %s is not on PATH", tool)
+		}
+	}
+}
+
+// writeLayout writes an OCI image layout in work whose image is tree as
+// its lower layer and upperTar above it, and returns the layout's folder.
+func writeLayout(t *testing.T, work, tree string) string {
+	t.Helper()
+	lower := filepath.Join(work, "lower.tar")
+	if out, err := exec.Command("tar", "--xattrs", "--xattrs-include=*", "--numeric-owner", "-C", tree, "-cf", lower, ".").CombinedOutput(); err != nil {
+		t.Fatalf("tar %s: %v %s", tree, err, out)
 	}
 	lowerLayer, err := tarball.LayerFromFile(lower)
 	if err != nil {
@@ -83,27 +117,30 @@ func TestVMRootFromOCILayout(t *testing.T) {
 	if err := p.AppendImage(img, layout.WithPlatform(v1.Platform{OS: "linux", Architecture: "amd64"})); err != nil {
 		t.Fatal(err)
 	}
+	return dir
+}
 
+// bootLayout builds the layout with `tetherctl module build`, puts it on a
+// template and node called name, and boots the node to running.
+func bootLayout(t *testing.T, ctx context.Context, env *vmEnv, work, dir, name string) string {
+	t.Helper()
 	var stdout, stderr bytes.Buffer
 	args := []string{"--config", filepath.Join(env.cp.DataDir, daemon.AdminDir, daemon.ClientConfig), "--endpoint", env.cp.Addr,
-		"module", "build", dir, "oci-root:1", "--work-dir", work}
+		"module", "build", dir, name + ":1", "--work-dir", work}
 	if code := tetherctl.Main(args, &stdout, &stderr); code != 0 {
 		t.Fatalf("module build: exit %d\n%s%s", code, stdout.String(), stderr.String())
 	}
 	t.Logf("module build: %s", strings.TrimSpace(stderr.String()))
-	if _, err := env.cp.Admin.CreateTemplate(ctx, &tv1.CreateTemplateRequest{Name: "oci-root", RootModules: []*tv1.ModuleRef{{Name: "oci-root", Version: "1"}}}); err != nil {
+	if _, err := env.cp.Admin.CreateTemplate(ctx, &tv1.CreateTemplateRequest{Name: name, RootModules: []*tv1.ModuleRef{{Name: name, Version: "1"}}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := env.cp.Admin.CreateNode(ctx, &tv1.CreateNodeRequest{Name: "oci-root", Template: "oci-root"}); err != nil {
+	if _, err := env.cp.Admin.CreateNode(ctx, &tv1.CreateNodeRequest{Name: name, Template: name}); err != nil {
 		t.Fatal(err)
 	}
-	env.node = "oci-root"
+	env.node = name
 	id := env.provision(t, ctx)
 	env.waitRunning(t, ctx, id, nil)
-	got := env.exec(t, ctx, id, "/bin/sh", "-c", "cat /etc/tether-oci-layer; test -e /etc/profile && echo profile-still-there; cat /etc/os-release")
-	if !strings.Contains(got, "from the upper layer") || strings.Contains(got, "profile-still-there") || !strings.Contains(got, "ID=tether-example") {
-		t.Fatalf("the booted root is not the two layers applied:\n%s", got)
-	}
+	return id
 }
 
 // upperTar is the image's upper layer: a whiteout of a file the lower
