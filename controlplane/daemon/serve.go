@@ -331,7 +331,10 @@ func build(ctx context.Context, opts ServeOptions) (_ *daemon, err error) {
 		o.NetbootURL = "http://10.0.2.2:" + port
 	}
 	d.taskSvc = &tasks.Service{Store: st, Clock: o.Clock, Log: log}
-	d.instSvc = &instances.Service{Store: st, Clock: o.Clock, Log: log, Machines: machines,
+	// The pool service replenishes on nudges the instance service sends:
+	// the queue between them is made first, so neither is patched later.
+	nudges := pool.NewNudges()
+	d.instSvc = &instances.Service{Store: st, Clock: o.Clock, Log: log, Machines: machines, Pools: nudges,
 		Artifacts: &instances.Artifacts{Blobs: blobs, Kernel: d.kernel, Initramfs: d.initramfs, BaseURL: strings.TrimSuffix(o.NetbootURL, "/")},
 		AgentURL:  o.AgentURL, CAFingerprint: authority.Fingerprint(),
 		Owner: worker.NewOwner("tetherd-api"), Lease: o.WorkerLease, SelfInstanceIDs: o.SelfInstanceIDs}
@@ -350,8 +353,7 @@ func build(ctx context.Context, opts ServeOptions) (_ *daemon, err error) {
 	}
 	d.presence = &presence.Tracker{Store: st, Clock: o.Clock, Log: log, Lease: o.PresenceLease}
 	d.pools = &pool.Service{Store: st, Clock: o.Clock, Log: log.With("component", "pool"), Instances: d.instSvc,
-		StaleHeartbeatAfter: o.SilentAfter, MaxHeartbeatsPerSecond: api.MaxHeartbeatsPerSecond}
-	d.instSvc.MemberLeft = d.pools.Nudge
+		StaleHeartbeatAfter: o.SilentAfter, MaxHeartbeatsPerSecond: api.MaxHeartbeatsPerSecond, Nudges: nudges}
 	d.hub = api.NewAgentHub(st, log, o.HeartbeatFlush)
 	d.hub.Sweep = o.AgentSweep
 	d.enrollSvc = &enroll.Service{Store: st, CA: authority, Clock: o.Clock, Log: log}

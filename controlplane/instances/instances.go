@@ -58,17 +58,30 @@ type Service struct {
 	// SelfInstanceIDs are instances that host this control plane: drain
 	// refuses them (stopping them would stop us).
 	SelfInstanceIDs []string
-	// MemberLeft, if set, is told the pool of a member that a committed
-	// change took out of its pool's counts (terminated, or fenced by a
-	// cordon), so the pool can replace it at once (the pool service's
-	// Nudge). It must not block.
-	MemberLeft func(poolID string)
+	// Pools, if set, hears of members taken out of their pool's counts.
+	Pools PoolEvents
+}
+
+// PoolEvents is told the pool of a member that a committed change took
+// out of its pool's counts (terminated, errored, or fenced by a cordon),
+// so the pool can replace it at once. It must not block. The pool
+// service's queue (pool.Nudges) is one, made before both services, so
+// neither is patched after it is built.
+type PoolEvents interface {
+	MemberLeft(poolID string)
 }
 
 // memberLeft reports a member gone from its pool's counts.
 func (s *Service) memberLeft(in *store.Instance) {
-	if s.MemberLeft != nil && in != nil && in.PoolID != "" {
+	if in != nil {
 		s.MemberLeft(in.PoolID)
+	}
+}
+
+// MemberLeft tells Pools, if set, that poolID lost a member.
+func (s *Service) MemberLeft(poolID string) {
+	if s.Pools != nil && poolID != "" {
+		s.Pools.MemberLeft(poolID)
 	}
 }
 

@@ -87,9 +87,9 @@ type env struct {
 
 func newEnv(t testing.TB, open func(testing.TB) store.Store) *env {
 	t.Helper()
-	f := instancestest.New(t, open(t), instancestest.Options{Owner: "pool-test", ProvisionAttempts: 1, Timeout: 120 * time.Second})
-	svc := &pool.Service{Store: f.Store, Clock: f.Clock, Log: f.Log, Instances: f.Instances}
-	f.Instances.MemberLeft = svc.Nudge // as tetherd wires them
+	nudges := pool.NewNudges() // as tetherd wires them
+	f := instancestest.New(t, open(t), instancestest.Options{Owner: "pool-test", ProvisionAttempts: 1, Timeout: 120 * time.Second, Pools: nudges})
+	svc := &pool.Service{Store: f.Store, Clock: f.Clock, Log: f.Log, Instances: f.Instances, Nudges: nudges}
 	return &env{t: t, ctx: f.Ctx, st: f.Store, clk: f.Clock, fake: f.Fake, inst: f.Instances, svc: svc, wk: f.Worker, tpl: f.Template, logs: f.Logs}
 }
 

@@ -58,8 +58,13 @@ type Service struct {
 	// MaxClaimBatch; 1 gives every claim a transaction of its own).
 	ClaimBatch int
 
+	// Nudges is the queue of pools to replenish soon. The composition root
+	// makes it first and hands it to the instance service as its
+	// instances.PoolEvents too, which closes the cycle between the two
+	// services at construction (nil: the service makes its own).
+	Nudges *Nudges
+
 	nudgeOnce sync.Once
-	nudges    chan string
 	batchOnce sync.Once
 	batch     *batcher
 }
@@ -253,16 +258,34 @@ var liveStatuses = []lifecycle.State{lifecycle.Pending, lifecycle.Provisioning, 
 // (a claim, a release, a member terminated or fenced) calls it. It never
 // blocks: a nudge that finds the queue full is dropped, since the nudges
 // already queued and the reaper's tick cover it anyway.
-func (s *Service) Nudge(poolID string) {
-	select {
-	case s.nudgeCh() <- poolID:
-	default:
-	}
+func (s *Service) Nudge(poolID string) { s.nudgeQueue().MemberLeft(poolID) }
+
+func (s *Service) nudgeQueue() *Nudges {
+	s.nudgeOnce.Do(func() {
+		if s.Nudges == nil {
+			s.Nudges = NewNudges()
+		}
+	})
+	return s.Nudges
 }
 
-func (s *Service) nudgeCh() chan string {
-	s.nudgeOnce.Do(func() { s.nudges = make(chan string, 64) })
-	return s.nudges
+func (s *Service) nudgeCh() chan string { return s.nudgeQueue().ch }
+
+// Nudges queues pools whose counts changed for the pool service to
+// replenish. It implements instances.PoolEvents.
+type Nudges struct{ ch chan string }
+
+// NewNudges makes an empty queue.
+func NewNudges() *Nudges { return &Nudges{ch: make(chan string, 64)} }
+
+// MemberLeft queues poolID ("" for every active pool). It never blocks:
+// a nudge that finds the queue full is dropped, since the nudges already
+// queued and the reaper's tick cover it anyway.
+func (n *Nudges) MemberLeft(poolID string) {
+	select {
+	case n.ch <- poolID:
+	default:
+	}
 }
 
 // RunNudges replenishes nudged pools until ctx ends. Any replica may run

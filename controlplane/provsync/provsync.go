@@ -286,9 +286,7 @@ func (s *Syncer) confirmDead(ctx context.Context, p providers.Provider, in *stor
 	}
 	if n > 0 {
 		s.Log.Warn("instance errored: its machine is not running", "instance", in.ID, "source", source, "observed", m.State, "detail", m.Detail)
-		if poolID != "" && s.Instances.MemberLeft != nil {
-			s.Instances.MemberLeft(poolID)
-		}
+		s.Instances.MemberLeft(poolID)
 	}
 	return n > 0, nil
 }

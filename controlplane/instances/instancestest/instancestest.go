@@ -39,6 +39,9 @@ type Options struct {
 	Node string
 	// Timeout bounds the fixture's context (default 60 s).
 	Timeout time.Duration
+	// Pools hears of members leaving their pools (pool.Nudges, as tetherd
+	// wires it).
+	Pools instances.PoolEvents
 }
 
 // Env is the wired service and what it runs on.
@@ -97,7 +100,7 @@ func New(t testing.TB, st store.Store, o Options) *Env {
 		Machines:  map[string]providers.Provider{fake.Name: fp, external.Name: external.New()},
 		Artifacts: &instances.Artifacts{Blobs: blobs, Kernel: kernel, Initramfs: initrd, BaseURL: "http://10.0.2.2:8080"},
 		AgentURL:  "https://10.0.2.2:7443", CAFingerprint: "sha256:" + strings.Repeat("ab", 32),
-		Owner: o.Owner, RetryBackoff: time.Millisecond, OpTimeout: 10 * time.Second, ProvisionAttempts: o.ProvisionAttempts}
+		Owner: o.Owner, RetryBackoff: time.Millisecond, OpTimeout: 10 * time.Second, ProvisionAttempts: o.ProvisionAttempts, Pools: o.Pools}
 	e := &Env{Ctx: ctx, Store: st, Clock: clk, Fake: fp, Instances: svc, Logs: logs, Log: log,
 		Worker: &worker.Worker{Store: st, Clock: clk, Log: log, Owner: "worker-test", Handlers: svc.Handlers()}}
 	e.Template = &store.Template{Name: "tpl", KernelArgs: o.KernelArgs, CreatedAt: T0, UpdatedAt: T0}
