@@ -3,26 +3,15 @@ package libvirt
 import (
 	"errors"
 	"fmt"
-	"github.com/tetherfleet/tether/providers/internal/operr"
 
 	golibvirt "github.com/digitalocean/go-libvirt"
 
 	"github.com/tetherfleet/tether/providers"
+	"github.com/tetherfleet/tether/providers/internal/operr"
 )
 
 // errs makes this provider's typed errors.
 const errs = operr.For(Name)
-
-// Operation names, as they appear in errors.
-const (
-	opProvision = operr.Provision
-	opStart     = operr.Start
-	opStop      = operr.Stop
-	opReboot    = operr.Reboot
-	opTerminate = operr.Terminate
-	opStatus    = operr.Status
-	opList      = operr.List
-)
 
 func notFound(op, id string) error { return errs.NotFound(op, id, "no such domain") }
 

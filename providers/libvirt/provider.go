@@ -30,6 +30,7 @@ import (
 
 	"github.com/tetherfleet/tether/providers"
 	"github.com/tetherfleet/tether/providers/internal/keyed"
+	"github.com/tetherfleet/tether/providers/internal/operr"
 )
 
 // Files in an instance directory.
@@ -253,25 +254,25 @@ func (p *Provider) lookup(h hypervisor, op, id string) (found, error) {
 
 func (p *Provider) Provision(ctx context.Context, spec providers.Spec) (providers.Machine, error) {
 	id := spec.InstanceID
-	if err := checkID(opProvision, id); err != nil {
+	if err := checkID(operr.Provision, id); err != nil {
 		return providers.Machine{}, err
 	}
-	if err := p.checkBoot(opProvision, id, spec.Boot); err != nil {
+	if err := p.checkBoot(operr.Provision, id, spec.Boot); err != nil {
 		return providers.Machine{}, err
 	}
 	if p.cfg.Boot == BootNetwork {
-		if err := checkMAC(opProvision, id, spec.MAC); err != nil {
+		if err := checkMAC(operr.Provision, id, spec.MAC); err != nil {
 			return providers.Machine{}, err
 		}
 	}
 	unlock, err := p.locks.Lock(ctx, id)
 	if err != nil {
-		return providers.Machine{}, errs.Transient(opProvision, id, err)
+		return providers.Machine{}, errs.Transient(operr.Provision, id, err)
 	}
 	defer unlock()
 	var m providers.Machine
-	err = p.session(ctx, opProvision, id, func(h hypervisor) error {
-		f, err := p.lookup(h, opProvision, id)
+	err = p.session(ctx, operr.Provision, id, func(h hypervisor) error {
+		f, err := p.lookup(h, operr.Provision, id)
 		if err != nil {
 			return err
 		}
@@ -283,7 +284,7 @@ func (p *Provider) Provision(ctx context.Context, spec providers.Spec) (provider
 		}
 		// A fresh instance, or a definition an earlier attempt left
 		// without booting it (shut off, for no reason libvirtd knows).
-		m, err = p.boot(h, opProvision, id, spec.Boot, spec.MAC, f)
+		m, err = p.boot(h, operr.Provision, id, spec.Boot, spec.MAC, f)
 		if err != nil && !f.exists {
 			p.discard(h, id)
 		}
@@ -307,11 +308,11 @@ func (p *Provider) discard(h hypervisor, id string) {
 }
 
 func (p *Provider) Start(ctx context.Context, id string, boot providers.Boot) (providers.Machine, error) {
-	return p.power(ctx, opStart, id, boot)
+	return p.power(ctx, operr.Start, id, boot)
 }
 
 func (p *Provider) Reboot(ctx context.Context, id string, boot providers.Boot) (providers.Machine, error) {
-	return p.power(ctx, opReboot, id, boot)
+	return p.power(ctx, operr.Reboot, id, boot)
 }
 
 // power implements Start and Reboot. Both boot a new QEMU process: a fresh
@@ -341,7 +342,7 @@ func (p *Provider) power(ctx context.Context, op, id string, boot providers.Boot
 			return notFound(op, id)
 		}
 		if f.active() {
-			if op == opStart {
+			if op == operr.Start {
 				m = p.machine(id, f)
 				return nil
 			}
@@ -468,22 +469,22 @@ func identity(h hypervisor, d golibvirt.Domain) (uuid, mac string, err error) {
 }
 
 func (p *Provider) Stop(ctx context.Context, id string) (providers.Machine, error) {
-	if err := checkID(opStop, id); err != nil {
+	if err := checkID(operr.Stop, id); err != nil {
 		return providers.Machine{}, err
 	}
 	unlock, err := p.locks.Lock(ctx, id)
 	if err != nil {
-		return providers.Machine{}, errs.Transient(opStop, id, err)
+		return providers.Machine{}, errs.Transient(operr.Stop, id, err)
 	}
 	defer unlock()
 	var m providers.Machine
-	err = p.session(ctx, opStop, id, func(h hypervisor) error {
-		f, err := p.lookup(h, opStop, id)
+	err = p.session(ctx, operr.Stop, id, func(h hypervisor) error {
+		f, err := p.lookup(h, operr.Stop, id)
 		if err != nil {
 			return err
 		}
 		if !f.exists {
-			return notFound(opStop, id)
+			return notFound(operr.Stop, id)
 		}
 		if f.active() {
 			if err := p.halt(ctx, h, id, f.dom); err != nil {
@@ -511,7 +512,7 @@ func (p *Provider) halt(ctx context.Context, h hypervisor, id string, d golibvir
 		return nil
 	}
 	if err := h.Destroy(d); err != nil && !isCode(err, golibvirt.ErrOperationInvalid) {
-		return wrap(opStop, id, "destroy after the ACPI grace", err)
+		return wrap(operr.Stop, id, "destroy after the ACPI grace", err)
 	}
 	p.log.Info("libvirt stopped (destroyed after the ACPI grace)", "instance", id, "grace", p.cfg.StopGrace)
 	return nil
@@ -531,14 +532,14 @@ func (p *Provider) awaitOff(ctx context.Context, h hypervisor, d golibvirt.Domai
 			return true, nil
 		}
 		if err != nil {
-			return false, wrap(opStop, d.Name, "domain state", err)
+			return false, wrap(operr.Stop, d.Name, "domain state", err)
 		}
 		if f := (found{state: st}); !f.active() {
 			return true, nil
 		}
 		select {
 		case <-ctx.Done():
-			return false, errs.Transient(opStop, d.Name, ctx.Err())
+			return false, errs.Transient(operr.Stop, d.Name, ctx.Err())
 		case <-grace.C():
 			return false, nil
 		case <-tick.C():
@@ -547,33 +548,33 @@ func (p *Provider) awaitOff(ctx context.Context, h hypervisor, d golibvirt.Domai
 }
 
 func (p *Provider) Terminate(ctx context.Context, id string) error {
-	if err := checkID(opTerminate, id); err != nil {
+	if err := checkID(operr.Terminate, id); err != nil {
 		return err
 	}
 	unlock, err := p.locks.Lock(ctx, id)
 	if err != nil {
-		return errs.Transient(opTerminate, id, err)
+		return errs.Transient(operr.Terminate, id, err)
 	}
 	defer unlock()
-	return p.session(ctx, opTerminate, id, func(h hypervisor) error {
-		f, err := p.lookup(h, opTerminate, id)
+	return p.session(ctx, operr.Terminate, id, func(h hypervisor) error {
+		f, err := p.lookup(h, operr.Terminate, id)
 		if err != nil {
 			return err
 		}
 		if f.exists {
 			if f.active() {
 				if err := h.Destroy(f.dom); err != nil && !isCode(err, golibvirt.ErrOperationInvalid) && !isCode(err, golibvirt.ErrNoDomain) {
-					return wrap(opTerminate, id, "destroy", err)
+					return wrap(operr.Terminate, id, "destroy", err)
 				}
 			}
 			if err := h.Undefine(f.dom, undefineFlags); err != nil && !isCode(err, golibvirt.ErrNoDomain) {
-				return wrap(opTerminate, id, "undefine (with its NVRAM)", err)
+				return wrap(operr.Terminate, id, "undefine (with its NVRAM)", err)
 			}
 		}
 		// The directory goes last: while the domain exists, its console
 		// is what an operator reads to learn why a terminate failed.
 		if err := os.RemoveAll(filepath.Join(p.cfg.StateDir, id)); err != nil {
-			return errs.Transient(opTerminate, id, fmt.Errorf("remove instance dir: %w", err))
+			return errs.Transient(operr.Terminate, id, fmt.Errorf("remove instance dir: %w", err))
 		}
 		if f.exists {
 			p.log.Info("libvirt terminated", "instance", id, "domain", DomainName(id))
@@ -583,12 +584,12 @@ func (p *Provider) Terminate(ctx context.Context, id string) error {
 }
 
 func (p *Provider) Status(ctx context.Context, id string) (providers.Machine, error) {
-	if err := checkID(opStatus, id); err != nil {
+	if err := checkID(operr.Status, id); err != nil {
 		return providers.Machine{}, err
 	}
 	var m providers.Machine
-	err := p.session(ctx, opStatus, id, func(h hypervisor) error {
-		f, err := p.lookup(h, opStatus, id)
+	err := p.session(ctx, operr.Status, id, func(h hypervisor) error {
+		f, err := p.lookup(h, operr.Status, id)
 		if err != nil {
 			return err
 		}
@@ -600,10 +601,10 @@ func (p *Provider) Status(ctx context.Context, id string) (providers.Machine, er
 
 func (p *Provider) List(ctx context.Context) ([]providers.Machine, error) {
 	var out []providers.Machine
-	err := p.session(ctx, opList, "", func(h hypervisor) error {
+	err := p.session(ctx, operr.List, "", func(h hypervisor) error {
 		ds, err := h.ListAll()
 		if err != nil {
-			return wrap(opList, "", "list domains", err)
+			return wrap(operr.List, "", "list domains", err)
 		}
 		for _, d := range ds {
 			md, err := h.Metadata(d, MetadataNS)
@@ -612,9 +613,9 @@ func (p *Provider) List(ctx context.Context) ([]providers.Machine, error) {
 			}
 			if err != nil {
 				if ctx.Err() != nil {
-					return errs.Transient(opList, "", ctx.Err())
+					return errs.Transient(operr.List, "", ctx.Err())
 				}
-				return wrap(opList, "", "metadata of domain "+d.Name, err)
+				return wrap(operr.List, "", "metadata of domain "+d.Name, err)
 			}
 			id, err := instanceOf(md)
 			if err != nil {
@@ -627,7 +628,7 @@ func (p *Provider) List(ctx context.Context) ([]providers.Machine, error) {
 			}
 			if err != nil {
 				if ctx.Err() != nil {
-					return errs.Transient(opList, "", ctx.Err())
+					return errs.Transient(operr.List, "", ctx.Err())
 				}
 				// One domain whose state cannot be read must not hide the
 				// others; unknown is what the sync loop leaves alone.

@@ -15,6 +15,7 @@ import (
 	"fmt"
 
 	"github.com/tetherfleet/tether/providers"
+	"github.com/tetherfleet/tether/providers/internal/operr"
 )
 
 // driver is one mode's implementation of the provider operations.
@@ -157,28 +158,28 @@ func refuse(op string) error {
 }
 
 func (disabled) Provision(context.Context, providers.Spec) (providers.Machine, error) {
-	return providers.Machine{}, refuse(opProvision)
+	return providers.Machine{}, refuse(operr.Provision)
 }
 
 func (disabled) Start(context.Context, string, providers.Boot) (providers.Machine, error) {
-	return providers.Machine{}, refuse(opStart)
+	return providers.Machine{}, refuse(operr.Start)
 }
 
 func (disabled) Stop(context.Context, string) (providers.Machine, error) {
-	return providers.Machine{}, refuse(opStop)
+	return providers.Machine{}, refuse(operr.Stop)
 }
 
 func (disabled) Reboot(context.Context, string, providers.Boot) (providers.Machine, error) {
-	return providers.Machine{}, refuse(opReboot)
+	return providers.Machine{}, refuse(operr.Reboot)
 }
 
-func (disabled) Terminate(context.Context, string) error { return refuse(opTerminate) }
+func (disabled) Terminate(context.Context, string) error { return refuse(operr.Terminate) }
 
 func (disabled) Status(context.Context, string) (providers.Machine, error) {
-	return providers.Machine{}, refuse(opStatus)
+	return providers.Machine{}, refuse(operr.Status)
 }
 
-func (disabled) List(context.Context) ([]providers.Machine, error) { return nil, refuse(opList) }
+func (disabled) List(context.Context) ([]providers.Machine, error) { return nil, refuse(operr.List) }
 
 // WatchExits implements providers.ExitWatcher: in real mode every QEMU
 // child tetherd reaps is reported; the other modes have no processes.

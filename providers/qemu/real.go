@@ -16,6 +16,7 @@ import (
 
 	"github.com/tetherfleet/tether/providers"
 	"github.com/tetherfleet/tether/providers/internal/keyed"
+	"github.com/tetherfleet/tether/providers/internal/operr"
 )
 
 // realDriver boots real QEMU processes. It keeps no machine state of its own
@@ -113,55 +114,55 @@ func (r *realDriver) observe(id string) (observed, error) {
 
 func (r *realDriver) Provision(ctx context.Context, spec providers.Spec) (providers.Machine, error) {
 	id := spec.InstanceID
-	if err := checkID(opProvision, id); err != nil {
+	if err := checkID(operr.Provision, id); err != nil {
 		return providers.Machine{}, err
 	}
-	if err := checkBoot(r.cfg, opProvision, id, spec.Boot); err != nil {
+	if err := checkBoot(r.cfg, operr.Provision, id, spec.Boot); err != nil {
 		return providers.Machine{}, err
 	}
 	unlock, err := r.locks.Lock(ctx, id)
 	if err != nil {
-		return providers.Machine{}, errs.Transient(opProvision, id, err)
+		return providers.Machine{}, errs.Transient(operr.Provision, id, err)
 	}
 	defer unlock()
 
 	o, err := r.observe(id)
 	if err != nil {
-		return providers.Machine{}, errs.Transient(opProvision, id, err)
+		return providers.Machine{}, errs.Transient(operr.Provision, id, err)
 	}
 	if o.booted {
 		// Provision is idempotent by instance id: the machine exists, in
 		// whatever state it is in now.
-		return r.status(ctx, opProvision, id, o)
+		return r.status(ctx, operr.Provision, id, o)
 	}
 	// No pid file: either a fresh instance or an attempt that died between
 	// creating the directory and launching QEMU. Both are safe to launch.
 	p := r.paths(id)
 	if len(p.qmp) > maxSocketPath {
-		return providers.Machine{}, errs.Permanent(opProvision, id, fmt.Errorf("QMP socket path %s is %d bytes, longer than a unix socket allows (%d): use a shorter state directory", p.qmp, len(p.qmp), maxSocketPath))
+		return providers.Machine{}, errs.Permanent(operr.Provision, id, fmt.Errorf("QMP socket path %s is %d bytes, longer than a unix socket allows (%d): use a shorter state directory", p.qmp, len(p.qmp), maxSocketPath))
 	}
 	if err := os.MkdirAll(p.dir, 0o700); err != nil {
-		return providers.Machine{}, errs.Permanent(opProvision, id, fmt.Errorf("instance dir: %w", err))
+		return providers.Machine{}, errs.Permanent(operr.Provision, id, fmt.Errorf("instance dir: %w", err))
 	}
 	if r.cfg.TPM && spec.Node != "" {
 		if !validID.MatchString(spec.Node) {
 			_ = os.RemoveAll(p.dir)
-			return providers.Machine{}, errs.Permanent(opProvision, id, fmt.Errorf("node %q cannot name a TPM directory: want 1-64 of [A-Za-z0-9_.-], starting with a letter or digit", spec.Node))
+			return providers.Machine{}, errs.Permanent(operr.Provision, id, fmt.Errorf("node %q cannot name a TPM directory: want 1-64 of [A-Za-z0-9_.-], starting with a letter or digit", spec.Node))
 		}
 		if err := os.WriteFile(p.node, []byte(spec.Node), 0o600); err != nil {
-			return providers.Machine{}, errs.Transient(opProvision, id, fmt.Errorf("record the node: %w", err))
+			return providers.Machine{}, errs.Transient(operr.Provision, id, fmt.Errorf("record the node: %w", err))
 		}
 	}
 	if r.cfg.Boot.Netboot() {
-		if err := checkMAC(opProvision, id, spec.MAC); err != nil {
+		if err := checkMAC(operr.Provision, id, spec.MAC); err != nil {
 			_ = os.RemoveAll(p.dir)
 			return providers.Machine{}, err
 		}
 		if err := os.WriteFile(p.mac, []byte(spec.MAC), 0o600); err != nil {
-			return providers.Machine{}, errs.Transient(opProvision, id, fmt.Errorf("record the MAC: %w", err))
+			return providers.Machine{}, errs.Transient(operr.Provision, id, fmt.Errorf("record the MAC: %w", err))
 		}
 	}
-	m, err := r.launch(ctx, opProvision, id, spec.Boot)
+	m, err := r.launch(ctx, operr.Provision, id, spec.Boot)
 	if err != nil {
 		// Nothing was created that lives on: leave no directory, so the
 		// machine reads gone, which is what it is.
@@ -174,11 +175,11 @@ func (r *realDriver) Provision(ctx context.Context, spec providers.Spec) (provid
 }
 
 func (r *realDriver) Start(ctx context.Context, id string, boot providers.Boot) (providers.Machine, error) {
-	return r.boot(ctx, opStart, id, boot)
+	return r.boot(ctx, operr.Start, id, boot)
 }
 
 func (r *realDriver) Reboot(ctx context.Context, id string, boot providers.Boot) (providers.Machine, error) {
-	return r.boot(ctx, opReboot, id, boot)
+	return r.boot(ctx, operr.Reboot, id, boot)
 }
 
 // boot implements Start and Reboot. Both launch a new QEMU process: a fresh
@@ -210,7 +211,7 @@ func (r *realDriver) boot(ctx context.Context, op, id string, boot providers.Boo
 		return providers.Machine{}, notFound(op, id)
 	}
 	if o.alive {
-		if op == opStart {
+		if op == operr.Start {
 			return r.status(ctx, op, id, o)
 		}
 		if err := r.halt(ctx, op, id, o.pid, true); err != nil {
@@ -221,24 +222,24 @@ func (r *realDriver) boot(ctx context.Context, op, id string, boot providers.Boo
 }
 
 func (r *realDriver) Stop(ctx context.Context, id string) (providers.Machine, error) {
-	if err := checkID(opStop, id); err != nil {
+	if err := checkID(operr.Stop, id); err != nil {
 		return providers.Machine{}, err
 	}
 	unlock, err := r.locks.Lock(ctx, id)
 	if err != nil {
-		return providers.Machine{}, errs.Transient(opStop, id, err)
+		return providers.Machine{}, errs.Transient(operr.Stop, id, err)
 	}
 	defer unlock()
 
 	o, err := r.observe(id)
 	if err != nil {
-		return providers.Machine{}, errs.Transient(opStop, id, err)
+		return providers.Machine{}, errs.Transient(operr.Stop, id, err)
 	}
 	if !o.exists {
-		return providers.Machine{}, notFound(opStop, id)
+		return providers.Machine{}, notFound(operr.Stop, id)
 	}
 	if o.alive {
-		if err := r.halt(ctx, opStop, id, o.pid, true); err != nil {
+		if err := r.halt(ctx, operr.Stop, id, o.pid, true); err != nil {
 			return providers.Machine{}, err
 		}
 		r.log.Info("qemu stopped", "instance", id, "pid", o.pid)
@@ -246,24 +247,24 @@ func (r *realDriver) Stop(ctx context.Context, id string) (providers.Machine, er
 	// A stopped VM has no use for its TPM; one that outlived a QEMU we
 	// were not parent of (or a crash) ends here.
 	if err := r.stopTPM(id); err != nil {
-		return providers.Machine{}, errs.Transient(opStop, id, err)
+		return providers.Machine{}, errs.Transient(operr.Stop, id, err)
 	}
 	return r.machine(id, providers.StateStopped, ""), nil
 }
 
 func (r *realDriver) Terminate(ctx context.Context, id string) error {
-	if err := checkID(opTerminate, id); err != nil {
+	if err := checkID(operr.Terminate, id); err != nil {
 		return err
 	}
 	unlock, err := r.locks.Lock(ctx, id)
 	if err != nil {
-		return errs.Transient(opTerminate, id, err)
+		return errs.Transient(operr.Terminate, id, err)
 	}
 	defer unlock()
 
 	o, err := r.observe(id)
 	if err != nil {
-		return errs.Transient(opTerminate, id, err)
+		return errs.Transient(operr.Terminate, id, err)
 	}
 	if !o.exists {
 		return nil
@@ -271,36 +272,36 @@ func (r *realDriver) Terminate(ctx context.Context, id string) error {
 	if o.alive {
 		// Keep the directory when the process survives: the machine still
 		// exists, and the pid file is how the next attempt finds it.
-		if err := r.halt(ctx, opTerminate, id, o.pid, false); err != nil {
+		if err := r.halt(ctx, operr.Terminate, id, o.pid, false); err != nil {
 			return err
 		}
 	}
 	// No swtpm may outlive its VM. The node's TPM state stays: it is the
 	// node's, for its next instance.
 	if err := r.stopTPM(id); err != nil {
-		return errs.Transient(opTerminate, id, err)
+		return errs.Transient(operr.Terminate, id, err)
 	}
 	if err := os.RemoveAll(r.paths(id).dir); err != nil {
-		return errs.Transient(opTerminate, id, fmt.Errorf("remove instance dir: %w", err))
+		return errs.Transient(operr.Terminate, id, fmt.Errorf("remove instance dir: %w", err))
 	}
 	r.log.Info("qemu terminated", "instance", id)
 	return nil
 }
 
 func (r *realDriver) Status(ctx context.Context, id string) (providers.Machine, error) {
-	if err := checkID(opStatus, id); err != nil {
+	if err := checkID(operr.Status, id); err != nil {
 		return providers.Machine{}, err
 	}
 	unlock, err := r.locks.Lock(ctx, id)
 	if err != nil {
-		return providers.Machine{}, errs.Transient(opStatus, id, err)
+		return providers.Machine{}, errs.Transient(operr.Status, id, err)
 	}
 	defer unlock()
 	o, err := r.observe(id)
 	if err != nil {
-		return providers.Machine{}, errs.Transient(opStatus, id, err)
+		return providers.Machine{}, errs.Transient(operr.Status, id, err)
 	}
-	return r.status(ctx, opStatus, id, o)
+	return r.status(ctx, operr.Status, id, o)
 }
 
 // status turns an observation into a Machine, asking QMP when the process is
@@ -355,7 +356,7 @@ func (r *realDriver) List(ctx context.Context) ([]providers.Machine, error) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, errs.Transient(opList, "", fmt.Errorf("read state dir: %w", err))
+		return nil, errs.Transient(operr.List, "", fmt.Errorf("read state dir: %w", err))
 	}
 	var out []providers.Machine
 	for _, e := range entries {
@@ -365,7 +366,7 @@ func (r *realDriver) List(ctx context.Context) ([]providers.Machine, error) {
 		m, err := r.Status(ctx, e.Name())
 		if err != nil {
 			if ctx.Err() != nil {
-				return nil, errs.Transient(opList, "", ctx.Err())
+				return nil, errs.Transient(operr.List, "", ctx.Err())
 			}
 			// One wedged VM must not hide the others; it is listed as
 			// unknown, which the sync loop leaves alone.

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tetherfleet/tether/providers"
+	"github.com/tetherfleet/tether/providers/internal/operr"
 )
 
 // Entry is one thing recorder mode would have done.
@@ -96,7 +97,7 @@ func (r *recorder) launchEntry(op, id string, boot providers.Boot) (Entry, error
 	ls.TPM = r.cfg.TPM
 	argv := buildArgv(ls)
 	var steps []string
-	if op == opProvision {
+	if op == operr.Provision {
 		steps = append(steps, "mkdir "+p.dir+" 0700")
 	}
 	if r.cfg.TPM {
@@ -119,10 +120,10 @@ func (r *recorder) launchEntry(op, id string, boot providers.Boot) (Entry, error
 
 func (r *recorder) Provision(_ context.Context, spec providers.Spec) (providers.Machine, error) {
 	id := spec.InstanceID
-	if err := checkID(opProvision, id); err != nil {
+	if err := checkID(operr.Provision, id); err != nil {
 		return providers.Machine{}, err
 	}
-	if err := checkBoot(r.cfg, opProvision, id, spec.Boot); err != nil {
+	if err := checkBoot(r.cfg, operr.Provision, id, spec.Boot); err != nil {
 		return providers.Machine{}, err
 	}
 	r.mu.Lock()
@@ -131,7 +132,7 @@ func (r *recorder) Provision(_ context.Context, spec providers.Spec) (providers.
 		return r.machine(id, st), nil
 	}
 	if r.cfg.Boot.Netboot() {
-		if err := checkMAC(opProvision, id, spec.MAC); err != nil {
+		if err := checkMAC(operr.Provision, id, spec.MAC); err != nil {
 			return providers.Machine{}, err
 		}
 		r.macs[id] = spec.MAC
@@ -139,11 +140,11 @@ func (r *recorder) Provision(_ context.Context, spec providers.Spec) (providers.
 	if r.cfg.TPM && spec.Node != "" {
 		if !validID.MatchString(spec.Node) {
 			delete(r.macs, id)
-			return providers.Machine{}, errs.Permanent(opProvision, id, fmt.Errorf("node %q cannot name a TPM directory", spec.Node))
+			return providers.Machine{}, errs.Permanent(operr.Provision, id, fmt.Errorf("node %q cannot name a TPM directory", spec.Node))
 		}
 		r.nodes[id] = spec.Node
 	}
-	e, err := r.launchEntry(opProvision, id, spec.Boot)
+	e, err := r.launchEntry(operr.Provision, id, spec.Boot)
 	if err != nil {
 		delete(r.macs, id)
 		delete(r.nodes, id)
@@ -155,11 +156,11 @@ func (r *recorder) Provision(_ context.Context, spec providers.Spec) (providers.
 }
 
 func (r *recorder) Start(_ context.Context, id string, boot providers.Boot) (providers.Machine, error) {
-	return r.boot(opStart, id, boot)
+	return r.boot(operr.Start, id, boot)
 }
 
 func (r *recorder) Reboot(_ context.Context, id string, boot providers.Boot) (providers.Machine, error) {
-	return r.boot(opReboot, id, boot)
+	return r.boot(operr.Reboot, id, boot)
 }
 
 func (r *recorder) boot(op, id string, boot providers.Boot) (providers.Machine, error) {
@@ -175,7 +176,7 @@ func (r *recorder) boot(op, id string, boot providers.Boot) (providers.Machine, 
 	if !ok {
 		return providers.Machine{}, notFound(op, id)
 	}
-	if st == providers.StateRunning && op == opStart {
+	if st == providers.StateRunning && op == operr.Start {
 		return r.machine(id, st), nil
 	}
 	e, err := r.launchEntry(op, id, boot)
@@ -192,18 +193,18 @@ func (r *recorder) boot(op, id string, boot providers.Boot) (providers.Machine, 
 }
 
 func (r *recorder) Stop(_ context.Context, id string) (providers.Machine, error) {
-	if err := checkID(opStop, id); err != nil {
+	if err := checkID(operr.Stop, id); err != nil {
 		return providers.Machine{}, err
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	st, ok := r.machines[id]
 	if !ok {
-		return providers.Machine{}, notFound(opStop, id)
+		return providers.Machine{}, notFound(operr.Stop, id)
 	}
 	if st != providers.StateStopped {
 		r.record(Entry{
-			Op: opStop, InstanceID: id,
+			Op: operr.Stop, InstanceID: id,
 			QMP:    []string{"system_powerdown", "quit"},
 			Steps:  []string{"wait " + r.cfg.StopGrace.String() + " for ACPI powerdown", "quit", "SIGKILL if alive after " + r.cfg.KillTimeout.String(), "keep " + pathsFor(r.cfg.StateDir, id).dir},
 			Result: providers.StateStopped,
@@ -214,7 +215,7 @@ func (r *recorder) Stop(_ context.Context, id string) (providers.Machine, error)
 }
 
 func (r *recorder) Terminate(_ context.Context, id string) error {
-	if err := checkID(opTerminate, id); err != nil {
+	if err := checkID(operr.Terminate, id); err != nil {
 		return err
 	}
 	r.mu.Lock()
@@ -223,7 +224,7 @@ func (r *recorder) Terminate(_ context.Context, id string) error {
 	if !ok {
 		return nil
 	}
-	e := Entry{Op: opTerminate, InstanceID: id, Result: providers.StateGone}
+	e := Entry{Op: operr.Terminate, InstanceID: id, Result: providers.StateGone}
 	if st != providers.StateStopped {
 		e.QMP = []string{"quit"}
 		e.Steps = []string{"SIGKILL if alive after " + r.cfg.KillTimeout.String()}
@@ -243,7 +244,7 @@ func (r *recorder) Terminate(_ context.Context, id string) error {
 }
 
 func (r *recorder) Status(_ context.Context, id string) (providers.Machine, error) {
-	if err := checkID(opStatus, id); err != nil {
+	if err := checkID(operr.Status, id); err != nil {
 		return providers.Machine{}, err
 	}
 	r.mu.Lock()

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/tetherfleet/tether/providers"
+	"github.com/tetherfleet/tether/providers/internal/operr"
 	"github.com/tetherfleet/tether/providers/qemu/qemutest"
 )
 
@@ -146,7 +147,7 @@ func TestRecorderTokenlessBootWithTPM(t *testing.T) {
 
 func TestTPMRefusals(t *testing.T) {
 	t.Run("instance id tpm is reserved", func(t *testing.T) {
-		err := checkID(opProvision, tpmDirName)
+		err := checkID(operr.Provision, tpmDirName)
 		if err == nil || providers.KindOf(err) != providers.KindPermanent || !strings.Contains(err.Error(), "reserved") {
 			t.Fatalf("checkID(tpm) = %v", err)
 		}
