@@ -24,3 +24,18 @@ type ExitWatcher interface {
 	// block.
 	WatchExits(ctx context.Context, f func(Exit))
 }
+
+// ExitReporter is a provider that can tell, from what it holds on this
+// host (the exit of a child it reaped, a local state file), that a machine
+// has stopped running, with no round trip to a BMC or a remote API. The
+// answer is cheap enough for a claim to ask inside its transaction, so a
+// claim never hands out a member whose machine this provider already saw
+// exit, whatever the row and the presence lease still say. Providers that
+// must ask over the network (redfish) do not implement it: their deaths
+// reach the row through their agents' streams and provider sync.
+type ExitReporter interface {
+	// Exited reports whether machine id is known to have exited, and
+	// what was observed. Not knowing is false: the claim then rests on
+	// the row and the presence lease.
+	Exited(id string) (detail string, exited bool)
+}

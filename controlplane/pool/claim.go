@@ -13,6 +13,7 @@ import (
 	"github.com/tetherfleet/tether/controlplane/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/pool/claims"
 	"github.com/tetherfleet/tether/controlplane/store"
+	"github.com/tetherfleet/tether/providers"
 )
 
 // AcquireParams selects the pool to claim from: PoolID, else PoolName,
@@ -107,10 +108,7 @@ func (s *Service) claimTx(ctx context.Context, q store.Queries, reqs []*claimReq
 	for i, r := range reqs {
 		cs[i] = store.PoolClaim{ClaimID: uuid.Must(uuid.NewV7()).String(), AcquiredBy: r.acquiredBy, AcquiredFor: r.acquiredFor}
 	}
-	ms, err := q.ClaimPoolMembers(ctx, r0.poolID, r0.class, cs, now)
-	if errors.Is(err, store.ErrNotFound) {
-		return nil, errNoReady
-	}
+	ms, err := s.claimLive(ctx, q, r0, cs, now)
 	if err != nil {
 		return nil, err
 	}
@@ -118,6 +116,9 @@ func (s *Service) claimTx(ctx context.Context, q store.Queries, reqs []*claimReq
 	out := make([]*Claim, len(reqs))
 	evs := make([]events.E, 0, len(ms))
 	for i, m := range ms {
+		if m == nil {
+			continue
+		}
 		r := reqs[i]
 		owner := r.named
 		if owner == nil {
@@ -137,6 +138,98 @@ func (s *Service) claimTx(ctx context.Context, q store.Queries, reqs []*claimReq
 		return nil, fmt.Errorf("record %d claim(s): %w", len(evs), err)
 	}
 	return out, nil
+}
+
+// claimLive claims a member for each claim in cs (aligned with them, nil
+// where none was left) and hands out none whose machine its provider has
+// seen exit: the presence lease of a replica killed with -9, or a stream
+// whose end has not reached the store yet, can still vouch for an agent
+// that is gone, and the provider's own observation outranks both (design
+// §4.4). Such a member is parked errored in the same transaction, so no
+// one ever saw it claimed, and its claim is made again on another member.
+// errNoReady when no claim got a member and none was parked (a parked
+// member must commit, claimed or not).
+func (s *Service) claimLive(ctx context.Context, q store.Queries, r0 *claimReq, cs []store.PoolClaim, now time.Time) ([]*store.Instance, error) {
+	out := make([]*store.Instance, len(cs))
+	todo := make([]int, len(cs))
+	for i := range todo {
+		todo[i] = i
+	}
+	got, parked := 0, 0
+	for len(todo) > 0 {
+		batch := make([]store.PoolClaim, len(todo))
+		for j, i := range todo {
+			batch[j] = cs[i]
+		}
+		ms, err := q.ClaimPoolMembers(ctx, r0.poolID, r0.class, batch, now)
+		if errors.Is(err, store.ErrNotFound) {
+			break
+		}
+		if err != nil {
+			return nil, err
+		}
+		// Every pass parks at least one member or ends the loop, and the
+		// ready members are finite.
+		var again []int
+		for j, m := range ms {
+			if detail, dead := s.exited(m); dead {
+				if err := s.parkExited(ctx, q, m, detail, now); err != nil {
+					return nil, err
+				}
+				again = append(again, todo[j])
+				parked++
+				continue
+			}
+			out[todo[j]] = m
+			got++
+		}
+		todo = again
+	}
+	if got == 0 && parked == 0 {
+		return nil, errNoReady
+	}
+	return out, nil
+}
+
+// exited asks m's provider, where it can tell locally, whether m's machine
+// has exited.
+func (s *Service) exited(m *store.Instance) (string, bool) {
+	if m.CloudInstanceID == "" {
+		return "", false
+	}
+	p, err := s.Instances.Provider(m.Provider)
+	if err != nil {
+		return "", false
+	}
+	r, ok := p.(providers.ExitReporter)
+	if !ok {
+		return "", false
+	}
+	return r.Exited(m.CloudInstanceID)
+}
+
+// parkExited takes a member whose machine exited out of the claim it was
+// just given, inside the claim's transaction: errored, as provider sync
+// errors a running row whose machine it observes stopped, and parked
+// errored in its pool so the errored ladder terminates what is left of it
+// and the pool replaces it.
+func (s *Service) parkExited(ctx context.Context, q store.Queries, m *store.Instance, detail string, now time.Time) error {
+	reason := fmt.Sprintf("machine exited outside Tether (%s); seen when a claim took it, so it was not handed out", detail)
+	m.ClaimID, m.AcquiredBy, m.AcquiredFor, m.PoolAcquiredAt = "", "", "", nil
+	m.PoolState, m.PoolTerminateAttempts, m.PoolNextTerminateAt = lifecycle.PoolErrored, 0, &now
+	m.ErrorMessage = reason
+	if err := s.Instances.TransitionTx(ctx, q, m, lifecycle.MarkErrored, reason, now); err != nil {
+		return fmt.Errorf("park member %s whose machine exited: %w", m.ID, err)
+	}
+	if _, err := (events.E{Kind: events.InstanceErrored, Severity: events.High, InstanceID: m.ID, PoolID: m.PoolID, Message: reason,
+		Payload: map[string]any{"provider": m.Provider, "machine": m.CloudInstanceID, "source": "claim", "observed": "exited",
+			"detail": detail}}).Write(ctx, q, now); err != nil {
+		return fmt.Errorf("park member %s whose machine exited: %w", m.ID, err)
+	}
+	// A nudge of a transaction that then rolls back costs one replenish
+	// pass that finds nothing to do.
+	s.Nudge(m.PoolID)
+	return nil
 }
 
 // noReady is the ResourceExhausted answer, with the counts that explain it.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sort"
 	"sync"
 	"testing"
 	"time"
@@ -509,4 +510,74 @@ func instancesParams(e *env, node string) instancesProvision {
 	n := &store.Node{Name: node, TemplateID: e.tpl.ID, Enabled: true, Config: []byte("{}"), CreatedAt: t0, UpdatedAt: t0}
 	must(e.t, e.st.CreateNode(e.ctx, n))
 	return instancesProvision{Node: node, Provider: fake.Name}
+}
+
+// A member whose machine the provider has seen exit is never handed out,
+// though its row reads running and ready and its agent's presence lease
+// still stands (a replica killed while holding the stream, or a stream
+// whose end has not reached the store): the claim parks it errored in the
+// same transaction and takes the next member, or answers NoReadyMembers.
+func TestAcquireSkipsMembersWhoseMachineExited(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// kill ends the machines of the members at these positions
+		// (oldest first) behind the control plane's back.
+		dead    []int
+		kill    func(f *fake.Provider, machine string)
+		handOut int // position handed out; -1: none
+	}{
+		{"the oldest stopped: the next is handed out", []int{0}, func(f *fake.Provider, m string) { f.SetState(m, providers.StateStopped) }, 1},
+		{"the oldest crashed: the next is handed out", []int{0}, func(f *fake.Provider, m string) { f.Crash(m, "killed by signal 9") }, 1},
+		{"the oldest vanished: the next is handed out", []int{0}, func(f *fake.Provider, m string) { f.Vanish(m) }, 1},
+		{"every member stopped: none", []int{0, 1}, func(f *fake.Provider, m string) { f.SetState(m, providers.StateStopped) }, -1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			eachBackend(t, func(t *testing.T, open func(testing.TB) store.Store) {
+				e := newEnv(t, open)
+				p := e.create("warm", 2, store.PoolMetadata{})
+				members := e.warm(p)
+				if len(members) != 2 {
+					t.Fatalf("%d ready members, want 2", len(members))
+				}
+				sortByWarming(members)
+				for _, i := range tc.dead {
+					tc.kill(e.fake, members[i].CloudInstanceID)
+				}
+
+				c, err := e.svc.Acquire(e.ctx, pool.AcquireParams{PoolName: "warm", AcquiredBy: "ci"})
+				if tc.handOut < 0 {
+					wantCode(t, err, codes.ResourceExhausted)
+				} else {
+					must(t, err)
+					if c.Instance.ID != members[tc.handOut].ID {
+						t.Fatalf("handed out %s, want %s", c.Instance.ID, members[tc.handOut].ID)
+					}
+				}
+				for _, i := range tc.dead {
+					in := e.get(members[i].ID)
+					if in.Status != lifecycle.Error || in.PoolState != lifecycle.PoolErrored || in.ClaimID != "" ||
+						!strings.Contains(in.ErrorMessage, "machine exited outside Tether") {
+						t.Fatalf("dead member %d: status %s pool state %s claim %q reason %q", i, in.Status, in.PoolState, in.ClaimID, in.ErrorMessage)
+					}
+					evs := e.events(events.InstanceErrored, store.EventFilter{InstanceID: in.ID})
+					if len(evs) != 1 || payload(t, evs[0])["source"] != "claim" {
+						t.Fatalf("dead member %d: errored events %v", i, evs)
+					}
+					if n := len(e.events(events.PoolClaimed, store.EventFilter{InstanceID: in.ID})); n != 0 {
+						t.Fatalf("dead member %d has %d pool.claimed events", i, n)
+					}
+				}
+				// The parked members are out of ready for good: another
+				// acquire does not meet them again.
+				if c := e.counts(p); c.Ready != 0 {
+					t.Fatalf("after the claim: %+v", c)
+				}
+			})
+		})
+	}
+}
+
+// sortByWarming orders members oldest first, as a claim takes them.
+func sortByWarming(ms []*store.Instance) {
+	sort.Slice(ms, func(i, j int) bool { return ms[i].PoolWarmingStartedAt.Before(*ms[j].PoolWarmingStartedAt) })
 }

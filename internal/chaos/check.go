@@ -29,12 +29,6 @@ type Death struct {
 	At         time.Time
 }
 
-// DeadClaimGrace is how long after a machine's death a claim of it is not
-// yet a violation: the lease a replica killed while holding the agent's
-// stream leaves behind (presence.DefaultLease), and a second for the
-// stream's end to reach the store. A live replica closes the presence at
-// once; the grace covers the kill -9s the run makes.
-const DeadClaimGrace = 16 * time.Second
 
 // Release is an acknowledged ReleasePoolMember of the claim it ended.
 type Release struct{ InstanceID, ClaimID string }
@@ -218,7 +212,9 @@ func claimedOnce(l *Ledger, o Observed) Result {
 
 // noDeadClaimed: no acquire returns a member whose machine the fake
 // provider already reported dead when the call was made (design §2.10,
-// §4.4), beyond DeadClaimGrace.
+// §4.4), with no grace: a claim asks the provider inside its transaction,
+// so neither a presence lease left by a replica killed with -9 nor a
+// stream end still on its way to the store lets a dead member through.
 func noDeadClaimed(l *Ledger) Result {
 	r := Result{Name: "no acquire returns a dead member"}
 	died := map[string]time.Time{}
@@ -231,7 +227,7 @@ func noDeadClaimed(l *Ledger) Result {
 			continue
 		}
 		r.Checked++
-		if late := c.Asked.Sub(at); late > DeadClaimGrace {
+		if late := c.Asked.Sub(at); late > 0 {
 			r.Violations = append(r.Violations, fmt.Sprintf("instance %s: claim %s asked %s after its machine died", c.InstanceID, c.ClaimID, late.Round(time.Millisecond)))
 		}
 	}

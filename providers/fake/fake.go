@@ -571,6 +571,37 @@ func (p *Provider) SetState(id string, state providers.MachineState) bool {
 	return ok
 }
 
+// Exited implements providers.ExitReporter: a machine that is stopped
+// (Crash, SetState) or that this fake once had and lost (Vanish,
+// Terminate) has exited. An id it never had is "not known", as for a
+// real provider's machine that some other system made. It reads the
+// state file like every call, so a machine another process marked
+// stopped is seen at once. It is not recorded among the calls: it
+// observes, as a provider's own bookkeeping does.
+func (p *Provider) Exited(id string) (string, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var state providers.MachineState
+	if err := p.inFile(false, func() {
+		if m, ok := p.machines[id]; ok {
+			state = m.m.State
+		} else if _, ok := p.graveyard[id]; ok {
+			state = providers.StateGone
+		}
+	}); err != nil {
+		return "", false
+	}
+	switch state {
+	case providers.StateStopped:
+		return "fake machine " + id + " stopped", true
+	case providers.StateGone:
+		return "fake machine " + id + " gone", true
+	}
+	return "", false
+}
+
+var _ providers.ExitReporter = (*Provider)(nil)
+
 // WatchExits implements providers.ExitWatcher: Crash reports to f until
 // ctx ends.
 func (p *Provider) WatchExits(ctx context.Context, f func(providers.Exit)) {

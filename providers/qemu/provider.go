@@ -190,3 +190,15 @@ func (p *Provider) WatchExits(ctx context.Context, f func(providers.Exit)) {
 }
 
 var _ providers.ExitWatcher = (*Provider)(nil)
+
+// Exited implements providers.ExitReporter: in real mode, a QEMU that
+// exited since it was last launched (a child reaped, or the pidfd of a VM
+// an earlier tetherd started). The other modes have no processes.
+func (p *Provider) Exited(id string) (string, bool) {
+	if r, ok := p.driver.(providers.ExitReporter); ok {
+		return r.Exited(id)
+	}
+	return "", false
+}
+
+var _ providers.ExitReporter = (*Provider)(nil)

@@ -56,6 +56,30 @@ func (r *realDriver) WatchExits(ctx context.Context, f func(providers.Exit)) {
 	})
 }
 
+// Exited implements providers.ExitReporter from what the reaper and the
+// pidfd watch recorded and, for the moment before they run, from the
+// process table: a QEMU that is a zombie or gone has exited, though its
+// reaper has not woken yet. It takes no instance lock (a claim asks it
+// inside its transaction, and must not wait behind a launch); a ready
+// member is launched, so its pid file is written.
+func (r *realDriver) Exited(id string) (string, bool) {
+	r.mu.Lock()
+	detail, exited := r.exits[id]
+	r.mu.Unlock()
+	if exited {
+		return detail, true
+	}
+	p := r.paths(id)
+	pid, err := readPID(p.pid)
+	if err != nil || pid <= 0 {
+		return "", false // no VM launched here: nothing known
+	}
+	if !processIsVM(pid, p.qmpArg()) {
+		return fmt.Sprintf("qemu pid %d is no longer running", pid), true
+	}
+	return "", false
+}
+
 func newRealDriver(cfg Config, accel string) (*realDriver, error) {
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("qemu: state dir: %w", err)
