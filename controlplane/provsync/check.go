@@ -17,7 +17,8 @@ const SourceStreamLost = "stream_lost"
 
 // Check asks the provider at once for one instance's machine, on a death
 // signal (source names it: "qemu_exit", "stream_lost"), and errors a
-// running row whose machine the provider observes stopped or gone. A
+// row whose machine should be on (machineOn) and that the provider
+// observes stopped or gone. A
 // machine the provider reports running leaves the row as it is: its agent
 // may be partitioned, which the fleet view shows as disconnected. It
 // reports whether the row moved.
@@ -29,7 +30,7 @@ func (s *Syncer) Check(ctx context.Context, instanceID, source string) (bool, er
 	if err != nil {
 		return false, fmt.Errorf("check %s: %w", instanceID, err)
 	}
-	if in.Status != lifecycle.Running {
+	if !machineOn(in.Status) {
 		return false, nil
 	}
 	p, err := s.Instances.Provider(in.Provider)
@@ -41,6 +42,19 @@ func (s *Syncer) Check(ctx context.Context, instanceID, source string) (bool, er
 		return false, fmt.Errorf("check %s: %w", instanceID, err)
 	}
 	return moved, nil
+}
+
+// machineOn reports whether a row in state st has a machine that should
+// be running: a running instance, and one booting after a provision,
+// start or reboot. A machine that exits in any of them died; in the
+// others (stopping, stopped, error, terminated) it may be off on
+// purpose.
+func machineOn(st lifecycle.State) bool {
+	switch st {
+	case lifecycle.Provisioning, lifecycle.Starting, lifecycle.Rebooting, lifecycle.Running:
+		return true
+	}
+	return false
 }
 
 // Checks runs Check for death signals as they arrive, a few at a time,

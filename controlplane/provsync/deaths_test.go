@@ -238,3 +238,58 @@ func TestExitDuringAPowerOperationIsLeftToIt(t *testing.T) {
 		t.Fatalf("check after the operation ended: moved=%v err=%v, want the row errored", moved, err)
 	}
 }
+
+// A machine that exits while its instance boots (after a provision, a
+// start or a reboot, before the agent reports) died too: the exit signal
+// and the periodic pass both move the row, and a warming member leaves
+// warming at once instead of at its warming timeout. A row that is
+// stopping or stopped is off on purpose and stays.
+func TestMachineThatExitsWhileBootingMovesTheRow(t *testing.T) {
+	for _, tc := range []struct {
+		status lifecycle.State
+		moves  bool
+	}{
+		{lifecycle.Provisioning, true},
+		{lifecycle.Starting, true},
+		{lifecycle.Rebooting, true},
+		{lifecycle.Stopping, false},
+		{lifecycle.Stopped, false},
+	} {
+		t.Run(string(tc.status), func(t *testing.T) {
+			for _, via := range []string{"exit signal", "provider sync"} {
+				t.Run(via, func(t *testing.T) {
+					f := setup(t)
+					in := f.instance(t, fake.Name, tc.status)
+					f.member(t, in)
+					warming := f.get(t, in.ID)
+					warming.PoolState = lifecycle.PoolWarming
+					if err := f.st.UpdateInstance(f.ctx, warming); err != nil {
+						t.Fatal(err)
+					}
+					if via == "exit signal" {
+						c, done := f.checks(t)
+						f.fake.WatchExits(f.ctx, c.Exit)
+						f.fake.Crash(in.CloudInstanceID, "qemu exit status 0")
+						waitCheck(t, done, in.ID)
+					} else {
+						f.fake.SetState(in.CloudInstanceID, providers.StateStopped)
+						if _, err := f.syncer.Tick(f.ctx); err != nil {
+							t.Fatal(err)
+						}
+					}
+					got := f.get(t, in.ID)
+					if !tc.moves {
+						if got.Status != tc.status {
+							t.Fatalf("a %s row moved to %s", tc.status, got.Status)
+						}
+						return
+					}
+					if got.Status != lifecycle.Error || got.PoolState != lifecycle.PoolErrored ||
+						!strings.Contains(got.ErrorMessage, "while the instance was "+string(tc.status)) {
+						t.Fatalf("after the machine exited: %s/%s %q", got.Status, got.PoolState, got.ErrorMessage)
+					}
+				})
+			}
+		})
+	}
+}

@@ -92,7 +92,7 @@ func (s *Syncer) syncProvider(ctx context.Context, p providers.Provider, res *Re
 	}
 	// Rows first, list second: a running row read before the list cannot
 	// have gained its machine after it.
-	running, err := s.listRunning(ctx, p.Name())
+	running, err := s.listMachineOn(ctx, p.Name())
 	if err != nil {
 		return err
 	}
@@ -179,11 +179,12 @@ func (s *Syncer) listFailed(provider string, err error, res *Result) error {
 	return err // no list, no conclusions
 }
 
-func (s *Syncer) listRunning(ctx context.Context, provider string) ([]*store.Instance, error) {
+func (s *Syncer) listMachineOn(ctx context.Context, provider string) ([]*store.Instance, error) {
 	var out []*store.Instance
 	page := store.Page{Limit: store.MaxPageSize}
 	for {
-		ins, err := s.Store.ListInstances(ctx, store.InstanceFilter{Provider: provider, Statuses: []lifecycle.State{lifecycle.Running}}, page)
+		ins, err := s.Store.ListInstances(ctx, store.InstanceFilter{Provider: provider,
+			Statuses: []lifecycle.State{lifecycle.Provisioning, lifecycle.Starting, lifecycle.Rebooting, lifecycle.Running}}, page)
 		if err != nil {
 			return nil, err
 		}
@@ -195,8 +196,8 @@ func (s *Syncer) listRunning(ctx context.Context, provider string) ([]*store.Ins
 	}
 }
 
-// confirmDead asks the provider for a running row's machine and, if the
-// provider observes it gone or stopped, errors the row with what was
+// confirmDead asks the provider for the machine of a row that should be on
+// (machineOn) and, if the provider observes it gone or stopped, errors the row with what was
 // observed. A pool member leaves ready (parked errored, so the pool
 // replaces it and terminates what is left). It reports whether it moved
 // the row.
@@ -241,7 +242,7 @@ func (s *Syncer) confirmDead(ctx context.Context, p providers.Provider, in *stor
 		if err != nil {
 			return err
 		}
-		if cur.Status != lifecycle.Running || cur.TerminateRequestedAt != nil {
+		if !machineOn(cur.Status) || cur.TerminateRequestedAt != nil {
 			return nil
 		}
 		if busy, err := operationInProgress(ctx, q, cur.ID); err != nil || busy {
@@ -261,6 +262,9 @@ func (s *Syncer) confirmDead(ctx context.Context, p providers.Provider, in *stor
 				detail = "provider " + p.Name() + " reports it " + state
 			}
 			reason = fmt.Sprintf("machine exited outside Tether (%s)", detail)
+		}
+		if cur.Status != lifecycle.Running {
+			reason += fmt.Sprintf(" while the instance was %s", cur.Status)
 		}
 		cur.ErrorMessage = reason
 		if cur.PoolID != "" && (cur.PoolState == lifecycle.PoolReady || cur.PoolState == lifecycle.PoolWarming) {
