@@ -89,16 +89,51 @@ func newVMEnv(t testing.TB, extra ...testcp.Option) *vmEnv {
 // newRootEnv is newVMEnv with the root module given: the template's one
 // root layer is data, pushed as name:1.
 func newRootEnv(t testing.TB, a artifacts, module string, data []byte, extra ...testcp.Option) *vmEnv {
-	// QMP sockets live under the state dir: keep its path short.
+	stateDir := qemuStateDir(t)
+	opts := append([]testcp.Option{testcp.With(func(o *daemon.ServeOptions) {
+		o.QEMUMode, o.QEMUStateDir, o.Kernel, o.Initramfs = "real", stateDir, a.kernel, a.initramfs
+	})}, extra...)
+	return setUpVMEnv(t, testcp.Start(t, opts...), a, stateDir, module, data)
+}
+
+// newProcessVMEnv is newVMEnv with tetherd run as its own process
+// (bin/tetherd), so that the test can kill it with -9.
+func newProcessVMEnv(t testing.TB) *vmEnv {
+	a := requireVM(t)
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tetherd := filepath.Join(root, "bin", "tetherd")
+	if _, err := os.Stat(tetherd); err != nil {
+		msg := fmt.Sprintf("SKIP (real-VM e2e): %s is missing; run `make build` (make e2e does)", tetherd)
+		fmt.Fprintln(os.Stderr, msg)
+		t.Skip(msg)
+	}
+	data, err := os.ReadFile(a.rootModule)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stateDir := qemuStateDir(t)
+	cp := testcp.StartProcess(t, tetherd, "--qemu-mode", "real", "--qemu-state-dir", stateDir, "--kernel", a.kernel,
+		"--initramfs", a.initramfs, "--unauthenticated-rate", "-1", "--log-level", "debug")
+	return setUpVMEnv(t, cp, a, stateDir, "example", data)
+}
+
+// qemuStateDir is a fresh qemu state dir, removed after the test. QMP
+// sockets live under it: its path is kept short.
+func qemuStateDir(t testing.TB) string {
 	stateDir, err := os.MkdirTemp("", "tq")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(stateDir) })
-	opts := append([]testcp.Option{testcp.With(func(o *daemon.ServeOptions) {
-		o.QEMUMode, o.QEMUStateDir, o.Kernel, o.Initramfs = "real", stateDir, a.kernel, a.initramfs
-	})}, extra...)
-	cp := testcp.Start(t, opts...)
+	return stateDir
+}
+
+// setUpVMEnv gives cp the root module as module:1, a template of it and
+// a node of the template, both named after the test.
+func setUpVMEnv(t testing.TB, cp *testcp.ControlPlane, a artifacts, stateDir, module string, data []byte) *vmEnv {
 	ctx := context.Background()
 	cp.PushModule(ctx, module, "1", data)
 	name := strings.ToLower(strings.ReplaceAll(t.Name(), "/", "-"))

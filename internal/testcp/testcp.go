@@ -15,6 +15,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"testing/fstest"
 	"time"
@@ -44,6 +45,8 @@ type ControlPlane struct {
 	cancel    context.CancelFunc
 	done      chan error
 	opts      daemon.ServeOptions
+	// proc is set for a tetherd run as its own process (StartProcess).
+	proc *process
 }
 
 // Option adjusts the serve options.
@@ -88,6 +91,10 @@ func Start(t testing.TB, opts ...Option) *ControlPlane {
 }
 
 func (cp *ControlPlane) serve() {
+	if cp.proc != nil {
+		cp.proc.start(cp)
+		return
+	}
 	t := cp.t
 	// A restart comes back on the same address: agents were told it.
 	addr := "127.0.0.1:0"
@@ -124,6 +131,13 @@ func (cp *ControlPlane) serve() {
 	case <-time.After(30 * time.Second):
 		t.Fatal("tetherd did not start within 30s")
 	}
+	cp.connect()
+}
+
+// connect reads the data dir's CA and admin identity and opens the admin
+// connection to cp.Addr.
+func (cp *ControlPlane) connect() {
+	t := cp.t
 	caPEM, err := os.ReadFile(filepath.Join(cp.DataDir, daemon.AdminDir, daemon.AdminCAFile))
 	if err != nil {
 		t.Fatal(err)
@@ -150,15 +164,17 @@ func (cp *ControlPlane) serve() {
 
 // Stop shuts the control plane down (idempotent).
 func (cp *ControlPlane) Stop() {
+	if cp.proc != nil {
+		cp.closeAdmin()
+		cp.proc.stop(cp.t, syscall.SIGTERM)
+		return
+	}
 	if cp.cancel == nil {
 		return
 	}
 	cp.cancel()
 	cp.cancel = nil
-	if cp.adminConn != nil {
-		cp.adminConn.Close()
-		cp.adminConn = nil
-	}
+	cp.closeAdmin()
 	select {
 	case err := <-cp.done:
 		if err != nil {
@@ -166,6 +182,13 @@ func (cp *ControlPlane) Stop() {
 		}
 	case <-time.After(30 * time.Second):
 		cp.t.Error("tetherd did not stop within 30s")
+	}
+}
+
+func (cp *ControlPlane) closeAdmin() {
+	if cp.adminConn != nil {
+		cp.adminConn.Close()
+		cp.adminConn = nil
 	}
 }
 
