@@ -3,8 +3,8 @@ package pool_test
 import (
 	"context"
 	"errors"
-	"strings"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"

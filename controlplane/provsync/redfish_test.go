@@ -23,7 +23,9 @@ func (r oneNode) Target(_ context.Context, node string) (redfish.Target, error) 
 	return r.t, nil
 }
 
-func (r oneNode) Targets(context.Context) ([]redfish.Target, error) { return []redfish.Target{r.t}, nil }
+func (r oneNode) Targets(context.Context) ([]redfish.Target, error) {
+	return []redfish.Target{r.t}, nil
+}
 
 // A bare-metal machine powered off at its BMC behind Tether's back: the
 // provider's next poll (the provider-sync pass) reads PowerState Off and

@@ -29,7 +29,6 @@ type Death struct {
 	At         time.Time
 }
 
-
 // Release is an acknowledged ReleasePoolMember of the claim it ended.
 type Release struct{ InstanceID, ClaimID string }
 
