@@ -89,8 +89,8 @@ func TestVMDeadMemberIsNotHandedOut(t *testing.T) {
 		}
 	}()
 	env := newVMEnv(t, testcp.WithLog(slog.New(slog.NewTextHandler(logf, &slog.HandlerOptions{Level: slog.LevelDebug}))), testcp.With(func(o *daemon.ServeOptions) {
-		o.PoolReaperEvery = 2 * time.Second
-		o.ProviderSyncEvery = time.Hour
+		o.Loops.PoolReaperEvery = 2 * time.Second
+		o.Loops.ProviderSyncEvery = time.Hour
 	}))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
