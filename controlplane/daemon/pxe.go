@@ -7,6 +7,7 @@ import (
 	"net"
 
 	"github.com/tetherfleet/tether/controlplane/netboot/pxe"
+	"github.com/tetherfleet/tether/controlplane/netboot/tftp"
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/internal/guard"
 )
@@ -35,6 +36,15 @@ func (o *ServeOptions) pxeURL(netLis net.Listener) error {
 		o.Listeners.NetbootURL = "http://" + net.JoinHostPort(ip.String(), port)
 	}
 	return nil
+}
+
+// netbootLoaders are the iPXE loaders the netboot server also serves
+// over HTTP: those of --ipxe-dir when tetherd answers DHCP, else none.
+func (o *ServeOptions) netbootLoaders() tftp.Loaders {
+	if !o.Listeners.PXE.Enabled() {
+		return tftp.Loaders{}
+	}
+	return o.Listeners.PXE.Loaders()
 }
 
 // pxeService builds the DHCP, TFTP and router-advertisement service, or

@@ -211,14 +211,23 @@ func build(ctx context.Context, opts ServeOptions) (_ *daemon, err error) {
 			d.exitWatchers = append(d.exitWatchers, w)
 		}
 	}
-	d.presence = &presence.Tracker{Store: st, Clock: o.Clock, Log: log, Lease: o.Liveness.PresenceLease}
+	// The replica's presence name is its gRPC address: that listener
+	// opens before the tracker is built, so nothing is set on it later.
+	if d.lis == nil {
+		if d.lis, err = net.Listen("tcp", o.Listeners.GRPC); err != nil {
+			return nil, fmt.Errorf("serve: listen on %s: %w", o.Listeners.GRPC, err)
+		}
+	}
+	d.presence = &presence.Tracker{Store: st, Clock: o.Clock, Log: log, Lease: o.Liveness.PresenceLease, Replica: o.replica(d.lis.Addr().String())}
 	d.pools = &pool.Service{Store: st, Clock: o.Clock, Log: log.With("component", "pool"), Instances: d.instSvc,
 		StaleHeartbeatAfter: o.Liveness.SilentAfter, MaxHeartbeatsPerSecond: api.MaxHeartbeatsPerSecond, Nudges: nudges}
-	d.hub = api.NewAgentHub(st, log, o.Liveness.HeartbeatFlush)
-	d.hub.Sweep = o.Liveness.AgentSweep
+	// The server and the hub count into the same instruments, made before
+	// both.
+	metrics := api.NewMetrics(reg)
+	d.hub = api.NewAgentHub(api.AgentHubConfig{Store: st, Log: log, Flush: o.Liveness.HeartbeatFlush, Sweep: o.Liveness.AgentSweep, Metrics: metrics})
 	d.enrollSvc = &enroll.Service{Store: st, CA: authority, Clock: o.Clock, Log: log}
 	d.srv, err = api.New(api.Config{
-		Store: st, CA: authority, GetServerCert: d.serverCert.GetCertificate, Clock: o.Clock, Log: log, Registerer: reg,
+		Store: st, CA: authority, GetServerCert: d.serverCert.GetCertificate, Clock: o.Clock, Log: log, Metrics: metrics,
 		Catalog: &catalog.Service{Store: st, Clock: o.Clock}, Certificates: &certificates.Service{Store: st, Clock: o.Clock},
 		Enrollment: d.enrollSvc, EnrollLimiter: o.unauthenticatedLimiter(),
 		Instances: d.instSvc, Tasks: d.taskSvc,
@@ -234,25 +243,15 @@ func build(ctx context.Context, opts ServeOptions) (_ *daemon, err error) {
 	}
 	log.Info("connection budget", "max_agent_connections", o.Limits.MaxAgentConnections, "fd_reserve", o.Limits.FDReserve,
 		"max_unauthenticated_per_source", o.Limits.MaxUnauthenticatedPerSource)
-	d.hub.Metrics = d.srv.Metrics
 	if d.netLis != nil {
 		d.netboot = &netboot.Server{Store: st, Clock: o.Clock, Log: log.With("component", "netboot"), Instances: d.instSvc,
-			Limiter: o.unauthenticatedLimiter(), RateLimited: d.srv.Metrics.RateLimited.WithLabelValues("netboot"), Panics: panics,
-			ConnectionsRefused: netbootRefused(reg)}
-		if o.Listeners.PXE.Enabled() {
-			d.netboot.Loaders = o.Listeners.PXE.Loaders()
-		}
+			Limiter: o.unauthenticatedLimiter(), RateLimited: metrics.RateLimited.WithLabelValues("netboot"), Panics: panics,
+			ConnectionsRefused: netbootRefused(reg), Loaders: o.netbootLoaders()}
 	}
 	if d.pxe, err = o.pxeService(st, log, panics); err != nil {
 		return nil, err
 	}
 
-	if d.lis == nil {
-		if d.lis, err = net.Listen("tcp", o.Listeners.GRPC); err != nil {
-			return nil, fmt.Errorf("serve: listen on %s: %w", o.Listeners.GRPC, err)
-		}
-	}
-	d.presence.Replica = o.replica(d.lis.Addr().String())
 	if d.metricsLis == nil && o.Listeners.Metrics != "" {
 		if d.metricsLis, err = net.Listen("tcp", o.Listeners.Metrics); err != nil {
 			return nil, fmt.Errorf("serve: metrics listen on %s: %w", o.Listeners.Metrics, err)
