@@ -26,14 +26,12 @@ import (
 	"github.com/tetherfleet/tether/controlplane/enroll"
 	"github.com/tetherfleet/tether/controlplane/instances"
 	"github.com/tetherfleet/tether/controlplane/liveness"
-	"github.com/tetherfleet/tether/controlplane/loops"
 	"github.com/tetherfleet/tether/controlplane/modules"
 	"github.com/tetherfleet/tether/controlplane/netboot"
 	"github.com/tetherfleet/tether/controlplane/netboot/pxe"
 	"github.com/tetherfleet/tether/controlplane/pool"
 	"github.com/tetherfleet/tether/controlplane/presence"
 	"github.com/tetherfleet/tether/controlplane/provsync"
-	"github.com/tetherfleet/tether/controlplane/retention"
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/controlplane/store/sqlite"
 	"github.com/tetherfleet/tether/controlplane/tasks"
@@ -44,18 +42,19 @@ import (
 	"github.com/tetherfleet/tether/providers"
 )
 
-// Serve runs the control plane until ctx ends, then stops it, in three
-// phases: build opens everything (store, listeners, services) and fails
-// before anything runs; run starts the workers and serves until ctx ends
-// or a server fails; stop stops accepting, ends the streams, waits for
-// every worker and closes the store last, whatever run returned.
+// Serve runs the control plane until ctx ends or one of its tasks fails,
+// in three phases: build opens everything (store, listeners, services)
+// and fails before anything runs; run starts every task and, when ctx
+// ends or the first task fails, stops them all (the servers drain first)
+// and waits for them; close closes the listeners and, last, the store.
 func Serve(ctx context.Context, o ServeOptions) error {
 	d, err := build(ctx, o)
 	if err != nil {
 		return err
 	}
 	err = d.run(ctx)
-	d.stop()
+	d.close()
+	d.log.Info("tetherd stopped")
 	return err
 }
 
@@ -88,10 +87,6 @@ type daemon struct {
 	reloadFailures prometheus.Counter
 
 	fingerprint, kernel, initramfs string
-
-	// What run started and stop waits for.
-	stopBG  context.CancelFunc
-	workers []chan struct{}
 }
 
 // build opens and wires everything. On failure it closes what it opened.
@@ -263,113 +258,6 @@ func build(ctx context.Context, opts ServeOptions) (_ *daemon, err error) {
 	return d, nil
 }
 
-// spawn runs f on the background context in a worker stop waits for.
-func (d *daemon) spawn(bg context.Context, f func(context.Context)) {
-	done := make(chan struct{})
-	d.workers = append(d.workers, done)
-	go func() { defer close(done); f(bg) }()
-}
-
-// run starts the workers and the servers, and serves until ctx ends (nil)
-// or a server fails (its error). stop undoes it either way.
-func (d *daemon) run(ctx context.Context) error {
-	o, log, st := d.o, d.log, d.st
-	bg, stopBG := context.WithCancel(context.Background())
-	d.stopBG = stopBG
-	// Before anything serves: this replica holds no stream yet, whatever
-	// its previous run left behind, and rows whose machines died while we
-	// were down move before a claim can read them (design §2.7, §2.10).
-	if err := d.presence.Start(ctx, st.Backend() == "sqlite"); err != nil {
-		stopBG()
-		return err
-	}
-	d.startupSync(ctx)
-	d.spawn(bg, d.hub.Run)
-	d.spawn(bg, d.presence.Run)
-	d.spawn(bg, d.checks.Run)
-	for _, w := range d.exitWatchers {
-		w.WatchExits(bg, d.checks.Exit)
-	}
-	d.spawn(bg, d.wk.Run)
-	d.spawn(bg, func(ctx context.Context) {
-		// Terminates a previous run left between intent and destroy.
-		if n, err := d.instSvc.ResumeTerminates(ctx, 0); err != nil {
-			log.Warn("resuming interrupted terminates", "finished", n, "err", err)
-		} else if n > 0 {
-			log.Info("finished terminates interrupted by the previous run", "count", n)
-		}
-	})
-	failed := make(chan error, 3)
-	if d.netboot != nil {
-		d.spawn(bg, func(ctx context.Context) {
-			if err := d.netboot.Serve(ctx, d.netLis); err != nil {
-				failed <- fmt.Errorf("serve: netboot server: %w", err)
-			}
-		})
-		d.spawn(bg, func(ctx context.Context) { flushRefusals(ctx, o.Loops.Every, d.netboot.FlushRefusals) })
-		log.Info("netboot serving", "addr", d.netLis.Addr().String(), "url", o.Listeners.NetbootURL)
-	}
-	d.spawn(bg, func(ctx context.Context) { flushRefusals(ctx, o.Loops.Every, d.enrollSvc.FlushRefusals) })
-	if d.pxe != nil {
-		d.spawn(bg, func(ctx context.Context) { runPXE(ctx, d.pxe, log) })
-	}
-	d.spawn(bg, func(ctx context.Context) {
-		d.revoked.Follow(ctx, st, o.Clock, 30*time.Second, log, d.reloadFailures)
-	})
-	d.spawn(bg, func(ctx context.Context) {
-		watchServerCert(ctx, d.serverCert, o.ReloadServerCert, o.Loops.ServerCertCheck, log)
-	})
-	// Replenishes asked for between reaper ticks: a claim, a release, a
-	// member terminated or fenced, a refused acquire, a new or re-activated
-	// pool. Every replica runs it: a replenish recounts under the pool's
-	// row lock, so replicas never overshoot (docs/adr/0008).
-	d.spawn(bg, d.pools.RunNudges)
-	d.spawn(bg, func(ctx context.Context) { loops.Run(ctx, st.Elector(), log, d.loops()...) })
-	if d.metricsSrv != nil {
-		d.spawn(bg, func(context.Context) {
-			if err := d.metricsSrv.Serve(d.metricsLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				failed <- fmt.Errorf("serve: metrics server: %w", err)
-			}
-		})
-		log.Info("metrics listening", "addr", d.metricsLis.Addr().String())
-	}
-	d.spawn(bg, func(context.Context) {
-		if err := d.srv.Serve(d.lis); err != nil {
-			failed <- fmt.Errorf("serve: %w", err)
-		}
-	})
-	log.Info("tetherd serving", "addr", d.lis.Addr().String(), "store", st.Backend(), "data_dir", o.DataDir,
-		"agent_url", o.Listeners.AgentURL, "ca_fingerprint", d.fingerprint, "providers", d.instSvc.ProviderNames(),
-		"qemu_mode", o.Providers.QEMU.Mode, "kernel", d.kernel, "initramfs", d.initramfs)
-	if o.Test.Ready != nil {
-		o.Test.Ready <- d.lis.Addr().String()
-	}
-	select {
-	case <-ctx.Done():
-		log.Info("shutting down: draining calls")
-		return nil
-	case err := <-failed:
-		log.Error("shutting down: a server failed", "err", err)
-		return err
-	}
-}
-
-// startupSync runs provider sync once before claims are served, bounded
-// so that a provider that does not answer cannot keep tetherd from
-// starting (the periodic loop retries it). Claims are safe meanwhile
-// anyway: no member is present until its agent reconnects.
-func (d *daemon) startupSync(ctx context.Context) {
-	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	res, err := d.syncer.Tick(sctx)
-	if err != nil {
-		d.log.Warn("provider sync at start-up failed; the periodic sync retries", "err", err)
-	}
-	if res.Errored > 0 || res.GuestsPresent > 0 {
-		d.log.Warn("provider sync at start-up", "errored", res.Errored, "guests_present", res.GuestsPresent, "destroyed", res.Destroyed)
-	}
-}
-
 // replica is this replica's name in agent presence: stable across
 // restarts on one host and port, so a restart expires what it held.
 func (o *ServeOptions) replica(listen string) string {
@@ -381,61 +269,6 @@ func (o *ServeOptions) replica(listen string) string {
 		host = "tetherd"
 	}
 	return host + "/" + listen
-}
-
-// loops are the periodic jobs, each run by one replica at a time.
-func (d *daemon) loops() []loops.Loop {
-	o, st := d.o, d.st
-	return []loops.Loop{
-		{Name: "task-leases", Every: o.Loops.Every, Tick: func(ctx context.Context) error {
-			_, err := d.taskSvc.ExpireLeases(ctx)
-			return err
-		}},
-		{Name: "terminate-reconciler", Every: o.Loops.Every, Tick: func(ctx context.Context) error {
-			_, err := d.instSvc.ResumeTerminates(ctx, o.Loops.TerminateResumeAfter)
-			return err
-		}},
-		{Name: "provision-sweeper", Every: o.Loops.Every, Tick: func(ctx context.Context) error {
-			_, err := d.instSvc.SweepProvisions(ctx)
-			return err
-		}},
-		{Name: "liveness", Every: o.Loops.Every, Tick: func(ctx context.Context) error {
-			_, err := d.sensor.Tick(ctx)
-			return err
-		}},
-		{Name: "provider-sync", Every: o.Loops.ProviderSyncEvery, Tick: func(ctx context.Context) error {
-			_, err := d.syncer.Tick(ctx)
-			return err
-		}},
-		{Name: "pool-reaper", Every: o.Loops.PoolReaperEvery, Tick: func(ctx context.Context) error {
-			_, err := d.pools.Tick(ctx)
-			return err
-		}},
-		{Name: "retention", Every: time.Hour, Tick: retention.New(st, o.Clock, d.log,
-			o.Retention, retention.Batch).Tick},
-	}
-}
-
-// stop stops accepting and ends the streams, stops the metrics server,
-// cancels the workers and waits for every one of them, then closes the
-// listeners and, last, the store.
-func (d *daemon) stop() {
-	d.srv.Stop(10 * time.Second)
-	if d.metricsSrv != nil {
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		if err := d.metricsSrv.Shutdown(sctx); err != nil {
-			d.log.Warn("metrics server shutdown", "err", err)
-		}
-		cancel()
-	}
-	if d.stopBG != nil {
-		d.stopBG()
-	}
-	for _, w := range d.workers {
-		<-w
-	}
-	d.close()
-	d.log.Info("tetherd stopped")
 }
 
 // close closes the listeners and then the store; each may be unopened or
@@ -463,26 +296,6 @@ func (o *ServeOptions) unauthenticatedLimiter() *throttle.Limiter {
 		return nil
 	}
 	return throttle.NewLimiter(o.Clock, o.Limits.UnauthenticatedRate, o.Limits.UnauthenticatedBurst, 0)
-}
-
-// flushRefusals writes the coalesced refusal counts of windows that
-// ended, every `every`, and all of them once more at shutdown (stop
-// waits for it before the store closes). Each replica holds its own
-// counts, so this runs on every replica.
-func flushRefusals(ctx context.Context, every time.Duration, flush func(context.Context, bool)) {
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			flush(fctx, true)
-			cancel()
-			return
-		case <-t.C:
-			flush(ctx, false)
-		}
-	}
 }
 
 // OpenStore opens the store a --store value names.
@@ -539,27 +352,4 @@ func ParseSigningKey(b []byte) (ed25519.PublicKey, error) {
 		return nil, err
 	}
 	return pub, nil
-}
-
-// watchServerCert keeps the server certificate in service current: a
-// reload on demand (SIGHUP), and a stat of its files on every tick (a
-// poll of files another process writes, on the wall clock on purpose).
-// A pair that does not load leaves the old one serving, and says why.
-func watchServerCert(ctx context.Context, r *certreload.Reloader, now <-chan struct{}, every time.Duration, log *slog.Logger) {
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		var err error
-		select {
-		case <-ctx.Done():
-			return
-		case <-now:
-			_, err = r.Reload()
-		case <-t.C:
-			_, err = r.Check()
-		}
-		if err != nil {
-			log.Error("the server certificate did not reload; the one loaded before stays in service", "err", err)
-		}
-	}
 }
