@@ -27,7 +27,7 @@ import (
 // token for a node that requires attestation is refused.
 func TestVMAttestedEnrollment(t *testing.T) {
 	swtpmtest.Require(t)
-	env := newVMEnv(t, testcp.With(func(o *daemon.ServeOptions) { o.QEMUTPM = true }))
+	env := newVMEnv(t, testcp.With(func(o *daemon.ServeOptions) { o.Providers.QEMU.TPM = true }))
 	ctx := vmCtx(t)
 
 	tpmDir := qemu.TPMDir(env.stateDir, env.node)

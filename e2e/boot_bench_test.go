@@ -121,8 +121,8 @@ func newBootCP(b *testing.B, a artifacts, mode, rootModule string, tpm bool) *bo
 		b.Fatal(err)
 	}
 	cp := testcp.Start(b, testcp.With(func(o *daemon.ServeOptions) {
-		o.QEMUMode, o.QEMUStateDir, o.Kernel, o.Initramfs = "real", stateDir, a.kernel, a.initramfs
-		o.QEMUBoot, o.NetbootListener, o.QEMUTPM = boot, netLis, tpm
+		o.Providers.QEMU.Mode, o.Providers.QEMU.StateDir, o.Kernel, o.Initramfs = "real", stateDir, a.kernel, a.initramfs
+		o.Providers.QEMU.Boot, o.Test.NetbootListener, o.Providers.QEMU.TPM = boot, netLis, tpm
 	}))
 	ctx := context.Background()
 	data, err := os.ReadFile(rootModule)

@@ -243,7 +243,7 @@ func TestVMDebianRoot(t *testing.T) {
 // claimed member runs systemd, and the pool refills to two ready members
 // behind the claim.
 func TestVMDebianPool(t *testing.T) {
-	env := newDebianEnv(t, testcp.With(func(o *daemon.ServeOptions) { o.PoolReaperEvery = 2 * time.Second }))
+	env := newDebianEnv(t, testcp.With(func(o *daemon.ServeOptions) { o.Loops.PoolReaperEvery = 2 * time.Second }))
 	ctx := debianCtx(t)
 	waitReady := startPool(t, ctx, env.cp, "debian-pool", env.template, 2*debianBoot, time.Second)
 	waitReady(2)

@@ -78,7 +78,7 @@ func benchFetch(b *testing.B, img []byte, mountDir string) {
 	var serverCert tls.Certificate // loaded once tetherd init has made it
 	netLis := tls.NewListener(lis, &tls.Config{MinVersion: tls.VersionTLS13,
 		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return &serverCert, nil }})
-	cp := testcp.Start(b, testcp.With(func(o *daemon.ServeOptions) { o.Kernel, o.NetbootListener = imgPath, netLis }))
+	cp := testcp.Start(b, testcp.With(func(o *daemon.ServeOptions) { o.Kernel, o.Test.NetbootListener = imgPath, netLis }))
 	if serverCert, err = tls.LoadX509KeyPair(filepath.Join(cp.DataDir, daemon.ServerCertFile), filepath.Join(cp.DataDir, daemon.ServerKeyFile)); err != nil {
 		b.Fatal(err)
 	}

@@ -51,7 +51,7 @@ func TestVMRootWithoutHookErrorsAfterTheSwitchTimeout(t *testing.T) {
 		t.Fatal(err)
 	}
 	const switchTimeout = 20 * time.Second
-	env := newRootEnv(t, a, "nohook", data, testcp.With(func(o *daemon.ServeOptions) { o.SwitchTimeout = switchTimeout }))
+	env := newRootEnv(t, a, "nohook", data, testcp.With(func(o *daemon.ServeOptions) { o.Liveness.SwitchTimeout = switchTimeout }))
 	ctx := vmCtx(t)
 	id := env.provision(t, ctx)
 	env.waitConsole(t, ctx, id, bootTimeout, "the root's init is /bin/busybox (not systemd): the root must start and restart", "ROOT_WITHOUT_AGENT_HOOK")

@@ -34,8 +34,8 @@ func BenchmarkLibvirtVsQEMUDirect(b *testing.B) {
 	}
 	defer os.RemoveAll(qemuDir)
 	cp := testcp.Start(b, testcp.With(func(o *daemon.ServeOptions) {
-		o.QEMUMode, o.QEMUStateDir, o.QEMUBoot, o.Kernel, o.Initramfs = "real", qemuDir, "direct", a.kernel, a.initramfs
-		o.Libvirt = daemon.LibvirtOptions{URI: d.URI, StateDir: d.StateDir, FileOwner: d.Owner, Boot: "direct"}
+		o.Providers.QEMU.Mode, o.Providers.QEMU.StateDir, o.Providers.QEMU.Boot, o.Kernel, o.Initramfs = "real", qemuDir, "direct", a.kernel, a.initramfs
+		o.Providers.Libvirt = daemon.LibvirtOptions{URI: d.URI, StateDir: d.StateDir, FileOwner: d.Owner, Boot: "direct"}
 	}))
 	ctx := context.Background()
 	data, err := os.ReadFile(a.rootModule)

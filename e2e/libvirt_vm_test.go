@@ -27,9 +27,9 @@ func newLibvirtEnv(t *testing.T, boot, mac string) (*vmEnv, *libvirttest.Daemon)
 	}
 	d := libvirttest.Start(t)
 	env := newVMEnv(t, testcp.With(func(o *daemon.ServeOptions) {
-		o.Libvirt = daemon.LibvirtOptions{URI: d.URI, StateDir: d.StateDir, FileOwner: d.Owner, Boot: boot, StopGrace: time.Second}
-		if boot == "network" && o.NetbootListen == "" {
-			o.NetbootListen = "127.0.0.1:0"
+		o.Providers.Libvirt = daemon.LibvirtOptions{URI: d.URI, StateDir: d.StateDir, FileOwner: d.Owner, Boot: boot, StopGrace: time.Second}
+		if boot == "network" && o.Listeners.Netboot == "" {
+			o.Listeners.Netboot = "127.0.0.1:0"
 		}
 	}))
 	if mac != "" {

@@ -111,12 +111,12 @@ func newNSEnv(t *testing.T, boot, dhcpMode string) (*vmEnv, string) {
 	}
 	_, port, _ := net.SplitHostPort(netLis.Addr().String())
 	env := newVMEnv(t, testcp.With(func(o *daemon.ServeOptions) {
-		o.Listen = "0.0.0.0:0"
-		o.QEMUBoot, o.QEMUTap = boot, nsTap
-		o.NetbootListener = netLis
-		o.PXE = pxe.Options{Interface: nsBridge, Mode: dhcpMode, IPXEDir: ipxeDir}
+		o.Listeners.GRPC = "0.0.0.0:0"
+		o.Providers.QEMU.Boot, o.Providers.QEMU.Tap = boot, nsTap
+		o.Test.NetbootListener = netLis
+		o.Listeners.PXE = pxe.Options{Interface: nsBridge, Mode: dhcpMode, IPXEDir: ipxeDir}
 		if dhcpMode == "full" {
-			o.PXE.Range, o.PXE.Router = nsRange, nsServerIP
+			o.Listeners.PXE.Range, o.Listeners.PXE.Router = nsRange, nsServerIP
 		}
 	}))
 	return env, "http://" + net.JoinHostPort(nsServerIP, port)

@@ -46,9 +46,9 @@ func newNetbootEnv(t *testing.T, boot, mac string, extra ...testcp.Option) *vmEn
 	}
 	requireFiles(t, files)
 	opts := append([]testcp.Option{testcp.With(func(o *daemon.ServeOptions) {
-		o.QEMUBoot = boot
-		if o.NetbootListen == "" {
-			o.NetbootListen = "127.0.0.1:0"
+		o.Providers.QEMU.Boot = boot
+		if o.Listeners.Netboot == "" {
+			o.Listeners.Netboot = "127.0.0.1:0"
 		}
 	})}, extra...)
 	env := newVMEnv(t, opts...)

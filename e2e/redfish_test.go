@@ -41,8 +41,8 @@ func newRedfishEnv(t *testing.T, m redfishtest.Machine, mac string, opts ...test
 		}
 	}
 	opts = append([]testcp.Option{testcp.With(func(o *daemon.ServeOptions) {
-		o.QEMUMode, o.Kernel, o.Initramfs, o.NetbootListen = "disabled", kernel, initramfs, "127.0.0.1:0"
-		o.RedfishGracefulTimeout, o.RedfishPowerTimeout, o.RedfishRequestTimeout = 5*time.Second, 5*time.Second, 5*time.Second
+		o.Providers.QEMU.Mode, o.Kernel, o.Initramfs, o.Listeners.Netboot = "disabled", kernel, initramfs, "127.0.0.1:0"
+		o.Providers.Redfish.GracefulTimeout, o.Providers.Redfish.PowerTimeout, o.Providers.Redfish.RequestTimeout = 5*time.Second, 5*time.Second, 5*time.Second
 	})}, opts...)
 	cp := testcp.Start(t, opts...)
 	return attachBMC(t, cp, m, mac, "bm-1", "tpl")

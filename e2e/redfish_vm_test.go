@@ -38,9 +38,9 @@ func newRedfishVM(t testing.TB, mac string) *redfishVM {
 	}
 	cp := testcp.Start(t, testcp.With(func(o *daemon.ServeOptions) {
 		// tetherd's own qemu provider boots nothing here: the BMC's does.
-		o.QEMUMode, o.Kernel, o.Initramfs, o.NetbootListener = "disabled", a.kernel, a.initramfs, lis
+		o.Providers.QEMU.Mode, o.Kernel, o.Initramfs, o.Test.NetbootListener = "disabled", a.kernel, a.initramfs, lis
 		// A test BMC answers a power-on once QEMU is up: slow under TCG.
-		o.RedfishGracefulTimeout, o.RedfishPowerTimeout, o.RedfishRequestTimeout = 10*time.Second, 90*time.Second, 2*time.Minute
+		o.Providers.Redfish.GracefulTimeout, o.Providers.Redfish.PowerTimeout, o.Providers.Redfish.RequestTimeout = 10*time.Second, 90*time.Second, 2*time.Minute
 	}))
 	stateDir, err := os.MkdirTemp("", "trf")
 	if err != nil {

@@ -13,7 +13,7 @@ import (
 // is told (SIGHUP), and connections made before it go on.
 func TestServerCertificateReloadsWithoutARestart(t *testing.T) {
 	reload := make(chan struct{}, 1)
-	cp := testcp.Start(t, testcp.With(func(o *daemon.ServeOptions) { o.ReloadServerCert = reload; o.ServerCertCheck = time.Hour }))
+	cp := testcp.Start(t, testcp.With(func(o *daemon.ServeOptions) { o.ReloadServerCert = reload; o.Loops.ServerCertCheck = time.Hour }))
 	served := func() string {
 		t.Helper()
 		c, err := tls.Dial("tcp", cp.Addr, cp.TLS(nil))

@@ -91,7 +91,7 @@ func newVMEnv(t testing.TB, extra ...testcp.Option) *vmEnv {
 func newRootEnv(t testing.TB, a artifacts, module string, data []byte, extra ...testcp.Option) *vmEnv {
 	stateDir := qemuStateDir(t)
 	opts := append([]testcp.Option{testcp.With(func(o *daemon.ServeOptions) {
-		o.QEMUMode, o.QEMUStateDir, o.Kernel, o.Initramfs = "real", stateDir, a.kernel, a.initramfs
+		o.Providers.QEMU.Mode, o.Providers.QEMU.StateDir, o.Kernel, o.Initramfs = "real", stateDir, a.kernel, a.initramfs
 	})}, extra...)
 	return setUpVMEnv(t, testcp.Start(t, opts...), a, stateDir, module, data)
 }
@@ -508,7 +508,7 @@ func TestVMWrongCAFingerprint(t *testing.T) {
 // TestVMPool: a pool of 2 real VMs warms up and becomes ready; a member is
 // acquired, released (recycled: its VM is destroyed) and replenished.
 func TestVMPool(t *testing.T) {
-	env := newVMEnv(t, testcp.With(func(o *daemon.ServeOptions) { o.PoolReaperEvery = 2 * time.Second }))
+	env := newVMEnv(t, testcp.With(func(o *daemon.ServeOptions) { o.Loops.PoolReaperEvery = 2 * time.Second }))
 	ctx := vmCtx(t)
 	waitReady := startPool(t, ctx, env.cp, "vm-pool", env.template, 2*bootTimeout, 500*time.Millisecond)
 	p := waitReady(2)

@@ -47,9 +47,9 @@ func lifecycleCP(t *testing.T, logs *logBuffer, extra func(*daemon.ServeOptions)
 	}
 	return testcp.Start(t, testcp.WithLog(slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))),
 		testcp.With(func(o *daemon.ServeOptions) {
-			o.Kernel, o.Initramfs, o.Providers = kernel, initrd, ps
-			o.WorkerPoll = 100 * time.Millisecond
-			o.QEMUMode = "disabled"
+			o.Kernel, o.Initramfs, o.Test.Providers = kernel, initrd, ps
+			o.Loops.WorkerPoll = 100 * time.Millisecond
+			o.Providers.QEMU.Mode = "disabled"
 			if extra != nil {
 				extra(o)
 			}
@@ -452,7 +452,7 @@ func TestNetbootThroughTetherd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cp := lifecycleCP(t, logs, func(o *daemon.ServeOptions) { o.NetbootListener = lis }, pxe{external.New()})
+	cp := lifecycleCP(t, logs, func(o *daemon.ServeOptions) { o.Test.NetbootListener = lis }, pxe{external.New()})
 	ctx := ctxT(t)
 	fleet := cp.SeedFleet(ctx, "metal")
 	get := func(path string) (int, string) {
@@ -517,7 +517,7 @@ func TestLivenessAndProviderSyncLoops(t *testing.T) {
 	clk := clock.NewFake(time.Now())
 	cp := lifecycleCP(t, logs, func(o *daemon.ServeOptions) {
 		o.Clock = clk
-		o.ProviderSyncEvery = 100 * time.Millisecond
+		o.Loops.ProviderSyncEvery = 100 * time.Millisecond
 	}, fp)
 	ctx := ctxT(t)
 	gone := cp.SeedFleet(ctx, "gone")

@@ -34,7 +34,7 @@ func TestQEMURealThroughTetherd(t *testing.T) {
 
 	logs := &logBuffer{}
 	cp := lifecycleCP(t, logs, func(o *daemon.ServeOptions) {
-		o.QEMUMode, o.QEMUStateDir = "real", stateDir
+		o.Providers.QEMU.Mode, o.Providers.QEMU.StateDir = "real", stateDir
 		o.Kernel, o.Initramfs = kernel.Path, initrd
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)

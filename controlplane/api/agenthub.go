@@ -15,15 +15,7 @@ import (
 // coalesces heartbeats: the newest per instance is kept in memory and
 // written in one transaction per flush interval, not one per heartbeat.
 type AgentHub struct {
-	Store store.Store
-	Log   *slog.Logger
-	// Flush is the heartbeat write interval.
-	Flush time.Duration
-	// Sweep is how often Run looks, in one query for every stream, for
-	// work whose notification was lost (a dropped LISTEN connection, a
-	// full subscriber buffer). Zero means DefaultSweep.
-	Sweep   time.Duration
-	Metrics *Metrics
+	AgentHubConfig
 
 	mu      sync.Mutex
 	streams map[string]*agentConn
@@ -49,9 +41,24 @@ type agentConn struct {
 	kick func()
 }
 
+// AgentHubConfig is what a hub is built with; nothing is set on it later.
+type AgentHubConfig struct {
+	Store store.Store
+	Log   *slog.Logger
+	// Flush is the heartbeat write interval.
+	Flush time.Duration
+	// Sweep is how often Run looks, in one query for every stream, for
+	// work whose notification was lost (a dropped LISTEN connection, a
+	// full subscriber buffer). Zero means DefaultSweep.
+	Sweep time.Duration
+	// Metrics count connected agents and heartbeats: the server's own
+	// instruments (NewMetrics), made before both (nil: not counted).
+	Metrics *Metrics
+}
+
 // NewAgentHub returns an idle hub; Run starts it.
-func NewAgentHub(s store.Store, log *slog.Logger, flush time.Duration) *AgentHub {
-	return &AgentHub{Store: s, Log: log, Flush: flush, streams: map[string]*agentConn{}, pending: map[string]store.Heartbeat{},
+func NewAgentHub(c AgentHubConfig) *AgentHub {
+	return &AgentHub{AgentHubConfig: c, streams: map[string]*agentConn{}, pending: map[string]store.Heartbeat{},
 		grown: make(chan struct{})}
 }
 

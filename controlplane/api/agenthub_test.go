@@ -65,7 +65,7 @@ func TestSweepWakesOnlyStreamsWithWork(t *testing.T) {
 	}
 	defer db.Close()
 	st := &countingStore{Store: db}
-	hub := NewAgentHub(st, slog.New(slog.NewTextHandler(io.Discard, nil)), time.Second)
+	hub := NewAgentHub(AgentHubConfig{Store: st, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Flush: time.Second})
 
 	if n, err := hub.SweepWork(ctx); err != nil || n != 0 || st.sweeps.Load() != 0 {
 		t.Fatalf("sweep with no streams: woke %d, %v, %d queries; want no query at all", n, err, st.sweeps.Load())
@@ -134,7 +134,7 @@ func TestNotificationIsNotHeldBehindAHeartbeatFlush(t *testing.T) {
 	}
 	defer db.Close()
 	st := &blockingTx{Store: db, entered: make(chan struct{}), release: make(chan struct{})}
-	hub := NewAgentHub(st, slog.New(slog.NewTextHandler(io.Discard, nil)), time.Millisecond)
+	hub := NewAgentHub(AgentHubConfig{Store: st, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Flush: time.Millisecond})
 	c := registerTest(hub, "i-1")
 	hub.Heartbeat(store.Heartbeat{InstanceID: "i-1", At: time.Now(), Phase: "ready"})
 	runCtx, stopRun := context.WithCancel(ctx)
@@ -157,7 +157,7 @@ func TestNotificationIsNotHeldBehindAHeartbeatFlush(t *testing.T) {
 // The hub announces each doubling of the fleet past 500 streams, once,
 // and never a shrink: streams resend their settings on the announcement.
 func TestGrownAnnouncesEachDoubling(t *testing.T) {
-	h := NewAgentHub(nil, slog.New(slog.DiscardHandler), time.Second)
+	h := NewAgentHub(AgentHubConfig{Log: slog.New(slog.DiscardHandler), Flush: time.Second})
 	closed := func(ch <-chan struct{}) bool {
 		select {
 		case <-ch:

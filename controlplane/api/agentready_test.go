@@ -42,7 +42,7 @@ func (q failRunningQ) AppendEvent(ctx context.Context, e *store.Event) error {
 func TestFailedMarkRunningIsRetriedByTheNextReadyHeartbeat(t *testing.T) {
 	fr := &failRunning{failed: make(chan struct{})}
 	cp := testcp.Start(t, testcp.With(func(o *daemon.ServeOptions) {
-		o.WrapStore = func(s store.Store) store.Store { fr.Store = s; return fr }
+		o.Test.WrapStore = func(s store.Store) store.Store { fr.Store = s; return fr }
 	}))
 	ctx := ctxT(t)
 	fleet := cp.SeedFleet(ctx, "edge")

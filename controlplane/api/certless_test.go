@@ -59,8 +59,8 @@ func TestCertificateLessConnectionsStayCountedAndAge(t *testing.T) {
 	const perSource = 4
 	const age = 2 * time.Second
 	cp := testcp.Start(t, testcp.With(func(o *daemon.ServeOptions) {
-		o.MaxUnauthenticatedPerSource = perSource
-		o.UnauthenticatedAge = age
+		o.Limits.MaxUnauthenticatedPerSource = perSource
+		o.Limits.UnauthenticatedAge = age
 	}))
 	ctx := ctxT(t)
 	var conns []*tls.Conn

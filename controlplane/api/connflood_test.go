@@ -17,8 +17,8 @@ import (
 func TestIdleConnectionFloodLeavesAgentsWorking(t *testing.T) {
 	const flood, perSource = 300, 16
 	cp := testcp.Start(t, testcp.With(func(o *daemon.ServeOptions) {
-		o.MaxUnauthenticatedPerSource = perSource
-		o.HandshakeTimeout = time.Second
+		o.Limits.MaxUnauthenticatedPerSource = perSource
+		o.Limits.HandshakeTimeout = time.Second
 	}))
 	ctx := ctxT(t)
 	fleet := cp.SeedFleet(ctx, "edge")

@@ -21,8 +21,8 @@ func TestDeathSignalsMoveTheRowByWhatTheProviderObserves(t *testing.T) {
 	logs := &logBuffer{}
 	fp := fake.New()
 	cp := lifecycleCP(t, logs, func(o *daemon.ServeOptions) {
-		o.ProviderSyncEvery = time.Hour
-		o.SilentAfter, o.PresumedDeadAfter = time.Hour, 2*time.Hour
+		o.Loops.ProviderSyncEvery = time.Hour
+		o.Liveness.SilentAfter, o.Liveness.PresumedDeadAfter = time.Hour, 2*time.Hour
 	}, fp)
 	ctx := ctxT(t)
 	boot1 := func(name string) (*v1.Instance, context.CancelFunc) {

@@ -37,9 +37,9 @@ func TestRefusalFloodsLeaveBoundedEvents(t *testing.T) {
 	}
 	logs := &logBuffer{}
 	cp := lifecycleCP(t, logs, func(o *daemon.ServeOptions) {
-		o.NetbootListener = lis
+		o.Test.NetbootListener = lis
 		o.Clock = clk
-		o.UnauthenticatedRate, o.UnauthenticatedBurst = 1, burst
+		o.Limits.UnauthenticatedRate, o.Limits.UnauthenticatedBurst = 1, burst
 	}, pxe{external.New()})
 	// Thousands of calls: slow under the race detector on a busy machine.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)

@@ -95,7 +95,7 @@ func TestHeartbeatFieldsAreBoundedAndTyped(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			hub := NewAgentHub(nil, slog.New(slog.NewTextHandler(io.Discard, nil)), time.Second)
+			hub := NewAgentHub(AgentHubConfig{Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Flush: time.Second})
 			a := &agentServer{Config: Config{Clock: clock.NewFake(t0), Agents: hub}}
 			hb := good()
 			tc.edit(hb)

@@ -12,7 +12,6 @@ import (
 	"net"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/encoding"
@@ -62,7 +61,9 @@ type Config struct {
 	GetServerCert func(*tls.ClientHelloInfo) (*tls.Certificate, error)
 	Clock         clock.Clock
 	Log           *slog.Logger
-	Registerer    prometheus.Registerer
+	// Metrics are the instruments every call is counted in (NewMetrics,
+	// registered by the caller); the agent hub is built with the same ones.
+	Metrics *Metrics
 
 	Enrollment *enroll.Service
 	Instances  *instances.Service
@@ -155,13 +156,14 @@ func New(cfg Config) (*Server, error) {
 		name    string
 		missing bool
 	}{{"Store", cfg.Store == nil}, {"CA", cfg.CA == nil}, {"Catalog", cfg.Catalog == nil},
-		{"Certificates", cfg.Certificates == nil}, {"Instances", cfg.Instances == nil}, {"Enrollment", cfg.Enrollment == nil}} {
+		{"Certificates", cfg.Certificates == nil}, {"Instances", cfg.Instances == nil}, {"Enrollment", cfg.Enrollment == nil},
+		{"Metrics", cfg.Metrics == nil}} {
 		if r.missing {
 			return nil, fmt.Errorf("api: Config.%s is required", r.name)
 		}
 	}
 	streams, endStreams := context.WithCancel(context.Background())
-	m := NewMetrics(cfg.Registerer)
+	m := cfg.Metrics
 	auth := &Authenticator{CA: cfg.CA, Revoked: cfg.Revoked, Clock: cfg.Clock, Log: cfg.Log}
 	if !cfg.DisableAudit {
 		auth.Store = cfg.Store

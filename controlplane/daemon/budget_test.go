@@ -23,10 +23,10 @@ func TestConnectionBudget(t *testing.T) {
 		wantErr bool
 	}{
 		{"derived", ServeOptions{}, limit - DefaultFDReserve, false},
-		{"derived, own reserve", ServeOptions{FDReserve: 100}, limit - 100, false},
-		{"explicit", ServeOptions{MaxAgentConnections: 7}, 7, false},
-		{"no cap", ServeOptions{MaxAgentConnections: -1}, -1, false},
-		{"reserve eats the limit", ServeOptions{FDReserve: limit}, 0, true},
+		{"derived, own reserve", ServeOptions{Limits: LimitOptions{FDReserve: 100}}, limit - 100, false},
+		{"explicit", ServeOptions{Limits: LimitOptions{MaxAgentConnections: 7}}, 7, false},
+		{"no cap", ServeOptions{Limits: LimitOptions{MaxAgentConnections: -1}}, -1, false},
+		{"reserve eats the limit", ServeOptions{Limits: LimitOptions{FDReserve: limit}}, 0, true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -34,12 +34,12 @@ func TestConnectionBudget(t *testing.T) {
 			err := o.connectionBudget()
 			if tc.wantErr {
 				if err == nil {
-					t.Fatalf("no error, cap %d", o.MaxAgentConnections)
+					t.Fatalf("no error, cap %d", o.Limits.MaxAgentConnections)
 				}
 				return
 			}
-			if err != nil || o.MaxAgentConnections != tc.want || o.MaxUnauthenticatedPerSource != DefaultMaxUnauthenticatedPerSource {
-				t.Fatalf("cap %d, per source %d, %v; want %d, %d", o.MaxAgentConnections, o.MaxUnauthenticatedPerSource, err, tc.want, DefaultMaxUnauthenticatedPerSource)
+			if err != nil || o.Limits.MaxAgentConnections != tc.want || o.Limits.MaxUnauthenticatedPerSource != DefaultMaxUnauthenticatedPerSource {
+				t.Fatalf("cap %d, per source %d, %v; want %d, %d", o.Limits.MaxAgentConnections, o.Limits.MaxUnauthenticatedPerSource, err, tc.want, DefaultMaxUnauthenticatedPerSource)
 			}
 		})
 	}

@@ -59,7 +59,7 @@ const libvirtCheckTimeout = 5 * time.Second
 // fatal: it may come up later, and until then each operation fails with a
 // transient error naming its socket.
 func buildLibvirt(o ServeOptions, log *slog.Logger, clk clock.Clock) (*libvirt.Provider, error) {
-	lo := o.Libvirt
+	lo := o.Providers.Libvirt
 	if lo.URI == "" {
 		return nil, nil
 	}
@@ -102,11 +102,11 @@ func buildLibvirt(o ServeOptions, log *slog.Logger, clk clock.Clock) (*libvirt.P
 // provider this way; an injected provider replaces a built-in one of the
 // same name).
 func buildProviders(o ServeOptions, log *slog.Logger, clk clock.Clock, bmcs *bmc.Resolver) (map[string]providers.Provider, error) {
-	mode, err := qemu.ParseMode(o.QEMUMode)
+	mode, err := qemu.ParseMode(o.Providers.QEMU.Mode)
 	if err != nil {
 		return nil, fmt.Errorf("serve: --qemu-mode: %w", err)
 	}
-	stateDir := o.QEMUStateDir
+	stateDir := o.Providers.QEMU.StateDir
 	if stateDir == "" {
 		stateDir = filepath.Join(o.DataDir, MachineDir)
 	}
@@ -120,17 +120,17 @@ func buildProviders(o ServeOptions, log *slog.Logger, clk clock.Clock, bmcs *bmc
 			"state_dir", stateDir, "socket_bytes", len(sock), "limit", maxSocketPath,
 			"longest_state_dir", maxSocketPath-len(sock)+len(stateDir))
 	}
-	bootMode, err := qemu.ParseBootMode(o.QEMUBoot)
+	bootMode, err := qemu.ParseBootMode(o.Providers.QEMU.Boot)
 	if err != nil {
 		return nil, fmt.Errorf("serve: --qemu-boot: %w", err)
 	}
-	q, err := qemu.New(qemu.Config{Mode: mode, StateDir: stateDir, Boot: bootMode, Tap: o.QEMUTap, TPM: o.QEMUTPM,
+	q, err := qemu.New(qemu.Config{Mode: mode, StateDir: stateDir, Boot: bootMode, Tap: o.Providers.QEMU.Tap, TPM: o.Providers.QEMU.TPM,
 		Logger: log.With("provider", "qemu"), Clock: clk})
 	if err != nil {
 		return nil, fmt.Errorf("serve: qemu provider: %w", err)
 	}
 	rf, err := redfish.New(redfish.Config{Resolver: bmcs, Clock: clk, Logger: log.With("provider", "redfish"), Warn: bmcs.Warn,
-		GracefulTimeout: o.RedfishGracefulTimeout, PowerTimeout: o.RedfishPowerTimeout, RequestTimeout: o.RedfishRequestTimeout})
+		GracefulTimeout: o.Providers.Redfish.GracefulTimeout, PowerTimeout: o.Providers.Redfish.PowerTimeout, RequestTimeout: o.Providers.Redfish.RequestTimeout})
 	if err != nil {
 		return nil, fmt.Errorf("serve: redfish provider: %w", err)
 	}
@@ -142,7 +142,7 @@ func buildProviders(o ServeOptions, log *slog.Logger, clk clock.Clock, bmcs *bmc
 	if lv != nil {
 		out[libvirt.Name] = lv
 	}
-	for _, p := range o.Providers {
+	for _, p := range o.Test.Providers {
 		out[p.Name()] = p
 	}
 	return out, nil

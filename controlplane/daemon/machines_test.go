@@ -29,10 +29,10 @@ func TestBuildProviders(t *testing.T) {
 		wantMode qemu.Mode
 		wantFake bool
 	}{
-		{"recorder", ServeOptions{DataDir: dir, QEMUMode: "recorder"}, "", qemu.ModeRecorder, false},
-		{"disabled", ServeOptions{DataDir: dir, QEMUMode: "disabled"}, "", qemu.ModeDisabled, false},
-		{"unknown mode refuses to start", ServeOptions{DataDir: dir, QEMUMode: "local"}, `unknown mode "local"`, "", false},
-		{"tests inject the fake", ServeOptions{DataDir: dir, QEMUMode: "disabled", Providers: []providers.Provider{fake.New()}}, "", qemu.ModeDisabled, true},
+		{"recorder", ServeOptions{DataDir: dir, Providers: ProviderOptions{QEMU: QEMUOptions{Mode: "recorder"}}}, "", qemu.ModeRecorder, false},
+		{"disabled", ServeOptions{DataDir: dir, Providers: ProviderOptions{QEMU: QEMUOptions{Mode: "disabled"}}}, "", qemu.ModeDisabled, false},
+		{"unknown mode refuses to start", ServeOptions{DataDir: dir, Providers: ProviderOptions{QEMU: QEMUOptions{Mode: "local"}}}, `unknown mode "local"`, "", false},
+		{"tests inject the fake", ServeOptions{DataDir: dir, Providers: ProviderOptions{QEMU: QEMUOptions{Mode: "disabled"}}, Test: TestHooks{Providers: []providers.Provider{fake.New()}}}, "", qemu.ModeDisabled, true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -68,7 +68,7 @@ func TestServeRefusesAnUnknownQEMUMode(t *testing.T) {
 	if err := Init(InitOptions{DataDir: dir}); err != nil {
 		t.Fatal(err)
 	}
-	err := Serve(context.Background(), ServeOptions{DataDir: dir, Listen: "127.0.0.1:0", QEMUMode: "bogus",
+	err := Serve(context.Background(), ServeOptions{DataDir: dir, Listeners: ListenOptions{GRPC: "127.0.0.1:0"}, Providers: ProviderOptions{QEMU: QEMUOptions{Mode: "bogus"}},
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err == nil || !strings.Contains(err.Error(), "--qemu-mode") {
 		t.Fatalf("serve with --qemu-mode bogus: %v", err)
@@ -80,7 +80,7 @@ func TestServeRefusesAMissingKernel(t *testing.T) {
 	if err := Init(InitOptions{DataDir: dir}); err != nil {
 		t.Fatal(err)
 	}
-	err := Serve(context.Background(), ServeOptions{DataDir: dir, Listen: "127.0.0.1:0", QEMUMode: "disabled",
+	err := Serve(context.Background(), ServeOptions{DataDir: dir, Listeners: ListenOptions{GRPC: "127.0.0.1:0"}, Providers: ProviderOptions{QEMU: QEMUOptions{Mode: "disabled"}},
 		Kernel: filepath.Join(dir, "no-such-bzImage"), Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err == nil || !strings.Contains(err.Error(), "--kernel") || !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("serve with a missing kernel: %v", err)
@@ -111,7 +111,7 @@ func TestBuildProvidersLibvirt(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var logs strings.Builder
 			log := slog.New(slog.NewTextHandler(&logs, nil))
-			ps, err := buildProviders(ServeOptions{DataDir: dir, QEMUMode: "disabled", Libvirt: tc.lo}, log, clock.Real{}, &bmc.Resolver{})
+			ps, err := buildProviders(ServeOptions{DataDir: dir, Providers: ProviderOptions{QEMU: QEMUOptions{Mode: "disabled"}, Libvirt: tc.lo}}, log, clock.Real{}, &bmc.Resolver{})
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("err %v, want %q", err, tc.wantErr)
@@ -142,11 +142,11 @@ func TestBuildProvidersQEMUTPMNeedsSwtpm(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	dir := t.TempDir()
 	t.Setenv("PATH", t.TempDir())
-	_, err := buildProviders(ServeOptions{DataDir: dir, QEMUMode: "real", QEMUTPM: true}, log, clock.Real{}, &bmc.Resolver{})
+	_, err := buildProviders(ServeOptions{DataDir: dir, Providers: ProviderOptions{QEMU: QEMUOptions{Mode: "real", TPM: true}}}, log, clock.Real{}, &bmc.Resolver{})
 	if err == nil || !strings.Contains(err.Error(), "swtpm") || !strings.Contains(err.Error(), "--qemu-tpm") {
 		t.Fatalf("err %v, want one naming swtpm and --qemu-tpm", err)
 	}
-	ps, err := buildProviders(ServeOptions{DataDir: dir, QEMUMode: "recorder", QEMUTPM: true}, log, clock.Real{}, &bmc.Resolver{})
+	ps, err := buildProviders(ServeOptions{DataDir: dir, Providers: ProviderOptions{QEMU: QEMUOptions{Mode: "recorder", TPM: true}}}, log, clock.Real{}, &bmc.Resolver{})
 	if err != nil {
 		t.Fatalf("recorder with --qemu-tpm: %v", err)
 	}

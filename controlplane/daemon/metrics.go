@@ -23,7 +23,7 @@ const maxMetricsConns = 16
 func metricsServer(reg *prometheus.Registry, lis net.Listener, o ServeOptions, log *slog.Logger) (*http.Server, net.Listener) {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	if o.Pprof {
+	if o.Listeners.Pprof {
 		// Profiles answer "where did the CPU or memory go" on a live
 		// control plane; a goroutine dump also shows what every call is
 		// doing, so they are served only when asked for.
@@ -34,7 +34,7 @@ func metricsServer(reg *prometheus.Registry, lis net.Listener, o ServeOptions, l
 	}
 	if !isLoopback(lis.Addr()) {
 		log.Warn("the metrics listener is reachable beyond this host and serves without authentication",
-			"addr", lis.Addr().String(), "pprof", o.Pprof)
+			"addr", lis.Addr().String(), "pprof", o.Listeners.Pprof)
 	}
 	bounded := connlimit.Wrap(lis, connlimit.Options{MaxConns: maxMetricsConns, Log: log, Clock: o.Clock})
 	return &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 30 * time.Second}, bounded

@@ -46,7 +46,7 @@ func TestPprofIsOffUnlessAskedAndWideAddressesWarn(t *testing.T) {
 				lis = addrListener{inner, tc.addr}
 			}
 			var logs bytes.Buffer
-			srv, bounded := metricsServer(prometheus.NewRegistry(), lis, ServeOptions{Pprof: tc.pprof, Clock: clock.Real{}},
+			srv, bounded := metricsServer(prometheus.NewRegistry(), lis, ServeOptions{Listeners: ListenOptions{Pprof: tc.pprof}, Clock: clock.Real{}},
 				slog.New(slog.NewTextHandler(&logs, nil)))
 			go func() { _ = srv.Serve(bounded) }()
 			t.Cleanup(func() { srv.Close() })

@@ -33,10 +33,10 @@ func TestServeRefusesBadDHCPFlags(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			o := ServeOptions{DataDir: dir, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), PXE: tc.pxe,
-				Listener: mustListen(t)}
+			o := ServeOptions{DataDir: dir, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Listeners: ListenOptions{PXE: tc.pxe},
+				Test: TestHooks{Listener: mustListen(t)}}
 			if tc.netboot {
-				o.NetbootListener = mustListen(t)
+				o.Test.NetbootListener = mustListen(t)
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()

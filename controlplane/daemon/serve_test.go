@@ -105,28 +105,29 @@ func TestServeEndsCleanly(t *testing.T) {
 				t.Fatal(err)
 			}
 			lis := listen(t, tc.grpc)
-			o := ServeOptions{DataDir: dir, Listener: lis, QEMUMode: "disabled", QEMUStateDir: filepath.Join(dir, "m"),
-				Log: slog.New(slog.NewTextHandler(io.Discard, nil)), LoopEvery: time.Millisecond, WorkerPoll: time.Millisecond}
+			o := ServeOptions{DataDir: dir, Test: TestHooks{Listener: lis},
+				Providers: ProviderOptions{QEMU: QEMUOptions{Mode: "disabled", StateDir: filepath.Join(dir, "m")}},
+				Log:       slog.New(slog.NewTextHandler(io.Discard, nil)), Loops: LoopOptions{Every: time.Millisecond, WorkerPoll: time.Millisecond}}
 			var metrics *trackedListener
 			switch tc.metrics {
 			case "busy":
-				o.MetricsListen = busy.Addr().String()
+				o.Listeners.Metrics = busy.Addr().String()
 			case "broken":
 				metrics = listen(t, errors.New("accept: metrics listener broken"))
-				o.MetricsListener = metrics
+				o.Test.MetricsListener = metrics
 			default:
 				metrics = listen(t, nil)
-				o.MetricsListener = metrics
+				o.Test.MetricsListener = metrics
 			}
 			var guard *guardedStore
-			o.WrapStore = func(st store.Store) store.Store {
+			o.Test.WrapStore = func(st store.Store) store.Store {
 				guard = &guardedStore{Store: st, t: t}
 				return guard
 			}
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			ready := make(chan string, 1)
-			o.Ready = ready
+			o.Test.Ready = ready
 			done := make(chan error, 1)
 			go func() { done <- Serve(ctx, o) }()
 			if tc.cancel {

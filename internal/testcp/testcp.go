@@ -73,8 +73,9 @@ func Start(t testing.TB, opts ...Option) *ControlPlane {
 	// Every test client and benchmark enrolls from loopback: the
 	// per-source limit on unauthenticated requests is off unless a test
 	// sets it.
-	o := daemon.ServeOptions{Log: slog.New(slog.NewTextHandler(io.Discard, nil)), HeartbeatFlush: 50 * time.Millisecond, LoopEvery: 200 * time.Millisecond,
-		UnauthenticatedRate: -1}
+	o := daemon.ServeOptions{Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Liveness: daemon.LivenessOptions{HeartbeatFlush: 50 * time.Millisecond}, Loops: daemon.LoopOptions{Every: 200 * time.Millisecond},
+		Limits: daemon.LimitOptions{UnauthenticatedRate: -1}}
 	for _, f := range opts {
 		f(&o)
 	}
@@ -98,10 +99,10 @@ func (cp *ControlPlane) serve() {
 	t := cp.t
 	// A restart comes back on the same address: agents were told it.
 	addr := "127.0.0.1:0"
-	if cp.opts.Listen != "" {
+	if cp.opts.Listeners.GRPC != "" {
 		// A test inside its own network namespace listens where its
 		// machines reach it.
-		addr = cp.opts.Listen
+		addr = cp.opts.Listeners.GRPC
 	}
 	if cp.Addr != "" {
 		addr = cp.Addr
@@ -118,9 +119,9 @@ func (cp *ControlPlane) serve() {
 		t.Fatal(err)
 	}
 	o := cp.opts
-	o.Listener = lis
+	o.Test.Listener = lis
 	ready := make(chan string, 1)
-	o.Ready = ready
+	o.Test.Ready = ready
 	ctx, cancel := context.WithCancel(context.Background())
 	cp.cancel, cp.done = cancel, make(chan error, 1)
 	go func() { cp.done <- daemon.Serve(ctx, o) }()

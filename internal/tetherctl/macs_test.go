@@ -83,7 +83,7 @@ func TestNetbootSeen(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cp := testcp.Start(t, testcp.With(func(o *daemon.ServeOptions) { o.NetbootListener = lis }))
+	cp := testcp.Start(t, testcp.With(func(o *daemon.ServeOptions) { o.Test.NetbootListener = lis }))
 	cfg := filepath.Join(cp.DataDir, daemon.AdminDir, daemon.ClientConfig)
 	base := []string{"--config", cfg, "--endpoint", cp.Addr}
 	ask := func(mac string) {

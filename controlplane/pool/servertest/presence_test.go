@@ -75,10 +75,10 @@ func TestMemberOfAKilledReplicaIsNotClaimed(t *testing.T) {
 	lease := 2 * time.Second
 	crashA := &crashable{}
 	a := testcp.Start(t, testcp.WithStore(dsn), testcp.With(func(o *daemon.ServeOptions) {
-		o.PresenceLease = lease
-		o.WrapStore = func(s store.Store) store.Store { crashA.Store = s; return crashA }
+		o.Liveness.PresenceLease = lease
+		o.Test.WrapStore = func(s store.Store) store.Store { crashA.Store = s; return crashA }
 	}))
-	b := testcp.Start(t, testcp.WithStore(dsn), testcp.WithDataDir(a.DataDir), testcp.With(func(o *daemon.ServeOptions) { o.PresenceLease = lease }))
+	b := testcp.Start(t, testcp.WithStore(dsn), testcp.WithDataDir(a.DataDir), testcp.With(func(o *daemon.ServeOptions) { o.Liveness.PresenceLease = lease }))
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
 	st, err := postgres.Open(ctx, dsn, postgres.Options{})

@@ -30,7 +30,7 @@ func BenchmarkFleetPage(b *testing.B) {
 	ctx := context.Background()
 	// The loops tick every 200 ms in tests; over 10,000 instances that is
 	// load no real deployment has (the reaper ticks every 60 s).
-	h := newHarness(b, "admin", testcp.With(func(o *daemon.ServeOptions) { o.LoopEvery = time.Hour }))
+	h := newHarness(b, "admin", testcp.With(func(o *daemon.ServeOptions) { o.Loops.Every = time.Hour }))
 	fleet := h.cp.SeedFleet(ctx, "seed")
 	st, err := sqlite.Open(ctx, filepath.Join(h.cp.DataDir, daemon.SQLiteFile))
 	if err != nil {

@@ -191,7 +191,7 @@ func fakeFleet(t *testing.T, role string) (*harness, *fake.Provider) {
 		t.Fatal(err)
 	}
 	h := newHarness(t, role, testcp.With(func(o *daemon.ServeOptions) {
-		o.Providers = append(o.Providers, prov)
+		o.Test.Providers = append(o.Test.Providers, prov)
 		o.Kernel, o.Initramfs = art, art
 	}))
 	ctx, cancel := context.WithCancel(context.Background())

@@ -131,7 +131,7 @@ func TestLostNotificationReachesAgentBySweep(t *testing.T) {
 	dsn := pg.DSN(t)
 	a := testcp.Start(t, testcp.WithStore(dsn))
 	b := testcp.Start(t, testcp.WithStore(dsn), testcp.WithDataDir(a.DataDir),
-		testcp.With(func(o *daemon.ServeOptions) { o.AgentSweep = 100 * time.Millisecond }))
+		testcp.With(func(o *daemon.ServeOptions) { o.Liveness.AgentSweep = 100 * time.Millisecond }))
 	fleet := a.SeedFleet(ctx, "edge")
 	ag := enrollAgent(t, ctx, a, b, fleet.Node)
 
