@@ -13,7 +13,7 @@ BUILD  := build
 KERNEL := .cache/kernel
 PROTO  := proto/tether/v1
 
-.PHONY: build generate lint test unit e2e bench bench-boot bench-peers fuzz probe chaos run initramfs modules kernel clean screenshots
+.PHONY: build generate lint test unit e2e bench bench-boot bench-peers fuzz probe chaos rolling run initramfs modules kernel clean screenshots
 
 build: ## Build tetherd, tetherctl and tether-agent into bin/
 	go build -trimpath -o $(BIN)/ ./cmd/tetherd ./cmd/tetherctl
@@ -72,6 +72,10 @@ fuzz: ## A short run of every fuzz target
 
 probe: build ## Replay issue 26's attacks (TFTP/DHCP one-packet crashes, connection floods, idle keep-alives, random MACs) against a real tetherd; about a minute, loopback or a namespace it removes
 	TETHER_PROBE=1 go test -count=1 -timeout 5m -v -run '^TestProbe$$' ./e2e/
+
+rolling: ## A rolling upgrade on PostgreSQL: the build before the newest migration (a git worktree) runs its conformance suite on HEAD's schema, then serves beside HEAD for a minute under load (docs/operator-guide.md, Upgrades)
+	go build -trimpath -o $(BIN)/ ./cmd/tetherd ./cmd/tether-bench
+	TETHER_ROLLING=1 go test -count=1 -timeout 15m -v -run '^TestRollingUpgrade$$' ./e2e/
 
 CHAOS_DURATION ?= 2m
 CHAOS_STORE    ?= sqlite

@@ -30,6 +30,7 @@ func chaosCmd(args []string) error {
 	fs.DurationVar(&cfg.KillMin, "kill-min", 5*time.Second, "shortest wait between two kill -9s")
 	fs.DurationVar(&cfg.KillMax, "kill-max", 20*time.Second, "longest wait between two kill -9s")
 	fs.DurationVar(&cfg.DownMax, "down-max", 3*time.Second, "with replicas (postgres), how long a killed replica may stay down before its restart, the other serving")
+	fs.StringVar(&cfg.OldTetherd, "old-tetherd", "", "with --store postgres: replica 0 runs this older tetherd, started before replica 1 migrates the database past it (a rolling upgrade's middle); nothing is killed, and any unexpected call error or logged error breaks an invariant")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -46,6 +47,9 @@ func chaosCmd(args []string) error {
 	fmt.Printf("chaos: work dir %s (tetherd.log, or tetherd-0.log and tetherd-1.log for replicas, are there)\n", cfg.WorkDir)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	if cfg.OldTetherd != "" && *store != "postgres" {
+		return fmt.Errorf("--old-tetherd needs --store postgres: an old and a new build share one database only there")
+	}
 	switch *store {
 	case "sqlite":
 	case "postgres":

@@ -9,9 +9,14 @@ package chaos
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 	"time"
+
+	"google.golang.org/grpc/codes"
 )
 
 // Claim is an acknowledged AcquirePoolMember; Asked is when the call
@@ -410,5 +415,39 @@ func eventLogGapless(l *Ledger, o Observed) Result {
 			last = max(last, p)
 		}
 	}
+	return r
+}
+
+// expectedRefusals are the answers the load itself provokes with nothing
+// wrong: no ready member to claim (ResourceExhausted), an action on an
+// instance the terminator or the crasher already ended
+// (FailedPrecondition), and a call the dropper cut (Canceled).
+var expectedRefusals = map[codes.Code]bool{codes.ResourceExhausted: true, codes.FailedPrecondition: true, codes.Canceled: true}
+
+// MixedBuilds is the invariant of a rolling upgrade's middle (an old and
+// a new build on one database): no call fails but with a refusal the load
+// provokes, and neither replica logs an error.
+func MixedBuilds(errs map[codes.Code]int, logs ...string) Result {
+	r := Result{Name: "old and new builds serve side by side"}
+	for c, n := range errs {
+		r.Checked += n
+		if !expectedRefusals[c] {
+			r.Violations = append(r.Violations, fmt.Sprintf("%d calls failed %s", n, c))
+		}
+	}
+	for _, l := range logs {
+		b, err := os.ReadFile(l)
+		if err != nil {
+			r.Violations = append(r.Violations, fmt.Sprintf("read %s: %v", l, err))
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			r.Checked++
+			if strings.Contains(line, "level=ERROR") {
+				r.Violations = append(r.Violations, fmt.Sprintf("%s: %s", filepath.Base(l), line))
+			}
+		}
+	}
+	sort.Strings(r.Violations)
 	return r
 }

@@ -1,9 +1,13 @@
 package chaos
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc/codes"
 )
 
 var now = time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
@@ -146,5 +150,34 @@ func TestNoDeadClaimed(t *testing.T) {
 				t.Fatalf("checked %d, violations %v; want bad=%v", r.Checked, r.Violations, tc.bad)
 			}
 		})
+	}
+}
+
+func TestMixedBuilds(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		errs map[codes.Code]int
+		log  string
+		bad  bool
+	}{
+		{"only the refusals the load provokes", map[codes.Code]int{codes.ResourceExhausted: 40, codes.FailedPrecondition: 3, codes.Canceled: 9},
+			"time=t level=WARN msg=\"slow\"\n", false},
+		{"an internal error", map[codes.Code]int{codes.Internal: 1}, "", true},
+		{"unavailable while nothing was killed", map[codes.Code]int{codes.Unavailable: 2}, "", true},
+		{"an error in a replica's log", nil, "time=t level=ERROR msg=\"column does not exist\"\n", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			log := filepath.Join(t.TempDir(), "tetherd-0.log")
+			if err := os.WriteFile(log, []byte(tc.log), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			r := MixedBuilds(tc.errs, log)
+			if r.OK() == tc.bad {
+				t.Fatalf("violations %v; want bad=%v", r.Violations, tc.bad)
+			}
+		})
+	}
+	if r := MixedBuilds(nil, filepath.Join(t.TempDir(), "missing.log")); r.OK() {
+		t.Fatal("a log that cannot be read passed")
 	}
 }

@@ -96,6 +96,20 @@ func (d *daemon) stop() {
 	d.cmd = nil
 }
 
+// waitOneReady dials d as its admin and waits until it answers.
+func waitOneReady(ctx context.Context, d *daemon) error {
+	dl, err := newDialer(d.dataDir, []string{d.listen})
+	if err != nil {
+		return err
+	}
+	conns, err := dl.dialAll(&dl.admin)
+	if err != nil {
+		return err
+	}
+	defer closeAll(conns)
+	return waitReady(ctx, v1.NewAdminServiceClient(conns[0]))
+}
+
 // waitReady polls the admin API until tetherd answers (an external
 // process: polling with a deadline is the only way to know).
 func waitReady(ctx context.Context, admin v1.AdminServiceClient) error {

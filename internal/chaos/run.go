@@ -17,6 +17,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"maps"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -55,6 +56,13 @@ type Config struct {
 	// RestartStore, when set, restarts the database once, half-way through
 	// the run (PostgreSQL).
 	RestartStore func() error
+	// OldTetherd, with Store, makes the run a rolling upgrade's middle:
+	// replica 0 runs this older build and answers before replica 1 (Tetherd)
+	// starts and migrates the database past it. Nothing is killed and the
+	// database is not restarted (an old build refuses to start on a newer
+	// schema, by design), and any call error but a refusal the load
+	// expects breaks an invariant (MixedBuilds).
+	OldTetherd string
 	Out          io.Writer
 }
 
@@ -86,6 +94,13 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	for _, d := range ds {
 		if err := d.start(); err != nil {
 			return nil, err
+		}
+		if cfg.OldTetherd != "" && d == ds[0] {
+			// The old build makes the schema it knows before the new
+			// one migrates past it, as in an upgrade.
+			if err := waitOneReady(ctx, d); err != nil {
+				return nil, fmt.Errorf("the old build (replica 0): %w", err)
+			}
 		}
 	}
 	dl, err := newDialer(ds[0].dataDir, listens(ds))
@@ -131,7 +146,7 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	for i := 0; i < cfg.Claimers; i++ {
 		spawn(h.claimer)
 	}
-	if cfg.RestartStore != nil {
+	if cfg.RestartStore != nil && cfg.OldTetherd == "" {
 		spawn(func(ctx context.Context) {
 			if sleep(ctx, cfg.Duration/2) {
 				if err := cfg.RestartStore(); err != nil {
@@ -159,6 +174,9 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.OldTetherd != "" {
+		res = append(res, MixedBuilds(h.errorCodes(), ds[0].logPath, ds[1].logPath))
+	}
 	h.report(o, res)
 	return res, nil
 }
@@ -173,6 +191,8 @@ func newDaemons(cfg Config) ([]*daemon, error) {
 	n := 1
 	if cfg.Store != "" {
 		n = 2
+	} else if cfg.OldTetherd != "" {
+		return nil, fmt.Errorf("chaos: an old build runs beside a new one only on a shared store (postgres)")
 	}
 	dataDir := filepath.Join(cfg.WorkDir, "data")
 	var extra []string
@@ -195,6 +215,9 @@ func newDaemons(cfg Config) ([]*daemon, error) {
 		if n > 1 {
 			d.logPath = filepath.Join(cfg.WorkDir, fmt.Sprintf("tetherd-%d.log", i))
 			d.store = withAppName(cfg.Store, fmt.Sprintf("tetherd-%d", i))
+		}
+		if i == 0 && cfg.OldTetherd != "" {
+			d.bin = cfg.OldTetherd
 		}
 		ds = append(ds, d)
 	}
@@ -240,6 +263,10 @@ func waitAllReady(ctx context.Context, admins []v1.AdminServiceClient) error {
 // serves, and waits for it to answer again before the next kill, so one
 // is always up (the database restart aside).
 func (h *harness) killer(ctx context.Context, ds []*daemon) error {
+	if h.cfg.OldTetherd != "" {
+		<-ctx.Done() // mixed builds: nothing is killed
+		return nil
+	}
 	for {
 		wait := h.cfg.KillMin + time.Duration(mrand.Int64N(int64(h.cfg.KillMax-h.cfg.KillMin)+1))
 		if !sleep(ctx, wait) {
@@ -296,6 +323,9 @@ func (h *harness) progressLine() string {
 // recover is the last kill -9, of every tetherd, with no load; then the
 // restart, waiting until each answers.
 func (h *harness) recover(ctx context.Context, ds []*daemon) error {
+	if h.cfg.OldTetherd != "" {
+		return waitAllReady(ctx, h.admins) // the old build may not restart
+	}
 	for i, d := range ds {
 		d.kill()
 		h.c.Kills.Add(1)
@@ -425,6 +455,13 @@ type harness struct {
 	killAgent map[string]context.CancelFunc
 	cancels   []context.CancelFunc
 	agentWG   sync.WaitGroup
+}
+
+// errorCodes copies the count of call errors by code.
+func (h *harness) errorCodes() map[codes.Code]int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return maps.Clone(h.errCodes)
 }
 
 func (h *harness) callErr(err error) {
