@@ -22,7 +22,8 @@ type task struct {
 	run  func(context.Context) error
 }
 
-// quiet is a task that ends only when its context does.
+// quiet is a task that reports no error: it logs its own, and a
+// failure of it does not stop tetherd.
 func quiet(name string, f func(context.Context)) task {
 	return task{name, func(ctx context.Context) error { f(ctx); return nil }}
 }
@@ -48,21 +49,30 @@ func (d *daemon) run(ctx context.Context) error {
 	g, failed := errgroup.WithContext(ctx)
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopBG()
+	start := func(t task) {
+		g.Go(func() error {
+			err := t.run(bg)
+			if err != nil {
+				log.Error("a task failed", "task", t.name, "err", err)
+			}
+			return err
+		})
+	}
 	for _, t := range d.background() {
-		g.Go(func() error { return t.run(bg) })
+		start(t)
 	}
 	for _, w := range d.exitWatchers {
 		w.WatchExits(bg, d.svc.Checks.Exit)
 	}
 	for _, t := range d.servers() {
-		g.Go(func() error { return t.run(bg) })
+		start(t)
 	}
 	g.Go(func() error {
 		<-failed.Done()
 		if ctx.Err() != nil {
 			log.Info("shutting down: draining calls")
 		} else {
-			log.Error("shutting down: a task failed", "err", context.Cause(failed))
+			log.Error("shutting down: a task failed")
 		}
 		d.stopServers()
 		stopBG()
