@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
 
 	"github.com/tetherfleet/tether/controlplane/certreload"
 	"github.com/tetherfleet/tether/controlplane/loops"
@@ -142,7 +143,9 @@ func (d *daemon) background() []task {
 // (after stopServers); an error from any of them stops tetherd.
 func (d *daemon) servers() []task {
 	ts := []task{{"grpc", func(context.Context) error {
-		if err := d.srv.Serve(d.lis); err != nil {
+		// A stop that comes before Serve (tetherd told to stop as it
+		// starts) makes Serve return ErrServerStopped: no failure.
+		if err := d.srv.Serve(d.lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 			return fmt.Errorf("serve: %w", err)
 		}
 		return nil
