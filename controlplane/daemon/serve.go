@@ -82,7 +82,9 @@ func build(ctx context.Context, opts ServeOptions) (_ *daemon, err error) {
 	if err := opts.defaults(); err != nil {
 		return nil, err
 	}
-	d := &daemon{o: opts, log: opts.Log}
+	// A test's listeners are the daemon's from the start: whatever step
+	// fails, close closes them like those it opens itself.
+	d := &daemon{o: opts, log: opts.Log, lis: opts.Test.Listener, netLis: opts.Test.NetbootListener, metricsLis: opts.Test.MetricsListener}
 	defer func() {
 		if err != nil {
 			d.close()
