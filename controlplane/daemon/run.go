@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
 
 	"github.com/tetherfleet/tether/controlplane/certreload"
 	"github.com/tetherfleet/tether/controlplane/loops"
@@ -22,7 +23,8 @@ type task struct {
 	run  func(context.Context) error
 }
 
-// quiet is a task that ends only when its context does.
+// quiet is a task that reports no error: it logs its own, and a
+// failure of it does not stop tetherd.
 func quiet(name string, f func(context.Context)) task {
 	return task{name, func(ctx context.Context) error { f(ctx); return nil }}
 }
@@ -40,7 +42,7 @@ func (d *daemon) run(ctx context.Context) error {
 	// Before anything serves: this replica holds no stream yet, whatever
 	// its previous run left behind, and rows whose machines died while we
 	// were down move before a claim can read them (design §2.7, §2.10).
-	if err := d.presence.Start(ctx, d.st.Backend() == "sqlite"); err != nil {
+	if err := d.svc.Presence.Start(ctx, d.st.Backend() == "sqlite"); err != nil {
 		return err
 	}
 	d.startupSync(ctx)
@@ -48,21 +50,30 @@ func (d *daemon) run(ctx context.Context) error {
 	g, failed := errgroup.WithContext(ctx)
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopBG()
+	start := func(t task) {
+		g.Go(func() error {
+			err := t.run(bg)
+			if err != nil {
+				log.Error("a task failed", "task", t.name, "err", err)
+			}
+			return err
+		})
+	}
 	for _, t := range d.background() {
-		g.Go(func() error { return t.run(bg) })
+		start(t)
 	}
 	for _, w := range d.exitWatchers {
-		w.WatchExits(bg, d.checks.Exit)
+		w.WatchExits(bg, d.svc.Checks.Exit)
 	}
 	for _, t := range d.servers() {
-		g.Go(func() error { return t.run(bg) })
+		start(t)
 	}
 	g.Go(func() error {
 		<-failed.Done()
 		if ctx.Err() != nil {
 			log.Info("shutting down: draining calls")
 		} else {
-			log.Error("shutting down: a task failed", "err", context.Cause(failed))
+			log.Error("shutting down: a task failed")
 		}
 		d.stopServers()
 		stopBG()
@@ -76,7 +87,7 @@ func (d *daemon) run(ctx context.Context) error {
 		log.Info("metrics listening", "addr", d.metricsLis.Addr().String())
 	}
 	log.Info("tetherd serving", "addr", d.lis.Addr().String(), "store", d.st.Backend(), "data_dir", o.DataDir,
-		"agent_url", o.Listeners.AgentURL, "ca_fingerprint", d.fingerprint, "providers", d.instSvc.ProviderNames(),
+		"agent_url", o.Listeners.AgentURL, "ca_fingerprint", d.authority.Fingerprint(), "providers", d.svc.Instances.ProviderNames(),
 		"qemu_mode", o.Providers.QEMU.Mode, "kernel", d.kernel, "initramfs", d.initramfs)
 	if o.Test.Ready != nil {
 		o.Test.Ready <- d.lis.Addr().String()
@@ -90,18 +101,18 @@ func (d *daemon) background() []task {
 	o, log, st := d.o, d.log, d.st
 	ts := []task{
 		quiet("agent-hub", d.hub.Run),
-		quiet("presence", d.presence.Run),
-		quiet("death-checks", d.checks.Run),
-		quiet("worker", d.wk.Run),
+		quiet("presence", d.svc.Presence.Run),
+		quiet("death-checks", d.svc.Checks.Run),
+		quiet("worker", d.svc.Worker.Run),
 		quiet("resume-terminates", func(ctx context.Context) {
 			// Terminates a previous run left between intent and destroy.
-			if n, err := d.instSvc.ResumeTerminates(ctx, 0); err != nil {
+			if n, err := d.svc.Instances.ResumeTerminates(ctx, 0); err != nil {
 				log.Warn("resuming interrupted terminates", "finished", n, "err", err)
 			} else if n > 0 {
 				log.Info("finished terminates interrupted by the previous run", "count", n)
 			}
 		}),
-		quiet("enroll-refusals", func(ctx context.Context) { flushRefusals(ctx, o.Loops.Every, d.enrollSvc.FlushRefusals) }),
+		quiet("enroll-refusals", func(ctx context.Context) { flushRefusals(ctx, o.Loops.Every, d.svc.Enroll.FlushRefusals) }),
 		quiet("revocations", func(ctx context.Context) {
 			d.revoked.Follow(ctx, st, o.Clock, 30*time.Second, log, d.reloadFailures)
 		}),
@@ -113,7 +124,7 @@ func (d *daemon) background() []task {
 		// re-activated pool. Every replica runs it: a replenish recounts
 		// under the pool's row lock, so replicas never overshoot
 		// (docs/adr/0008).
-		quiet("pool-nudges", d.pools.RunNudges),
+		quiet("pool-nudges", d.svc.Pools.RunNudges),
 		quiet("loops", func(ctx context.Context) { loops.Run(ctx, st.Elector(), log, d.loops()...) }),
 	}
 	if d.netboot != nil {
@@ -132,7 +143,9 @@ func (d *daemon) background() []task {
 // (after stopServers); an error from any of them stops tetherd.
 func (d *daemon) servers() []task {
 	ts := []task{{"grpc", func(context.Context) error {
-		if err := d.srv.Serve(d.lis); err != nil {
+		// A stop that comes before Serve (tetherd told to stop as it
+		// starts) makes Serve return ErrServerStopped: no failure.
+		if err := d.srv.Serve(d.lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 			return fmt.Errorf("serve: %w", err)
 		}
 		return nil
@@ -176,7 +189,7 @@ func (d *daemon) stopServers() {
 func (d *daemon) startupSync(ctx context.Context) {
 	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	res, err := d.syncer.Tick(sctx)
+	res, err := d.svc.Sync.Tick(sctx)
 	if err != nil {
 		d.log.Warn("provider sync at start-up failed; the periodic sync retries", "err", err)
 	}
@@ -190,27 +203,27 @@ func (d *daemon) loops() []loops.Loop {
 	o, st := d.o, d.st
 	return []loops.Loop{
 		{Name: "task-leases", Every: o.Loops.Every, Tick: func(ctx context.Context) error {
-			_, err := d.taskSvc.ExpireLeases(ctx)
+			_, err := d.svc.Tasks.ExpireLeases(ctx)
 			return err
 		}},
 		{Name: "terminate-reconciler", Every: o.Loops.Every, Tick: func(ctx context.Context) error {
-			_, err := d.instSvc.ResumeTerminates(ctx, o.Loops.TerminateResumeAfter)
+			_, err := d.svc.Instances.ResumeTerminates(ctx, o.Loops.TerminateResumeAfter)
 			return err
 		}},
 		{Name: "provision-sweeper", Every: o.Loops.Every, Tick: func(ctx context.Context) error {
-			_, err := d.instSvc.SweepProvisions(ctx)
+			_, err := d.svc.Instances.SweepProvisions(ctx)
 			return err
 		}},
 		{Name: "liveness", Every: o.Loops.Every, Tick: func(ctx context.Context) error {
-			_, err := d.sensor.Tick(ctx)
+			_, err := d.svc.Liveness.Tick(ctx)
 			return err
 		}},
 		{Name: "provider-sync", Every: o.Loops.ProviderSyncEvery, Tick: func(ctx context.Context) error {
-			_, err := d.syncer.Tick(ctx)
+			_, err := d.svc.Sync.Tick(ctx)
 			return err
 		}},
 		{Name: "pool-reaper", Every: o.Loops.PoolReaperEvery, Tick: func(ctx context.Context) error {
-			_, err := d.pools.Tick(ctx)
+			_, err := d.svc.Pools.Tick(ctx)
 			return err
 		}},
 		{Name: "retention", Every: time.Hour, Tick: retention.New(st, o.Clock, d.log,

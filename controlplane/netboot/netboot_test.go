@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/tetherfleet/tether/controlplane/daemon/wire"
 	"github.com/tetherfleet/tether/controlplane/events"
 	"github.com/tetherfleet/tether/controlplane/instances"
 	"github.com/tetherfleet/tether/controlplane/lifecycle"
@@ -25,6 +26,7 @@ import (
 	"github.com/tetherfleet/tether/internal/clock"
 	"github.com/tetherfleet/tether/internal/logbuf"
 	"github.com/tetherfleet/tether/pki"
+	"github.com/tetherfleet/tether/pki/ca"
 	"github.com/tetherfleet/tether/providers"
 	"github.com/tetherfleet/tether/providers/external"
 )
@@ -76,10 +78,18 @@ func setup(t testing.TB) *fixture {
 	clk := clock.NewFake(t0)
 	logs := &lockedBuffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	svc := &instances.Service{Store: st, Clock: clk, Log: log,
-		Machines:  map[string]providers.Provider{external.Name: external.New(), "pxe": pxe{external.New()}},
-		Artifacts: &instances.Artifacts{Blobs: blobs, Kernel: ingest("kernel bytes"), Initramfs: ingest("initramfs bytes"), BaseURL: "http://10.0.2.2:8080"},
-		AgentURL:  "https://10.0.2.2:7443", CAFingerprint: "sha256:" + strings.Repeat("cd", 32)}
+	authority, err := ca.Create(filepath.Join(dir, "ca"), "netboot-test", clk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	svcs, err := wire.NewServices(wire.Deps{Store: st, Clock: clk, Log: log,
+		Machines: map[string]providers.Provider{external.Name: external.New(), "pxe": pxe{external.New()}},
+		CA:       authority, Blobs: blobs, AgentURL: "https://10.0.2.2:7443",
+		Kernel: ingest("kernel bytes"), Initramfs: ingest("initramfs bytes"), NetbootURL: "http://10.0.2.2:8080"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := svcs.Instances
 	tpl := &store.Template{Name: "tpl", KernelArgs: "quiet\nchain http://evil", CreatedAt: t0, UpdatedAt: t0}
 	if err := st.CreateTemplate(ctx, tpl); err != nil {
 		t.Fatal(err)

@@ -87,10 +87,8 @@ type env struct {
 
 func newEnv(t testing.TB, open func(testing.TB) store.Store) *env {
 	t.Helper()
-	nudges := pool.NewNudges() // as tetherd wires them
-	f := instancestest.New(t, open(t), instancestest.Options{Owner: "pool-test", ProvisionAttempts: 1, Timeout: 120 * time.Second, Pools: nudges})
-	svc := &pool.Service{Store: f.Store, Clock: f.Clock, Log: f.Log, Instances: f.Instances, Nudges: nudges}
-	return &env{t: t, ctx: f.Ctx, st: f.Store, clk: f.Clock, fake: f.Fake, inst: f.Instances, svc: svc, wk: f.Worker, tpl: f.Template, logs: f.Logs}
+	f := instancestest.New(t, open(t), instancestest.Options{Owner: "pool-test", ProvisionAttempts: 1, Timeout: 120 * time.Second})
+	return &env{t: t, ctx: f.Ctx, st: f.Store, clk: f.Clock, fake: f.Fake, inst: f.Instances, svc: f.Services.Pools, wk: f.Worker, tpl: f.Template, logs: f.Logs}
 }
 
 // create makes a pool on the fake provider.

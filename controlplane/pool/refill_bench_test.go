@@ -26,7 +26,7 @@ import (
 func BenchmarkRefill(b *testing.B) {
 	const target = 2
 	f := instancestest.New(b, instancestest.SQLite(b), instancestest.Options{Owner: "refill-bench", ProvisionAttempts: 1, Timeout: 30 * time.Minute})
-	svc := &pool.Service{Store: f.Store, Clock: f.Clock, Log: f.Log, Instances: f.Instances}
+	svc := f.Services.Pools
 	ctx, cancel := context.WithCancel(f.Ctx)
 	defer cancel()
 	done := make(chan struct{}, 4)

@@ -49,6 +49,10 @@ var DepRules = []DepRule{
 		Why: "services sit below the API; only the composition root (daemon) wires it"},
 	{From: []string{"controlplane/..."}, Deny: []string{"controlplane/daemon"},
 		Why: "daemon is the composition root; nothing in the control plane imports it"},
+	// The test fixtures that build the services (instancestest) are test
+	// helpers, which the rules leave free.
+	{From: []string{"controlplane/..."}, Exempt: []string{"controlplane/daemon", "controlplane/daemon/wire"}, Deny: []string{"controlplane/daemon/wire"},
+		Why: "the services are built in one place (wire.NewServices) for the composition root; no service builds the others"},
 	{From: []string{"controlplane/..."}, Exempt: []string{"controlplane/store/...", "controlplane/daemon"},
 		Deny: []string{"controlplane/store/sqlite", "controlplane/store/postgres"},
 		Why:  "nothing above the store knows which backend it runs on; daemon picks one"},

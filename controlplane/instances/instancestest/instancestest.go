@@ -1,7 +1,7 @@
 // Package instancestest is the fixture the instance, pool, liveness and
-// provider-sync tests share: the instance service wired the way tetherd
-// wires it, over a store the test chooses, with a fake provider, a fake
-// clock and a worker the test drives by hand.
+// provider-sync tests share: the services built by wire.NewServices, as
+// tetherd builds them, over a store the test chooses, with a fake
+// provider, a fake clock and a worker the test drives by hand.
 package instancestest
 
 import (
@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tetherfleet/tether/controlplane/daemon/wire"
 	"github.com/tetherfleet/tether/controlplane/instances"
 	"github.com/tetherfleet/tether/controlplane/modules"
 	"github.com/tetherfleet/tether/controlplane/store"
@@ -19,6 +20,7 @@ import (
 	"github.com/tetherfleet/tether/controlplane/worker"
 	"github.com/tetherfleet/tether/internal/clock"
 	"github.com/tetherfleet/tether/internal/logbuf"
+	"github.com/tetherfleet/tether/pki/ca"
 	"github.com/tetherfleet/tether/providers"
 	"github.com/tetherfleet/tether/providers/external"
 	"github.com/tetherfleet/tether/providers/fake"
@@ -39,17 +41,17 @@ type Options struct {
 	Node string
 	// Timeout bounds the fixture's context (default 60 s).
 	Timeout time.Duration
-	// Pools hears of members leaving their pools (pool.Nudges, as tetherd
-	// wires it).
-	Pools instances.PoolEvents
 }
 
-// Env is the wired service and what it runs on.
+// Env is the wired services and what they run on.
 type Env struct {
-	Ctx       context.Context
-	Store     store.Store
-	Clock     *clock.Fake
-	Fake      *fake.Provider
+	Ctx   context.Context
+	Store store.Store
+	Clock *clock.Fake
+	Fake  *fake.Provider
+	// Services are every service, built as tetherd builds them; the
+	// instance service and its worker are also below by name.
+	Services  *wire.Services
 	Instances *instances.Service
 	Worker    *worker.Worker
 	Template  *store.Template
@@ -69,7 +71,7 @@ func SQLite(t testing.TB) store.Store {
 	return st
 }
 
-// New wires the instance service over st.
+// New builds the services over st.
 func New(t testing.TB, st store.Store, o Options) *Env {
 	t.Helper()
 	if o.Owner == "" {
@@ -95,14 +97,21 @@ func New(t testing.TB, st store.Store, o Options) *Env {
 	clk := clock.NewFake(T0)
 	logs := &LogBuffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	authority, err := ca.Create(filepath.Join(t.TempDir(), "ca"), "instancestest", clk)
+	if err != nil {
+		t.Fatal(err)
+	}
 	fp := fake.New(fake.WithClock(clk))
-	svc := &instances.Service{Store: st, Clock: clk, Log: log,
-		Machines:  map[string]providers.Provider{fake.Name: fp, external.Name: external.New()},
-		Artifacts: &instances.Artifacts{Blobs: blobs, Kernel: kernel, Initramfs: initrd, BaseURL: "http://10.0.2.2:8080"},
-		AgentURL:  "https://10.0.2.2:7443", CAFingerprint: "sha256:" + strings.Repeat("ab", 32),
-		Owner: o.Owner, RetryBackoff: time.Millisecond, OpTimeout: 10 * time.Second, ProvisionAttempts: o.ProvisionAttempts, Pools: o.Pools}
-	e := &Env{Ctx: ctx, Store: st, Clock: clk, Fake: fp, Instances: svc, Logs: logs, Log: log,
-		Worker: &worker.Worker{Store: st, Clock: clk, Log: log, Owner: "worker-test", Handlers: svc.Handlers()}}
+	svcs, err := wire.NewServices(wire.Deps{Store: st, Clock: clk, Log: log,
+		Machines: map[string]providers.Provider{fake.Name: fp, external.Name: external.New()},
+		CA:       authority, Blobs: blobs, AgentURL: "https://10.0.2.2:7443",
+		Kernel: kernel, Initramfs: initrd, NetbootURL: "http://10.0.2.2:8080", Replica: "instancestest",
+		Tuning: wire.Tuning{Owner: o.Owner, WorkerOwner: "worker-test",
+			RetryBackoff: time.Millisecond, OpTimeout: 10 * time.Second, ProvisionAttempts: o.ProvisionAttempts}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &Env{Ctx: ctx, Store: st, Clock: clk, Fake: fp, Services: svcs, Instances: svcs.Instances, Worker: svcs.Worker, Logs: logs, Log: log}
 	e.Template = &store.Template{Name: "tpl", KernelArgs: o.KernelArgs, CreatedAt: T0, UpdatedAt: T0}
 	if err := st.CreateTemplate(ctx, e.Template); err != nil {
 		t.Fatal(err)
