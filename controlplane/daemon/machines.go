@@ -124,7 +124,7 @@ func buildProviders(o ServeOptions, log *slog.Logger, clk clock.Clock, bmcs *bmc
 	if err != nil {
 		return nil, fmt.Errorf("serve: --qemu-boot: %w", err)
 	}
-	q, err := qemu.New(qemu.Config{Mode: mode, StateDir: stateDir, Boot: bootMode, Tap: o.QEMUTap, TPM: o.QEMUTPM,
+	q, err := qemu.New(qemu.Config{Mode: mode, StateDir: stateDir, Boot: bootMode, Tap: o.QEMUTap, TPM: o.QEMUTPM, SecureBoot: o.QEMUSecureBoot,
 		Logger: log.With("provider", "qemu"), Clock: clk})
 	if err != nil {
 		return nil, fmt.Errorf("serve: qemu provider: %w", err)

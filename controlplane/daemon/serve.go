@@ -81,6 +81,9 @@ type ServeOptions struct {
 	// QEMUTPM gives every qemu VM a TPM (swtpm); tetherd refuses to start
 	// with it when swtpm is missing.
 	QEMUTPM bool
+	// QEMUSecureBoot boots qemu VMs' OVMF with Secure Boot on (the
+	// secboot firmware and a copy of the snakeoil-key variable store).
+	QEMUSecureBoot bool
 	// Redfish tunes the redfish provider: how long a stop waits for a
 	// graceful shutdown before forcing the power off, how long an action
 	// waits for PowerState to show it, and the bound on one BMC request
@@ -92,6 +95,10 @@ type ServeOptions struct {
 	// Kernel and Initramfs are the default netboot artifacts, ingested into
 	// the blob store at start-up (templates may name others by digest).
 	Kernel, Initramfs string
+	// UKIs are TEMPLATE=FILE: the signed unified kernel image machines of
+	// that template boot (ADR 0035), ingested into the blob store at
+	// start-up and served by the netboot server.
+	UKIs []string
 	// NetbootListen serves the artifacts and per-instance iPXE scripts
 	// over HTTP ("" = off); NetbootListener is used instead when set.
 	NetbootListen   string
@@ -318,6 +325,10 @@ func build(ctx context.Context, opts ServeOptions) (_ *daemon, err error) {
 	if d.initramfs, err = ingestArtifact(blobs, "--initramfs", o.Initramfs); err != nil {
 		return nil, err
 	}
+	ukis, err := netboot.LoadUKIs(blobs, o.UKIs)
+	if err != nil {
+		return nil, fmt.Errorf("serve: %w", err)
+	}
 	if d.netLis == nil && o.NetbootListen != "" {
 		if d.netLis, err = net.Listen("tcp", o.NetbootListen); err != nil {
 			return nil, fmt.Errorf("serve: netboot listen on %s: %w", o.NetbootListen, err)
@@ -378,13 +389,27 @@ func build(ctx context.Context, opts ServeOptions) (_ *daemon, err error) {
 	if d.netLis != nil {
 		d.netboot = &netboot.Server{Store: st, Clock: o.Clock, Log: log.With("component", "netboot"), Instances: d.instSvc,
 			Limiter: o.unauthenticatedLimiter(), RateLimited: d.srv.Metrics.RateLimited.WithLabelValues("netboot"), Panics: panics,
-			ConnectionsRefused: netbootRefused(reg)}
+			ConnectionsRefused: netbootRefused(reg), UKIs: ukis}
 		if o.PXE.Enabled() {
 			d.netboot.Loaders = o.PXE.Loaders()
 		}
 	}
 	if d.pxe, err = o.pxeService(st, log, panics); err != nil {
 		return nil, err
+	}
+	if len(ukis) > 0 {
+		if d.netLis == nil {
+			return nil, fmt.Errorf("serve: --uki needs --netboot-listen: the netboot server serves the images")
+		}
+		if d.pxe != nil {
+			d.pxe.UKI = d.netboot
+		}
+		for _, img := range ukis {
+			log.Info("unified kernel image", "template", img.Template, "digest", img.Digest, "signed", img.Signed, "cmdline", img.Cmdline)
+			if !img.Signed {
+				log.Warn("unified kernel image is not signed: Secure Boot firmware refuses it", "template", img.Template)
+			}
+		}
 	}
 
 	if d.lis == nil {

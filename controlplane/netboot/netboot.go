@@ -64,6 +64,10 @@ type Server struct {
 	// Loaders, when its Dir is set, serves the iPXE loaders under
 	// /loaders/ for UEFI HTTP Boot (loaders.go).
 	Loaders tftp.Loaders
+	// UKIs are the signed unified kernel images by template (tetherd
+	// --uki, uki.go): a machine whose template has one boots it, over
+	// UEFI HTTP Boot or chained from iPXE.
+	UKIs UKIs
 
 	// Panics records a panic in a request's handler, which then answers
 	// 500 alone (nil: recovered, not counted).
@@ -116,6 +120,8 @@ var validID = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /ipxe/boot", s.boot)
+	// GET patterns match HEAD too: UEFI HTTP Boot asks the size first.
+	mux.HandleFunc("GET /uki/boot", s.ukiBoot)
 	mux.HandleFunc("GET /loaders/{name}", s.loader)
 	mux.HandleFunc("GET /ipxe/{id}", s.script)
 	mux.HandleFunc("GET /artifacts/{digest}", s.artifact)
