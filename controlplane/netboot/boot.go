@@ -92,7 +92,7 @@ func (s *Server) boot(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	s.serveScript(w, r, id, "BOOTIF="+macaddr.BootIF(mac), false)
+	s.serveScript(w, r, id, "BOOTIF="+macaddr.BootIF(mac), false, false)
 }
 
 // bootMAC reads the one mac parameter, strictly: one value, no other

@@ -104,6 +104,9 @@ func inspectUKI(file string) (UKI, error) {
 	if strings.Contains(img.Cmdline, "tether.token=") {
 		return UKI{}, errors.New("its command line carries a tether.token: a token is a per-boot secret and must not be in a public image")
 	}
+	if strings.Contains(img.Cmdline, "tether.instance=") {
+		return UKI{}, errors.New("its command line names an instance: the image is the template's, and the instance comes per boot (tetherctl bootimage build --handoff)")
+	}
 	return img, nil
 }
 
@@ -230,6 +233,57 @@ func (s *Server) refuseUKI(w http.ResponseWriter, r *http.Request, mac string, r
 	}
 	w.Header().Set("Cache-Control", "no-store")
 	http.Error(w, "Tether netboot refused: "+ref.msg, code)
+}
+
+// UKIHandoffPath is where the agent of a machine that booted a signed
+// image fetches what differs per boot, by the hardware address it booted
+// with: the image carries the control plane's URL and CA pin, and no
+// secret.
+func UKIHandoffPath(mac string) string { return "/uki/handoff?mac=" + mac }
+
+// Handoff is the per-boot hand-off's body: the instance, and the one-time
+// token unless the node attests with its TPM (ADR 0023), one key=value a
+// line, the names of the fw_cfg entries.
+func Handoff(instanceID, token string) string {
+	b := "instance=" + instanceID + "\n"
+	if token != "" {
+		b += "token=" + token + "\n"
+	}
+	return b
+}
+
+// ukiHandoff serves the machine's per-boot hand-off, once per boot, as
+// the iPXE route serves a script: only to a machine whose template boots
+// a signed image (others get theirs in the script), refused with 410 and
+// a high-severity event when fetched twice in one boot.
+func (s *Server) ukiHandoff(w http.ResponseWriter, r *http.Request) {
+	if !s.allow(w, r) {
+		return
+	}
+	mac, err := bootMAC(r)
+	if err != nil {
+		s.refuseUKI(w, r, "", bootRefusal{events.RefusedMalformed, err.Error()})
+		return
+	}
+	if r.Method != http.MethodGet {
+		// A HEAD would count as the boot's one fetch, with no body.
+		s.refuseUKI(w, r, mac, bootRefusal{events.RefusedMalformed, "the hand-off is fetched with GET, once per boot"})
+		return
+	}
+	id, ref, err := s.bootingInstance(r.Context(), mac)
+	if err == nil && ref == nil {
+		_, ref, err = s.ukiFor(r.Context(), id)
+		if err == nil && ref == nil {
+			s.serveScript(w, r, id, "", false, true)
+			return
+		}
+	}
+	if err != nil {
+		s.Log.Error("netboot hand-off route", "mac", mac, "err", err)
+		http.Error(w, "internal error", http.StatusInternalServerError)
+		return
+	}
+	s.refuseUKI(w, r, mac, *ref)
 }
 
 // ukiChain is the iPXE script that chains a machine to its UKI: the same

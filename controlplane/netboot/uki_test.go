@@ -287,3 +287,93 @@ func TestNoUKIsConfigured(t *testing.T) {
 		t.Fatalf("the iPXE route changed without images: %d %q", code, body)
 	}
 }
+
+// The agent of a machine that booted its image fetches what differs per
+// boot once: the instance and a token, or, for a node whose TPM is bound,
+// the instance alone. A second fetch in the boot is refused like a
+// script's, with a high-severity event.
+func TestUKIHandoff(t *testing.T) {
+	for _, tpm := range []bool{false, true} {
+		t.Run(map[bool]string{false: "token", true: "tpm"}[tpm], func(t *testing.T) {
+			f := setup(t)
+			f.withUKI(t, "tpl")
+			f.bindMAC(t, mac)
+			if tpm {
+				n, err := f.st.GetNode(f.ctx, "n")
+				if err != nil {
+					t.Fatal(err)
+				}
+				n.EKHashes = []string{"sha256:" + strings.Repeat("ef", 32)}
+				if err := f.st.Tx(f.ctx, func(q store.Queries) error { return q.UpdateNode(f.ctx, n) }); err != nil {
+					t.Fatal(err)
+				}
+			}
+			in := f.provision(t)
+			code, body := f.get(t, netboot.UKIHandoffPath(mac))
+			lines := strings.Split(strings.TrimSuffix(body, "\n"), "\n")
+			if code != http.StatusOK || lines[0] != "instance="+in.ID {
+				t.Fatalf("%d %q", code, body)
+			}
+			if tpm && len(lines) != 1 {
+				t.Fatalf("a TPM node's hand-off carries more than its instance: %q", body)
+			}
+			if !tpm && (len(lines) != 2 || !strings.HasPrefix(lines[1], "token=tbt_")) {
+				t.Fatalf("hand-off without its token: %q", body)
+			}
+			code, body = f.get(t, netboot.UKIHandoffPath(mac))
+			if code != http.StatusGone || strings.Contains(body, "token=") {
+				t.Fatalf("second fetch: %d %q", code, body)
+			}
+			evs, _ := f.st.ListEvents(f.ctx, store.EventFilter{InstanceID: in.ID, Kind: events.NetbootRefused, MinSeverity: events.High}, store.Page{Limit: 10})
+			if len(evs) != 1 {
+				t.Fatalf("%d high-severity refusal events, want 1", len(evs))
+			}
+		})
+	}
+}
+
+func TestUKIHandoffRefusals(t *testing.T) {
+	tests := []struct {
+		name, method, query string
+		setup               func(t *testing.T, f *fixture)
+		code                int
+		reason              string
+	}{
+		{"unknown mac", http.MethodGet, "mac=52:54:00:99:99:99", nil, http.StatusNotFound, events.RefusedUnknownMAC},
+		{"no booting instance", http.MethodGet, "mac=" + mac, func(t *testing.T, f *fixture) { f.bindMAC(t, mac) }, http.StatusConflict, events.RefusedNotBooting},
+		// Its machine's token is in its iPXE script: never handed out here.
+		{"template boots no image", http.MethodGet, "mac=" + mac, func(t *testing.T, f *fixture) {
+			f.withUKI(t, "another")
+			f.bindMAC(t, mac)
+			f.provision(t)
+		}, http.StatusNotFound, "template_boots_no_uki"},
+		{"HEAD", http.MethodHead, "mac=" + mac, func(t *testing.T, f *fixture) {
+			f.bindMAC(t, mac)
+			f.provision(t)
+		}, http.StatusBadRequest, events.RefusedMalformed},
+		{"malformed", http.MethodGet, "mac=" + mac + "&token=x", nil, http.StatusBadRequest, events.RefusedMalformed},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := setup(t)
+			if tc.setup != nil {
+				tc.setup(t, f)
+			}
+			if f.nb.UKIs == nil {
+				f.withUKI(t, "tpl")
+			}
+			for range 3 {
+				if resp, body := f.do(t, tc.method, "/uki/handoff?"+tc.query, nil); resp.StatusCode != tc.code || strings.Contains(string(body), "token=") {
+					t.Fatalf("%d %q, want %d", resp.StatusCode, body, tc.code)
+				}
+			}
+			evs := f.machineRefusals(t)
+			if len(evs) != 1 || !strings.Contains(string(evs[0].Payload), `"reason":"`+tc.reason+`"`) {
+				t.Fatalf("refusal events %d (%v), want one with reason %s", len(evs), evs, tc.reason)
+			}
+			if f.tokens(t) != 0 {
+				t.Fatal("a refused hand-off was served")
+			}
+		})
+	}
+}
