@@ -368,6 +368,9 @@ func build(ctx context.Context, opts ServeOptions) (_ *daemon, err error) {
 	d.hub = api.NewAgentHub(st, log, o.HeartbeatFlush)
 	d.hub.Sweep = o.AgentSweep
 	d.enrollSvc = &enroll.Service{Store: st, CA: authority, Clock: o.Clock, Log: log}
+	if p := ukis.Policy(st); p != nil {
+		d.enrollSvc.MeasuredBoot = p
+	}
 	d.srv, err = api.New(api.Config{
 		Store: st, CA: authority, GetServerCert: d.serverCert.GetCertificate, Clock: o.Clock, Log: log, Registerer: reg,
 		Catalog: &catalog.Service{Store: st, Clock: o.Clock}, Certificates: &certificates.Service{Store: st, Clock: o.Clock},

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/tetherfleet/tether/controlplane/events"
+	"github.com/tetherfleet/tether/controlplane/measuredboot"
 	"github.com/tetherfleet/tether/controlplane/modules"
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/internal/uki"
@@ -37,6 +38,9 @@ type UKI struct {
 	Signed bool
 	// Cmdline is the image's .cmdline section.
 	Cmdline string
+	// PEHash is the Authenticode SHA-256 firmware measures into PCR 4
+	// when it runs the image: what the measured-boot policy expects.
+	PEHash []byte
 }
 
 // UKIs are the images by template name.
@@ -101,6 +105,9 @@ func inspectUKI(file string) (UKI, error) {
 		return UKI{}, fmt.Errorf("not a unified kernel image: %w", err)
 	}
 	img.Cmdline = strings.TrimRight(string(c), "\x00\n")
+	if img.PEHash, err = uki.PEHash(file); err != nil {
+		return UKI{}, err
+	}
 	if strings.Contains(img.Cmdline, "tether.token=") {
 		return UKI{}, errors.New("its command line carries a tether.token: a token is a per-boot secret and must not be in a public image")
 	}
@@ -108,6 +115,20 @@ func inspectUKI(file string) (UKI, error) {
 		return UKI{}, errors.New("its command line names an instance: the image is the template's, and the instance comes per boot (tetherctl bootimage build --handoff)")
 	}
 	return img, nil
+}
+
+// Policy is the measured-boot policy of the images: an attested node of a
+// template with one must have booted it with Secure Boot on (nil: no
+// template has an image).
+func (u UKIs) Policy(st store.Store) *measuredboot.Policy {
+	if len(u) == 0 {
+		return nil
+	}
+	p := &measuredboot.Policy{Store: st, Images: map[string]measuredboot.Image{}}
+	for name, img := range u {
+		p.Images[name] = measuredboot.Image{Template: name, Digest: img.Digest, PEHash: img.PEHash}
+	}
+	return p
 }
 
 // Reason codes of NetbootMachineRefused that only the UKI route gives.

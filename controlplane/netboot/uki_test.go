@@ -103,6 +103,19 @@ func TestLoadUKIs(t *testing.T) {
 	if got["other"].Signed {
 		t.Fatal("an unsigned image reads signed")
 	}
+	// The measured-boot policy expects what the firmware will measure of
+	// the file served.
+	ph, err := uki.PEHash(signed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pol := got.Policy(nil)
+	if !bytes.Equal(got["tpl"].PEHash, ph) || !bytes.Equal(pol.Images["tpl"].PEHash, ph) || pol.Images["tpl"].Digest != want || len(pol.Images) != 2 {
+		t.Fatalf("PE hash %x, policy %+v; want %x for tpl", got["tpl"].PEHash, pol.Images, ph)
+	}
+	if netboot.UKIs(nil).Policy(nil) != nil {
+		t.Fatal("no images, yet a policy")
+	}
 
 	notPE := filepath.Join(t.TempDir(), "vmlinuz")
 	os.WriteFile(notPE, []byte("not a PE file"), 0o644)
