@@ -26,59 +26,12 @@ import (
 // hand-off and reaches running; the same image unsigned is refused by the
 // firmware, which says so on the console, and that node never enrolls.
 func TestUKIHTTPBootUnderSecureBoot(t *testing.T) {
-	a := requireVM(t)
-	requireFiles(t, map[string]string{secbootCode: "ovmf", snakeoilVars: "ovmf", snakeoilKey: "ovmf", snakeoilCert: "ovmf", uki.DefaultStub: "systemd-boot-efi"})
-	if _, err := exec.LookPath("openssl"); err != nil {
-		qemutest.SkipLoudly(t, "openssl is missing (it decrypts Debian's snakeoil key)")
-	}
-	tools, err := uki.FindTools(true)
-	if err != nil {
-		qemutest.SkipLoudly(t, "%v", err)
-	}
-	dir := t.TempDir()
-
-	// The image pins the control plane's URL and CA, so both are known
-	// before tetherd starts: its data dir first, then its ports.
-	data := filepath.Join(dir, "data")
-	if err := daemon.Init(daemon.InitOptions{DataDir: data}); err != nil {
-		t.Fatal(err)
-	}
-	caPEM, err := os.ReadFile(filepath.Join(data, daemon.AdminDir, daemon.AdminCAFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	block, _ := pem.Decode(caPEM)
-	if block == nil {
-		t.Fatal("no CA certificate in the data dir")
-	}
-	free, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	apiAddr := free.Addr().String()
-	free.Close()
-	netLis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, apiPort, _ := net.SplitHostPort(apiAddr)
-	_, nbPort, _ := net.SplitHostPort(netLis.Addr().String())
-
+	u := prepareUKI(t)
+	_, nbPort, _ := net.SplitHostPort(u.netLis.Addr().String())
+	unsigned := u.build(t, "unsigned.efi", u.a.initramfs, nbPort, false)
+	signed := u.build(t, "signed.efi", u.a.initramfs, nbPort, true)
 	ctx := context.Background()
-	dbKey := filepath.Join(dir, "db.key")
-	if out, err := exec.Command("openssl", "pkey", "-in", snakeoilKey, "-passin", "pass:snakeoil", "-out", dbKey).CombinedOutput(); err != nil {
-		t.Fatalf("decrypt the snakeoil key: %v: %s", err, out)
-	}
-	spec := uki.Spec{Kernel: a.kernel, Initramfs: a.initramfs,
-		Cmdline: "console=ttyS0,115200 panic=-1 tether.url=https://10.0.2.2:" + apiPort + " tether.ca=" + pki.Fingerprint(block.Bytes) +
-			" tether.handoff=http://10.0.2.2:" + nbPort + " ip=dhcp"}
-	unsigned, signed := filepath.Join(dir, "unsigned.efi"), filepath.Join(dir, "signed.efi")
-	if err := uki.Build(ctx, tools, spec, unsigned); err != nil {
-		t.Fatal(err)
-	}
-	if err := uki.Sign(ctx, tools, uki.Signer{Key: dbKey, Cert: snakeoilCert}, unsigned, signed); err != nil {
-		t.Fatal(err)
-	}
+	apiAddr, netLis, data := u.apiAddr, u.netLis, u.data
 
 	// newRootEnv names the template after the test.
 	good := strings.ToLower(t.Name())
@@ -151,4 +104,82 @@ func writeTemp(t *testing.T, s string) string {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// ukiSetup is a control plane's data dir and ports, chosen before it
+// starts: the image pins its URL and CA.
+type ukiSetup struct {
+	a             artifacts
+	tools         uki.Tools
+	dir, data     string
+	apiAddr, caFP string
+	netLis        net.Listener
+	dbKey         string
+}
+
+// prepareUKI skips loudly without the firmware, the stub, sbsigntool or
+// openssl, and lays out the data dir and the ports.
+func prepareUKI(t *testing.T) *ukiSetup {
+	t.Helper()
+	u := &ukiSetup{a: requireVM(t)}
+	requireFiles(t, map[string]string{secbootCode: "ovmf", snakeoilVars: "ovmf", snakeoilKey: "ovmf", snakeoilCert: "ovmf", uki.DefaultStub: "systemd-boot-efi"})
+	if _, err := exec.LookPath("openssl"); err != nil {
+		qemutest.SkipLoudly(t, "openssl is missing (it decrypts Debian's snakeoil key)")
+	}
+	var err error
+	if u.tools, err = uki.FindTools(true); err != nil {
+		qemutest.SkipLoudly(t, "%v", err)
+	}
+	u.dir = t.TempDir()
+	u.data = filepath.Join(u.dir, "data")
+	if err := daemon.Init(daemon.InitOptions{DataDir: u.data}); err != nil {
+		t.Fatal(err)
+	}
+	caPEM, err := os.ReadFile(filepath.Join(u.data, daemon.AdminDir, daemon.AdminCAFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	block, _ := pem.Decode(caPEM)
+	if block == nil {
+		t.Fatal("no CA certificate in the data dir")
+	}
+	u.caFP = pki.Fingerprint(block.Bytes)
+	free, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.apiAddr = free.Addr().String()
+	free.Close()
+	if u.netLis, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	u.dbKey = filepath.Join(u.dir, "db.key")
+	if out, err := exec.Command("openssl", "pkey", "-in", snakeoilKey, "-passin", "pass:snakeoil", "-out", u.dbKey).CombinedOutput(); err != nil {
+		t.Fatalf("decrypt the snakeoil key: %v: %s", err, out)
+	}
+	return u
+}
+
+// build makes an image of initramfs whose agent fetches its hand-off at
+// 10.0.2.2:handoffPort, signed with the snakeoil db key if sign.
+func (u *ukiSetup) build(t *testing.T, name, initramfs, handoffPort string, sign bool) string {
+	t.Helper()
+	_, apiPort, _ := net.SplitHostPort(u.apiAddr)
+	spec := uki.Spec{Kernel: u.a.kernel, Initramfs: initramfs,
+		Cmdline: "console=ttyS0,115200 panic=-1 tether.url=https://10.0.2.2:" + apiPort + " tether.ca=" + u.caFP +
+			" tether.handoff=http://10.0.2.2:" + handoffPort + " ip=dhcp"}
+	out := filepath.Join(u.dir, name)
+	unsigned := out
+	if sign {
+		unsigned = out + ".unsigned"
+	}
+	if err := uki.Build(context.Background(), u.tools, spec, unsigned); err != nil {
+		t.Fatal(err)
+	}
+	if sign {
+		if err := uki.Sign(context.Background(), u.tools, uki.Signer{Key: u.dbKey, Cert: snakeoilCert}, unsigned, out); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return out
 }
