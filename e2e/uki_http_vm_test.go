@@ -26,7 +26,7 @@ import (
 // hand-off and reaches running; the same image unsigned is refused by the
 // firmware, which says so on the console, and that node never enrolls.
 func TestUKIHTTPBootUnderSecureBoot(t *testing.T) {
-	u := prepareUKI(t)
+	u := prepareUKI(t, "127.0.0.1")
 	_, nbPort, _ := net.SplitHostPort(u.netLis.Addr().String())
 	unsigned := u.build(t, "unsigned.efi", u.a.initramfs, nbPort, false)
 	signed := u.build(t, "signed.efi", u.a.initramfs, nbPort, true)
@@ -118,8 +118,9 @@ type ukiSetup struct {
 }
 
 // prepareUKI skips loudly without the firmware, the stub, sbsigntool or
-// openssl, and lays out the data dir and the ports.
-func prepareUKI(t *testing.T) *ukiSetup {
+// openssl, and lays out the data dir and the ports (on host, where the
+// machines reach it: loopback for QEMU's user network).
+func prepareUKI(t *testing.T, host string) *ukiSetup {
 	t.Helper()
 	u := &ukiSetup{a: requireVM(t)}
 	requireFiles(t, map[string]string{secbootCode: "ovmf", snakeoilVars: "ovmf", snakeoilKey: "ovmf", snakeoilCert: "ovmf", uki.DefaultStub: "systemd-boot-efi"})
@@ -144,13 +145,13 @@ func prepareUKI(t *testing.T) *ukiSetup {
 		t.Fatal("no CA certificate in the data dir")
 	}
 	u.caFP = pki.Fingerprint(block.Bytes)
-	free, err := net.Listen("tcp", "127.0.0.1:0")
+	free, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	u.apiAddr = free.Addr().String()
 	free.Close()
-	if u.netLis, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
+	if u.netLis, err = net.Listen("tcp", net.JoinHostPort(host, "0")); err != nil {
 		t.Fatal(err)
 	}
 	u.dbKey = filepath.Join(u.dir, "db.key")

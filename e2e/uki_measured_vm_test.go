@@ -30,7 +30,7 @@ import (
 // measured-boot check with a high event naming what the node booted.
 func TestUKIMeasuredBootEnrollment(t *testing.T) {
 	swtpmtest.Require(t)
-	u := prepareUKI(t)
+	u := prepareUKI(t, "127.0.0.1")
 
 	// The path between the machines and tetherd's netboot port, which can
 	// swap the image.
