@@ -272,7 +272,11 @@ func (s *Server) serveScript(w http.ResponseWriter, r *http.Request, id, bootIF 
 			return err
 		}
 		if served {
-			return &refusal{http.StatusGone, fmt.Sprintf("the script of instance %s was already served for this boot", id)}
+			what := "script"
+			if handoff {
+				what = "hand-off"
+			}
+			return &refusal{http.StatusGone, fmt.Sprintf("the %s of instance %s was already served for this boot", what, id)}
 		}
 		var boot providers.Boot
 		if !handoff {

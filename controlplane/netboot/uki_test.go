@@ -334,7 +334,7 @@ func TestUKIHandoff(t *testing.T) {
 				t.Fatalf("hand-off without its token: %q", body)
 			}
 			code, body = f.get(t, netboot.UKIHandoffPath(mac))
-			if code != http.StatusGone || strings.Contains(body, "token=") {
+			if code != http.StatusGone || strings.Contains(body, "token=") || !strings.Contains(body, "hand-off of instance "+in.ID+" was already served") {
 				t.Fatalf("second fetch: %d %q", code, body)
 			}
 			evs, _ := f.st.ListEvents(f.ctx, store.EventFilter{InstanceID: in.ID, Kind: events.NetbootRefused, MinSeverity: events.High}, store.Page{Limit: 10})
