@@ -1,6 +1,7 @@
 package tetherctl
 
 import (
+	"encoding/hex"
 	"encoding/json"
 	"encoding/pem"
 	"errors"
@@ -27,6 +28,9 @@ type bootImage struct {
 	// Unsigned is the digest of the image before signing: the same inputs
 	// give the same one (the signature carries a signing time).
 	Unsigned string `json:"unsigned_digest"`
+	// Measured is the Authenticode SHA-256 firmware measures into PCR 4
+	// when it runs this file: what tetherd's measured-boot policy expects.
+	Measured string `json:"measured_digest"`
 }
 
 func (a *App) bootimageCmd() *cobra.Command {
@@ -90,6 +94,11 @@ func (a *App) bootimageCmd() *cobra.Command {
 			if img.Digest, err = uki.Digest(out); err != nil {
 				return err
 			}
+			ph, err := uki.PEHash(out)
+			if err != nil {
+				return err
+			}
+			img.Measured = "sha256:" + hex.EncodeToString(ph)
 			if a.Output == "json" {
 				b, err := json.MarshalIndent(img, "", "  ")
 				if err != nil {
@@ -102,6 +111,7 @@ func (a *App) bootimageCmd() *cobra.Command {
 			row(w, "image:", img.File)
 			row(w, "digest:", img.Digest)
 			row(w, "size:", humanBytes(img.Size))
+			row(w, "measured:", img.Measured+" (PCR 4)")
 			row(w, "signed:", map[bool]string{true: "yes (" + filepath.Base(signer.Cert) + ")", false: "no: Secure Boot firmware refuses it"}[sign])
 			row(w, "cmdline:", img.Cmdline)
 			return w.Flush()
