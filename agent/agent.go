@@ -276,7 +276,13 @@ func (a *agent) run(ctx context.Context) error {
 	successor := st.Switched && st.BootID == cfg.BootID
 
 	explicit := identity.Fields{URL: cfg.ControlPlane, Token: cfg.Token, CA: cfg.CASHA256, Instance: cfg.Instance}
-	disc, err := identity.Discover(ctx, explicit, cfg.Sources...)
+	sources := cfg.Sources
+	if successor {
+		// The hand-off is served once per boot, and the agent before the
+		// switch had it; this one enrolled already.
+		sources = withoutHandoff(sources)
+	}
+	disc, err := identity.Discover(ctx, explicit, sources...)
 	if err != nil {
 		return fmt.Errorf("discover enrollment material: %w", err)
 	}
@@ -347,7 +353,8 @@ func (a *agent) run(ctx context.Context) error {
 		conns.Close()
 	}()
 	tokens := func(ctx context.Context) (string, error) {
-		d, err := identity.Discover(ctx, explicit, cfg.Sources...)
+		// A later look for a token: the boot's hand-off was spent at start.
+		d, err := identity.Discover(ctx, explicit, withoutHandoff(cfg.Sources)...)
 		return d.Token, err
 	}
 	if id.Expired(cfg.Clock.Now()) {
@@ -724,3 +731,14 @@ func (a *agent) fetcher(conns *connHolder) (*modules.Fetcher, error) {
 }
 
 func stamp(t time.Time) string { return t.UTC().Format(time.RFC3339) }
+
+// withoutHandoff drops the per-boot hand-off from sources.
+func withoutHandoff(sources []identity.Source) []identity.Source {
+	out := make([]identity.Source, 0, len(sources))
+	for _, s := range sources {
+		if _, ok := s.(identity.HandoffSource); !ok {
+			out = append(out, s)
+		}
+	}
+	return out
+}

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -37,8 +38,14 @@ func newLibvirtEnv(t *testing.T, boot, mac string) (*vmEnv, *libvirttest.Daemon)
 			t.Fatalf("give the node its MAC: %v", err)
 		}
 	}
-	// Runs before the daemon's own cleanup stops libvirtd: every domain
-	// goes through the provider's terminate first.
+	terminateLibvirtOnCleanup(t, env)
+	return env, d
+}
+
+// terminateLibvirtOnCleanup terminates env's libvirt instances when the
+// test ends, before the daemon's own cleanup stops libvirtd: every domain
+// goes through the provider's terminate first.
+func terminateLibvirtOnCleanup(t *testing.T, env *vmEnv) {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
@@ -55,7 +62,6 @@ func newLibvirtEnv(t *testing.T, boot, mac string) (*vmEnv, *libvirttest.Daemon)
 			}
 		}
 	})
-	return env, d
 }
 
 func (e *vmEnv) provisionOn(t *testing.T, ctx context.Context, provider string) string {
@@ -134,4 +140,33 @@ func TestLibvirtVMNetbootUserNet(t *testing.T) {
 	id := env.provisionOn(t, ctx, libvirt.Name)
 	env.waitRunning(t, ctx, id, nil)
 	checkNetbootConsole(t, env.console(ctx, id), mac)
+}
+
+// TestLibvirtVMUKIHTTPBoot: a libvirt domain with Secure Boot OVMF
+// (<loader secure='yes'>, SMM, the snakeoil NVRAM) boots its node's
+// signed image over its own UEFI HTTP Boot, with no iPXE, to running.
+func TestLibvirtVMUKIHTTPBoot(t *testing.T) {
+	u := prepareUKI(t, "127.0.0.1")
+	_, nbPort, _ := net.SplitHostPort(u.netLis.Addr().String())
+	signed := u.build(t, "signed.efi", u.a.initramfs, nbPort, true)
+	d := libvirttest.Start(t)
+	env := newVMEnv(t, testcp.WithDataDir(u.data), testcp.With(func(o *daemon.ServeOptions) {
+		o.Listeners.GRPC, o.Test.NetbootListener = u.apiAddr, u.netLis
+		o.Providers.Libvirt = daemon.LibvirtOptions{URI: d.URI, StateDir: d.StateDir, FileOwner: d.Owner, Boot: "uefi-http", Firmware: "uefi",
+			SecureBoot: true, StopGrace: time.Second}
+		o.UKIs = []string{strings.ToLower(t.Name()) + "=" + signed}
+	}))
+	terminateLibvirtOnCleanup(t, env)
+	ctx := vmCtx(t)
+	id := env.provisionOn(t, ctx, libvirt.Name)
+	env.waitRunning(t, ctx, id, nil)
+	console := env.console(ctx, id)
+	for _, want := range []string{"Start HTTP Boot over IPv4", "/uki/boot?mac=", "secureboot: Secure boot enabled", "from netboot hand-off"} {
+		if !strings.Contains(console, want) {
+			t.Errorf("console lacks %q:\n%s", want, tail(console, 4000))
+		}
+	}
+	if strings.Contains(console, "iPXE") {
+		t.Errorf("an iPXE ran:\n%s", tail(console, 4000))
+	}
 }

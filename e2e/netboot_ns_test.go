@@ -88,7 +88,13 @@ func TestVMNetbootNamespace(t *testing.T) {
 	} {
 		ip(append([]string{"-n", ns}, args...)...)
 	}
-	cmd := exec.Command("ip", "netns", "exec", ns, os.Args[0], "-test.run=^TestVMNetbootNamespace$", "-test.v", "-test.count=1", "-test.timeout=14m")
+	// TETHER_E2E_NETNS_RUN narrows the subtests run in the namespace
+	// ("^uefi-http$"), for working on one.
+	run := "^TestVMNetbootNamespace$"
+	if sub := os.Getenv("TETHER_E2E_NETNS_RUN"); sub != "" {
+		run += "/" + sub
+	}
+	cmd := exec.Command("ip", "netns", "exec", ns, os.Args[0], "-test.run="+run, "-test.v", "-test.count=1", "-test.timeout=14m")
 	cmd.Env = append(os.Environ(), nsChildEnv+"=1")
 	var out bytes.Buffer
 	cmd.Stdout = io.MultiWriter(&out, os.Stdout)
@@ -253,6 +259,40 @@ func netbootNamespaceChild(t *testing.T) {
 		id := env.provision(t, ctx)
 		env.waitRunning(t, ctx, id, nil)
 		checkNetbootConsole(t, env.console(ctx, id), mac)
+	})
+
+	// UEFI HTTP Boot with no iPXE: tetherd's DHCP answers OVMF's
+	// HTTPClient with the URL of its node's signed image, which boots
+	// under Secure Boot and takes the agent's address from the range.
+	t.Run("uefi-http", func(t *testing.T) {
+		u := prepareUKI(t, "0.0.0.0")
+		_, nbPort, _ := net.SplitHostPort(u.netLis.Addr().String())
+		signed := u.build(t, "signed.efi", u.a.initramfs, nbPort, true)
+		template := strings.ToLower(strings.ReplaceAll(t.Name(), "/", "-"))
+		env := newVMEnv(t, testcp.WithDataDir(u.data), testcp.With(func(o *daemon.ServeOptions) {
+			o.Listeners.GRPC, o.Test.NetbootListener = u.apiAddr, u.netLis
+			o.Providers.QEMU.Boot, o.Providers.QEMU.Tap, o.Providers.QEMU.SecureBoot = "uefi-http", nsTap, true
+			o.Listeners.PXE = pxe.Options{Interface: nsBridge, Mode: "full", IPXEDir: ipxeDir, Range: nsRange, Router: nsServerIP}
+			o.UKIs = []string{template + "=" + signed}
+		}))
+		const mac = "52:54:00:0e:2e:13"
+		env.setMAC(t, mac)
+		ctx := vmCtx(t)
+		id := env.provision(t, ctx)
+		env.waitRunning(t, ctx, id, nil)
+		console := env.console(ctx, id)
+		for _, want := range []string{"Start HTTP Boot over IPv4", "URI: http://" + nsServerIP + ":" + nbPort + "/uki/boot?mac=" + mac,
+			"secureboot: Secure boot enabled", "boot: network up: DHCP on", "): 10.0.2.1", "from netboot hand-off"} {
+			if !strings.Contains(console, want) {
+				t.Errorf("console lacks %q:\n%s", want, tail(console, 4000))
+			}
+		}
+		if strings.Contains(console, "iPXE") {
+			t.Errorf("an iPXE ran:\n%s", tail(console, 4000))
+		}
+		if evs := env.events(t, ctx, "netboot.uki_served", id); len(evs) != 1 {
+			t.Errorf("%d netboot.uki_served events, want 1", len(evs))
+		}
 	})
 
 	t.Run("proxy", func(t *testing.T) {

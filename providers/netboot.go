@@ -27,6 +27,11 @@ type Netbooter interface {
 // for the qemu and libvirt providers).
 func BootScriptPath(mac string) string { return "/ipxe/boot?mac=" + mac }
 
+// UKIBootPath is the control plane's route for the signed unified kernel
+// image of a hardware address's node: what UEFI HTTP Boot loads, with no
+// iPXE in between.
+func UKIBootPath(mac string) string { return "/uki/boot?mac=" + mac }
+
 // UserNetBootFile is what QEMU's user-mode DHCP hands a netbooting guest's
 // iPXE: the boot route on the server that serves the boot's kernel (the
 // guest reaches the host as 10.0.2.2, which is how the control plane

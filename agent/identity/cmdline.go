@@ -18,6 +18,9 @@ const (
 	// ParamInstance names the instance of a tokenless, TPM-attested boot.
 	ParamInstance = "tether.instance"
 	ParamDebug    = "tether.debug"
+	// ParamHandoff is the netboot server a node that booted a signed
+	// image fetches its per-boot hand-off from (handoff.go).
+	ParamHandoff = "tether.handoff"
 )
 
 // Param is one parameter of a kernel command line, as the kernel splits it.
@@ -151,6 +154,8 @@ type Cmdline struct {
 	Debug bool
 	// Signers is the node's signer anchor from tether.signers=.
 	Signers []string
+	// Handoff is tether.handoff=, the netboot server's http:// URL.
+	Handoff string
 	// Unknown lists tether.* parameters this agent does not know, so the
 	// console can say they were ignored (a newer control plane may pass
 	// parameters an older agent predates).
@@ -219,6 +224,12 @@ func ParseTetherCmdline(s string) (Cmdline, error) {
 					c.Signers = append(c.Signers, fp)
 				}
 			}
+		case ParamHandoff:
+			v, err := CheckHandoffURL(p.Value)
+			if err != nil {
+				return Cmdline{}, &CmdlineError{Param: p.Key, Reason: err.Error()}
+			}
+			c.Handoff = v
 		case ParamDebug:
 			switch strings.ToLower(p.Value) {
 			case "", "1", "true", "yes", "on":

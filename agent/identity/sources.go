@@ -202,5 +202,5 @@ func isCandidate(p string) bool {
 
 // DefaultSources are the sources in the order docs/design.md §3.2 lists them.
 func DefaultSources() []Source {
-	return []Source{CmdlineSource{}, FwCfgSource{}, SeedISOSource{}}
+	return []Source{CmdlineSource{}, HandoffSource{}, FwCfgSource{}, SeedISOSource{}}
 }

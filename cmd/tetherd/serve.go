@@ -95,6 +95,7 @@ func replicaFlags(f *pflag.FlagSet, o *daemon.ServeOptions) {
 	f.StringSliceVar(&o.SigningKeyFiles, "module-signing-key", nil, "Ed25519 public key files that module signatures may verify with")
 	f.StringVar(&o.Kernel, "kernel", "", "default netboot kernel (bzImage); stored content addressed in the data dir at start-up")
 	f.StringVar(&o.Initramfs, "initramfs", "", "default netboot initramfs; stored content addressed in the data dir at start-up")
+	f.StringArrayVar(&o.UKIs, "uki", nil, "TEMPLATE=FILE: the signed unified kernel image (tetherctl bootimage build) that machines of TEMPLATE boot over UEFI HTTP Boot or chained from iPXE; repeatable, stored in the data dir at start-up")
 	f.StringVar(&o.Replica, "replica-name", "", "this replica's name in agent presence; keep it stable across restarts (default HOSTNAME/LISTEN-ADDRESS)")
 	f.StringSliceVar(&o.SelfInstanceIDs, "self-instance", nil, "instance ids that host this control plane (drain refuses them)")
 }
@@ -119,7 +120,8 @@ func listenFlags(f *pflag.FlagSet, o *daemon.ListenOptions) {
 // providerFlags configure the built-in providers.
 func providerFlags(f *pflag.FlagSet, o *daemon.ProviderOptions) {
 	f.StringVar(&o.QEMU.Mode, "qemu-mode", "real", "qemu provider mode: real (boot VMs), recorder (record what it would do) or disabled")
-	f.StringVar(&o.QEMU.Boot, "qemu-boot", "direct", "how qemu VMs boot: direct (kernel, initramfs and token handed to QEMU), bios (SeaBIOS + the NIC's iPXE ROM) or uefi (OVMF); bios and uefi fetch everything over the network")
+	f.StringVar(&o.QEMU.Boot, "qemu-boot", "direct", "how qemu VMs boot: direct (kernel, initramfs and token handed to QEMU), bios (SeaBIOS + the NIC's iPXE ROM), uefi (OVMF + iPXE) or uefi-http (OVMF's own HTTP Boot of the template's --uki image, no iPXE); bios, uefi and uefi-http fetch everything over the network")
+	f.BoolVar(&o.QEMU.SecureBoot, "qemu-secure-boot", false, "boot qemu VMs' OVMF with Secure Boot on (OVMF_CODE_4M.secboot.fd, a copy of OVMF_VARS_4M.snakeoil.fd per VM, q35 with SMM): needs --qemu-boot uefi or uefi-http")
 	f.BoolVar(&o.QEMU.TPM, "qemu-tpm", false, "give every qemu VM a TPM 2.0 (tpm-crb, one swtpm per VM; needs the swtpm and swtpm-tools packages): the TPM is its node's, kept in QEMU-STATE/tpm/NODE across the node's instances")
 	f.StringVar(&o.QEMU.Tap, "qemu-tap", "", "put qemu VMs on this tap device (a bridge port where tetherd's DHCP answers) instead of QEMU's user-mode network; one VM at a time")
 	f.DurationVar(&o.Redfish.GracefulTimeout, "redfish-graceful-timeout", 60*time.Second, "how long a redfish stop waits for a graceful shutdown before forcing the power off")
@@ -127,8 +129,9 @@ func providerFlags(f *pflag.FlagSet, o *daemon.ProviderOptions) {
 	f.StringVar(&o.QEMU.StateDir, "qemu-state-dir", "", "qemu VM state directory (default DATA/machines; QMP sockets live here, so keep it short)")
 	f.StringVar(&o.Libvirt.URI, "libvirt-uri", "", "enable the libvirt provider on this libvirtd: qemu:///system, qemu:///session, qemu+unix:///system?socket=PATH, qemu+tcp://HOST/system or qemu+tls://HOST/system (off by default)")
 	f.StringVar(&o.Libvirt.StateDir, "libvirt-state-dir", "", "libvirt provider state directory: console logs, and token files while a domain boots (default DATA/libvirt)")
-	f.StringVar(&o.Libvirt.Boot, "libvirt-boot", "direct", "how libvirt domains boot: direct (kernel, initramfs and token handed to libvirtd; needs a local libvirtd) or network (the firmware's iPXE fetches everything from --netboot-listen)")
+	f.StringVar(&o.Libvirt.Boot, "libvirt-boot", "direct", "how libvirt domains boot: direct (kernel, initramfs and token handed to libvirtd; needs a local libvirtd), network (the firmware's iPXE fetches everything from --netboot-listen) or uefi-http (OVMF's own HTTP Boot of the template's --uki image, no iPXE; needs --libvirt-firmware uefi)")
 	f.StringVar(&o.Libvirt.Firmware, "libvirt-firmware", "bios", "libvirt domain firmware: bios (SeaBIOS) or uefi (OVMF, with a per-domain NVRAM removed on terminate)")
+	f.BoolVar(&o.Libvirt.SecureBoot, "libvirt-secure-boot", false, "boot libvirt domains' OVMF with Secure Boot on (<loader secure='yes'> OVMF_CODE_4M.secboot.fd, NVRAM from OVMF_VARS_4M.snakeoil.fd, SMM on); needs --libvirt-firmware uefi")
 	f.BoolVar(&o.Libvirt.TPM, "libvirt-tpm", false, "give every libvirt domain a TPM 2.0 (<tpm model='tpm-crb'> with libvirtd's swtpm emulator)")
 	f.StringVar(&o.Libvirt.Network, "libvirt-network", "user", "libvirt domain NIC: user (QEMU user-mode networking, the host is 10.0.2.2), network:NAME (a libvirt network) or bridge:NAME")
 	f.StringVar(&o.Libvirt.DomainType, "libvirt-domain-type", "auto", "libvirt domain type: auto (kvm when libvirtd offers it, else qemu), kvm or qemu (TCG)")

@@ -14,6 +14,7 @@ import (
 	"github.com/tetherfleet/tether/controlplane/certreload"
 	"github.com/tetherfleet/tether/controlplane/credentials"
 	"github.com/tetherfleet/tether/controlplane/modules"
+	"github.com/tetherfleet/tether/controlplane/netboot"
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/controlplane/store/sqlite"
 	"github.com/tetherfleet/tether/pki/ca"
@@ -75,6 +76,9 @@ func (d *daemon) openDataDir(ctx context.Context) error {
 	}
 	if d.initramfs, err = ingestArtifact(d.blobs, "--initramfs", o.Initramfs); err != nil {
 		return err
+	}
+	if d.ukis, err = netboot.LoadUKIs(d.blobs, o.UKIs); err != nil {
+		return fmt.Errorf("serve: %w", err)
 	}
 	return nil
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/tetherfleet/tether/controlplane/api"
 	"github.com/tetherfleet/tether/controlplane/instances"
 	"github.com/tetherfleet/tether/controlplane/netboot"
+	"github.com/tetherfleet/tether/controlplane/netboot/dhcp"
 	"github.com/tetherfleet/tether/controlplane/provsync"
 	"github.com/tetherfleet/tether/controlplane/throttle"
 	"github.com/tetherfleet/tether/internal/guard"
@@ -53,9 +54,22 @@ func (d *daemon) buildFronts(ctx context.Context) error {
 	if d.netLis != nil {
 		d.netboot = &netboot.Server{Store: st, Clock: o.Clock, Log: log.With("component", "netboot"), Instances: svc.Instances,
 			Limiter: o.unauthenticatedLimiter(), RateLimited: metrics.RateLimited.WithLabelValues("netboot"), Panics: d.panics,
-			ConnectionsRefused: netbootRefused(d.reg), Loaders: o.netbootLoaders()}
+			ConnectionsRefused: netbootRefused(d.reg), Loaders: o.netbootLoaders(), UKIs: d.ukis}
 	}
-	if d.pxe, err = o.pxeService(st, log, d.panics); err != nil {
+	if len(d.ukis) > 0 && d.netboot == nil {
+		return fmt.Errorf("serve: --uki needs --netboot-listen: the netboot server serves the images")
+	}
+	for _, img := range d.ukis {
+		log.Info("unified kernel image", "template", img.Template, "digest", img.Digest, "signed", img.Signed, "cmdline", img.Cmdline)
+		if !img.Signed {
+			log.Warn("unified kernel image is not signed: Secure Boot firmware refuses it", "template", img.Template)
+		}
+	}
+	var ukiChooser dhcp.UKIChooser
+	if len(d.ukis) > 0 {
+		ukiChooser = d.netboot
+	}
+	if d.pxe, err = o.pxeService(st, log, d.panics, ukiChooser); err != nil {
 		return err
 	}
 	if d.metricsLis != nil {

@@ -37,7 +37,7 @@ type LibvirtOptions struct {
 	URI string
 	// StateDir defaults to DATA/libvirt.
 	StateDir   string
-	Boot       string // direct (default) or network
+	Boot       string // direct (default), network or uefi-http
 	Firmware   string // bios (default) or uefi
 	Network    string // user (default), network:NAME or bridge:NAME
 	DomainType string // auto (default), kvm or qemu
@@ -49,6 +49,8 @@ type LibvirtOptions struct {
 	StopGrace time.Duration
 	// TPM gives every domain a TPM 2.0 (libvirtd's swtpm).
 	TPM bool
+	// SecureBoot boots OVMF with Secure Boot enforced.
+	SecureBoot bool
 }
 
 // libvirtCheckTimeout bounds the start-up probe of libvirtd.
@@ -82,7 +84,7 @@ func buildLibvirt(o ServeOptions, log *slog.Logger, clk clock.Clock) (*libvirt.P
 	plog := log.With("provider", libvirt.Name)
 	p, err := libvirt.New(libvirt.Config{URI: lo.URI, StateDir: stateDir, Boot: boot, Firmware: fw, Network: nw,
 		DomainType: lo.DomainType, MemoryMiB: lo.MemoryMiB, CPUs: lo.CPUs, FileOwner: lo.FileOwner,
-		StopGrace: lo.StopGrace, TPM: lo.TPM, Logger: plog, Clock: clk})
+		StopGrace: lo.StopGrace, TPM: lo.TPM, SecureBoot: lo.SecureBoot, Logger: plog, Clock: clk})
 	if err != nil {
 		return nil, fmt.Errorf("serve: libvirt provider: %w", err)
 	}
@@ -124,7 +126,7 @@ func buildProviders(o ServeOptions, log *slog.Logger, clk clock.Clock, bmcs *bmc
 	if err != nil {
 		return nil, fmt.Errorf("serve: --qemu-boot: %w", err)
 	}
-	q, err := qemu.New(qemu.Config{Mode: mode, StateDir: stateDir, Boot: bootMode, Tap: o.Providers.QEMU.Tap, TPM: o.Providers.QEMU.TPM,
+	q, err := qemu.New(qemu.Config{Mode: mode, StateDir: stateDir, Boot: bootMode, Tap: o.Providers.QEMU.Tap, TPM: o.Providers.QEMU.TPM, SecureBoot: o.Providers.QEMU.SecureBoot,
 		Logger: log.With("provider", "qemu"), Clock: clk})
 	if err != nil {
 		return nil, fmt.Errorf("serve: qemu provider: %w", err)

@@ -32,6 +32,10 @@ type ServeOptions struct {
 	// Kernel and Initramfs are the default netboot artifacts, ingested into
 	// the blob store at start-up (templates may name others by digest).
 	Kernel, Initramfs string
+	// UKIs are TEMPLATE=FILE: the signed unified kernel image machines of
+	// that template boot (ADR 0035), ingested into the blob store at
+	// start-up and served by the netboot server.
+	UKIs []string
 	// SelfInstanceIDs are instances hosting this control plane (drain
 	// refuses them).
 	SelfInstanceIDs []string
@@ -97,8 +101,12 @@ type QEMUOptions struct {
 	// DATA/machines). QMP sockets live in it, so it must be short.
 	StateDir string
 	// Boot is direct (the default: kernel, initramfs and token handed to
-	// QEMU), bios or uefi (firmware netboot through the NIC's iPXE).
+	// QEMU), bios or uefi (firmware netboot through the NIC's iPXE), or
+	// uefi-http (OVMF's own HTTP Boot of the template's signed image).
 	Boot string
+	// SecureBoot boots OVMF with Secure Boot on (the secboot firmware and
+	// a copy of the snakeoil-key variable store).
+	SecureBoot bool
 	// Tap puts VMs on this tap device instead of QEMU's user-mode
 	// network (one VM at a time).
 	Tap string

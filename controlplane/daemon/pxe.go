@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 
+	"github.com/tetherfleet/tether/controlplane/netboot/dhcp"
 	"github.com/tetherfleet/tether/controlplane/netboot/pxe"
 	"github.com/tetherfleet/tether/controlplane/netboot/tftp"
 	"github.com/tetherfleet/tether/controlplane/store"
@@ -49,7 +50,7 @@ func (o *ServeOptions) netbootLoaders() tftp.Loaders {
 
 // pxeService builds the DHCP, TFTP and router-advertisement service, or
 // nil when --dhcp-interface is not given.
-func (o *ServeOptions) pxeService(st store.Store, log *slog.Logger, panics *guard.Panics) (*pxe.Service, error) {
+func (o *ServeOptions) pxeService(st store.Store, log *slog.Logger, panics *guard.Panics, uki dhcp.UKIChooser) (*pxe.Service, error) {
 	if !o.Listeners.PXE.Enabled() {
 		return nil, nil
 	}
@@ -57,7 +58,7 @@ func (o *ServeOptions) pxeService(st store.Store, log *slog.Logger, panics *guar
 	if err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
 	}
-	return &pxe.Service{Options: o.Listeners.PXE, Config: cfg, Store: st, Clock: o.Clock, Log: log.With("component", "pxe"), Panics: panics}, nil
+	return &pxe.Service{Options: o.Listeners.PXE, Config: cfg, Store: st, Clock: o.Clock, Log: log.With("component", "pxe"), Panics: panics, UKI: uki}, nil
 }
 
 func runPXE(ctx context.Context, svc *pxe.Service, log *slog.Logger) {

@@ -54,6 +54,8 @@ type daemon struct {
 	signingKeys [][]byte
 	// kernel and initramfs are the default artifacts' digests.
 	kernel, initramfs string
+	// ukis are the templates' signed images (--uki).
+	ukis netboot.UKIs
 
 	// Where it listens (openListeners).
 	lis, netLis, metricsLis net.Listener

@@ -8,6 +8,7 @@ import (
 	"github.com/tetherfleet/tether/controlplane/bmc"
 	"github.com/tetherfleet/tether/controlplane/credentials"
 	"github.com/tetherfleet/tether/controlplane/daemon/wire"
+	"github.com/tetherfleet/tether/controlplane/enroll"
 	"github.com/tetherfleet/tether/providers"
 )
 
@@ -35,7 +36,11 @@ func (d *daemon) buildMachines(context.Context) error {
 func (d *daemon) buildServices(context.Context) error {
 	o := &d.o
 	var err error
-	d.svc, err = wire.NewServices(wire.Deps{Store: d.st, Clock: o.Clock, Log: d.log, Machines: d.machines,
+	var measured enroll.MeasuredBoot
+	if p := d.ukis.Policy(d.st); p != nil {
+		measured = p // a nil *Policy in the interface would not read as nil
+	}
+	d.svc, err = wire.NewServices(wire.Deps{MeasuredBoot: measured, Store: d.st, Clock: o.Clock, Log: d.log, Machines: d.machines,
 		CA: d.authority, Blobs: d.blobs, AgentURL: o.Listeners.AgentURL,
 		Kernel: d.kernel, Initramfs: d.initramfs, NetbootURL: o.Listeners.NetbootURL,
 		SigningKeys: edKeys(d.signingKeys), SelfInstanceIDs: o.SelfInstanceIDs, Replica: o.replica(d.lis.Addr().String()),

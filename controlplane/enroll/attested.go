@@ -141,6 +141,9 @@ func (s *Service) FinishAttested(ctx context.Context, a *Attestation, secret []b
 		}
 		return nil, fail.Denied("attested enrollment refused: %v", err)
 	}
+	if err := s.checkMeasured(ctx, a, ev, now); err != nil {
+		return nil, err
+	}
 	cert, err := s.CA.SignNode(ctx, a.csr, a.InstanceID, s.Lifetime)
 	if err != nil {
 		return nil, fail.Invalid("begin.csr_pem", "%v", err)

@@ -36,6 +36,9 @@ type Service struct {
 	// (nil: one window of RefusalWindow). Nobody needs a credential to be
 	// refused, so one event per try would let anyone fill the event log.
 	Refusals *throttle.Coalescer
+	// MeasuredBoot, when set, checks at an attested enrollment that the
+	// node booted what its template requires (measured.go).
+	MeasuredBoot MeasuredBoot
 
 	once sync.Once
 }

@@ -7,6 +7,11 @@ package events
 // operator can adopt an unknown machine.
 const NetbootMachineRefused = "netboot.refused"
 
+// NetbootUKIServed records a unified kernel image downloaded by a
+// booting machine (GET /uki/boot?mac=): the instance, the template and
+// the image's digest.
+const NetbootUKIServed = "netboot.uki_served"
+
 // Reason codes of NetbootMachineRefused.
 const (
 	RefusedMalformed     = "malformed_request"

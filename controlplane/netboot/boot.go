@@ -76,7 +76,23 @@ func (s *Server) boot(w http.ResponseWriter, r *http.Request) {
 		s.refuseMachine(w, r, mac, *ref)
 		return
 	}
-	s.serveScript(w, r, id, "BOOTIF="+macaddr.BootIF(mac), false)
+	if len(s.UKIs) > 0 {
+		_, ukiRef, err := s.ukiFor(r.Context(), id)
+		if err != nil {
+			s.Log.Error("netboot boot route", "mac", mac, "err", err)
+			http.Error(w, "internal error", http.StatusInternalServerError)
+			return
+		}
+		if ukiRef == nil {
+			// The template boots a signed image: iPXE chains to it, and
+			// the per-boot data reaches the node outside it (ADR 0035).
+			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+			w.Header().Set("Cache-Control", "no-store")
+			_, _ = io.WriteString(w, ukiChain(s.Instances.Artifacts.BaseURL, mac))
+			return
+		}
+	}
+	s.serveScript(w, r, id, "BOOTIF="+macaddr.BootIF(mac), false, false)
 }
 
 // bootMAC reads the one mac parameter, strictly: one value, no other
@@ -148,6 +164,15 @@ func ipxeText(s string) string {
 }
 
 func (s *Server) refuseMachine(w http.ResponseWriter, r *http.Request, mac string, ref bootRefusal) {
+	s.recordMachineRefusal(r, mac, ref)
+	// 200: iPXE runs a script only from a successful response.
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	_, _ = io.WriteString(w, RefusalScript(ref.msg))
+}
+
+// recordMachineRefusal writes the refusal's event, coalesced.
+func (s *Server) recordMachineRefusal(r *http.Request, mac string, ref bootRefusal) {
 	// Coalesce by machine, or by sender when the request named none, and
 	// by sender whatever machine it names.
 	src := throttle.SourceKey(r.RemoteAddr)
@@ -171,10 +196,6 @@ func (s *Server) refuseMachine(w http.ResponseWriter, r *http.Request, mac strin
 			s.Log.Warn("netboot: record machine refusal", "mac", mac, "err", err)
 		}
 	}
-	// 200: iPXE runs a script only from a successful response.
-	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	w.Header().Set("Cache-Control", "no-store")
-	_, _ = io.WriteString(w, RefusalScript(ref.msg))
 }
 
 func orUnknown(mac string) string {

@@ -43,6 +43,8 @@ func FuzzBootRoute(f *testing.F) {
 	f.Add("/artifacts/sha256:"+strings.Repeat("0", 64), "")
 	f.Add("/artifacts/"+fx.svc.Artifacts.Kernel, "x=%zz")
 	f.Add("//ipxe//"+in.ID+"/", ";;")
+	f.Add("/uki/boot", "mac=52:54:00:12:34:56")
+	f.Add("/uki/handoff", "mac=52:54:00:12:34:56&mac=x")
 	served := 0
 	f.Fuzz(func(t *testing.T, path, query string) {
 		u := &url.URL{Path: path, RawQuery: query}

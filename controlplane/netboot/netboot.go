@@ -64,6 +64,10 @@ type Server struct {
 	// Loaders, when its Dir is set, serves the iPXE loaders under
 	// /loaders/ for UEFI HTTP Boot (loaders.go).
 	Loaders tftp.Loaders
+	// UKIs are the signed unified kernel images by template (tetherd
+	// --uki, uki.go): a machine whose template has one boots it, over
+	// UEFI HTTP Boot or chained from iPXE.
+	UKIs UKIs
 
 	// Panics records a panic in a request's handler, which then answers
 	// 500 alone (nil: recovered, not counted).
@@ -116,6 +120,9 @@ var validID = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /ipxe/boot", s.boot)
+	// GET patterns match HEAD too: UEFI HTTP Boot asks the size first.
+	mux.HandleFunc("GET /uki/boot", s.ukiBoot)
+	mux.HandleFunc("GET /uki/handoff", s.ukiHandoff)
 	mux.HandleFunc("GET /loaders/{name}", s.loader)
 	mux.HandleFunc("GET /ipxe/{id}", s.script)
 	mux.HandleFunc("GET /artifacts/{digest}", s.artifact)
@@ -210,7 +217,7 @@ func (s *Server) script(w http.ResponseWriter, r *http.Request) {
 	}
 	// The machine's address is unknown here: iPXE fills it in from the
 	// interface it booted from.
-	s.serveScript(w, r, id, "BOOTIF=01-${netX/mac:hexhyp}", true)
+	s.serveScript(w, r, id, "BOOTIF=01-${netX/mac:hexhyp}", true, false)
 }
 
 // allow applies the per-source rate limit of the unauthenticated script
@@ -232,7 +239,11 @@ func (s *Server) allow(w http.ResponseWriter, r *http.Request) bool {
 // is the /ipxe/{id} route, which anyone can name an instance on: it serves
 // only instances whose provider boots them over the network. The MAC route
 // is bound to the node's hardware address instead (boot.go).
-func (s *Server) serveScript(w http.ResponseWriter, r *http.Request, id, bootIF string, byID bool) {
+//
+// handoff serves the per-boot data of a machine that booted its
+// template's signed image (uki.go) instead of a script: the same one-time
+// rule, the same token, without the boot lines the image already holds.
+func (s *Server) serveScript(w http.ResponseWriter, r *http.Request, id, bootIF string, byID, handoff bool) {
 	ctx := r.Context()
 	now := s.Clock.Now()
 	var body string
@@ -261,32 +272,44 @@ func (s *Server) serveScript(w http.ResponseWriter, r *http.Request, id, bootIF 
 			return err
 		}
 		if served {
-			return &refusal{http.StatusGone, fmt.Sprintf("the script of instance %s was already served for this boot", id)}
+			what := "script"
+			if handoff {
+				what = "hand-off"
+			}
+			return &refusal{http.StatusGone, fmt.Sprintf("the %s of instance %s was already served for this boot", what, id)}
 		}
-		node, err := q.GetNodeByID(ctx, in.NodeID)
-		if err != nil {
-			return err
-		}
-		tpl, err := q.GetTemplateByID(ctx, node.TemplateID)
-		if err != nil {
-			return err
-		}
-		boot, err := s.Instances.Artifacts.Boot(tpl)
-		if err != nil {
-			return &refusal{http.StatusServiceUnavailable, fmt.Sprintf("no boot artifacts: %v", err)}
-		}
-		if boot.KernelURL == "" {
-			return &refusal{http.StatusServiceUnavailable, "the netboot server's base URL is not configured"}
+		var boot providers.Boot
+		if !handoff {
+			// The hand-off's machine booted its image already.
+			node, err := q.GetNodeByID(ctx, in.NodeID)
+			if err != nil {
+				return err
+			}
+			tpl, err := q.GetTemplateByID(ctx, node.TemplateID)
+			if err != nil {
+				return err
+			}
+			if boot, err = s.Instances.Artifacts.Boot(tpl); err != nil {
+				return &refusal{http.StatusServiceUnavailable, fmt.Sprintf("no boot artifacts: %v", err)}
+			}
+			if boot.KernelURL == "" {
+				return &refusal{http.StatusServiceUnavailable, "the netboot server's base URL is not configured"}
+			}
 		}
 		tok, err := s.Instances.BootToken(ctx, q, in, now)
 		if err != nil {
 			return err
 		}
-		// A netbooted machine has no static address: the agent asks DHCP,
-		// on the interface it booted from first.
-		body = Script(boot.KernelURL, boot.InitramfsURL, WithSigners(boot.KernelArgs+" ip=dhcp "+bootIF, boot.Signers), s.Instances.AgentURL, tok, id, s.Instances.CAFingerprint)
+		what := "iPXE script"
+		if handoff {
+			what, body = "per-boot hand-off", Handoff(id, tok)
+		} else {
+			// A netbooted machine has no static address: the agent asks
+			// DHCP, on the interface it booted from first.
+			body = Script(boot.KernelURL, boot.InitramfsURL, WithSigners(boot.KernelArgs+" ip=dhcp "+bootIF, boot.Signers), s.Instances.AgentURL, tok, id, s.Instances.CAFingerprint)
+		}
 		_, err = events.E{Kind: events.NetbootServed, InstanceID: id,
-			Message: fmt.Sprintf("iPXE script served to %s (instance %s)", r.RemoteAddr, st),
+			Message: fmt.Sprintf("%s served to %s (instance %s)", what, r.RemoteAddr, st),
 			Payload: map[string]any{"remote": r.RemoteAddr, "status": string(st)}}.Write(ctx, q, now)
 		return err
 	})

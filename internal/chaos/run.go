@@ -13,11 +13,11 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	mrand "math/rand/v2"
 	"net/url"
 	"os"
 	"path/filepath"
-	"maps"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -63,7 +63,7 @@ type Config struct {
 	// schema, by design), and any call error but a refusal the load
 	// expects breaks an invariant (MixedBuilds).
 	OldTetherd string
-	Out          io.Writer
+	Out        io.Writer
 }
 
 // Counters are what the load did, printed with the invariants.

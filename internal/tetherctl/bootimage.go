@@ -1,6 +1,7 @@
 package tetherctl
 
 import (
+	"encoding/hex"
 	"encoding/json"
 	"encoding/pem"
 	"errors"
@@ -27,13 +28,16 @@ type bootImage struct {
 	// Unsigned is the digest of the image before signing: the same inputs
 	// give the same one (the signature carries a signing time).
 	Unsigned string `json:"unsigned_digest"`
+	// Measured is the Authenticode SHA-256 firmware measures into PCR 4
+	// when it runs this file: what tetherd's measured-boot policy expects.
+	Measured string `json:"measured_digest"`
 }
 
 func (a *App) bootimageCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "bootimage", Short: "Unified kernel images for UEFI Secure Boot"}
 	var spec uki.Spec
 	var signer uki.Signer
-	var out, cpURL, caFP, console, extra string
+	var out, cpURL, caFP, console, handoff, extra string
 	var signers []string
 	build := &cobra.Command{
 		Use:   "build --kernel FILE --initramfs FILE --url URL --out FILE",
@@ -55,7 +59,7 @@ func (a *App) bootimageCmd() *cobra.Command {
 				caFP = pki.Fingerprint(b.Bytes)
 			}
 			var err error
-			if spec.Cmdline, err = nodeCmdline(cpURL, caFP, signers, console, extra); err != nil {
+			if spec.Cmdline, err = nodeCmdline(cpURL, caFP, signers, console, handoff, extra); err != nil {
 				return err
 			}
 			sign := signer.Key != "" || signer.Cert != ""
@@ -90,6 +94,11 @@ func (a *App) bootimageCmd() *cobra.Command {
 			if img.Digest, err = uki.Digest(out); err != nil {
 				return err
 			}
+			ph, err := uki.PEHash(out)
+			if err != nil {
+				return err
+			}
+			img.Measured = "sha256:" + hex.EncodeToString(ph)
 			if a.Output == "json" {
 				b, err := json.MarshalIndent(img, "", "  ")
 				if err != nil {
@@ -102,6 +111,7 @@ func (a *App) bootimageCmd() *cobra.Command {
 			row(w, "image:", img.File)
 			row(w, "digest:", img.Digest)
 			row(w, "size:", humanBytes(img.Size))
+			row(w, "measured:", img.Measured+" (PCR 4)")
 			row(w, "signed:", map[bool]string{true: "yes (" + filepath.Base(signer.Cert) + ")", false: "no: Secure Boot firmware refuses it"}[sign])
 			row(w, "cmdline:", img.Cmdline)
 			return w.Flush()
@@ -115,7 +125,8 @@ func (a *App) bootimageCmd() *cobra.Command {
 	f.StringVar(&caFP, "ca", "", "the CA fingerprint nodes pin, sha256:HEX (default: the client config's CA)")
 	f.StringSliceVar(&signers, "signers", nil, "module signer fingerprints the node anchors (tether.signers)")
 	f.StringVar(&console, "console", "ttyS0,115200", "the kernel console")
-	f.StringVar(&extra, "cmdline", "", "further kernel arguments")
+	f.StringVar(&handoff, "handoff", "", "the netboot server as nodes reach it, http://HOST:PORT: the agent fetches its per-boot hand-off (instance, token) there (tether.handoff); needed when tetherd serves the image over UEFI HTTP Boot")
+	f.StringVar(&extra, "cmdline", "", "further kernel arguments (ip=dhcp is added when --handoff is given and no ip= is)")
 	f.StringVar(&signer.Key, "key", "", "Secure Boot db private key (PEM, unencrypted) to sign with")
 	f.StringVar(&signer.Cert, "cert", "", "its certificate (PEM)")
 	f.StringVar(&out, "out", "", "the image to write; it must not exist (required)")
@@ -127,7 +138,7 @@ func (a *App) bootimageCmd() *cobra.Command {
 }
 
 // nodeCmdline is the command line a UKI carries.
-func nodeCmdline(cpURL, caFP string, signers []string, console, extra string) (string, error) {
+func nodeCmdline(cpURL, caFP string, signers []string, console, handoff, extra string) (string, error) {
 	u, err := url.Parse(cpURL)
 	if err != nil || u.Scheme != "https" || u.Host == "" || u.Path != "" && u.Path != "/" {
 		return "", fmt.Errorf("--url %q: want https://HOST:PORT", cpURL)
@@ -148,8 +159,20 @@ func nodeCmdline(cpURL, caFP string, signers []string, console, extra string) (s
 		}
 		parts = append(parts, "tether.signers="+strings.Join(signers, ","))
 	}
-	if strings.Contains(extra, "tether.token") {
-		return "", errors.New("--cmdline: a token is per boot and a secret; it must not be baked into an image")
+	if handoff != "" {
+		h, err := url.Parse(handoff)
+		if err != nil || h.Scheme != "http" || h.Host == "" || h.Path != "" && h.Path != "/" || h.RawQuery != "" || h.User != nil {
+			return "", fmt.Errorf("--handoff %q: want http://HOST:PORT (the netboot server)", handoff)
+		}
+		parts = append(parts, "tether.handoff="+strings.TrimSuffix(handoff, "/"))
+		if !strings.HasPrefix(extra, "ip=") && !strings.Contains(extra, " ip=") {
+			// The agent fetches the hand-off over the network it brings
+			// up; with no ip= it asks DHCP.
+			parts = append(parts, "ip=dhcp")
+		}
+	}
+	if strings.Contains(extra, "tether.token") || strings.Contains(extra, "tether.instance") {
+		return "", errors.New("--cmdline: a token or an instance is per boot; it must not be baked into an image (the agent fetches it with --handoff)")
 	}
 	if extra != "" {
 		parts = append(parts, extra)

@@ -1,6 +1,7 @@
 package libvirt
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/url"
@@ -27,17 +28,24 @@ const (
 	// BootNetwork boots the domain's firmware from its NIC: iPXE fetches
 	// the per-boot script from tetherd's netboot server.
 	BootNetwork BootMode = "network"
+	// BootUEFIHTTP is OVMF's own UEFI HTTP Boot of the node's signed
+	// unified kernel image (tetherd --uki, ADR 0035): no option ROM on
+	// the NIC, so no iPXE, and OVMF's PXE off. Needs --libvirt-firmware uefi.
+	BootUEFIHTTP BootMode = "uefi-http"
 )
+
+// Netboot reports whether domains boot from their firmware over the network.
+func (m BootMode) Netboot() bool { return m == BootNetwork || m == BootUEFIHTTP }
 
 // ParseBootMode parses a --libvirt-boot value; "" is direct.
 func ParseBootMode(s string) (BootMode, error) {
 	switch m := BootMode(s); m {
-	case BootDirect, BootNetwork:
+	case BootDirect, BootNetwork, BootUEFIHTTP:
 		return m, nil
 	case "":
 		return BootDirect, nil
 	}
-	return "", fmt.Errorf("libvirt: unknown boot mode %q (want direct or network)", s)
+	return "", fmt.Errorf("libvirt: unknown boot mode %q (want direct, network or uefi-http)", s)
 }
 
 // Firmware is the domain's firmware (--libvirt-firmware).
@@ -97,10 +105,13 @@ func (n Network) String() string {
 	return n.Kind + ":" + n.Name
 }
 
-// Debian's ovmf package.
+// Debian's ovmf package. Secure Boot takes the 4 MiB build, whose
+// variable store comes with the snakeoil key in PK, KEK and db.
 const (
-	defaultOVMFCode = "/usr/share/OVMF/OVMF_CODE.fd"
-	defaultOVMFVars = "/usr/share/OVMF/OVMF_VARS.fd"
+	defaultOVMFCode           = "/usr/share/OVMF/OVMF_CODE.fd"
+	defaultOVMFVars           = "/usr/share/OVMF/OVMF_VARS.fd"
+	defaultSecureBootOVMFCode = "/usr/share/OVMF/OVMF_CODE_4M.secboot.fd"
+	defaultSecureBootOVMFVars = "/usr/share/OVMF/OVMF_VARS_4M.snakeoil.fd"
 )
 
 // DefaultURI is libvirtd's system instance on this host.
@@ -135,6 +146,11 @@ type Config struct {
 	// OVMFCode and OVMFVars are the UEFI firmware and the template of each
 	// domain's own variable store (NVRAM); default Debian's.
 	OVMFCode, OVMFVars string
+	// SecureBoot boots OVMF with Secure Boot enforced
+	// (--libvirt-secure-boot): the loader secure, SMM on, and each
+	// domain's NVRAM a copy of a store that holds the keys (default
+	// Debian's snakeoil store). Needs Firmware uefi.
+	SecureBoot bool
 	// FileOwner, "USER" or "UID:GID", owns the files QEMU reads or writes
 	// (the instance directory, the token file, and copies of the kernel
 	// and initramfs, which the control plane keeps private): the user
@@ -205,11 +221,23 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Network, err = ParseNetwork(c.Network.String()); err != nil {
 		return c, err
 	}
+	if c.Firmware != FirmwareUEFI {
+		if c.SecureBoot {
+			return c, errors.New("libvirt: --libvirt-secure-boot needs --libvirt-firmware uefi")
+		}
+		if c.Boot == BootUEFIHTTP {
+			return c, errors.New("libvirt: --libvirt-boot uefi-http needs --libvirt-firmware uefi")
+		}
+	}
+	code, vars := defaultOVMFCode, defaultOVMFVars
+	if c.SecureBoot {
+		code, vars = defaultSecureBootOVMFCode, defaultSecureBootOVMFVars
+	}
 	if c.OVMFCode == "" {
-		c.OVMFCode = defaultOVMFCode
+		c.OVMFCode = code
 	}
 	if c.OVMFVars == "" {
-		c.OVMFVars = defaultOVMFVars
+		c.OVMFVars = vars
 	}
 	if c.FileOwner != "" {
 		if _, _, err := lookupOwner(c.FileOwner); err != nil {

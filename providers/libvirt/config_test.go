@@ -62,6 +62,8 @@ func TestConfigDefaultsAndRefusals(t *testing.T) {
 		{"bad owner", Config{StateDir: "/s", FileOwner: "1:x"}, "file owner"},
 		{"unknown owner", Config{StateDir: "/s", FileOwner: "no-such-user-here"}, "file owner"},
 		{"direct boot on a remote libvirtd", Config{StateDir: "/s", URI: "qemu+tcp://lab1/system"}, "local libvirtd"},
+		{"secure boot on SeaBIOS", Config{StateDir: "/s", SecureBoot: true}, "--libvirt-secure-boot needs --libvirt-firmware uefi"},
+		{"uefi-http on SeaBIOS", Config{StateDir: "/s", Boot: BootUEFIHTTP, URI: "qemu+tcp://lab1/system"}, "uefi-http needs --libvirt-firmware uefi"},
 	}
 	for _, tc := range cases {
 		if _, err := tc.cfg.withDefaults(); err == nil || !strings.Contains(err.Error(), tc.err) {
@@ -70,6 +72,11 @@ func TestConfigDefaultsAndRefusals(t *testing.T) {
 	}
 	if _, err := (Config{StateDir: "/s", URI: "qemu+tcp://lab1/system", Boot: BootNetwork}).withDefaults(); err != nil {
 		t.Errorf("network boot on a remote libvirtd refused: %v", err)
+	}
+	// Secure Boot takes the secboot firmware and the store with the keys.
+	sb, err := Config{StateDir: "/s", URI: "qemu+tcp://lab1/system", Boot: BootUEFIHTTP, Firmware: FirmwareUEFI, SecureBoot: true}.withDefaults()
+	if err != nil || sb.OVMFCode != defaultSecureBootOVMFCode || sb.OVMFVars != defaultSecureBootOVMFVars || !sb.Boot.Netboot() {
+		t.Errorf("secure boot config %+v, %v", sb, err)
 	}
 }
 

@@ -83,7 +83,10 @@ type domainSpec struct {
 	Boot                   BootMode
 	Firmware               Firmware
 	OVMFCode, OVMFVars     string
-	Network                Network
+	// SecureBoot: the loader secure and SMM on (OVMF's Secure Boot
+	// build needs both).
+	SecureBoot bool
+	Network    Network
 	// MAC is the NIC's address; empty: libvirt picks one.
 	MAC string
 	// BootFile is what QEMU's user-mode DHCP hands a netbooting iPXE.
@@ -169,9 +172,24 @@ func domainXML(s domainSpec) (string, error) {
 		// libvirtd copies the template into the domain's own NVRAM file
 		// on first boot; terminate removes it (undefine with NVRAM).
 		d.OS.NVRam = &libvirtxml.DomainNVRam{Template: s.OVMFVars}
+		if s.SecureBoot {
+			// Only SMM code may write the variable store, so the guest
+			// cannot change the keys.
+			d.OS.Loader.Secure = "yes"
+			d.Features.SMM = &libvirtxml.DomainFeatureSMM{State: "on"}
+		}
 	}
 
-	if s.Boot == BootNetwork {
+	if s.Boot.Netboot() {
+		if s.Boot == BootUEFIHTTP {
+			if s.Firmware != FirmwareUEFI {
+				return "", errors.New("UEFI HTTP Boot needs UEFI firmware")
+			}
+			// OVMF tries PXE before HTTP on each NIC: switch it off, or
+			// the boot waits out a TFTP failure and a DHCPv6 timeout.
+			d.SysInfo = []libvirtxml.DomainSysInfo{{FWCfg: &libvirtxml.DomainSysInfoFWCfg{Entry: []libvirtxml.DomainSysInfoEntry{
+				{Name: "opt/org.tianocore/IPv4PXESupport", Value: "n"}, {Name: "opt/org.tianocore/IPv6PXESupport", Value: "n"}}}}}
+		}
 		if s.Firmware == FirmwareBIOS {
 			// SeaBIOS and iPXE write to the serial console only when
 			// asked: without it the console of a netboot starts with the
@@ -191,11 +209,14 @@ func domainXML(s domainSpec) (string, error) {
 			// tainted (custom-argv), which is all it costs.
 			d.QEMUCommandline = &libvirtxml.DomainQEMUCommandline{Args: []libvirtxml.DomainQEMUCommandlineArg{
 				{Value: "-netdev"}, {Value: "user,id=" + netbootNetdev + ",bootfile=" + optEscape(s.BootFile)},
-				{Value: "-device"}, {Value: "virtio-net-pci,netdev=" + netbootNetdev + ",mac=" + s.MAC + ",bootindex=1,bus=" + rootBus(s.Machine) + "," + netbootNICSlot},
+				{Value: "-device"}, {Value: "virtio-net-pci,netdev=" + netbootNetdev + ",mac=" + s.MAC + ",bootindex=1,bus=" + rootBus(s.Machine) + "," + netbootNICSlot + noROM(s)},
 			}}
 		} else {
 			nic := nicFor(s)
 			nic.Boot = &libvirtxml.DomainDeviceBoot{Order: 1}
+			if s.Boot == BootUEFIHTTP {
+				nic.ROM = &libvirtxml.DomainROM{Enabled: "no"}
+			}
 			d.Devices.Interfaces = []libvirtxml.DomainInterface{nic}
 		}
 		return d.Marshal()
@@ -227,6 +248,15 @@ func domainXML(s domainSpec) (string, error) {
 		d.SysInfo = []libvirtxml.DomainSysInfo{{FWCfg: &libvirtxml.DomainSysInfoFWCfg{Entry: entries}}}
 	}
 	return d.Marshal()
+}
+
+// noROM leaves the NIC without its option ROM (QEMU's is iPXE) for UEFI
+// HTTP Boot, which has none.
+func noROM(s domainSpec) string {
+	if s.Boot == BootUEFIHTTP {
+		return ",romfile="
+	}
+	return ""
 }
 
 func nicFor(s domainSpec) libvirtxml.DomainInterface {

@@ -73,6 +73,25 @@ func TestDomainXML(t *testing.T) {
 			s.Boot, s.MAC, s.Network = BootNetwork, "52:54:00:aa:bb:cc", Network{Kind: "network", Name: "pxe"}
 		}, want: []string{`<interface type="network">`, `<boot order="1">`, `<mac address="52:54:00:aa:bb:cc">`},
 			notWant: []string{"commandline", "<kernel>"}},
+		// UEFI HTTP Boot: no option ROM (no iPXE), OVMF's PXE off.
+		{name: "uefi-http, user network", mod: func(s *domainSpec) {
+			s.Boot, s.MAC, s.Firmware, s.BootFile = BootUEFIHTTP, "52:54:00:aa:bb:cc", FirmwareUEFI, "http://10.0.2.2:8080/uki/boot?mac=52:54:00:aa:bb:cc"
+		}, want: []string{`value="user,id=tethernet0,bootfile=http://10.0.2.2:8080/uki/boot?mac=52:54:00:aa:bb:cc"`,
+			`bus=pcie.0,addr=0x10,romfile="`, `<sysinfo type="fwcfg">`,
+			`<entry name="opt/org.tianocore/IPv4PXESupport">n</entry>`, `<entry name="opt/org.tianocore/IPv6PXESupport">n</entry>`},
+			notWant: []string{"opt/tether/", "<kernel>", "secure=", "<smm"}},
+		{name: "uefi-http, bridge", mod: func(s *domainSpec) {
+			s.Boot, s.MAC, s.Firmware, s.Network = BootUEFIHTTP, "52:54:00:aa:bb:cc", FirmwareUEFI, Network{Kind: "bridge", Name: "br0"}
+		}, want: []string{`<interface type="bridge">`, `<rom enabled="no">`, `<boot order="1">`, "IPv4PXESupport"}},
+		{name: "uefi-http on SeaBIOS", mod: func(s *domainSpec) {
+			s.Boot, s.MAC, s.BootFile = BootUEFIHTTP, "52:54:00:aa:bb:cc", "http://h/x"
+		}, err: "needs UEFI firmware"},
+		{name: "secure boot", mod: func(s *domainSpec) {
+			s.Boot, s.MAC, s.Firmware, s.BootFile, s.SecureBoot = BootUEFIHTTP, "52:54:00:aa:bb:cc", FirmwareUEFI, "http://h/x", true
+		}, want: []string{`<loader readonly="yes" secure="yes" type="pflash">/fw/CODE.fd</loader>`, `<smm state="on">`, `<nvram template="/fw/VARS.fd">`}},
+		{name: "iPXE netboot keeps its ROM", mod: func(s *domainSpec) {
+			s.Boot, s.MAC, s.BootFile, s.Firmware = BootNetwork, "52:54:00:aa:bb:cc", "http://h/x", FirmwareUEFI
+		}, notWant: []string{"romfile", "rom enabled", "tianocore"}},
 		{name: "netboot without a MAC", mod: func(s *domainSpec) { s.Boot, s.BootFile = BootNetwork, "http://h/x" }, err: "hardware address"},
 		{name: "netboot on user network without a boot file", mod: func(s *domainSpec) { s.Boot, s.MAC = BootNetwork, "52:54:00:aa:bb:cc" }, err: "netboot server"},
 		{name: "direct without an initramfs", mod: func(s *domainSpec) { s.Initramfs = "" }, err: "initramfs"},

@@ -138,7 +138,7 @@ func (p *Provider) Name() string { return Name }
 
 // Netboots reports whether domains boot from their firmware over the
 // network (--libvirt-boot network): providers.Netbooter.
-func (p *Provider) Netboots() bool { return p.cfg.Boot == BootNetwork }
+func (p *Provider) Netboots() bool { return p.cfg.Boot.Netboot() }
 
 // ConsoleLogPath returns the file the instance's serial console is written
 // to; "" for an invalid id.
@@ -260,7 +260,7 @@ func (p *Provider) Provision(ctx context.Context, spec providers.Spec) (provider
 	if err := p.checkBoot(operr.Provision, id, spec.Boot); err != nil {
 		return providers.Machine{}, err
 	}
-	if p.cfg.Boot == BootNetwork {
+	if p.cfg.Boot.Netboot() {
 		if err := checkMAC(operr.Provision, id, spec.MAC); err != nil {
 			return providers.Machine{}, err
 		}
@@ -368,7 +368,7 @@ func (p *Provider) boot(h hypervisor, op, id string, boot providers.Boot, mac st
 		Name: DomainName(id), InstanceID: id, Type: typ, Machine: p.cfg.MachineType,
 		MemoryMiB: p.cfg.MemoryMiB, CPUs: p.cfg.CPUs, Boot: p.cfg.Boot, Firmware: p.cfg.Firmware,
 		OVMFCode: p.cfg.OVMFCode, OVMFVars: p.cfg.OVMFVars, Network: p.cfg.Network, MAC: mac,
-		Console: p.ConsoleLogPath(id), TPM: p.cfg.TPM,
+		Console: p.ConsoleLogPath(id), TPM: p.cfg.TPM, SecureBoot: p.cfg.SecureBoot,
 	}
 	if f.exists {
 		// Keep the domain's identity across definitions: libvirtd refuses
@@ -378,13 +378,17 @@ func (p *Provider) boot(h hypervisor, op, id string, boot providers.Boot, mac st
 			return providers.Machine{}, wrap(op, id, "the domain's definition", err)
 		}
 	}
-	if s.Boot == BootNetwork {
+	if s.Boot.Netboot() {
 		if s.MAC == "" {
 			return providers.Machine{}, errs.Permanent(op, id, errors.New("a netbooting domain needs a hardware address (the node's MAC), and its definition has none"))
 		}
 		if s.Network.Kind == "user" {
 			if s.BootFile, err = bootFileURL(boot, s.MAC); err != nil {
 				return providers.Machine{}, errs.Permanent(op, id, err)
+			}
+			if s.Boot == BootUEFIHTTP {
+				// The firmware loads the image itself: no script between.
+				s.BootFile = strings.TrimSuffix(s.BootFile, providers.BootScriptPath(s.MAC)) + providers.UKIBootPath(s.MAC)
 			}
 		}
 	} else {
@@ -679,7 +683,7 @@ func stateText(st golibvirt.DomainState, reason int32) string {
 
 // checkBoot refuses a boot that cannot work, before anything is created.
 func (p *Provider) checkBoot(op, id string, b providers.Boot) error {
-	if p.cfg.Boot == BootNetwork {
+	if p.cfg.Boot.Netboot() {
 		if p.cfg.Network.Kind == "user" {
 			if _, err := bootFileURL(b, "00:00:00:00:00:00"); err != nil {
 				return errs.Permanent(op, id, err)

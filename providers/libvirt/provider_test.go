@@ -430,6 +430,29 @@ func TestNetbootKeepsTheMAC(t *testing.T) {
 	}
 }
 
+// UEFI HTTP Boot under Secure Boot: the firmware is pointed at the node's
+// image, with no iPXE ROM, the secboot firmware and SMM.
+func TestUEFIHTTPBootDefinition(t *testing.T) {
+	f := newUnit(t, func(c *Config) { c.Boot, c.Firmware, c.SecureBoot = BootUEFIHTTP, FirmwareUEFI, true })
+	if !f.p.Netboots() {
+		t.Fatal("a uefi-http provider says it does not netboot")
+	}
+	const mac = "52:54:00:12:34:57"
+	if _, err := f.p.Provision(ctx, providers.Spec{InstanceID: "i-1", Boot: f.boot(""), MAC: mac}); err != nil {
+		t.Fatal(err)
+	}
+	x := f.lv.domain("tether-i-1").xml
+	for _, want := range []string{"bootfile=http://10.0.2.2:8080/uki/boot?mac=" + mac, ",romfile=", "OVMF_CODE_4M.secboot.fd", "OVMF_VARS_4M.snakeoil.fd",
+		`secure="yes"`, `<smm state="on">`, "IPv4PXESupport"} {
+		if !strings.Contains(x, want) {
+			t.Errorf("definition lacks %q:\n%s", want, x)
+		}
+	}
+	if strings.Contains(x, "/ipxe/boot") || strings.Contains(x, "opt/tether/") {
+		t.Fatalf("a uefi-http domain got the iPXE route or Tether fw_cfg entries:\n%s", x)
+	}
+}
+
 func TestSessionEndsWithTheContext(t *testing.T) {
 	f := newUnit(t, nil)
 	cctx, cancel := context.WithCancel(ctx)

@@ -144,15 +144,22 @@ type launchSpec struct {
 	Tap      string
 	BootFile string
 	OVMFCode string // uefi: firmware (read-only); its store is Paths.ovmfVars
+	// SecureBoot: SMM on and the firmware's flash secure, as OVMF's
+	// Secure Boot build needs.
+	SecureBoot bool
 }
 
 // buildArgv returns the full QEMU command line, argv[0] included. It never
 // contains the token itself, only the path of the file that holds it.
 func buildArgv(s launchSpec) []string {
+	machine := "q35"
+	if s.SecureBoot {
+		machine = "q35,smm=on"
+	}
 	argv := []string{
 		s.Binary,
 		"-name", "guest=" + optEscape("tether-"+s.InstanceID),
-		"-M", "q35",
+		"-M", machine,
 		"-accel", s.Accel,
 		"-cpu", cpuModel(s.Accel),
 		"-m", strconv.Itoa(s.MemoryMiB),
@@ -170,11 +177,23 @@ func buildArgv(s launchSpec) []string {
 	switch s.Boot {
 	case BootBIOS:
 		argv = append(argv, "-boot", "n")
-	case BootUEFI:
+	case BootUEFI, BootUEFIHTTP:
+		if s.SecureBoot {
+			// Only SMM code may write the variable store, so the guest
+			// OS cannot change the keys.
+			argv = append(argv, "-global", "driver=cfi.pflash01,property=secure,value=on")
+		}
 		argv = append(argv,
 			"-drive", "if=pflash,format=raw,unit=0,readonly=on,file="+optEscape(s.OVMFCode),
 			"-drive", "if=pflash,format=raw,unit=1,file="+optEscape(s.Paths.ovmfVars),
 			"-boot", "n")
+		if s.Boot == BootUEFIHTTP {
+			// OVMF tries PXE before HTTP on each NIC: switch it off, or
+			// the boot waits out a TFTP failure and a DHCPv6 timeout.
+			argv = append(argv,
+				"-fw_cfg", "name=opt/org.tianocore/IPv4PXESupport,string=n",
+				"-fw_cfg", "name=opt/org.tianocore/IPv6PXESupport,string=n")
+		}
 	default:
 		argv = append(argv,
 			"-kernel", s.Kernel,
@@ -277,8 +296,13 @@ func netdevArg(s launchSpec) string {
 }
 
 func nicArg(s launchSpec) string {
+	nic := "virtio-net-pci,netdev=n0"
 	if s.MAC != "" {
-		return "virtio-net-pci,netdev=n0,mac=" + s.MAC
+		nic += ",mac=" + s.MAC
 	}
-	return "virtio-net-pci,netdev=n0"
+	if s.Boot == BootUEFIHTTP {
+		// No option ROM: QEMU's is iPXE, and this boot has none.
+		nic += ",romfile="
+	}
+	return nic
 }

@@ -48,26 +48,37 @@ const (
 	BootBIOS BootMode = "bios"
 	// BootUEFI is BootBIOS with OVMF (UEFI) firmware.
 	BootUEFI BootMode = "uefi"
+	// BootUEFIHTTP is OVMF's own HTTP Boot with no iPXE: the NIC has no
+	// option ROM, OVMF's PXE is off, and QEMU's DHCP (or tetherd's, on a
+	// tap) hands the firmware the URL of the node's unified kernel image
+	// (tetherd --uki, ADR 0035).
+	BootUEFIHTTP BootMode = "uefi-http"
 )
 
 // ParseBootMode parses a --qemu-boot value.
 func ParseBootMode(s string) (BootMode, error) {
 	switch m := BootMode(s); m {
-	case BootDirect, BootBIOS, BootUEFI:
+	case BootDirect, BootBIOS, BootUEFI, BootUEFIHTTP:
 		return m, nil
 	case "":
 		return BootDirect, nil
 	}
-	return "", fmt.Errorf("qemu: unknown boot mode %q (want direct, bios or uefi)", s)
+	return "", fmt.Errorf("qemu: unknown boot mode %q (want direct, bios, uefi or uefi-http)", s)
 }
 
 // Netboot reports whether VMs boot from their firmware over the network.
-func (m BootMode) Netboot() bool { return m == BootBIOS || m == BootUEFI }
+func (m BootMode) Netboot() bool { return m == BootBIOS || m.UEFI() }
 
-// Debian's ovmf package.
+// UEFI reports whether VMs boot OVMF.
+func (m BootMode) UEFI() bool { return m == BootUEFI || m == BootUEFIHTTP }
+
+// Debian's ovmf package. Secure Boot takes the 4 MiB build, whose
+// variable store comes with the snakeoil key in PK, KEK and db.
 const (
-	defaultOVMFCode = "/usr/share/OVMF/OVMF_CODE.fd"
-	defaultOVMFVars = "/usr/share/OVMF/OVMF_VARS.fd"
+	defaultOVMFCode           = "/usr/share/OVMF/OVMF_CODE.fd"
+	defaultOVMFVars           = "/usr/share/OVMF/OVMF_VARS.fd"
+	defaultSecureBootOVMFCode = "/usr/share/OVMF/OVMF_CODE_4M.secboot.fd"
+	defaultSecureBootOVMFVars = "/usr/share/OVMF/OVMF_VARS_4M.snakeoil.fd"
 )
 
 // Accelerator choices for Config.Accel.
@@ -126,9 +137,15 @@ type Config struct {
 	// TPM gives every VM a TPM 2.0 (--qemu-tpm): one swtpm per VM, with
 	// the state of its node's TPM in StateDir/tpm/NODE, kept across the
 	// node's instances. Real mode needs swtpm and swtpm-tools.
-	TPM    bool
-	Logger *slog.Logger
-	Clock  clock.Clock
+	TPM bool
+	// SecureBoot boots OVMF with Secure Boot enforced
+	// (--qemu-secure-boot): the secboot firmware, SMM on, and each VM a
+	// copy of a variable store that holds the keys (default Debian's
+	// snakeoil store, whose db key tests sign with). Needs Boot uefi or
+	// uefi-http.
+	SecureBoot bool
+	Logger     *slog.Logger
+	Clock      clock.Clock
 }
 
 const (
@@ -189,11 +206,18 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Tap != "" && !validTap.MatchString(c.Tap) {
 		return c, fmt.Errorf("qemu: tap %q is not an interface name (1-15 of [A-Za-z0-9_.-])", c.Tap)
 	}
+	if c.SecureBoot && !c.Boot.UEFI() {
+		return c, fmt.Errorf("qemu: --qemu-secure-boot needs UEFI firmware: --qemu-boot uefi or uefi-http, not %s", c.Boot)
+	}
+	code, vars := defaultOVMFCode, defaultOVMFVars
+	if c.SecureBoot {
+		code, vars = defaultSecureBootOVMFCode, defaultSecureBootOVMFVars
+	}
 	if c.OVMFCode == "" {
-		c.OVMFCode = defaultOVMFCode
+		c.OVMFCode = code
 	}
 	if c.OVMFVars == "" {
-		c.OVMFVars = defaultOVMFVars
+		c.OVMFVars = vars
 	}
 	if c.Mode != ModeDisabled && c.StateDir == "" {
 		return c, fmt.Errorf("qemu: StateDir is required in %s mode", c.Mode)

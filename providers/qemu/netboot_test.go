@@ -10,12 +10,12 @@ import (
 )
 
 func TestParseBootMode(t *testing.T) {
-	for in, want := range map[string]BootMode{"": BootDirect, "direct": BootDirect, "bios": BootBIOS, "uefi": BootUEFI} {
+	for in, want := range map[string]BootMode{"": BootDirect, "direct": BootDirect, "bios": BootBIOS, "uefi": BootUEFI, "uefi-http": BootUEFIHTTP} {
 		if got, err := ParseBootMode(in); err != nil || got != want {
 			t.Errorf("ParseBootMode(%q) = %q, %v; want %q", in, got, err, want)
 		}
 	}
-	if _, err := ParseBootMode("pxe"); err == nil || !strings.Contains(err.Error(), "direct, bios or uefi") {
+	if _, err := ParseBootMode("pxe"); err == nil || !strings.Contains(err.Error(), "direct, bios, uefi or uefi-http") {
 		t.Errorf("ParseBootMode(pxe) error = %v", err)
 	}
 	if _, err := New(Config{Mode: ModeRecorder, StateDir: "/x", Tap: "tap0;rm"}); err == nil || !strings.Contains(err.Error(), "not an interface name") {
@@ -46,6 +46,21 @@ func TestNetbootArgv(t *testing.T) {
 			"-drive if=pflash,format=raw,unit=0,readonly=on,file=/fw/CODE.fd", "-drive if=pflash,format=raw,unit=1,file=/st/inst-1/OVMF_VARS.fd", "-boot n"}},
 		{name: "bios, tap", cfg: Config{Boot: BootBIOS, Tap: "tap7"}, netboot: true, want: []string{
 			"-netdev tap,id=n0,ifname=tap7,script=no,downscript=no ", "mac=" + mac}},
+		// OVMF's own HTTP Boot of the node's image: no option ROM (iPXE),
+		// OVMF's PXE off, the image's URL from QEMU's DHCP.
+		{name: "uefi-http, user network", cfg: Config{Boot: BootUEFIHTTP}, netboot: true, want: []string{
+			"-M q35 ", "file=/usr/share/OVMF/OVMF_CODE.fd", "-netdev user,id=n0,bootfile=http://10.0.2.2:8080/uki/boot?mac=" + mac + " ",
+			"-device virtio-net-pci,netdev=n0,mac=" + mac + ",romfile= ",
+			"-fw_cfg name=opt/org.tianocore/IPv4PXESupport,string=n", "-fw_cfg name=opt/org.tianocore/IPv6PXESupport,string=n"}},
+		{name: "uefi-http, tap", cfg: Config{Boot: BootUEFIHTTP, Tap: "tap7"}, netboot: true, want: []string{
+			"-netdev tap,id=n0,ifname=tap7,script=no,downscript=no ", ",romfile= "}},
+		// Secure Boot: the secboot firmware, its store with the snakeoil
+		// keys, SMM, and flash only SMM may write.
+		{name: "uefi-http, secure boot", cfg: Config{Boot: BootUEFIHTTP, SecureBoot: true}, netboot: true, want: []string{
+			"-M q35,smm=on ", "-global driver=cfi.pflash01,property=secure,value=on",
+			"-drive if=pflash,format=raw,unit=0,readonly=on,file=/usr/share/OVMF/OVMF_CODE_4M.secboot.fd"}},
+		{name: "uefi, secure boot", cfg: Config{Boot: BootUEFI, SecureBoot: true}, netboot: true, want: []string{
+			"-M q35,smm=on ", "-global driver=cfi.pflash01,property=secure,value=on", "OVMF_CODE_4M.secboot.fd", "bootfile=http://10.0.2.2:8080/ipxe/boot?mac="}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -77,10 +92,16 @@ func TestNetbootArgv(t *testing.T) {
 				if !tc.netboot {
 					continue
 				}
-				for _, bad := range []string{"-kernel", "-initrd", "-append", "-fw_cfg"} {
+				for _, bad := range []string{"-kernel", "-initrd", "-append"} {
 					if slices.Contains(e.Argv, bad) {
 						t.Errorf("%s: a netbooting VM got %s:\n%s", e.Op, bad, joined)
 					}
+				}
+				if strings.Contains(joined, "opt/tether/") {
+					t.Errorf("%s: a netbooting VM got Tether fw_cfg entries:\n%s", e.Op, joined)
+				}
+				if tc.cfg.Boot != BootUEFIHTTP && strings.Contains(joined, "romfile=") {
+					t.Errorf("%s: an iPXE boot lost its option ROM:\n%s", e.Op, joined)
 				}
 				for _, s := range e.Steps {
 					if strings.Contains(s, "token") {
@@ -89,6 +110,19 @@ func TestNetbootArgv(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// Secure Boot is a property of UEFI firmware: refused for the others.
+func TestSecureBootNeedsUEFI(t *testing.T) {
+	for _, b := range []BootMode{BootDirect, BootBIOS} {
+		if _, err := New(Config{Mode: ModeRecorder, StateDir: "/st", Boot: b, SecureBoot: true}); err == nil || !strings.Contains(err.Error(), "--qemu-secure-boot needs UEFI firmware") {
+			t.Errorf("boot %s with Secure Boot: err %v", b, err)
+		}
+	}
+	p, err := New(Config{Mode: ModeRecorder, StateDir: "/st", Boot: BootUEFIHTTP, SecureBoot: true, OVMFCode: "/fw/C.fd", OVMFVars: "/fw/V.fd"})
+	if err != nil || p.cfg.OVMFCode != "/fw/C.fd" || p.cfg.OVMFVars != "/fw/V.fd" {
+		t.Fatalf("given firmware files were replaced by the defaults: %v %+v", err, p.cfg)
 	}
 }
 

@@ -426,7 +426,7 @@ func (r *realDriver) launch(ctx context.Context, op, id string, boot providers.B
 			return providers.Machine{}, errs.Permanent(op, id, fmt.Errorf("the VM's recorded MAC: %w", err))
 		}
 		mac = string(b)
-		if r.cfg.Boot == BootUEFI {
+		if r.cfg.Boot.UEFI() {
 			if err := ovmfVars(r.cfg.OVMFVars, p.ovmfVars); err != nil {
 				return providers.Machine{}, errs.Permanent(op, id, err)
 			}
@@ -666,9 +666,13 @@ func netbootLaunch(cfg Config, s *launchSpec, b providers.Boot, mac string) erro
 		if err != nil {
 			return err
 		}
+		if cfg.Boot == BootUEFIHTTP {
+			// The firmware loads the image itself: no script between.
+			u = strings.TrimSuffix(u, providers.BootScriptPath(mac)) + providers.UKIBootPath(mac)
+		}
 		s.BootFile = u
 	}
-	s.OVMFCode = cfg.OVMFCode
+	s.OVMFCode, s.SecureBoot = cfg.OVMFCode, cfg.SecureBoot
 	return nil
 }
 

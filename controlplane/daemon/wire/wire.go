@@ -61,7 +61,10 @@ type Deps struct {
 	SelfInstanceIDs []string
 	// Replica names this replica in agent presence.
 	Replica string
-	Tuning  Tuning
+	// MeasuredBoot, when set, checks an attested node booted its
+	// template's signed image (nil: no template has one).
+	MeasuredBoot enroll.MeasuredBoot
+	Tuning       Tuning
 }
 
 // Tuning are the knobs of the services; zero takes each service's default.
@@ -140,7 +143,7 @@ func NewServices(d Deps) (*Services, error) {
 	s := &Services{
 		Tasks:        &tasks.Service{Store: st, Clock: clk, Log: log},
 		Presence:     &presence.Tracker{Store: st, Clock: clk, Log: log, Lease: t.PresenceLease, Replica: d.Replica},
-		Enroll:       &enroll.Service{Store: st, CA: d.CA, Clock: clk, Log: log},
+		Enroll:       &enroll.Service{Store: st, CA: d.CA, Clock: clk, Log: log, MeasuredBoot: d.MeasuredBoot},
 		Catalog:      &catalog.Service{Store: st, Clock: clk},
 		Certificates: &certificates.Service{Store: st, Clock: clk},
 		Registry:     &modules.Registry{Store: st, Blobs: d.Blobs, Clock: clk, Log: log, StaticSigners: d.SigningKeys},

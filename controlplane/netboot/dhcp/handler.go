@@ -85,6 +85,12 @@ type Leases interface {
 	Release(ctx context.Context, mac string) error
 }
 
+// UKIChooser reports whether the machine with this hardware address boots
+// a unified kernel image (netboot.Server.BootsUKI).
+type UKIChooser interface {
+	BootsUKI(ctx context.Context, mac string) (bool, error)
+}
+
 // ErrPoolExhausted means every address of the range is leased.
 var ErrPoolExhausted = errors.New("no free address in the DHCP range")
 
@@ -93,6 +99,10 @@ type Handler struct {
 	Config Config
 	Leases Leases // full mode
 	Now    func() time.Time
+	// UKI, when set, says which machines boot a signed unified kernel
+	// image: their UEFI HTTP Boot gets the image's URL instead of the
+	// iPXE loader's (ADR 0035).
+	UKI UKIChooser
 
 	flood floodGuard
 }
@@ -210,7 +220,7 @@ func (h *Handler) respond(ctx context.Context, req *dhcpv4.DHCPv4) (*dhcpv4.DHCP
 		if !c.pxe {
 			return nil, ignore("%s is not a PXE client (proxy mode)", c.mac)
 		}
-		boot, err := h.bootInfo(c)
+		boot, err := h.bootInfo(ctx, c)
 		if err != nil {
 			return nil, err
 		}
@@ -234,7 +244,7 @@ func (h *Handler) full(ctx context.Context, req *dhcpv4.DHCPv4, mt dhcpv4.Messag
 		// in proxy mode and as the operator guide says: an address without
 		// a boot file would only leave it retrying, holding a lease.
 		var err error
-		if boot, err = h.bootInfo(c); err != nil {
+		if boot, err = h.bootInfo(ctx, c); err != nil {
 			return nil, err
 		}
 	}
@@ -344,8 +354,10 @@ const (
 
 // bootInfo is what a PXE client is told to load: iPXE gets the boot
 // script's URL (loop breaking: anything else gets the iPXE binary and
-// would chain iPXE forever), firmware gets the loader for its arch.
-func (h *Handler) bootInfo(c client) ([]dhcpv4.Modifier, error) {
+// would chain iPXE forever), firmware gets the loader for its arch, and
+// UEFI HTTP Boot of a machine whose template boots a signed image gets
+// that image, with no iPXE in between.
+func (h *Handler) bootInfo(ctx context.Context, c client) ([]dhcpv4.Modifier, error) {
 	cfg := h.Config
 	class := "PXEClient"
 	var file string
@@ -355,6 +367,16 @@ func (h *Handler) bootInfo(c client) ([]dhcpv4.Modifier, error) {
 	case c.http || c.arch == archEFIx64HTTP:
 		class = "HTTPClient"
 		file = cfg.HTTPBase + "/loaders/" + LoaderUEFI
+		if h.UKI != nil {
+			uki, err := h.UKI.BootsUKI(ctx, c.mac)
+			if err != nil {
+				// No answer rather than the wrong one: the firmware asks again.
+				return nil, fmt.Errorf("does %s boot a unified kernel image: %w", c.mac, err)
+			}
+			if uki {
+				file = cfg.HTTPBase + "/uki/boot?mac=" + c.mac
+			}
+		}
 	case c.arch == archBIOS:
 		file = LoaderBIOS
 	case c.arch == archEFIBC || c.arch == archEFIx64:

@@ -129,6 +129,9 @@ type Service struct {
 	// Panics records panics recovered in the TFTP, DHCP and router
 	// advertisement goroutines (nil: recovered, not counted).
 	Panics *guard.Panics
+	// UKI says which machines boot a signed unified kernel image (nil:
+	// none do).
+	UKI dhcp.UKIChooser
 }
 
 // Loaders is the loader directory.
@@ -161,7 +164,7 @@ func (s *Service) Run(ctx context.Context) error {
 	go func() { tdone <- ts.Serve(ctx, tconn) }()
 	s.Log.Info("tftp serving the iPXE loaders", "addr", tconn.LocalAddr().String(), "dir", ts.Loaders.Dir)
 
-	h := &dhcp.Handler{Config: s.Config, Now: s.Clock.Now}
+	h := &dhcp.Handler{Config: s.Config, Now: s.Clock.Now, UKI: s.UKI}
 	if s.Config.Mode == dhcp.Full {
 		h.Leases = &dhcp.StoreLeases{Store: s.Store, Pool: s.Config.Pool}
 	}
