@@ -346,13 +346,18 @@ func (a *agent) run(ctx context.Context) error {
 		wg.Wait()
 		conns.Close()
 	}()
-	tokens := func(ctx context.Context) (string, error) {
-		d, err := identity.Discover(ctx, explicit, cfg.Sources...)
-		return d.Token, err
+	// An expired certificate (a partition longer than its lifetime) is
+	// replaced by an unspent token if one turns up, else by the TPM.
+	recovery := enroll.Recovery{
+		Tokens: func(ctx context.Context) (string, error) {
+			d, err := identity.Discover(ctx, explicit, cfg.Sources...)
+			return d.Token, err
+		},
+		OpenTPM: a.openTPM,
 	}
 	if id.Expired(cfg.Clock.Now()) {
 		a.setPhase(tetherv1.AgentPhase_AGENT_PHASE_ENROLLING)
-		if err := mgr.Recover(ctx, conns.Client, tokens); err != nil {
+		if err := mgr.Recover(ctx, conns.Client, recovery); err != nil {
 			return err
 		}
 		// The connection may have failed its handshake with the expired
@@ -403,7 +408,7 @@ func (a *agent) run(ctx context.Context) error {
 	wg.Add(3)
 	go func() {
 		defer wg.Done()
-		a.reportEnd(ctx, "certificate maintenance (renewal and recovery)", mgr.Maintain(ctx, conns.Client, tokens))
+		a.reportEnd(ctx, "certificate maintenance (renewal and recovery)", mgr.Maintain(ctx, conns.Client, recovery))
 	}()
 	go func() { defer wg.Done(); pingWatchdog(ctx, cfg.Notifier) }()
 	go func() {
