@@ -446,8 +446,10 @@ type brokenTPM struct {
 	closed int
 }
 
-func (b *brokenTPM) Endorsement() ([]byte, []byte, error) { return nil, nil, errors.New("TPM2_ReadPublic: TPM_RC_HANDLE") }
-func (b *brokenTPM) NewKey() (AttestationKey, error)      { return nil, errors.New("not reached") }
+func (b *brokenTPM) Endorsement() ([]byte, []byte, error) {
+	return nil, nil, errors.New("TPM2_ReadPublic: TPM_RC_HANDLE")
+}
+func (b *brokenTPM) NewKey() (AttestationKey, error) { return nil, errors.New("not reached") }
 func (b *brokenTPM) Close() error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
