@@ -124,6 +124,7 @@ func serveCmd() *cobra.Command {
 	f.StringVar(&o.Kernel, "kernel", "", "default netboot kernel (bzImage); stored content addressed in the data dir at start-up")
 	f.StringVar(&o.Initramfs, "initramfs", "", "default netboot initramfs; stored content addressed in the data dir at start-up")
 	f.StringVar(&o.NetbootListen, "netboot-listen", "", "serve kernels, initramfs and per-instance iPXE scripts over HTTP on this address (off by default)")
+	f.BoolVar(&o.NetbootAnnounce, "netboot-announce", false, "boot a machine with an unknown hardware address into the agent, which announces its TPM's endorsement key for `tetherctl netboot seen` and `node adopt`, instead of refusing it (off by default: a refused machine falls back to its next boot device)")
 	f.StringVar(&o.NetbootURL, "netboot-url", "", "netboot server URL as machines reach it (default http://10.0.2.2:PORT, or the --dhcp-interface address)")
 	f.StringVar(&o.PXE.Interface, "dhcp-interface", "", "answer DHCP for netbooting machines on this interface (off by default; needs --netboot-listen)")
 	f.StringVar(&o.PXE.Mode, "dhcp-mode", "", "proxy: boot information only, beside the site's DHCP server; full: also lease addresses from --dhcp-range")

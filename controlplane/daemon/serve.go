@@ -96,6 +96,9 @@ type ServeOptions struct {
 	// over HTTP ("" = off); NetbootListener is used instead when set.
 	NetbootListen   string
 	NetbootListener net.Listener
+	// NetbootAnnounce boots unknown machines into the agent's announce
+	// mode instead of refusing them (docs/adr/0030).
+	NetbootAnnounce bool
 	// MetricsListener, when set, is used instead of MetricsListen (tests).
 	MetricsListener net.Listener
 	// WrapStore, when set, wraps the opened store (tests watch its use).
@@ -378,7 +381,7 @@ func build(ctx context.Context, opts ServeOptions) (_ *daemon, err error) {
 	if d.netLis != nil {
 		d.netboot = &netboot.Server{Store: st, Clock: o.Clock, Log: log.With("component", "netboot"), Instances: d.instSvc,
 			Limiter: o.unauthenticatedLimiter(), RateLimited: d.srv.Metrics.RateLimited.WithLabelValues("netboot"), Panics: panics,
-			ConnectionsRefused: netbootRefused(reg)}
+			ConnectionsRefused: netbootRefused(reg), Announce: o.NetbootAnnounce}
 		if o.PXE.Enabled() {
 			d.netboot.Loaders = o.PXE.Loaders()
 		}

@@ -61,6 +61,13 @@ type Server struct {
 	// into one event per window (nil: a window of RefusalWindow).
 	Refusals *throttle.Coalescer
 
+	// Announce boots an unknown hardware address into the agent in
+	// announce mode instead of refusing it, and takes its announcements
+	// on AnnouncePath (announce.go, docs/adr/0030). AnnounceArgs are that
+	// boot's kernel arguments (empty: DefaultAnnounceArgs).
+	Announce     bool
+	AnnounceArgs string
+
 	// Loaders, when its Dir is set, serves the iPXE loaders under
 	// /loaders/ for UEFI HTTP Boot (loaders.go).
 	Loaders tftp.Loaders
@@ -74,7 +81,8 @@ type Server struct {
 	IdleTimeout                 time.Duration
 	ConnectionsRefused          *prometheus.CounterVec
 
-	recent recentRefusals // coalesces boot-route refusals (boot.go)
+	recent    recentRefusals // coalesces boot-route refusals (boot.go)
+	announced recentRefusals // coalesces announcements (announce.go)
 
 	once sync.Once
 }
@@ -116,6 +124,7 @@ var validID = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /ipxe/boot", s.boot)
+	mux.HandleFunc("POST "+AnnouncePath, s.announce)
 	mux.HandleFunc("GET /loaders/{name}", s.loader)
 	mux.HandleFunc("GET /ipxe/{id}", s.script)
 	mux.HandleFunc("GET /artifacts/{digest}", s.artifact)
@@ -390,6 +399,7 @@ func (s *Server) FlushRefusals(ctx context.Context, final bool) {
 		s.summary(ctx, sum, now)
 	}
 	s.flushMachineRefusals(ctx, now, final)
+	s.flushAnnouncements(ctx, now, final)
 }
 
 // Script is an instance's iPXE script. Template arguments come before the
