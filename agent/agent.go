@@ -266,6 +266,9 @@ func (a *agent) run(ctx context.Context) error {
 		a.cfg.BootID = kernelBootID()
 	}
 	cfg = a.cfg
+	if done, err := a.announceMode(ctx); done {
+		return err
+	}
 	loaded, err := loadState(cfg.StateDir)
 	if err != nil {
 		a.con.Printf("ignoring unreadable %s: %v (delete it if this repeats)", filepath.Join(cfg.StateDir, stateFile), err)

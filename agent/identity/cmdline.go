@@ -18,6 +18,10 @@ const (
 	// ParamInstance names the instance of a tokenless, TPM-attested boot.
 	ParamInstance = "tether.instance"
 	ParamDebug    = "tether.debug"
+	// ParamAnnounce puts the agent in announce mode: the machine is
+	// unknown, and the agent announces its TPM to this netboot server
+	// route (docs/adr/0030).
+	ParamAnnounce = "tether.announce"
 )
 
 // Param is one parameter of a kernel command line, as the kernel splits it.
@@ -149,6 +153,8 @@ func isSpace(c byte) bool {
 type Cmdline struct {
 	Fields
 	Debug bool
+	// Announce is the netboot server's announce route (tether.announce=).
+	Announce string
 	// Signers is the node's signer anchor from tether.signers=.
 	Signers []string
 	// Unknown lists tether.* parameters this agent does not know, so the
@@ -176,7 +182,7 @@ func ParseTetherCmdline(s string) (Cmdline, error) {
 		}
 		seen[p.Key] = p.Value
 		switch p.Key {
-		case ParamURL, ParamToken, ParamCA, ParamInstance:
+		case ParamURL, ParamToken, ParamCA, ParamInstance, ParamAnnounce:
 			if !p.HasValue || p.Value == "" {
 				return Cmdline{}, &CmdlineError{Param: p.Key, Reason: "has no value (want " + p.Key + "=" + placeholder(p.Key) + ")"}
 			}
@@ -206,6 +212,12 @@ func ParseTetherCmdline(s string) (Cmdline, error) {
 				return Cmdline{}, &CmdlineError{Param: p.Key, Reason: err.Error()}
 			}
 			c.Instance = v
+		case ParamAnnounce:
+			u, err := url.Parse(p.Value)
+			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+				return Cmdline{}, &CmdlineError{Param: p.Key, Reason: "want http://HOST:PORT/netboot/announce"}
+			}
+			c.Announce = p.Value
 		case ParamSigners:
 			fps, err := pki.ParseSignerList(p.Value)
 			if err != nil {
@@ -243,6 +255,8 @@ func placeholder(key string) string {
 		return "TOKEN"
 	case ParamInstance:
 		return "INSTANCE_ID"
+	case ParamAnnounce:
+		return "http://HOST:PORT/netboot/announce"
 	default:
 		return "sha256:HEX"
 	}

@@ -26,3 +26,13 @@ const (
 // MAC. It is a hint for an admin, not a binding: anyone on the
 // provisioning network can announce anything.
 const NetbootAnnounced = "netboot.announced"
+
+// AnnounceCorrelation is the correlation id of the NetbootAnnounced events
+// of mac: an adoption reads what was announced for a MAC by it.
+func AnnounceCorrelation(mac string) string { return "mac:" + mac }
+
+// NodeAdopted records an admin's adoption of a machine seen netbooting:
+// its MAC and its EK bound to a node, created or updated, in one call
+// (docs/adr/0030). The payload names the node, the mac, the ek, whether
+// the node was created and whether the EK had been announced for the MAC.
+const NodeAdopted = "node.adopted"

@@ -44,10 +44,6 @@ const AnnounceContentType = "application/x-protobuf"
 // the agent prints the command that adopts it.
 const DefaultAnnounceArgs = "console=tty0 console=ttyS0,115200"
 
-// AnnounceCorrelation is the correlation id of the netboot.announced events
-// of mac: an adoption reads what was announced for a MAC by it.
-func AnnounceCorrelation(mac string) string { return "mac:" + mac }
-
 // serveAnnounceScript answers an unknown machine with a boot of the
 // default kernel and initramfs whose agent announces the machine's TPM.
 // It carries no secret: the announce URL and the boot interface. Without
@@ -202,7 +198,7 @@ func (s *Server) recordAnnounce(r *http.Request, mac, ek, issuer string, cert bo
 	}
 	ctx := context.WithoutCancel(r.Context())
 	err := s.Store.Tx(ctx, func(q store.Queries) error {
-		_, err := events.E{Kind: events.NetbootAnnounced, Severity: events.Medium, CorrelationID: AnnounceCorrelation(mac),
+		_, err := events.E{Kind: events.NetbootAnnounced, Severity: events.Medium, CorrelationID: events.AnnounceCorrelation(mac),
 			Message: fmt.Sprintf("unknown machine %s (%s) announced TPM endorsement key %s; adopt it with: tetherctl node adopt %s --ek %s --template T",
 				mac, r.RemoteAddr, ek, mac, ek),
 			Payload: payload}.Write(ctx, q, now)

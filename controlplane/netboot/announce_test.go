@@ -179,8 +179,8 @@ func TestAnnounceRecordsTheEK(t *testing.T) {
 		t.Fatalf("%d announcement events for three tries in a window, want 1", len(evs))
 	}
 	e := evs[0]
-	if e.CorrelationID != netboot.AnnounceCorrelation(unknownMAC) {
-		t.Errorf("correlation %q, want %q", e.CorrelationID, netboot.AnnounceCorrelation(unknownMAC))
+	if e.CorrelationID != events.AnnounceCorrelation(unknownMAC) {
+		t.Errorf("correlation %q, want %q", e.CorrelationID, events.AnnounceCorrelation(unknownMAC))
 	}
 	for _, want := range []string{`"mac":"` + unknownMAC + `"`, `"ek":"` + hash + `"`, `"ek_certificate":true`, `"ek_certificate_issuer":`} {
 		if !strings.Contains(string(e.Payload), want) {
