@@ -122,6 +122,11 @@ func (s *Service) AdoptNode(ctx context.Context, a Adoption) (*Adopted, error) {
 			}
 			tplName = tpl.Name
 		}
+		if !created && slices.Contains(n.MACs, a.MAC) && slices.Contains(n.EKHashes, ek) {
+			// Adopted already: nothing to write, and no second event.
+			out = &Adopted{Node: n, Template: tplName, Announced: announced}
+			return nil
+		}
 		if !slices.Contains(n.MACs, a.MAC) {
 			if len(n.MACs) >= a.MaxMACs {
 				return fail.Invalid("mac", "node %q has %d addresses already, the most a node holds", n.Name, len(n.MACs))
@@ -160,8 +165,15 @@ func (s *Service) AdoptNode(ctx context.Context, a Adoption) (*Adopted, error) {
 		out = &Adopted{Node: n, Template: tplName, Created: created, Announced: announced}
 		return nil
 	})
+	var macInUse *store.MACInUseError
+	var ekInUse *store.EKInUseError
+	if errors.As(err, &macInUse) || errors.As(err, &ekInUse) {
+		// The caller names the address or EK and its owner.
+		return nil, err
+	}
 	if errors.Is(err, store.ErrAlreadyExists) {
-		return nil, fail.Exists("node %q already exists", a.Name)
+		// Only a node created by another call meanwhile: try again.
+		return nil, fail.Exists("a node of the same name was created meanwhile; adopt again")
 	}
 	if err != nil {
 		return nil, err
