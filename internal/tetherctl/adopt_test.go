@@ -113,4 +113,10 @@ func TestNetbootSeenAndNodeAdopt(t *testing.T) {
 	if strings.Contains(out, "52:54:00:ad:03:0") {
 		t.Fatalf("adopted addresses are still listed:\n%s", out)
 	}
+	// An external boot of the adopted node carries no token, and says
+	// what the machine boots with instead.
+	out, errOut, code = run(t, append(base, "instance", "provision", "--node", "rack1-08", "--provider", "external")...)
+	if code != 0 || strings.Contains(out, "tether.token=") || !strings.Contains(out, "no token: its TPM proves it") || !strings.Contains(out, "tether.instance=") {
+		t.Fatalf("instance provision of an adopted node: exit %d\n%s%s", code, out, errOut)
+	}
 }
