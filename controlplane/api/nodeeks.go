@@ -70,11 +70,16 @@ func attestationNeedsAdmin(ctx context.Context, field string) error {
 // both nodes, because a TPM seen on a second node is either a typo or a
 // machine that moved, and an operator must decide which.
 func (a *adminServer) ekConflict(ctx context.Context, node string, err error) error {
+	return a.ekConflictBy(ctx, node, "an admin node write", err)
+}
+
+// ekConflictBy is ekConflict for a write described by how.
+func (a *adminServer) ekConflictBy(ctx context.Context, node, how string, err error) error {
 	var inUse *store.EKInUseError
 	if !errors.As(err, &inUse) {
 		return err
 	}
-	if _, werr := events.EKConflict(inUse.EK, inUse.Node, node, "an admin node write").Write(ctx, a.Store, a.Clock.Now()); werr != nil && a.Log != nil {
+	if _, werr := events.EKConflict(inUse.EK, inUse.Node, node, how).Write(ctx, a.Store, a.Clock.Now()); werr != nil && a.Log != nil {
 		a.Log.Error("write endorsement key conflict event", "node", node, "ek_hash", inUse.EK, "err", werr)
 	}
 	return fail.Exists("ek_hashes: %v; remove it from node %q first (tetherctl node update %s --ek ...)", inUse, inUse.Node, inUse.Node)
@@ -119,9 +124,9 @@ func (a *adminServer) AdoptNode(ctx context.Context, req *v1.AdoptNodeRequest) (
 	if err != nil {
 		name := req.Name
 		if name == "" {
-			name = "the node of " + mac
+			name = "(the node of " + mac + ")"
 		}
-		return nil, a.ekConflict(ctx, name, err)
+		return nil, a.ekConflictBy(ctx, name, "an admin adoption of "+mac, err)
 	}
 	return &v1.AdoptNodeResponse{Node: nodeProto(res.Node, res.Template), Created: res.Created, Announced: res.Announced}, nil
 }
