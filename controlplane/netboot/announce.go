@@ -38,11 +38,12 @@ const MaxAnnounceBytes = 2*attestation.MaxEKBytes + 256
 // AnnounceContentType is the body's type: a v1.NetbootAnnounce.
 const AnnounceContentType = "application/x-protobuf"
 
-// DefaultAnnounceArgs are the kernel arguments of the announce boot
-// before the ip=, BOOTIF= and tether.announce= ones: a machine with no
-// template has no console setting of its own, and its console is where
-// the agent prints the command that adopts it.
-const DefaultAnnounceArgs = "console=tty0 console=ttyS0,115200"
+// AnnounceArgs are the kernel arguments of the announce boot before the
+// ip=, BOOTIF= and tether.announce= ones: a machine with no template has
+// no console setting of its own, and its console is where the agent
+// prints the command that adopts it. The last console= (the serial port)
+// is /dev/console; the screen shows the kernel's lines too.
+const AnnounceArgs = "console=tty0 console=ttyS0,115200"
 
 // serveAnnounceScript answers an unknown machine with a boot of the
 // default kernel and initramfs whose agent announces the machine's TPM.
@@ -57,14 +58,10 @@ func (s *Server) serveAnnounceScript(w http.ResponseWriter, r *http.Request, mac
 		_, _ = io.WriteString(w, RefusalScript(ref.msg))
 		return
 	}
-	args := s.AnnounceArgs
-	if args == "" {
-		args = DefaultAnnounceArgs
-	}
 	base := s.Instances.Artifacts.BaseURL
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
-	_, _ = io.WriteString(w, AnnounceScript(boot.KernelURL, boot.InitramfsURL, args, base+AnnouncePath, mac))
+	_, _ = io.WriteString(w, AnnounceScript(boot.KernelURL, boot.InitramfsURL, AnnounceArgs, base+AnnouncePath, mac))
 }
 
 // AnnounceScript boots the agent in announce mode for the machine mac.

@@ -63,10 +63,8 @@ type Server struct {
 
 	// Announce boots an unknown hardware address into the agent in
 	// announce mode instead of refusing it, and takes its announcements
-	// on AnnouncePath (announce.go, docs/adr/0030). AnnounceArgs are that
-	// boot's kernel arguments (empty: DefaultAnnounceArgs).
-	Announce     bool
-	AnnounceArgs string
+	// on AnnouncePath (announce.go, docs/adr/0030).
+	Announce bool
 
 	// Loaders, when its Dir is set, serves the iPXE loaders under
 	// /loaders/ for UEFI HTTP Boot (loaders.go).
