@@ -214,7 +214,7 @@ func ParseTetherCmdline(s string) (Cmdline, error) {
 			c.Instance = v
 		case ParamAnnounce:
 			u, err := url.Parse(p.Value)
-			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			if err != nil || u.Scheme != "http" || u.Host == "" {
 				return Cmdline{}, &CmdlineError{Param: p.Key, Reason: "want http://HOST:PORT/netboot/announce"}
 			}
 			c.Announce = p.Value
