@@ -266,6 +266,9 @@ func (a *agent) run(ctx context.Context) error {
 		a.cfg.BootID = kernelBootID()
 	}
 	cfg = a.cfg
+	if done, err := a.announceMode(ctx); done {
+		return err
+	}
 	loaded, err := loadState(cfg.StateDir)
 	if err != nil {
 		a.con.Printf("ignoring unreadable %s: %v (delete it if this repeats)", filepath.Join(cfg.StateDir, stateFile), err)
@@ -352,14 +355,19 @@ func (a *agent) run(ctx context.Context) error {
 		wg.Wait()
 		conns.Close()
 	}()
-	tokens := func(ctx context.Context) (string, error) {
-		// A later look for a token: the boot's hand-off was spent at start.
-		d, err := identity.Discover(ctx, explicit, withoutHandoff(cfg.Sources)...)
-		return d.Token, err
+	// An expired certificate (a partition longer than its lifetime) is
+	// replaced by an unspent token if one turns up, else by the TPM.
+	recovery := enroll.Recovery{
+		Tokens: func(ctx context.Context) (string, error) {
+			// A later look: the boot's hand-off was spent at start.
+			d, err := identity.Discover(ctx, explicit, withoutHandoff(cfg.Sources)...)
+			return d.Token, err
+		},
+		OpenTPM: a.openTPM,
 	}
 	if id.Expired(cfg.Clock.Now()) {
 		a.setPhase(tetherv1.AgentPhase_AGENT_PHASE_ENROLLING)
-		if err := mgr.Recover(ctx, conns.Client, tokens); err != nil {
+		if err := mgr.Recover(ctx, conns.Client, recovery); err != nil {
 			return err
 		}
 		// The connection may have failed its handshake with the expired
@@ -410,7 +418,7 @@ func (a *agent) run(ctx context.Context) error {
 	wg.Add(3)
 	go func() {
 		defer wg.Done()
-		a.reportEnd(ctx, "certificate maintenance (renewal and recovery)", mgr.Maintain(ctx, conns.Client, tokens))
+		a.reportEnd(ctx, "certificate maintenance (renewal and recovery)", mgr.Maintain(ctx, conns.Client, recovery))
 	}()
 	go func() { defer wg.Done(); pingWatchdog(ctx, cfg.Notifier) }()
 	go func() {

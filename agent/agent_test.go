@@ -770,3 +770,16 @@ func TestReportEnd(t *testing.T) {
 		})
 	}
 }
+
+// TestAnnounceModeNeedsBootIF: tether.announce= puts the agent in announce
+// mode, which needs the boot interface to name the machine by.
+func TestAnnounceModeNeedsBootIF(t *testing.T) {
+	line := filepath.Join(t.TempDir(), "cmdline")
+	if err := os.WriteFile(line, []byte("ip=dhcp tether.announce=http://127.0.0.1:1/netboot/announce\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	err := Run(context.Background(), Config{StateDir: t.TempDir(), Console: &syncBuffer{}, BootID: "b", CmdlinePath: line})
+	if err == nil || !strings.Contains(err.Error(), "needs BOOTIF=01-<mac>") {
+		t.Fatalf("Run = %v, want announce mode asking for BOOTIF", err)
+	}
+}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -17,10 +16,7 @@ import (
 )
 
 // AttesterCloser is a TPM the agent opened for one enrollment.
-type AttesterCloser interface {
-	enroll.Attester
-	io.Closer
-}
+type AttesterCloser = enroll.AttesterCloser
 
 // openTPM is the default Config.OpenTPM: the kernel's resource manager.
 func openTPM() (AttesterCloser, error) {
@@ -29,6 +25,14 @@ func openTPM() (AttesterCloser, error) {
 		return nil, err
 	}
 	return tpmAttester{t}, nil
+}
+
+// openTPM opens the TPM the configuration names, or the machine's.
+func (a *agent) openTPM() (AttesterCloser, error) {
+	if a.cfg.OpenTPM != nil {
+		return a.cfg.OpenTPM()
+	}
+	return openTPM()
 }
 
 // tpmAttester fits agent/tpm to what enrollment needs.
@@ -52,11 +56,7 @@ func (a tpmAttester) Close() error { return a.t.Close() }
 // enrollAttested proves the machine by its TPM on a boot that carries no
 // token, only the instance it boots as (docs/adr/0023).
 func (a *agent) enrollAttested(ctx context.Context, mgr *enroll.Manager, disc identity.Discovery) (*enroll.Identity, error) {
-	open := a.cfg.OpenTPM
-	if open == nil {
-		open = openTPM
-	}
-	t, err := open()
+	t, err := a.openTPM()
 	if errors.Is(err, tpm.ErrNoTPM) {
 		return nil, fmt.Errorf("this boot carries no bootstrap token, only instance %s, and the machine has no TPM (%s) to prove it with: "+
 			"boot it with a token (`tetherctl token create --instance %s`), or give it a TPM whose EK is bound to its node", disc.Instance, tpm.DevicePath, disc.Instance)

@@ -294,7 +294,7 @@ func TestMaintainRenewsAtTwoThirds(t *testing.T) {
 	client := agentClient(t, m)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- m.Maintain(ctx, func() tetherv1.AgentServiceClient { return client }, nil) }()
+	go func() { done <- m.Maintain(ctx, func() tetherv1.AgentServiceClient { return client }, Recovery{}) }()
 
 	wait := f.clock.nextWait(t)
 	want := id.RenewAt().Sub(f.clock.Now())
@@ -337,7 +337,7 @@ func TestMaintainRetriesFailedRenewal(t *testing.T) {
 	client := agentClient(t, m)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	go m.Maintain(ctx, func() tetherv1.AgentServiceClient { return client }, nil)
+	go m.Maintain(ctx, func() tetherv1.AgentServiceClient { return client }, Recovery{})
 	f.clock.Advance(f.clock.nextWait(t))
 	line := f.logs.waitFor(t, "certificate renewal failed")
 	for _, want := range []string{"store is down", "retrying in 1s", "valid until " + stamp(id.Cert.NotAfter)} {
@@ -363,7 +363,7 @@ func TestExpiredReenrollsWithUnusedToken(t *testing.T) {
 	fresh := f.srv.AddToken("i-4")
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	err := m.Recover(ctx, nil, func(context.Context) (string, error) { return fresh, nil })
+	err := m.Recover(ctx, nil, Recovery{Tokens: func(context.Context) (string, error) { return fresh, nil }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -388,7 +388,7 @@ func TestExpiredWithoutTokenKeepsRetrying(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		done <- m.Recover(ctx, func() tetherv1.AgentServiceClient { return client },
-			func(context.Context) (string, error) { return spent, nil })
+			Recovery{Tokens: func(context.Context) (string, error) { return spent, nil }})
 	}()
 	for i := 0; i < 3; i++ {
 		line := f.logs.waitFor(t, "retrying in")
@@ -436,5 +436,89 @@ func TestCorruptMetadataIsReported(t *testing.T) {
 	}
 	if !m.TokenSpent(tok2) {
 		t.Fatal("the new record lacks the token just used")
+	}
+}
+
+// brokenTPM is a TPM whose endorsement key cannot be read; it counts
+// how often it was closed.
+type brokenTPM struct {
+	mu     sync.Mutex
+	closed int
+}
+
+func (b *brokenTPM) Endorsement() ([]byte, []byte, error) {
+	return nil, nil, errors.New("TPM2_ReadPublic: TPM_RC_HANDLE")
+}
+func (b *brokenTPM) NewKey() (AttestationKey, error) { return nil, errors.New("not reached") }
+func (b *brokenTPM) Close() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.closed++
+	return nil
+}
+
+// TestExpiredTriesTheTPM: with no unspent token, recovery asks the TPM
+// each attempt, says why it failed (no TPM, a TPM that cannot be read),
+// closes what it opened, and keeps trying. The success, against a real
+// control plane and swtpm, is TestReattestAfterPartition in
+// controlplane/api.
+func TestExpiredTriesTheTPM(t *testing.T) {
+	broken := &brokenTPM{}
+	tests := []struct {
+		name string
+		open func() (AttesterCloser, error)
+		say  string
+	}{
+		{"no TPM", func() (AttesterCloser, error) { return nil, errors.New("no TPM at /dev/tpmrm0") }, "open the TPM: no TPM at /dev/tpmrm0"},
+		{"a TPM that cannot be read", func() (AttesterCloser, error) { return broken, nil }, "TPM_RC_HANDLE"},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFixture(t)
+			m := f.manager(t, f.ca.Fingerprint)
+			inst := fmt.Sprintf("i-tpm-%d", i)
+			if _, err := enroll(t, m, f.srv.AddToken(inst)); err != nil {
+				t.Fatal(err)
+			}
+			f.clock.Advance(25 * time.Hour)
+			ctx, cancel := context.WithCancel(context.Background())
+			go f.clock.AutoAdvance(ctx)
+			var opened int
+			var mu sync.Mutex
+			done := make(chan error, 1)
+			go func() {
+				done <- m.Recover(ctx, nil, Recovery{OpenTPM: func() (AttesterCloser, error) {
+					mu.Lock()
+					opened++
+					mu.Unlock()
+					return tt.open()
+				}})
+			}()
+			for range 2 {
+				line := f.logs.waitFor(t, "retrying in")
+				for _, want := range []string{"no bootstrap token was found", "re-enrolling by TPM attestation failed", tt.say, "tetherctl node update NODE --ek HASH"} {
+					if !strings.Contains(line, want) {
+						t.Fatalf("line %q lacks %q", line, want)
+					}
+				}
+			}
+			cancel()
+			if err := <-done; !errors.Is(err, context.Canceled) {
+				t.Fatalf("Recover = %v", err)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if opened < 2 {
+				t.Fatalf("the TPM was asked %d times in two attempts", opened)
+			}
+			if !m.Current().Expired(f.clock.Now()) {
+				t.Fatal("a failed recovery replaced the certificate")
+			}
+		})
+	}
+	broken.mu.Lock()
+	defer broken.mu.Unlock()
+	if broken.closed < 2 {
+		t.Fatalf("the opened TPM was closed %d times after two attempts", broken.closed)
 	}
 }

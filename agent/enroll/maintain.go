@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"sync"
 	"time"
 
@@ -13,6 +14,25 @@ import (
 // TokenSource looks for a bootstrap token again (the orchestrator reruns
 // discovery: an operator may have handed the node a fresh one).
 type TokenSource func(ctx context.Context) (string, error)
+
+// AttesterCloser is the machine's TPM, opened for one enrollment.
+type AttesterCloser interface {
+	Attester
+	io.Closer
+}
+
+// Recovery is what can replace a certificate that expired while the node
+// was cut off: an unused bootstrap token that discovery turns up, or the
+// machine's TPM, which proves it again with no token at all (an attested
+// enrollment for the same instance, docs/adr/0030).
+type Recovery struct {
+	// Tokens looks for a token (nil: none is looked for).
+	Tokens TokenSource
+	// OpenTPM opens the TPM for an attested re-enrollment (nil: not
+	// tried). A machine without one answers an error, which is reported
+	// with the rest of the reason.
+	OpenTPM func() (AttesterCloser, error)
+}
 
 // ExpiredError says the certificate lapsed and why the agent could not get
 // a new one yet.
@@ -24,7 +44,8 @@ type ExpiredError struct {
 
 func (e *ExpiredError) Error() string {
 	return fmt.Sprintf("certificate for instance %s expired at %s: this node was cut off from the control plane for longer than the certificate's lifetime, "+
-		"and %s. Mint a token with `tetherctl token create --instance %s` and hand it to the node (fw_cfg, seed ISO, or --token), or reboot the instance so it boots with a fresh one",
+		"and %s. Mint a token with `tetherctl token create --instance %s` and hand it to the node (fw_cfg, seed ISO, or --token), "+
+		"bind this machine's TPM to its node (`tetherctl node update NODE --ek HASH`; it re-attests on its own), or reboot the instance so it boots with a fresh one",
 		e.InstanceID, e.NotAfter.UTC().Format(time.RFC3339), e.Reason, e.InstanceID)
 }
 
@@ -58,7 +79,7 @@ func (m *Manager) notify() {
 // thirds of the lifetime, retries failed renewals with backoff (saying why
 // each time), and recovers from an expired certificate (see Recover).
 // agent returns a client on the current mTLS connection.
-func (m *Manager) Maintain(ctx context.Context, agent func() tetherv1.AgentServiceClient, tokens TokenSource) error {
+func (m *Manager) Maintain(ctx context.Context, agent func() tetherv1.AgentServiceClient, rec Recovery) error {
 	changed := m.Subscribe()
 	attempt := 0
 	for {
@@ -68,7 +89,7 @@ func (m *Manager) Maintain(ctx context.Context, agent func() tetherv1.AgentServi
 		}
 		now := m.cfg.Clock.Now()
 		if id.Expired(now) {
-			if err := m.Recover(ctx, agent, tokens); err != nil {
+			if err := m.Recover(ctx, agent, rec); err != nil {
 				return err
 			}
 			attempt = 0
@@ -108,9 +129,11 @@ func (m *Manager) Maintain(ctx context.Context, agent func() tetherv1.AgentServi
 
 // Recover gets a valid certificate back after the current one expired. If
 // discovery turns up a token this node has not spent, it enrolls again;
-// otherwise it keeps trying (a renewal, and discovery again, in case a
-// token is handed over) with backoff, printing the reason every time.
-func (m *Manager) Recover(ctx context.Context, agent func() tetherv1.AgentServiceClient, tokens TokenSource) error {
+// otherwise, on a machine with a TPM, it enrolls again by attestation for
+// the same instance; otherwise it keeps trying (a renewal, discovery and
+// the TPM again, in case a token is handed over or the TPM is bound) with
+// backoff, printing the reason every time.
+func (m *Manager) Recover(ctx context.Context, agent func() tetherv1.AgentServiceClient, rec Recovery) error {
 	id := m.Current()
 	if id == nil {
 		return errors.New("recover: not enrolled")
@@ -118,7 +141,7 @@ func (m *Manager) Recover(ctx context.Context, agent func() tetherv1.AgentServic
 	m.cfg.Logf("certificate for instance %s expired at %s while this node could not reach the control plane; trying to get a new one",
 		id.InstanceID, stamp(id.Cert.NotAfter))
 	for attempt := 0; ; attempt++ {
-		err := m.recoverOnce(ctx, id, agent, tokens)
+		err := m.recoverOnce(ctx, id, agent, rec)
 		if err == nil {
 			return nil
 		}
@@ -133,10 +156,10 @@ func (m *Manager) Recover(ctx context.Context, agent func() tetherv1.AgentServic
 	}
 }
 
-func (m *Manager) recoverOnce(ctx context.Context, old *Identity, agent func() tetherv1.AgentServiceClient, tokens TokenSource) error {
+func (m *Manager) recoverOnce(ctx context.Context, old *Identity, agent func() tetherv1.AgentServiceClient, rec Recovery) error {
 	reason := "no bootstrap token was found"
-	if tokens != nil {
-		tok, err := tokens(ctx)
+	if rec.Tokens != nil {
+		tok, err := rec.Tokens(ctx)
 		switch {
 		case err != nil:
 			reason = fmt.Sprintf("looking for a bootstrap token failed (%v)", err)
@@ -152,6 +175,19 @@ func (m *Manager) recoverOnce(ctx context.Context, old *Identity, agent func() t
 			return nil
 		}
 	}
+	// The TPM needs no token: a node whose EK is bound proves itself
+	// again, as it did at boot.
+	if rec.OpenTPM != nil {
+		id, err := m.reattest(ctx, old.InstanceID, rec.OpenTPM)
+		if err == nil {
+			m.cfg.Logf("re-enrolled as instance %s by TPM attestation, with no token (certificate valid until %s)", id.InstanceID, stamp(id.Cert.NotAfter))
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		reason += fmt.Sprintf(", and re-enrolling by TPM attestation failed (%v)", err)
+	}
 	// A control plane may still renew a certificate that lapsed a moment
 	// ago; try before giving the operator work.
 	if agent != nil {
@@ -161,6 +197,22 @@ func (m *Manager) recoverOnce(ctx context.Context, old *Identity, agent func() t
 		}
 	}
 	return &ExpiredError{InstanceID: old.InstanceID, NotAfter: old.Cert.NotAfter, Reason: reason}
+}
+
+// reattest enrolls instanceID again by the TPM on a fresh connection
+// that presents no certificate (the expired one would be refused).
+func (m *Manager) reattest(ctx context.Context, instanceID string, open func() (AttesterCloser, error)) (*Identity, error) {
+	t, err := open()
+	if err != nil {
+		return nil, fmt.Errorf("open the TPM: %w", err)
+	}
+	defer t.Close()
+	conn, err := m.Dial(false)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	return m.EnrollAttested(ctx, tetherv1.NewEnrollmentServiceClient(conn), instanceID, t)
 }
 
 func (m *Manager) enrollFresh(ctx context.Context, token string) (*Identity, error) {

@@ -21,6 +21,10 @@ const (
 	// ParamHandoff is the netboot server a node that booted a signed
 	// image fetches its per-boot hand-off from (handoff.go).
 	ParamHandoff = "tether.handoff"
+	// ParamAnnounce puts the agent in announce mode: the machine is
+	// unknown, and the agent announces its TPM to this netboot server
+	// route (docs/adr/0030).
+	ParamAnnounce = "tether.announce"
 )
 
 // Param is one parameter of a kernel command line, as the kernel splits it.
@@ -152,6 +156,8 @@ func isSpace(c byte) bool {
 type Cmdline struct {
 	Fields
 	Debug bool
+	// Announce is the netboot server's announce route (tether.announce=).
+	Announce string
 	// Signers is the node's signer anchor from tether.signers=.
 	Signers []string
 	// Handoff is tether.handoff=, the netboot server's http:// URL.
@@ -181,7 +187,7 @@ func ParseTetherCmdline(s string) (Cmdline, error) {
 		}
 		seen[p.Key] = p.Value
 		switch p.Key {
-		case ParamURL, ParamToken, ParamCA, ParamInstance:
+		case ParamURL, ParamToken, ParamCA, ParamInstance, ParamAnnounce:
 			if !p.HasValue || p.Value == "" {
 				return Cmdline{}, &CmdlineError{Param: p.Key, Reason: "has no value (want " + p.Key + "=" + placeholder(p.Key) + ")"}
 			}
@@ -211,6 +217,12 @@ func ParseTetherCmdline(s string) (Cmdline, error) {
 				return Cmdline{}, &CmdlineError{Param: p.Key, Reason: err.Error()}
 			}
 			c.Instance = v
+		case ParamAnnounce:
+			u, err := url.Parse(p.Value)
+			if err != nil || u.Scheme != "http" || u.Host == "" {
+				return Cmdline{}, &CmdlineError{Param: p.Key, Reason: "want http://HOST:PORT/netboot/announce"}
+			}
+			c.Announce = p.Value
 		case ParamSigners:
 			fps, err := pki.ParseSignerList(p.Value)
 			if err != nil {
@@ -254,6 +266,8 @@ func placeholder(key string) string {
 		return "TOKEN"
 	case ParamInstance:
 		return "INSTANCE_ID"
+	case ParamAnnounce:
+		return "http://HOST:PORT/netboot/announce"
 	default:
 		return "sha256:HEX"
 	}

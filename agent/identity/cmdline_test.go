@@ -95,6 +95,14 @@ func TestParseTetherCmdline(t *testing.T) {
 		{name: "empty instance", in: "tether.instance=", wantParam: "tether.instance", wantErr: "has no value"},
 		{name: "instance with a quote", in: "tether.instance=i-1/x", wantParam: "tether.instance", wantErr: "no instance id has"},
 		{name: "overlong instance", in: "tether.instance=" + strings.Repeat("a", 65), wantParam: "tether.instance", wantErr: "longer than any"},
+		{
+			name: "announce mode",
+			in:   "console=ttyS0 ip=dhcp BOOTIF=01-52-54-00-ad-00-01 tether.announce=http://10.0.2.2:8080/netboot/announce",
+			want: Cmdline{Announce: "http://10.0.2.2:8080/netboot/announce"},
+		},
+		{name: "empty announce", in: "tether.announce=", wantParam: "tether.announce", wantErr: "has no value (want tether.announce=http://HOST:PORT/netboot/announce)"},
+		{name: "announce not a URL", in: "tether.announce=ftp://x/a", wantParam: "tether.announce", wantErr: "want http://HOST:PORT/netboot/announce"},
+		{name: "announce without host", in: "tether.announce=http:///a", wantParam: "tether.announce", wantErr: "want http://"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

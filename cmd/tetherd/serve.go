@@ -107,6 +107,7 @@ func listenFlags(f *pflag.FlagSet, o *daemon.ListenOptions) {
 	f.BoolVar(&o.Pprof, "pprof", false, "also serve /debug/pprof on --metrics-listen (off by default: profiles and goroutine dumps are for whoever reaches that address)")
 	f.StringVar(&o.AgentURL, "agent-url", "", "control plane URL handed to agents (default https://10.0.2.2:PORT, the host as a QEMU guest sees it)")
 	f.StringVar(&o.Netboot, "netboot-listen", "", "serve kernels, initramfs and per-instance iPXE scripts over HTTP on this address (off by default)")
+	f.BoolVar(&o.NetbootAnnounce, "netboot-announce", false, "boot a machine with an unknown hardware address into the agent, which announces its TPM's endorsement key for `tetherctl netboot seen` and `node adopt`, instead of refusing it (off by default: a refused machine falls back to its next boot device)")
 	f.StringVar(&o.NetbootURL, "netboot-url", "", "netboot server URL as machines reach it (default http://10.0.2.2:PORT, or the --dhcp-interface address)")
 	f.StringVar(&o.PXE.Interface, "dhcp-interface", "", "answer DHCP for netbooting machines on this interface (off by default; needs --netboot-listen)")
 	f.StringVar(&o.PXE.Mode, "dhcp-mode", "", "proxy: boot information only, beside the site's DHCP server; full: also lease addresses from --dhcp-range")

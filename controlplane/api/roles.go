@@ -46,6 +46,8 @@ var rpcAccess = map[string]access{
 	"ListNodes":  read(RoleViewer),
 	"UpdateNode": write(RoleOperator),
 	"DeleteNode": write(RoleOperator),
+	// Adopting binds an EK (docs/adr/0024, 0030).
+	"AdoptNode": write(RoleAdmin),
 
 	"ProvisionInstance":  write(RoleOperator),
 	"GetInstance":        read(RoleViewer),

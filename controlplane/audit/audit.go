@@ -115,7 +115,7 @@ func Finish(ctx context.Context, s store.Store, e *Entry, code string) error {
 // targetFields name what a call acts on, in order of preference. Only
 // these string fields are ever read: a token, key or CSR field can never
 // end up in a record.
-var targetFields = []protoreflect.Name{"instance_id", "id", "serial", "name", "pool", "node", "template", "task_id", "signer", "identity"}
+var targetFields = []protoreflect.Name{"instance_id", "id", "serial", "name", "pool", "node", "template", "task_id", "signer", "identity", "mac"}
 
 // Target names what req acts on ("name=base version=1"), from a fixed list
 // of identifying fields.

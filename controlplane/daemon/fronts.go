@@ -54,7 +54,8 @@ func (d *daemon) buildFronts(ctx context.Context) error {
 	if d.netLis != nil {
 		d.netboot = &netboot.Server{Store: st, Clock: o.Clock, Log: log.With("component", "netboot"), Instances: svc.Instances,
 			Limiter: o.unauthenticatedLimiter(), RateLimited: metrics.RateLimited.WithLabelValues("netboot"), Panics: d.panics,
-			ConnectionsRefused: netbootRefused(d.reg), Loaders: o.netbootLoaders(), UKIs: d.ukis}
+			ConnectionsRefused: netbootRefused(d.reg), Loaders: o.netbootLoaders(), UKIs: d.ukis,
+			Announce: o.Listeners.NetbootAnnounce}
 	}
 	if len(d.ukis) > 0 && d.netboot == nil {
 		return fmt.Errorf("serve: --uki needs --netboot-listen: the netboot server serves the images")

@@ -79,6 +79,9 @@ type ListenOptions struct {
 	// NetbootURL is the netboot server as machines reach it; default
 	// http://10.0.2.2:<port>, like AgentURL.
 	NetbootURL string
+	// NetbootAnnounce boots unknown machines into the agent's announce
+	// mode instead of refusing them (docs/adr/0030).
+	NetbootAnnounce bool
 	// PXE is firmware netboot: DHCP on an interface, TFTP of the iPXE
 	// loaders (off unless PXE.Interface is set; needs the netboot server).
 	PXE pxe.Options

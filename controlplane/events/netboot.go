@@ -18,4 +18,26 @@ const (
 	RefusedUnknownMAC    = "unknown_mac"
 	RefusedNotBooting    = "no_booting_instance"
 	RefusedNodeAmbiguous = "several_booting_instances"
+	// RefusedMalformedAnnounce is an announcement (NetbootAnnounced) that
+	// was too large or did not parse: no TPM key, no hardware address.
+	RefusedMalformedAnnounce = "malformed_announce"
 )
+
+// NetbootAnnounced records an unknown machine, booted to announce itself,
+// that sent its hardware address and its TPM's endorsement key (docs/adr/
+// 0030). The payload names the mac, the ek hash, whether an EK certificate
+// came with it (and its issuer), and the sender; its correlation id is
+// "mac:" and the address, so an adoption reads what was announced for a
+// MAC. It is a hint for an admin, not a binding: anyone on the
+// provisioning network can announce anything.
+const NetbootAnnounced = "netboot.announced"
+
+// AnnounceCorrelation is the correlation id of the NetbootAnnounced events
+// of mac: an adoption reads what was announced for a MAC by it.
+func AnnounceCorrelation(mac string) string { return "mac:" + mac }
+
+// NodeAdopted records an admin's adoption of a machine seen netbooting:
+// its MAC and its EK bound to a node, created or updated, in one call
+// (docs/adr/0030). The payload names the node, the mac, the ek, whether
+// the node was created and whether the EK had been announced for the MAC.
+const NodeAdopted = "node.adopted"

@@ -245,7 +245,8 @@ func (s *Service) ProvisionTx(ctx context.Context, q store.Queries, p ProvisionP
 	}
 	// Nothing creates an external machine: the operator boots it with
 	// the token, so the instance enters its boot window at once. The
-	// provider only names the machine (it acts on nothing).
+	// provider only names the machine (it acts on nothing). A node with a
+	// TPM bound gets no token: its machine proves itself (docs/adr/0023).
 	m, err := prov.Provision(ctx, providers.Spec{InstanceID: in.ID, Region: in.Region, InstanceType: in.InstanceType})
 	if err != nil {
 		return nil, err
@@ -254,7 +255,7 @@ func (s *Service) ProvisionTx(ctx context.Context, q store.Queries, p ProvisionP
 	if err := s.transition(ctx, q, in, lifecycle.MarkProvisioning, "external machine awaiting boot", now); err != nil {
 		return nil, err
 	}
-	if out.Token, err = s.issueToken(ctx, q, in.ID, now); err != nil {
+	if out.Token, err = s.BootToken(ctx, q, in, now); err != nil {
 		return nil, err
 	}
 	return out, nil

@@ -66,11 +66,15 @@ func (s *Server) boot(w http.ResponseWriter, r *http.Request) {
 		s.refuseMachine(w, r, "", bootRefusal{events.RefusedMalformed, err.Error()})
 		return
 	}
-	id, ref, err := s.bootingInstance(r.Context(), mac)
+	id, _, ref, err := s.bootingInstance(r.Context(), mac)
 	switch {
 	case err != nil:
 		s.Log.Error("netboot boot route", "mac", mac, "err", err)
 		http.Error(w, "internal error", http.StatusInternalServerError)
+		return
+	case ref != nil && ref.code == events.RefusedUnknownMAC && s.Announce:
+		s.recordMachineRefusal(r, mac, *ref)
+		s.serveAnnounceScript(w, r, mac, *ref)
 		return
 	case ref != nil:
 		s.refuseMachine(w, r, mac, *ref)
@@ -114,31 +118,31 @@ func bootMAC(r *http.Request) (string, error) {
 }
 
 // bootingInstance finds the instance of mac's node that is in its boot
-// window; a refusal says why there is none.
-func (s *Server) bootingInstance(ctx context.Context, mac string) (string, *bootRefusal, error) {
+// window, and the node's name; a refusal says why there is none.
+func (s *Server) bootingInstance(ctx context.Context, mac string) (string, string, *bootRefusal, error) {
 	node, err := s.Store.GetNodeByMAC(ctx, mac)
 	if errors.Is(err, store.ErrNotFound) {
-		return "", &bootRefusal{events.RefusedUnknownMAC, "no node has hardware address " + mac}, nil
+		return "", "", &bootRefusal{events.RefusedUnknownMAC, "no node has hardware address " + mac}, nil
 	}
 	if err != nil {
-		return "", nil, fmt.Errorf("find node of %s: %w", mac, err)
+		return "", "", nil, fmt.Errorf("find node of %s: %w", mac, err)
 	}
 	ins, err := s.Store.ListInstances(ctx, store.InstanceFilter{NodeID: node.ID, Statuses: bootWindow}, store.Page{Limit: 2})
 	if err != nil {
-		return "", nil, fmt.Errorf("find booting instance of node %q: %w", node.Name, err)
+		return "", "", nil, fmt.Errorf("find booting instance of node %q: %w", node.Name, err)
 	}
 	// An instance being terminated expects no boot: leave it out, so the
 	// machine gets a refusal script rather than a bare HTTP error.
 	ins = slices.DeleteFunc(ins, func(in *store.Instance) bool { return in.TerminateRequestedAt != nil })
 	switch len(ins) {
 	case 0:
-		return "", &bootRefusal{events.RefusedNotBooting, fmt.Sprintf("node %s has no instance that is booting", node.Name)}, nil
+		return "", node.Name, &bootRefusal{events.RefusedNotBooting, fmt.Sprintf("node %s has no instance that is booting", node.Name)}, nil
 	case 1:
-		return ins[0].ID, nil, nil
+		return ins[0].ID, node.Name, nil, nil
 	}
 	// Two boot windows for one machine: serving either could hand one
 	// instance's token to the other's machine.
-	return "", &bootRefusal{events.RefusedNodeAmbiguous, fmt.Sprintf("node %s has more than one booting instance", node.Name)}, nil
+	return "", node.Name, &bootRefusal{events.RefusedNodeAmbiguous, fmt.Sprintf("node %s has more than one booting instance", node.Name)}, nil
 }
 
 // RefusalScript is the iPXE script a refused machine runs: it prints the
@@ -171,7 +175,9 @@ func (s *Server) refuseMachine(w http.ResponseWriter, r *http.Request, mac strin
 	_, _ = io.WriteString(w, RefusalScript(ref.msg))
 }
 
-// recordMachineRefusal writes the refusal's event, coalesced.
+// recordMachineRefusal writes the netboot.refused event of a refusal,
+// unless one was recorded for the machine and reason within the window
+// or the sender (or every sender together) is past its share of them.
 func (s *Server) recordMachineRefusal(r *http.Request, mac string, ref bootRefusal) {
 	// Coalesce by machine, or by sender when the request named none, and
 	// by sender whatever machine it names.
@@ -183,18 +189,18 @@ func (s *Server) recordMachineRefusal(r *http.Request, mac string, ref bootRefus
 	now := s.Clock.Now()
 	if !s.recent.note(who+"|"+ref.code, src, now) {
 		s.Log.Debug("netboot machine refused", "mac", mac, "remote", r.RemoteAddr, "reason", ref.code)
-	} else {
-		s.Log.Warn("netboot machine refused", "mac", mac, "remote", r.RemoteAddr, "reason", ref.code)
-		ctx := context.WithoutCancel(r.Context())
-		err := s.Store.Tx(ctx, func(q store.Queries) error {
-			_, err := events.E{Kind: events.NetbootMachineRefused, Severity: events.Medium,
-				Message: fmt.Sprintf("netboot refused to %s (%s): %s", orUnknown(mac), r.RemoteAddr, ref.msg),
-				Payload: map[string]any{"mac": mac, "reason": ref.code, "remote": r.RemoteAddr}}.Write(ctx, q, now)
-			return err
-		})
-		if err != nil {
-			s.Log.Warn("netboot: record machine refusal", "mac", mac, "err", err)
-		}
+		return
+	}
+	s.Log.Warn("netboot machine refused", "mac", mac, "remote", r.RemoteAddr, "reason", ref.code)
+	ctx := context.WithoutCancel(r.Context())
+	err := s.Store.Tx(ctx, func(q store.Queries) error {
+		_, err := events.E{Kind: events.NetbootMachineRefused, Severity: events.Medium,
+			Message: fmt.Sprintf("netboot refused to %s (%s): %s", orUnknown(mac), r.RemoteAddr, ref.msg),
+			Payload: map[string]any{"mac": mac, "reason": ref.code, "remote": r.RemoteAddr}}.Write(ctx, q, now)
+		return err
+	})
+	if err != nil {
+		s.Log.Warn("netboot: record machine refusal", "mac", mac, "err", err)
 	}
 }
 

@@ -1,6 +1,7 @@
 package netboot_test
 
 import (
+	"bytes"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -8,7 +9,10 @@ import (
 	"strings"
 	"testing"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/tetherfleet/tether/controlplane/netboot"
+	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
 
 // tokenShape is a whole bootstrap token (pki.NewToken: the prefix and 32
@@ -68,6 +72,40 @@ func FuzzBootRoute(f *testing.F) {
 			if served > 1 {
 				t.Fatalf("a second token was served in one boot (GET %q ?%q)", path, query)
 			}
+		}
+	})
+}
+
+// FuzzAnnounce sends fuzzed bodies to the announce route: no panic, no
+// 500, only a recorded announcement, a refusal naming the problem, or a
+// body past the cap; and nothing but a well-formed announcement of an
+// unknown MAC is recorded.
+func FuzzAnnounce(f *testing.F) {
+	fx := setup(f)
+	fx.nb.Announce = true
+	ek, _, _ := fakeEK(f)
+	good, _ := proto.Marshal(&v1.NetbootAnnounce{Mac: unknownMAC, EkPublic: ek})
+	f.Add(good)
+	f.Add([]byte{})
+	f.Add([]byte("\x0a\x11" + unknownMAC + "\x12\x00"))
+	f.Add(append(good, 0x1a, 0x05, 'x', 'x', 'x', 'x', 'x'))
+	h := fx.nb.Handler()
+	f.Fuzz(func(t *testing.T, body []byte) {
+		req := httptest.NewRequest(http.MethodPost, netboot.AnnouncePath, bytes.NewReader(body))
+		req.RemoteAddr = "10.0.0.1:68"
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		switch rec.Code {
+		case http.StatusOK, http.StatusBadRequest, http.StatusRequestEntityTooLarge:
+		default:
+			t.Fatalf("status %d: %s", rec.Code, rec.Body.String())
+		}
+		if rec.Code != http.StatusOK {
+			return
+		}
+		var a v1.NetbootAnnounce
+		if err := proto.Unmarshal(body, &a); err != nil {
+			t.Fatalf("a body that is no announcement was accepted: %x", body)
 		}
 	})
 }

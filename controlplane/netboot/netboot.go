@@ -61,6 +61,11 @@ type Server struct {
 	// into one event per window (nil: a window of RefusalWindow).
 	Refusals *throttle.Coalescer
 
+	// Announce boots an unknown hardware address into the agent in
+	// announce mode instead of refusing it, and takes its announcements
+	// on AnnouncePath (announce.go, docs/adr/0030).
+	Announce bool
+
 	// Loaders, when its Dir is set, serves the iPXE loaders under
 	// /loaders/ for UEFI HTTP Boot (loaders.go).
 	Loaders tftp.Loaders
@@ -78,7 +83,8 @@ type Server struct {
 	IdleTimeout                 time.Duration
 	ConnectionsRefused          *prometheus.CounterVec
 
-	recent recentRefusals // coalesces boot-route refusals (boot.go)
+	recent    recentRefusals // coalesces boot-route refusals (boot.go)
+	announced recentRefusals // coalesces announcements (announce.go)
 
 	once sync.Once
 }
@@ -123,6 +129,7 @@ func (s *Server) Handler() http.Handler {
 	// GET patterns match HEAD too: UEFI HTTP Boot asks the size first.
 	mux.HandleFunc("GET /uki/boot", s.ukiBoot)
 	mux.HandleFunc("GET /uki/handoff", s.ukiHandoff)
+	mux.HandleFunc("POST "+AnnouncePath, s.announce)
 	mux.HandleFunc("GET /loaders/{name}", s.loader)
 	mux.HandleFunc("GET /ipxe/{id}", s.script)
 	mux.HandleFunc("GET /artifacts/{digest}", s.artifact)
@@ -413,6 +420,7 @@ func (s *Server) FlushRefusals(ctx context.Context, final bool) {
 		s.summary(ctx, sum, now)
 	}
 	s.flushMachineRefusals(ctx, now, final)
+	s.flushAnnouncements(ctx, now, final)
 }
 
 // Script is an instance's iPXE script. Template arguments come before the

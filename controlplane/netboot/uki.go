@@ -165,7 +165,7 @@ func (s *Server) BootsUKI(ctx context.Context, mac string) (bool, error) {
 	if len(s.UKIs) == 0 {
 		return false, nil
 	}
-	id, ref, err := s.bootingInstance(ctx, mac)
+	id, _, ref, err := s.bootingInstance(ctx, mac)
 	if err != nil || ref != nil {
 		return false, err
 	}
@@ -191,7 +191,7 @@ func (s *Server) ukiBoot(w http.ResponseWriter, r *http.Request) {
 		s.refuseUKI(w, r, mac, bootRefusal{refusedRange, "Range requests are refused: the boot image is served whole"})
 		return
 	}
-	id, ref, err := s.bootingInstance(r.Context(), mac)
+	id, _, ref, err := s.bootingInstance(r.Context(), mac)
 	if err == nil && ref == nil {
 		var img UKI
 		img, ref, err = s.ukiFor(r.Context(), id)
@@ -291,7 +291,7 @@ func (s *Server) ukiHandoff(w http.ResponseWriter, r *http.Request) {
 		s.refuseUKI(w, r, mac, bootRefusal{events.RefusedMalformed, "the hand-off is fetched with GET, once per boot"})
 		return
 	}
-	id, ref, err := s.bootingInstance(r.Context(), mac)
+	id, _, ref, err := s.bootingInstance(r.Context(), mac)
 	if err == nil && ref == nil {
 		_, ref, err = s.ukiFor(r.Context(), id)
 		if err == nil && ref == nil {

@@ -103,6 +103,11 @@ func (a *App) instanceCmd() *cobra.Command {
 					row(w, "")
 					row(w, "Boot the machine with this enrollment data (the token is shown once):")
 					row(w, "  tether.url="+resp.ControlPlaneUrl, "tether.token="+resp.BootstrapToken, "tether.ca="+resp.CaFingerprint)
+				} else if resp.Instance.GetProvider() == "external" && !resp.Existing {
+					// A node with a TPM bound gets no token (design §3.9).
+					row(w, "")
+					row(w, "Boot the machine with this enrollment data (no token: its TPM proves it):")
+					row(w, "  tether.url="+resp.ControlPlaneUrl, "tether.instance="+resp.Instance.GetId(), "tether.ca="+resp.CaFingerprint)
 				}
 			})
 		}}

@@ -142,6 +142,41 @@ func (a *App) nodeCmd() *cobra.Command {
 	del := &cobra.Command{Use: "delete NAME", Short: "Delete a node with no live instance", Args: cobra.ExactArgs(1), RunE: func(_ *cobra.Command, args []string) error {
 		return call(a, v1.AdminServiceClient.DeleteNode, &v1.DeleteNodeRequest{Name: args[0]}, deleted[*v1.DeleteNodeResponse]("node", args[0]))
 	}}
-	cmd.AddCommand(create, update, listCmd, get, del)
+	cmd.AddCommand(create, update, listCmd, get, del, a.nodeAdoptCmd())
 	return cmd
+}
+
+// nodeAdoptCmd binds a machine seen netbooting (tetherctl netboot seen) to
+// a node by its hardware address and the EK it announced.
+func (a *App) nodeAdoptCmd() *cobra.Command {
+	var req v1.AdoptNodeRequest
+	adopt := &cobra.Command{Use: "adopt MAC [--ek sha256:HEX [--unseen]] [--template T] [--name N]",
+		Short: "Bind a machine seen netbooting, by its MAC and TPM endorsement key, to a node (admin only)",
+		Long: "Creates the node (with --template; named --name, or m-<address digits>) or adds the address and the EK to\n" +
+			"the node that has the address (or the one --name names), and records node.adopted, in one audited call.\n" +
+			"Without --ek the one EK the machine announced for MAC is bound (tetherctl netboot seen); an EK that was\n" +
+			"not announced for MAC is refused unless --unseen says it was read elsewhere (the machine's console, its\n" +
+			"EK certificate). An announcement is only a hint: compare the hash with the machine's console.",
+		Args: cobra.ExactArgs(1),
+		RunE: func(_ *cobra.Command, args []string) error {
+			req.Mac = args[0]
+			return call(a, v1.AdminServiceClient.AdoptNode, &req, func(w *tabwriter.Writer, resp *v1.AdoptNodeResponse) {
+				nodeTable(w, []*v1.Node{resp.Node})
+				how := "updated"
+				if resp.Created {
+					how = "created"
+				}
+				seen := "as the machine announced it"
+				if !resp.Announced {
+					seen = "not announced by the machine (--unseen)"
+				}
+				row(w, "")
+				row(w, fmt.Sprintf("Node %s %s; its TPM is bound %s. Boot it with: tetherctl instance provision --node %s --provider PROVIDER", resp.Node.GetName(), how, seen, resp.Node.GetName()))
+			})
+		}}
+	adopt.Flags().StringVar(&req.EkHash, "ek", "", "sha256:HEX of the machine's TPM endorsement key (default: the one it announced)")
+	adopt.Flags().StringVar(&req.Template, "template", "", "template of the node, required when it is created")
+	adopt.Flags().StringVar(&req.Name, "name", "", "the node (default: the node that has MAC, else m-<address digits>)")
+	adopt.Flags().BoolVar(&req.Unseen, "unseen", false, "bind --ek although the machine did not announce it for MAC")
+	return adopt
 }

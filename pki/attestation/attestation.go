@@ -147,6 +147,33 @@ func parseEK(der []byte) (crypto.PublicKey, error) {
 	return pub, nil
 }
 
+// CheckEKCertificate parses an EK public key (PKIX DER) and its
+// certificate (DER) and checks that the certificate carries that key; it
+// returns the certificate. Nothing checks who issued it: Tether holds no
+// list of TPM makers' roots, so an EK certificate proves only that the
+// machine sent one that matches.
+func CheckEKCertificate(ekDER, certDER []byte) (*x509.Certificate, error) {
+	ek, err := parseEK(ekDER)
+	if err != nil {
+		return nil, err
+	}
+	return checkEKCertificate(ek, certDER)
+}
+
+func checkEKCertificate(ek crypto.PublicKey, certDER []byte) (*x509.Certificate, error) {
+	if len(certDER) > MaxEKBytes {
+		return nil, fmt.Errorf("%w: EK certificate of %d bytes (at most %d)", ErrTooLarge, len(certDER), MaxEKBytes)
+	}
+	cert, err := gattest.ParseEKCertificate(certDER)
+	if err != nil {
+		return nil, fmt.Errorf("%w: EK certificate: %v", ErrMalformed, err)
+	}
+	if k, ok := cert.PublicKey.(interface{ Equal(crypto.PublicKey) bool }); !ok || !k.Equal(ek) {
+		return nil, fmt.Errorf("%w: the certificate (serial %s) is for another key", ErrEKCertMismatch, cert.SerialNumber)
+	}
+	return cert, nil
+}
+
 // NewChallenge checks an AK and makes the credential that only the TPM
 // holding ekDER can activate, and only for that AK. secret is what the
 // machine must give back. ekCertDER is optional; when given it must carry
@@ -157,15 +184,8 @@ func NewChallenge(ekDER, ekCertDER []byte, ak AKParams, rnd io.Reader) (Challeng
 		return Challenge{}, nil, err
 	}
 	if len(ekCertDER) > 0 {
-		if len(ekCertDER) > MaxEKBytes {
-			return Challenge{}, nil, fmt.Errorf("%w: EK certificate of %d bytes (at most %d)", ErrTooLarge, len(ekCertDER), MaxEKBytes)
-		}
-		cert, err := gattest.ParseEKCertificate(ekCertDER)
-		if err != nil {
-			return Challenge{}, nil, fmt.Errorf("%w: EK certificate: %v", ErrMalformed, err)
-		}
-		if k, ok := cert.PublicKey.(interface{ Equal(crypto.PublicKey) bool }); !ok || !k.Equal(ek) {
-			return Challenge{}, nil, fmt.Errorf("%w: the certificate (serial %s) is for another key", ErrEKCertMismatch, cert.SerialNumber)
+		if _, err := checkEKCertificate(ek, ekCertDER); err != nil {
+			return Challenge{}, nil, err
 		}
 	}
 	if err := checkAKSizes(ak); err != nil {

@@ -1349,6 +1349,150 @@ func (x *DeleteNodeRequest) GetName() string {
 	return ""
 }
 
+type AdoptNodeRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The hardware address the machine netbooted with.
+	Mac string `protobuf:"bytes,1,opt,name=mac,proto3" json:"mac,omitempty"`
+	// sha256:HEX of its TPM's endorsement key. Empty: the one EK announced
+	// for the MAC (refused when none or several were).
+	EkHash string `protobuf:"bytes,2,opt,name=ek_hash,json=ekHash,proto3" json:"ek_hash,omitempty"`
+	// The node: created with template when no node has the name; when
+	// empty, the node that has the MAC, else a new one named after the MAC.
+	Name     string `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	Template string `protobuf:"bytes,4,opt,name=template,proto3" json:"template,omitempty"`
+	// Bind ek_hash although no machine announced it for the MAC (the
+	// operator read it from the machine's console or its EK certificate).
+	Unseen        bool `protobuf:"varint,5,opt,name=unseen,proto3" json:"unseen,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AdoptNodeRequest) Reset() {
+	*x = AdoptNodeRequest{}
+	mi := &file_tether_v1_admin_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AdoptNodeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AdoptNodeRequest) ProtoMessage() {}
+
+func (x *AdoptNodeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_admin_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AdoptNodeRequest.ProtoReflect.Descriptor instead.
+func (*AdoptNodeRequest) Descriptor() ([]byte, []int) {
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *AdoptNodeRequest) GetMac() string {
+	if x != nil {
+		return x.Mac
+	}
+	return ""
+}
+
+func (x *AdoptNodeRequest) GetEkHash() string {
+	if x != nil {
+		return x.EkHash
+	}
+	return ""
+}
+
+func (x *AdoptNodeRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *AdoptNodeRequest) GetTemplate() string {
+	if x != nil {
+		return x.Template
+	}
+	return ""
+}
+
+func (x *AdoptNodeRequest) GetUnseen() bool {
+	if x != nil {
+		return x.Unseen
+	}
+	return false
+}
+
+type AdoptNodeResponse struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Node    *Node                  `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Created bool                   `protobuf:"varint,2,opt,name=created,proto3" json:"created,omitempty"`
+	// Whether the EK bound was announced for the MAC by a netbooting machine.
+	Announced     bool `protobuf:"varint,3,opt,name=announced,proto3" json:"announced,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AdoptNodeResponse) Reset() {
+	*x = AdoptNodeResponse{}
+	mi := &file_tether_v1_admin_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AdoptNodeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AdoptNodeResponse) ProtoMessage() {}
+
+func (x *AdoptNodeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_admin_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AdoptNodeResponse.ProtoReflect.Descriptor instead.
+func (*AdoptNodeResponse) Descriptor() ([]byte, []int) {
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *AdoptNodeResponse) GetNode() *Node {
+	if x != nil {
+		return x.Node
+	}
+	return nil
+}
+
+func (x *AdoptNodeResponse) GetCreated() bool {
+	if x != nil {
+		return x.Created
+	}
+	return false
+}
+
+func (x *AdoptNodeResponse) GetAnnounced() bool {
+	if x != nil {
+		return x.Announced
+	}
+	return false
+}
+
 type DeleteNodeResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -1357,7 +1501,7 @@ type DeleteNodeResponse struct {
 
 func (x *DeleteNodeResponse) Reset() {
 	*x = DeleteNodeResponse{}
-	mi := &file_tether_v1_admin_proto_msgTypes[20]
+	mi := &file_tether_v1_admin_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1369,7 +1513,7 @@ func (x *DeleteNodeResponse) String() string {
 func (*DeleteNodeResponse) ProtoMessage() {}
 
 func (x *DeleteNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[20]
+	mi := &file_tether_v1_admin_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1382,7 +1526,7 @@ func (x *DeleteNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteNodeResponse.ProtoReflect.Descriptor instead.
 func (*DeleteNodeResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{20}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{22}
 }
 
 type ProvisionInstanceRequest struct {
@@ -1399,7 +1543,7 @@ type ProvisionInstanceRequest struct {
 
 func (x *ProvisionInstanceRequest) Reset() {
 	*x = ProvisionInstanceRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[21]
+	mi := &file_tether_v1_admin_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1411,7 +1555,7 @@ func (x *ProvisionInstanceRequest) String() string {
 func (*ProvisionInstanceRequest) ProtoMessage() {}
 
 func (x *ProvisionInstanceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[21]
+	mi := &file_tether_v1_admin_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1424,7 +1568,7 @@ func (x *ProvisionInstanceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProvisionInstanceRequest.ProtoReflect.Descriptor instead.
 func (*ProvisionInstanceRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{21}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ProvisionInstanceRequest) GetNode() string {
@@ -1479,7 +1623,7 @@ type ProvisionInstanceResponse struct {
 
 func (x *ProvisionInstanceResponse) Reset() {
 	*x = ProvisionInstanceResponse{}
-	mi := &file_tether_v1_admin_proto_msgTypes[22]
+	mi := &file_tether_v1_admin_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1491,7 +1635,7 @@ func (x *ProvisionInstanceResponse) String() string {
 func (*ProvisionInstanceResponse) ProtoMessage() {}
 
 func (x *ProvisionInstanceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[22]
+	mi := &file_tether_v1_admin_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1504,7 +1648,7 @@ func (x *ProvisionInstanceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProvisionInstanceResponse.ProtoReflect.Descriptor instead.
 func (*ProvisionInstanceResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{22}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ProvisionInstanceResponse) GetInstance() *Instance {
@@ -1558,7 +1702,7 @@ type GetInstanceRequest struct {
 
 func (x *GetInstanceRequest) Reset() {
 	*x = GetInstanceRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[23]
+	mi := &file_tether_v1_admin_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1570,7 +1714,7 @@ func (x *GetInstanceRequest) String() string {
 func (*GetInstanceRequest) ProtoMessage() {}
 
 func (x *GetInstanceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[23]
+	mi := &file_tether_v1_admin_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1583,7 +1727,7 @@ func (x *GetInstanceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetInstanceRequest.ProtoReflect.Descriptor instead.
 func (*GetInstanceRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{23}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *GetInstanceRequest) GetId() string {
@@ -1606,7 +1750,7 @@ type ListInstancesRequest struct {
 
 func (x *ListInstancesRequest) Reset() {
 	*x = ListInstancesRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[24]
+	mi := &file_tether_v1_admin_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1618,7 +1762,7 @@ func (x *ListInstancesRequest) String() string {
 func (*ListInstancesRequest) ProtoMessage() {}
 
 func (x *ListInstancesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[24]
+	mi := &file_tether_v1_admin_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1631,7 +1775,7 @@ func (x *ListInstancesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListInstancesRequest.ProtoReflect.Descriptor instead.
 func (*ListInstancesRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{24}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ListInstancesRequest) GetNode() string {
@@ -1679,7 +1823,7 @@ type ListInstancesResponse struct {
 
 func (x *ListInstancesResponse) Reset() {
 	*x = ListInstancesResponse{}
-	mi := &file_tether_v1_admin_proto_msgTypes[25]
+	mi := &file_tether_v1_admin_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1691,7 +1835,7 @@ func (x *ListInstancesResponse) String() string {
 func (*ListInstancesResponse) ProtoMessage() {}
 
 func (x *ListInstancesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[25]
+	mi := &file_tether_v1_admin_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1704,7 +1848,7 @@ func (x *ListInstancesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListInstancesResponse.ProtoReflect.Descriptor instead.
 func (*ListInstancesResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{25}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ListInstancesResponse) GetInstances() []*Instance {
@@ -1730,7 +1874,7 @@ type InstanceActionRequest struct {
 
 func (x *InstanceActionRequest) Reset() {
 	*x = InstanceActionRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[26]
+	mi := &file_tether_v1_admin_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1742,7 +1886,7 @@ func (x *InstanceActionRequest) String() string {
 func (*InstanceActionRequest) ProtoMessage() {}
 
 func (x *InstanceActionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[26]
+	mi := &file_tether_v1_admin_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1755,7 +1899,7 @@ func (x *InstanceActionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InstanceActionRequest.ProtoReflect.Descriptor instead.
 func (*InstanceActionRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{26}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *InstanceActionRequest) GetId() string {
@@ -1775,7 +1919,7 @@ type HoldInstanceRequest struct {
 
 func (x *HoldInstanceRequest) Reset() {
 	*x = HoldInstanceRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[27]
+	mi := &file_tether_v1_admin_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1787,7 +1931,7 @@ func (x *HoldInstanceRequest) String() string {
 func (*HoldInstanceRequest) ProtoMessage() {}
 
 func (x *HoldInstanceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[27]
+	mi := &file_tether_v1_admin_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1800,7 +1944,7 @@ func (x *HoldInstanceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HoldInstanceRequest.ProtoReflect.Descriptor instead.
 func (*HoldInstanceRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{27}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *HoldInstanceRequest) GetId() string {
@@ -1827,7 +1971,7 @@ type CordonInstanceRequest struct {
 
 func (x *CordonInstanceRequest) Reset() {
 	*x = CordonInstanceRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[28]
+	mi := &file_tether_v1_admin_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1839,7 +1983,7 @@ func (x *CordonInstanceRequest) String() string {
 func (*CordonInstanceRequest) ProtoMessage() {}
 
 func (x *CordonInstanceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[28]
+	mi := &file_tether_v1_admin_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1852,7 +1996,7 @@ func (x *CordonInstanceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CordonInstanceRequest.ProtoReflect.Descriptor instead.
 func (*CordonInstanceRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{28}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *CordonInstanceRequest) GetId() string {
@@ -1880,7 +2024,7 @@ type CordonInstanceResponse struct {
 
 func (x *CordonInstanceResponse) Reset() {
 	*x = CordonInstanceResponse{}
-	mi := &file_tether_v1_admin_proto_msgTypes[29]
+	mi := &file_tether_v1_admin_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1892,7 +2036,7 @@ func (x *CordonInstanceResponse) String() string {
 func (*CordonInstanceResponse) ProtoMessage() {}
 
 func (x *CordonInstanceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[29]
+	mi := &file_tether_v1_admin_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1905,7 +2049,7 @@ func (x *CordonInstanceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CordonInstanceResponse.ProtoReflect.Descriptor instead.
 func (*CordonInstanceResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{29}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *CordonInstanceResponse) GetInstance() *Instance {
@@ -1933,7 +2077,7 @@ type UncordonInstanceResponse struct {
 
 func (x *UncordonInstanceResponse) Reset() {
 	*x = UncordonInstanceResponse{}
-	mi := &file_tether_v1_admin_proto_msgTypes[30]
+	mi := &file_tether_v1_admin_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1945,7 +2089,7 @@ func (x *UncordonInstanceResponse) String() string {
 func (*UncordonInstanceResponse) ProtoMessage() {}
 
 func (x *UncordonInstanceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[30]
+	mi := &file_tether_v1_admin_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1958,7 +2102,7 @@ func (x *UncordonInstanceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UncordonInstanceResponse.ProtoReflect.Descriptor instead.
 func (*UncordonInstanceResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{30}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *UncordonInstanceResponse) GetInstance() *Instance {
@@ -1985,7 +2129,7 @@ type DrainInstanceRequest struct {
 
 func (x *DrainInstanceRequest) Reset() {
 	*x = DrainInstanceRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[31]
+	mi := &file_tether_v1_admin_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1997,7 +2141,7 @@ func (x *DrainInstanceRequest) String() string {
 func (*DrainInstanceRequest) ProtoMessage() {}
 
 func (x *DrainInstanceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[31]
+	mi := &file_tether_v1_admin_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2010,7 +2154,7 @@ func (x *DrainInstanceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainInstanceRequest.ProtoReflect.Descriptor instead.
 func (*DrainInstanceRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{31}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *DrainInstanceRequest) GetId() string {
@@ -2037,7 +2181,7 @@ type DrainInstanceResponse struct {
 
 func (x *DrainInstanceResponse) Reset() {
 	*x = DrainInstanceResponse{}
-	mi := &file_tether_v1_admin_proto_msgTypes[32]
+	mi := &file_tether_v1_admin_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2049,7 +2193,7 @@ func (x *DrainInstanceResponse) String() string {
 func (*DrainInstanceResponse) ProtoMessage() {}
 
 func (x *DrainInstanceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[32]
+	mi := &file_tether_v1_admin_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2062,7 +2206,7 @@ func (x *DrainInstanceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainInstanceResponse.ProtoReflect.Descriptor instead.
 func (*DrainInstanceResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{32}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *DrainInstanceResponse) GetInstance() *Instance {
@@ -2092,7 +2236,7 @@ type GetInstanceConsoleRequest struct {
 
 func (x *GetInstanceConsoleRequest) Reset() {
 	*x = GetInstanceConsoleRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[33]
+	mi := &file_tether_v1_admin_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2104,7 +2248,7 @@ func (x *GetInstanceConsoleRequest) String() string {
 func (*GetInstanceConsoleRequest) ProtoMessage() {}
 
 func (x *GetInstanceConsoleRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[33]
+	mi := &file_tether_v1_admin_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2117,7 +2261,7 @@ func (x *GetInstanceConsoleRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetInstanceConsoleRequest.ProtoReflect.Descriptor instead.
 func (*GetInstanceConsoleRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{33}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *GetInstanceConsoleRequest) GetId() string {
@@ -2150,7 +2294,7 @@ type ConsoleChunk struct {
 
 func (x *ConsoleChunk) Reset() {
 	*x = ConsoleChunk{}
-	mi := &file_tether_v1_admin_proto_msgTypes[34]
+	mi := &file_tether_v1_admin_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2162,7 +2306,7 @@ func (x *ConsoleChunk) String() string {
 func (*ConsoleChunk) ProtoMessage() {}
 
 func (x *ConsoleChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[34]
+	mi := &file_tether_v1_admin_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2175,7 +2319,7 @@ func (x *ConsoleChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConsoleChunk.ProtoReflect.Descriptor instead.
 func (*ConsoleChunk) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{34}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ConsoleChunk) GetData() []byte {
@@ -2194,7 +2338,7 @@ type CreateSeedISORequest struct {
 
 func (x *CreateSeedISORequest) Reset() {
 	*x = CreateSeedISORequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[35]
+	mi := &file_tether_v1_admin_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2206,7 +2350,7 @@ func (x *CreateSeedISORequest) String() string {
 func (*CreateSeedISORequest) ProtoMessage() {}
 
 func (x *CreateSeedISORequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[35]
+	mi := &file_tether_v1_admin_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2219,7 +2363,7 @@ func (x *CreateSeedISORequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSeedISORequest.ProtoReflect.Descriptor instead.
 func (*CreateSeedISORequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{35}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *CreateSeedISORequest) GetId() string {
@@ -2238,7 +2382,7 @@ type CreateSeedISOResponse struct {
 
 func (x *CreateSeedISOResponse) Reset() {
 	*x = CreateSeedISOResponse{}
-	mi := &file_tether_v1_admin_proto_msgTypes[36]
+	mi := &file_tether_v1_admin_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2250,7 +2394,7 @@ func (x *CreateSeedISOResponse) String() string {
 func (*CreateSeedISOResponse) ProtoMessage() {}
 
 func (x *CreateSeedISOResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[36]
+	mi := &file_tether_v1_admin_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2263,7 +2407,7 @@ func (x *CreateSeedISOResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSeedISOResponse.ProtoReflect.Descriptor instead.
 func (*CreateSeedISOResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{36}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *CreateSeedISOResponse) GetIso() []byte {
@@ -2284,7 +2428,7 @@ type CreateBootstrapTokenRequest struct {
 
 func (x *CreateBootstrapTokenRequest) Reset() {
 	*x = CreateBootstrapTokenRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[37]
+	mi := &file_tether_v1_admin_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2296,7 +2440,7 @@ func (x *CreateBootstrapTokenRequest) String() string {
 func (*CreateBootstrapTokenRequest) ProtoMessage() {}
 
 func (x *CreateBootstrapTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[37]
+	mi := &file_tether_v1_admin_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2309,7 +2453,7 @@ func (x *CreateBootstrapTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateBootstrapTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateBootstrapTokenRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{37}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *CreateBootstrapTokenRequest) GetInstanceId() string {
@@ -2339,7 +2483,7 @@ type CreateBootstrapTokenResponse struct {
 
 func (x *CreateBootstrapTokenResponse) Reset() {
 	*x = CreateBootstrapTokenResponse{}
-	mi := &file_tether_v1_admin_proto_msgTypes[38]
+	mi := &file_tether_v1_admin_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2351,7 +2495,7 @@ func (x *CreateBootstrapTokenResponse) String() string {
 func (*CreateBootstrapTokenResponse) ProtoMessage() {}
 
 func (x *CreateBootstrapTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[38]
+	mi := &file_tether_v1_admin_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2364,7 +2508,7 @@ func (x *CreateBootstrapTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateBootstrapTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateBootstrapTokenResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{38}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *CreateBootstrapTokenResponse) GetToken() string {
@@ -2413,7 +2557,7 @@ type ListCertificatesRequest struct {
 
 func (x *ListCertificatesRequest) Reset() {
 	*x = ListCertificatesRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[39]
+	mi := &file_tether_v1_admin_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2425,7 +2569,7 @@ func (x *ListCertificatesRequest) String() string {
 func (*ListCertificatesRequest) ProtoMessage() {}
 
 func (x *ListCertificatesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[39]
+	mi := &file_tether_v1_admin_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2438,7 +2582,7 @@ func (x *ListCertificatesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCertificatesRequest.ProtoReflect.Descriptor instead.
 func (*ListCertificatesRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{39}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ListCertificatesRequest) GetInstanceId() string {
@@ -2472,7 +2616,7 @@ type ListCertificatesResponse struct {
 
 func (x *ListCertificatesResponse) Reset() {
 	*x = ListCertificatesResponse{}
-	mi := &file_tether_v1_admin_proto_msgTypes[40]
+	mi := &file_tether_v1_admin_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2484,7 +2628,7 @@ func (x *ListCertificatesResponse) String() string {
 func (*ListCertificatesResponse) ProtoMessage() {}
 
 func (x *ListCertificatesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[40]
+	mi := &file_tether_v1_admin_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2497,7 +2641,7 @@ func (x *ListCertificatesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCertificatesResponse.ProtoReflect.Descriptor instead.
 func (*ListCertificatesResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{40}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ListCertificatesResponse) GetCertificates() []*Certificate {
@@ -2524,7 +2668,7 @@ type RevokeCertificateRequest struct {
 
 func (x *RevokeCertificateRequest) Reset() {
 	*x = RevokeCertificateRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[41]
+	mi := &file_tether_v1_admin_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2536,7 +2680,7 @@ func (x *RevokeCertificateRequest) String() string {
 func (*RevokeCertificateRequest) ProtoMessage() {}
 
 func (x *RevokeCertificateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[41]
+	mi := &file_tether_v1_admin_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2549,7 +2693,7 @@ func (x *RevokeCertificateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeCertificateRequest.ProtoReflect.Descriptor instead.
 func (*RevokeCertificateRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{41}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *RevokeCertificateRequest) GetSerial() string {
@@ -2579,7 +2723,7 @@ type CreateTaskRequest struct {
 
 func (x *CreateTaskRequest) Reset() {
 	*x = CreateTaskRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[42]
+	mi := &file_tether_v1_admin_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2591,7 +2735,7 @@ func (x *CreateTaskRequest) String() string {
 func (*CreateTaskRequest) ProtoMessage() {}
 
 func (x *CreateTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[42]
+	mi := &file_tether_v1_admin_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2604,7 +2748,7 @@ func (x *CreateTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTaskRequest.ProtoReflect.Descriptor instead.
 func (*CreateTaskRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{42}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *CreateTaskRequest) GetInstanceId() string {
@@ -2644,7 +2788,7 @@ type GetTaskRequest struct {
 
 func (x *GetTaskRequest) Reset() {
 	*x = GetTaskRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[43]
+	mi := &file_tether_v1_admin_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2656,7 +2800,7 @@ func (x *GetTaskRequest) String() string {
 func (*GetTaskRequest) ProtoMessage() {}
 
 func (x *GetTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[43]
+	mi := &file_tether_v1_admin_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2669,7 +2813,7 @@ func (x *GetTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTaskRequest.ProtoReflect.Descriptor instead.
 func (*GetTaskRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{43}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *GetTaskRequest) GetId() string {
@@ -2692,7 +2836,7 @@ type ListTasksRequest struct {
 
 func (x *ListTasksRequest) Reset() {
 	*x = ListTasksRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[44]
+	mi := &file_tether_v1_admin_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2704,7 +2848,7 @@ func (x *ListTasksRequest) String() string {
 func (*ListTasksRequest) ProtoMessage() {}
 
 func (x *ListTasksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[44]
+	mi := &file_tether_v1_admin_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2717,7 +2861,7 @@ func (x *ListTasksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTasksRequest.ProtoReflect.Descriptor instead.
 func (*ListTasksRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{44}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ListTasksRequest) GetInstanceId() string {
@@ -2765,7 +2909,7 @@ type ListTasksResponse struct {
 
 func (x *ListTasksResponse) Reset() {
 	*x = ListTasksResponse{}
-	mi := &file_tether_v1_admin_proto_msgTypes[45]
+	mi := &file_tether_v1_admin_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2777,7 +2921,7 @@ func (x *ListTasksResponse) String() string {
 func (*ListTasksResponse) ProtoMessage() {}
 
 func (x *ListTasksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[45]
+	mi := &file_tether_v1_admin_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2790,7 +2934,7 @@ func (x *ListTasksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTasksResponse.ProtoReflect.Descriptor instead.
 func (*ListTasksResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{45}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ListTasksResponse) GetTasks() []*Task {
@@ -2816,7 +2960,7 @@ type CancelTaskRequest struct {
 
 func (x *CancelTaskRequest) Reset() {
 	*x = CancelTaskRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[46]
+	mi := &file_tether_v1_admin_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2828,7 +2972,7 @@ func (x *CancelTaskRequest) String() string {
 func (*CancelTaskRequest) ProtoMessage() {}
 
 func (x *CancelTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[46]
+	mi := &file_tether_v1_admin_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2841,7 +2985,7 @@ func (x *CancelTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelTaskRequest.ProtoReflect.Descriptor instead.
 func (*CancelTaskRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{46}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *CancelTaskRequest) GetId() string {
@@ -2870,7 +3014,7 @@ type CreatePoolRequest struct {
 
 func (x *CreatePoolRequest) Reset() {
 	*x = CreatePoolRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[47]
+	mi := &file_tether_v1_admin_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2882,7 +3026,7 @@ func (x *CreatePoolRequest) String() string {
 func (*CreatePoolRequest) ProtoMessage() {}
 
 func (x *CreatePoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[47]
+	mi := &file_tether_v1_admin_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2895,7 +3039,7 @@ func (x *CreatePoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreatePoolRequest.ProtoReflect.Descriptor instead.
 func (*CreatePoolRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{47}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *CreatePoolRequest) GetName() string {
@@ -2977,7 +3121,7 @@ type GetPoolRequest struct {
 
 func (x *GetPoolRequest) Reset() {
 	*x = GetPoolRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[48]
+	mi := &file_tether_v1_admin_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2989,7 +3133,7 @@ func (x *GetPoolRequest) String() string {
 func (*GetPoolRequest) ProtoMessage() {}
 
 func (x *GetPoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[48]
+	mi := &file_tether_v1_admin_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3002,7 +3146,7 @@ func (x *GetPoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPoolRequest.ProtoReflect.Descriptor instead.
 func (*GetPoolRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{48}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *GetPoolRequest) GetName() string {
@@ -3022,7 +3166,7 @@ type ListPoolsRequest struct {
 
 func (x *ListPoolsRequest) Reset() {
 	*x = ListPoolsRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[49]
+	mi := &file_tether_v1_admin_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3034,7 +3178,7 @@ func (x *ListPoolsRequest) String() string {
 func (*ListPoolsRequest) ProtoMessage() {}
 
 func (x *ListPoolsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[49]
+	mi := &file_tether_v1_admin_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3047,7 +3191,7 @@ func (x *ListPoolsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoolsRequest.ProtoReflect.Descriptor instead.
 func (*ListPoolsRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{49}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ListPoolsRequest) GetPageSize() int32 {
@@ -3074,7 +3218,7 @@ type ListPoolsResponse struct {
 
 func (x *ListPoolsResponse) Reset() {
 	*x = ListPoolsResponse{}
-	mi := &file_tether_v1_admin_proto_msgTypes[50]
+	mi := &file_tether_v1_admin_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3086,7 +3230,7 @@ func (x *ListPoolsResponse) String() string {
 func (*ListPoolsResponse) ProtoMessage() {}
 
 func (x *ListPoolsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[50]
+	mi := &file_tether_v1_admin_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3099,7 +3243,7 @@ func (x *ListPoolsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoolsResponse.ProtoReflect.Descriptor instead.
 func (*ListPoolsResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{50}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ListPoolsResponse) GetPools() []*Pool {
@@ -3131,7 +3275,7 @@ type UpdatePoolRequest struct {
 
 func (x *UpdatePoolRequest) Reset() {
 	*x = UpdatePoolRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[51]
+	mi := &file_tether_v1_admin_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3143,7 +3287,7 @@ func (x *UpdatePoolRequest) String() string {
 func (*UpdatePoolRequest) ProtoMessage() {}
 
 func (x *UpdatePoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[51]
+	mi := &file_tether_v1_admin_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3156,7 +3300,7 @@ func (x *UpdatePoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdatePoolRequest.ProtoReflect.Descriptor instead.
 func (*UpdatePoolRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{51}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *UpdatePoolRequest) GetName() string {
@@ -3217,7 +3361,7 @@ type PoolActionRequest struct {
 
 func (x *PoolActionRequest) Reset() {
 	*x = PoolActionRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[52]
+	mi := &file_tether_v1_admin_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3229,7 +3373,7 @@ func (x *PoolActionRequest) String() string {
 func (*PoolActionRequest) ProtoMessage() {}
 
 func (x *PoolActionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[52]
+	mi := &file_tether_v1_admin_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3242,7 +3386,7 @@ func (x *PoolActionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolActionRequest.ProtoReflect.Descriptor instead.
 func (*PoolActionRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{52}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *PoolActionRequest) GetName() string {
@@ -3265,7 +3409,7 @@ type DrainPoolResponse struct {
 
 func (x *DrainPoolResponse) Reset() {
 	*x = DrainPoolResponse{}
-	mi := &file_tether_v1_admin_proto_msgTypes[53]
+	mi := &file_tether_v1_admin_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3277,7 +3421,7 @@ func (x *DrainPoolResponse) String() string {
 func (*DrainPoolResponse) ProtoMessage() {}
 
 func (x *DrainPoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[53]
+	mi := &file_tether_v1_admin_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3290,7 +3434,7 @@ func (x *DrainPoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainPoolResponse.ProtoReflect.Descriptor instead.
 func (*DrainPoolResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{53}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *DrainPoolResponse) GetPool() *Pool {
@@ -3336,7 +3480,7 @@ type DeletePoolResponse struct {
 
 func (x *DeletePoolResponse) Reset() {
 	*x = DeletePoolResponse{}
-	mi := &file_tether_v1_admin_proto_msgTypes[54]
+	mi := &file_tether_v1_admin_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3348,7 +3492,7 @@ func (x *DeletePoolResponse) String() string {
 func (*DeletePoolResponse) ProtoMessage() {}
 
 func (x *DeletePoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[54]
+	mi := &file_tether_v1_admin_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3361,7 +3505,7 @@ func (x *DeletePoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeletePoolResponse.ProtoReflect.Descriptor instead.
 func (*DeletePoolResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{54}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{56}
 }
 
 type ReplenishPoolResponse struct {
@@ -3375,7 +3519,7 @@ type ReplenishPoolResponse struct {
 
 func (x *ReplenishPoolResponse) Reset() {
 	*x = ReplenishPoolResponse{}
-	mi := &file_tether_v1_admin_proto_msgTypes[55]
+	mi := &file_tether_v1_admin_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3387,7 +3531,7 @@ func (x *ReplenishPoolResponse) String() string {
 func (*ReplenishPoolResponse) ProtoMessage() {}
 
 func (x *ReplenishPoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[55]
+	mi := &file_tether_v1_admin_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3400,7 +3544,7 @@ func (x *ReplenishPoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplenishPoolResponse.ProtoReflect.Descriptor instead.
 func (*ReplenishPoolResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{55}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *ReplenishPoolResponse) GetPool() *Pool {
@@ -3440,7 +3584,7 @@ type RecyclePoolResponse struct {
 
 func (x *RecyclePoolResponse) Reset() {
 	*x = RecyclePoolResponse{}
-	mi := &file_tether_v1_admin_proto_msgTypes[56]
+	mi := &file_tether_v1_admin_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3452,7 +3596,7 @@ func (x *RecyclePoolResponse) String() string {
 func (*RecyclePoolResponse) ProtoMessage() {}
 
 func (x *RecyclePoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[56]
+	mi := &file_tether_v1_admin_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3465,7 +3609,7 @@ func (x *RecyclePoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecyclePoolResponse.ProtoReflect.Descriptor instead.
 func (*RecyclePoolResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{56}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *RecyclePoolResponse) GetPool() *Pool {
@@ -3537,7 +3681,7 @@ type AcquirePoolMemberRequest struct {
 
 func (x *AcquirePoolMemberRequest) Reset() {
 	*x = AcquirePoolMemberRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[57]
+	mi := &file_tether_v1_admin_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3549,7 +3693,7 @@ func (x *AcquirePoolMemberRequest) String() string {
 func (*AcquirePoolMemberRequest) ProtoMessage() {}
 
 func (x *AcquirePoolMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[57]
+	mi := &file_tether_v1_admin_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3562,7 +3706,7 @@ func (x *AcquirePoolMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquirePoolMemberRequest.ProtoReflect.Descriptor instead.
 func (*AcquirePoolMemberRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{57}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *AcquirePoolMemberRequest) GetPoolId() string {
@@ -3612,7 +3756,7 @@ type AcquirePoolMemberResponse struct {
 
 func (x *AcquirePoolMemberResponse) Reset() {
 	*x = AcquirePoolMemberResponse{}
-	mi := &file_tether_v1_admin_proto_msgTypes[58]
+	mi := &file_tether_v1_admin_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3624,7 +3768,7 @@ func (x *AcquirePoolMemberResponse) String() string {
 func (*AcquirePoolMemberResponse) ProtoMessage() {}
 
 func (x *AcquirePoolMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[58]
+	mi := &file_tether_v1_admin_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3637,7 +3781,7 @@ func (x *AcquirePoolMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquirePoolMemberResponse.ProtoReflect.Descriptor instead.
 func (*AcquirePoolMemberResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{58}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *AcquirePoolMemberResponse) GetClaimId() string {
@@ -3677,7 +3821,7 @@ type ReleasePoolMemberRequest struct {
 
 func (x *ReleasePoolMemberRequest) Reset() {
 	*x = ReleasePoolMemberRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[59]
+	mi := &file_tether_v1_admin_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3689,7 +3833,7 @@ func (x *ReleasePoolMemberRequest) String() string {
 func (*ReleasePoolMemberRequest) ProtoMessage() {}
 
 func (x *ReleasePoolMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[59]
+	mi := &file_tether_v1_admin_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3702,7 +3846,7 @@ func (x *ReleasePoolMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleasePoolMemberRequest.ProtoReflect.Descriptor instead.
 func (*ReleasePoolMemberRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{59}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *ReleasePoolMemberRequest) GetInstanceId() string {
@@ -3725,7 +3869,7 @@ type ReleasePoolMemberResponse struct {
 
 func (x *ReleasePoolMemberResponse) Reset() {
 	*x = ReleasePoolMemberResponse{}
-	mi := &file_tether_v1_admin_proto_msgTypes[60]
+	mi := &file_tether_v1_admin_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3737,7 +3881,7 @@ func (x *ReleasePoolMemberResponse) String() string {
 func (*ReleasePoolMemberResponse) ProtoMessage() {}
 
 func (x *ReleasePoolMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[60]
+	mi := &file_tether_v1_admin_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3750,7 +3894,7 @@ func (x *ReleasePoolMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleasePoolMemberResponse.ProtoReflect.Descriptor instead.
 func (*ReleasePoolMemberResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{60}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *ReleasePoolMemberResponse) GetDisposition() string {
@@ -3796,7 +3940,7 @@ type ListEventsRequest struct {
 
 func (x *ListEventsRequest) Reset() {
 	*x = ListEventsRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[61]
+	mi := &file_tether_v1_admin_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3808,7 +3952,7 @@ func (x *ListEventsRequest) String() string {
 func (*ListEventsRequest) ProtoMessage() {}
 
 func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[61]
+	mi := &file_tether_v1_admin_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3821,7 +3965,7 @@ func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsRequest.ProtoReflect.Descriptor instead.
 func (*ListEventsRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{61}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *ListEventsRequest) GetKind() string {
@@ -3884,7 +4028,7 @@ type ListEventsResponse struct {
 
 func (x *ListEventsResponse) Reset() {
 	*x = ListEventsResponse{}
-	mi := &file_tether_v1_admin_proto_msgTypes[62]
+	mi := &file_tether_v1_admin_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3896,7 +4040,7 @@ func (x *ListEventsResponse) String() string {
 func (*ListEventsResponse) ProtoMessage() {}
 
 func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[62]
+	mi := &file_tether_v1_admin_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3909,7 +4053,7 @@ func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsResponse.ProtoReflect.Descriptor instead.
 func (*ListEventsResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{62}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *ListEventsResponse) GetEvents() []*FleetEvent {
@@ -3939,7 +4083,7 @@ type WatchEventsRequest struct {
 
 func (x *WatchEventsRequest) Reset() {
 	*x = WatchEventsRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[63]
+	mi := &file_tether_v1_admin_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3951,7 +4095,7 @@ func (x *WatchEventsRequest) String() string {
 func (*WatchEventsRequest) ProtoMessage() {}
 
 func (x *WatchEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[63]
+	mi := &file_tether_v1_admin_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3964,7 +4108,7 @@ func (x *WatchEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEventsRequest.ProtoReflect.Descriptor instead.
 func (*WatchEventsRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{63}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *WatchEventsRequest) GetKind() string {
@@ -4013,7 +4157,7 @@ type AddSignerRequest struct {
 
 func (x *AddSignerRequest) Reset() {
 	*x = AddSignerRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[64]
+	mi := &file_tether_v1_admin_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4025,7 +4169,7 @@ func (x *AddSignerRequest) String() string {
 func (*AddSignerRequest) ProtoMessage() {}
 
 func (x *AddSignerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[64]
+	mi := &file_tether_v1_admin_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4038,7 +4182,7 @@ func (x *AddSignerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddSignerRequest.ProtoReflect.Descriptor instead.
 func (*AddSignerRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{64}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *AddSignerRequest) GetName() string {
@@ -4063,7 +4207,7 @@ type ListSignersRequest struct {
 
 func (x *ListSignersRequest) Reset() {
 	*x = ListSignersRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[65]
+	mi := &file_tether_v1_admin_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4075,7 +4219,7 @@ func (x *ListSignersRequest) String() string {
 func (*ListSignersRequest) ProtoMessage() {}
 
 func (x *ListSignersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[65]
+	mi := &file_tether_v1_admin_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4088,7 +4232,7 @@ func (x *ListSignersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSignersRequest.ProtoReflect.Descriptor instead.
 func (*ListSignersRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{65}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{67}
 }
 
 type ListSignersResponse struct {
@@ -4100,7 +4244,7 @@ type ListSignersResponse struct {
 
 func (x *ListSignersResponse) Reset() {
 	*x = ListSignersResponse{}
-	mi := &file_tether_v1_admin_proto_msgTypes[66]
+	mi := &file_tether_v1_admin_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4112,7 +4256,7 @@ func (x *ListSignersResponse) String() string {
 func (*ListSignersResponse) ProtoMessage() {}
 
 func (x *ListSignersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[66]
+	mi := &file_tether_v1_admin_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4125,7 +4269,7 @@ func (x *ListSignersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSignersResponse.ProtoReflect.Descriptor instead.
 func (*ListSignersResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{66}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *ListSignersResponse) GetSigners() []*Signer {
@@ -4145,7 +4289,7 @@ type RemoveSignerRequest struct {
 
 func (x *RemoveSignerRequest) Reset() {
 	*x = RemoveSignerRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[67]
+	mi := &file_tether_v1_admin_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4157,7 +4301,7 @@ func (x *RemoveSignerRequest) String() string {
 func (*RemoveSignerRequest) ProtoMessage() {}
 
 func (x *RemoveSignerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[67]
+	mi := &file_tether_v1_admin_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4170,7 +4314,7 @@ func (x *RemoveSignerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveSignerRequest.ProtoReflect.Descriptor instead.
 func (*RemoveSignerRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{67}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *RemoveSignerRequest) GetSigner() string {
@@ -4188,7 +4332,7 @@ type RemoveSignerResponse struct {
 
 func (x *RemoveSignerResponse) Reset() {
 	*x = RemoveSignerResponse{}
-	mi := &file_tether_v1_admin_proto_msgTypes[68]
+	mi := &file_tether_v1_admin_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4200,7 +4344,7 @@ func (x *RemoveSignerResponse) String() string {
 func (*RemoveSignerResponse) ProtoMessage() {}
 
 func (x *RemoveSignerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[68]
+	mi := &file_tether_v1_admin_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4213,7 +4357,7 @@ func (x *RemoveSignerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveSignerResponse.ProtoReflect.Descriptor instead.
 func (*RemoveSignerResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{68}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{70}
 }
 
 type SignModuleRequest struct {
@@ -4227,7 +4371,7 @@ type SignModuleRequest struct {
 
 func (x *SignModuleRequest) Reset() {
 	*x = SignModuleRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[69]
+	mi := &file_tether_v1_admin_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4239,7 +4383,7 @@ func (x *SignModuleRequest) String() string {
 func (*SignModuleRequest) ProtoMessage() {}
 
 func (x *SignModuleRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[69]
+	mi := &file_tether_v1_admin_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4252,7 +4396,7 @@ func (x *SignModuleRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignModuleRequest.ProtoReflect.Descriptor instead.
 func (*SignModuleRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{69}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *SignModuleRequest) GetName() string {
@@ -4290,7 +4434,7 @@ type CreateIdentityRequest struct {
 
 func (x *CreateIdentityRequest) Reset() {
 	*x = CreateIdentityRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[70]
+	mi := &file_tether_v1_admin_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4302,7 +4446,7 @@ func (x *CreateIdentityRequest) String() string {
 func (*CreateIdentityRequest) ProtoMessage() {}
 
 func (x *CreateIdentityRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[70]
+	mi := &file_tether_v1_admin_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4315,7 +4459,7 @@ func (x *CreateIdentityRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateIdentityRequest.ProtoReflect.Descriptor instead.
 func (*CreateIdentityRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{70}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *CreateIdentityRequest) GetName() string {
@@ -4357,7 +4501,7 @@ type IdentityCertificate struct {
 
 func (x *IdentityCertificate) Reset() {
 	*x = IdentityCertificate{}
-	mi := &file_tether_v1_admin_proto_msgTypes[71]
+	mi := &file_tether_v1_admin_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4369,7 +4513,7 @@ func (x *IdentityCertificate) String() string {
 func (*IdentityCertificate) ProtoMessage() {}
 
 func (x *IdentityCertificate) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[71]
+	mi := &file_tether_v1_admin_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4382,7 +4526,7 @@ func (x *IdentityCertificate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IdentityCertificate.ProtoReflect.Descriptor instead.
 func (*IdentityCertificate) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{71}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *IdentityCertificate) GetIdentity() *AdminIdentity {
@@ -4414,7 +4558,7 @@ type ListIdentitiesRequest struct {
 
 func (x *ListIdentitiesRequest) Reset() {
 	*x = ListIdentitiesRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[72]
+	mi := &file_tether_v1_admin_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4426,7 +4570,7 @@ func (x *ListIdentitiesRequest) String() string {
 func (*ListIdentitiesRequest) ProtoMessage() {}
 
 func (x *ListIdentitiesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[72]
+	mi := &file_tether_v1_admin_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4439,7 +4583,7 @@ func (x *ListIdentitiesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListIdentitiesRequest.ProtoReflect.Descriptor instead.
 func (*ListIdentitiesRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{72}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{74}
 }
 
 type ListIdentitiesResponse struct {
@@ -4451,7 +4595,7 @@ type ListIdentitiesResponse struct {
 
 func (x *ListIdentitiesResponse) Reset() {
 	*x = ListIdentitiesResponse{}
-	mi := &file_tether_v1_admin_proto_msgTypes[73]
+	mi := &file_tether_v1_admin_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4463,7 +4607,7 @@ func (x *ListIdentitiesResponse) String() string {
 func (*ListIdentitiesResponse) ProtoMessage() {}
 
 func (x *ListIdentitiesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[73]
+	mi := &file_tether_v1_admin_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4476,7 +4620,7 @@ func (x *ListIdentitiesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListIdentitiesResponse.ProtoReflect.Descriptor instead.
 func (*ListIdentitiesResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{73}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *ListIdentitiesResponse) GetIdentities() []*AdminIdentity {
@@ -4495,7 +4639,7 @@ type RevokeIdentityRequest struct {
 
 func (x *RevokeIdentityRequest) Reset() {
 	*x = RevokeIdentityRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[74]
+	mi := &file_tether_v1_admin_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4507,7 +4651,7 @@ func (x *RevokeIdentityRequest) String() string {
 func (*RevokeIdentityRequest) ProtoMessage() {}
 
 func (x *RevokeIdentityRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[74]
+	mi := &file_tether_v1_admin_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4520,7 +4664,7 @@ func (x *RevokeIdentityRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeIdentityRequest.ProtoReflect.Descriptor instead.
 func (*RevokeIdentityRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{74}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *RevokeIdentityRequest) GetName() string {
@@ -4540,7 +4684,7 @@ type RenewIdentityRequest struct {
 
 func (x *RenewIdentityRequest) Reset() {
 	*x = RenewIdentityRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[75]
+	mi := &file_tether_v1_admin_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4552,7 +4696,7 @@ func (x *RenewIdentityRequest) String() string {
 func (*RenewIdentityRequest) ProtoMessage() {}
 
 func (x *RenewIdentityRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[75]
+	mi := &file_tether_v1_admin_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4565,7 +4709,7 @@ func (x *RenewIdentityRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewIdentityRequest.ProtoReflect.Descriptor instead.
 func (*RenewIdentityRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{75}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *RenewIdentityRequest) GetCsrPem() string {
@@ -4595,7 +4739,7 @@ type ListAuditRequest struct {
 
 func (x *ListAuditRequest) Reset() {
 	*x = ListAuditRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[76]
+	mi := &file_tether_v1_admin_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4607,7 +4751,7 @@ func (x *ListAuditRequest) String() string {
 func (*ListAuditRequest) ProtoMessage() {}
 
 func (x *ListAuditRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[76]
+	mi := &file_tether_v1_admin_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4620,7 +4764,7 @@ func (x *ListAuditRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditRequest.ProtoReflect.Descriptor instead.
 func (*ListAuditRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{76}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *ListAuditRequest) GetIdentity() string {
@@ -4660,7 +4804,7 @@ type ListAuditResponse struct {
 
 func (x *ListAuditResponse) Reset() {
 	*x = ListAuditResponse{}
-	mi := &file_tether_v1_admin_proto_msgTypes[77]
+	mi := &file_tether_v1_admin_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4672,7 +4816,7 @@ func (x *ListAuditResponse) String() string {
 func (*ListAuditResponse) ProtoMessage() {}
 
 func (x *ListAuditResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[77]
+	mi := &file_tether_v1_admin_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4685,7 +4829,7 @@ func (x *ListAuditResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditResponse.ProtoReflect.Descriptor instead.
 func (*ListAuditResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{77}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *ListAuditResponse) GetRecords() []*AuditRecord {
@@ -4707,7 +4851,7 @@ type CreateCredentialRequest struct {
 
 func (x *CreateCredentialRequest) Reset() {
 	*x = CreateCredentialRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[78]
+	mi := &file_tether_v1_admin_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4719,7 +4863,7 @@ func (x *CreateCredentialRequest) String() string {
 func (*CreateCredentialRequest) ProtoMessage() {}
 
 func (x *CreateCredentialRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[78]
+	mi := &file_tether_v1_admin_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4732,7 +4876,7 @@ func (x *CreateCredentialRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateCredentialRequest.ProtoReflect.Descriptor instead.
 func (*CreateCredentialRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{78}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *CreateCredentialRequest) GetName() string {
@@ -4769,7 +4913,7 @@ type UpdateCredentialRequest struct {
 
 func (x *UpdateCredentialRequest) Reset() {
 	*x = UpdateCredentialRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[79]
+	mi := &file_tether_v1_admin_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4781,7 +4925,7 @@ func (x *UpdateCredentialRequest) String() string {
 func (*UpdateCredentialRequest) ProtoMessage() {}
 
 func (x *UpdateCredentialRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[79]
+	mi := &file_tether_v1_admin_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4794,7 +4938,7 @@ func (x *UpdateCredentialRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateCredentialRequest.ProtoReflect.Descriptor instead.
 func (*UpdateCredentialRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{79}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *UpdateCredentialRequest) GetName() string {
@@ -4826,7 +4970,7 @@ type ListCredentialsRequest struct {
 
 func (x *ListCredentialsRequest) Reset() {
 	*x = ListCredentialsRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[80]
+	mi := &file_tether_v1_admin_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4838,7 +4982,7 @@ func (x *ListCredentialsRequest) String() string {
 func (*ListCredentialsRequest) ProtoMessage() {}
 
 func (x *ListCredentialsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[80]
+	mi := &file_tether_v1_admin_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4851,7 +4995,7 @@ func (x *ListCredentialsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCredentialsRequest.ProtoReflect.Descriptor instead.
 func (*ListCredentialsRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{80}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{82}
 }
 
 type ListCredentialsResponse struct {
@@ -4863,7 +5007,7 @@ type ListCredentialsResponse struct {
 
 func (x *ListCredentialsResponse) Reset() {
 	*x = ListCredentialsResponse{}
-	mi := &file_tether_v1_admin_proto_msgTypes[81]
+	mi := &file_tether_v1_admin_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4875,7 +5019,7 @@ func (x *ListCredentialsResponse) String() string {
 func (*ListCredentialsResponse) ProtoMessage() {}
 
 func (x *ListCredentialsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[81]
+	mi := &file_tether_v1_admin_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4888,7 +5032,7 @@ func (x *ListCredentialsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCredentialsResponse.ProtoReflect.Descriptor instead.
 func (*ListCredentialsResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{81}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *ListCredentialsResponse) GetCredentials() []*Credential {
@@ -4907,7 +5051,7 @@ type DeleteCredentialRequest struct {
 
 func (x *DeleteCredentialRequest) Reset() {
 	*x = DeleteCredentialRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[82]
+	mi := &file_tether_v1_admin_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4919,7 +5063,7 @@ func (x *DeleteCredentialRequest) String() string {
 func (*DeleteCredentialRequest) ProtoMessage() {}
 
 func (x *DeleteCredentialRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[82]
+	mi := &file_tether_v1_admin_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4932,7 +5076,7 @@ func (x *DeleteCredentialRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteCredentialRequest.ProtoReflect.Descriptor instead.
 func (*DeleteCredentialRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{82}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *DeleteCredentialRequest) GetName() string {
@@ -4950,7 +5094,7 @@ type DeleteCredentialResponse struct {
 
 func (x *DeleteCredentialResponse) Reset() {
 	*x = DeleteCredentialResponse{}
-	mi := &file_tether_v1_admin_proto_msgTypes[83]
+	mi := &file_tether_v1_admin_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4962,7 +5106,7 @@ func (x *DeleteCredentialResponse) String() string {
 func (*DeleteCredentialResponse) ProtoMessage() {}
 
 func (x *DeleteCredentialResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[83]
+	mi := &file_tether_v1_admin_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4975,7 +5119,7 @@ func (x *DeleteCredentialResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteCredentialResponse.ProtoReflect.Descriptor instead.
 func (*DeleteCredentialResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{83}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{85}
 }
 
 var File_tether_v1_admin_proto protoreflect.FileDescriptor
@@ -5087,7 +5231,17 @@ const file_tether_v1_admin_proto_rawDesc = "" +
 	"\x13require_attestation\x18\n" +
 	" \x01(\bR\x12requireAttestation\"'\n" +
 	"\x11DeleteNodeRequest\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\"\x14\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\x85\x01\n" +
+	"\x10AdoptNodeRequest\x12\x10\n" +
+	"\x03mac\x18\x01 \x01(\tR\x03mac\x12\x17\n" +
+	"\aek_hash\x18\x02 \x01(\tR\x06ekHash\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\x12\x1a\n" +
+	"\btemplate\x18\x04 \x01(\tR\btemplate\x12\x16\n" +
+	"\x06unseen\x18\x05 \x01(\bR\x06unseen\"p\n" +
+	"\x11AdoptNodeResponse\x12#\n" +
+	"\x04node\x18\x01 \x01(\v2\x0f.tether.v1.NodeR\x04node\x12\x18\n" +
+	"\acreated\x18\x02 \x01(\bR\acreated\x12\x1c\n" +
+	"\tannounced\x18\x03 \x01(\bR\tannounced\"\x14\n" +
 	"\x12DeleteNodeResponse\"\xaa\x01\n" +
 	"\x18ProvisionInstanceRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1a\n" +
@@ -5341,7 +5495,7 @@ const file_tether_v1_admin_proto_rawDesc = "" +
 	"\vcredentials\x18\x01 \x03(\v2\x15.tether.v1.CredentialR\vcredentials\"-\n" +
 	"\x17DeleteCredentialRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"\x1a\n" +
-	"\x18DeleteCredentialResponse2\xd5$\n" +
+	"\x18DeleteCredentialResponse2\x9d%\n" +
 	"\fAdminService\x12G\n" +
 	"\x0eCreateTemplate\x12 .tether.v1.CreateTemplateRequest\x1a\x13.tether.v1.Template\x12A\n" +
 	"\vGetTemplate\x12\x1d.tether.v1.GetTemplateRequest\x1a\x13.tether.v1.Template\x12R\n" +
@@ -5360,7 +5514,8 @@ const file_tether_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"UpdateNode\x12\x1c.tether.v1.UpdateNodeRequest\x1a\x0f.tether.v1.Node\x12I\n" +
 	"\n" +
-	"DeleteNode\x12\x1c.tether.v1.DeleteNodeRequest\x1a\x1d.tether.v1.DeleteNodeResponse\x12^\n" +
+	"DeleteNode\x12\x1c.tether.v1.DeleteNodeRequest\x1a\x1d.tether.v1.DeleteNodeResponse\x12F\n" +
+	"\tAdoptNode\x12\x1b.tether.v1.AdoptNodeRequest\x1a\x1c.tether.v1.AdoptNodeResponse\x12^\n" +
 	"\x11ProvisionInstance\x12#.tether.v1.ProvisionInstanceRequest\x1a$.tether.v1.ProvisionInstanceResponse\x12A\n" +
 	"\vGetInstance\x12\x1d.tether.v1.GetInstanceRequest\x1a\x13.tether.v1.Instance\x12R\n" +
 	"\rListInstances\x12\x1f.tether.v1.ListInstancesRequest\x1a .tether.v1.ListInstancesResponse\x12F\n" +
@@ -5429,7 +5584,7 @@ func file_tether_v1_admin_proto_rawDescGZIP() []byte {
 	return file_tether_v1_admin_proto_rawDescData
 }
 
-var file_tether_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 84)
+var file_tether_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 86)
 var file_tether_v1_admin_proto_goTypes = []any{
 	(*CreateTemplateRequest)(nil),        // 0: tether.v1.CreateTemplateRequest
 	(*GetTemplateRequest)(nil),           // 1: tether.v1.GetTemplateRequest
@@ -5451,273 +5606,278 @@ var file_tether_v1_admin_proto_goTypes = []any{
 	(*ListNodesResponse)(nil),            // 17: tether.v1.ListNodesResponse
 	(*UpdateNodeRequest)(nil),            // 18: tether.v1.UpdateNodeRequest
 	(*DeleteNodeRequest)(nil),            // 19: tether.v1.DeleteNodeRequest
-	(*DeleteNodeResponse)(nil),           // 20: tether.v1.DeleteNodeResponse
-	(*ProvisionInstanceRequest)(nil),     // 21: tether.v1.ProvisionInstanceRequest
-	(*ProvisionInstanceResponse)(nil),    // 22: tether.v1.ProvisionInstanceResponse
-	(*GetInstanceRequest)(nil),           // 23: tether.v1.GetInstanceRequest
-	(*ListInstancesRequest)(nil),         // 24: tether.v1.ListInstancesRequest
-	(*ListInstancesResponse)(nil),        // 25: tether.v1.ListInstancesResponse
-	(*InstanceActionRequest)(nil),        // 26: tether.v1.InstanceActionRequest
-	(*HoldInstanceRequest)(nil),          // 27: tether.v1.HoldInstanceRequest
-	(*CordonInstanceRequest)(nil),        // 28: tether.v1.CordonInstanceRequest
-	(*CordonInstanceResponse)(nil),       // 29: tether.v1.CordonInstanceResponse
-	(*UncordonInstanceResponse)(nil),     // 30: tether.v1.UncordonInstanceResponse
-	(*DrainInstanceRequest)(nil),         // 31: tether.v1.DrainInstanceRequest
-	(*DrainInstanceResponse)(nil),        // 32: tether.v1.DrainInstanceResponse
-	(*GetInstanceConsoleRequest)(nil),    // 33: tether.v1.GetInstanceConsoleRequest
-	(*ConsoleChunk)(nil),                 // 34: tether.v1.ConsoleChunk
-	(*CreateSeedISORequest)(nil),         // 35: tether.v1.CreateSeedISORequest
-	(*CreateSeedISOResponse)(nil),        // 36: tether.v1.CreateSeedISOResponse
-	(*CreateBootstrapTokenRequest)(nil),  // 37: tether.v1.CreateBootstrapTokenRequest
-	(*CreateBootstrapTokenResponse)(nil), // 38: tether.v1.CreateBootstrapTokenResponse
-	(*ListCertificatesRequest)(nil),      // 39: tether.v1.ListCertificatesRequest
-	(*ListCertificatesResponse)(nil),     // 40: tether.v1.ListCertificatesResponse
-	(*RevokeCertificateRequest)(nil),     // 41: tether.v1.RevokeCertificateRequest
-	(*CreateTaskRequest)(nil),            // 42: tether.v1.CreateTaskRequest
-	(*GetTaskRequest)(nil),               // 43: tether.v1.GetTaskRequest
-	(*ListTasksRequest)(nil),             // 44: tether.v1.ListTasksRequest
-	(*ListTasksResponse)(nil),            // 45: tether.v1.ListTasksResponse
-	(*CancelTaskRequest)(nil),            // 46: tether.v1.CancelTaskRequest
-	(*CreatePoolRequest)(nil),            // 47: tether.v1.CreatePoolRequest
-	(*GetPoolRequest)(nil),               // 48: tether.v1.GetPoolRequest
-	(*ListPoolsRequest)(nil),             // 49: tether.v1.ListPoolsRequest
-	(*ListPoolsResponse)(nil),            // 50: tether.v1.ListPoolsResponse
-	(*UpdatePoolRequest)(nil),            // 51: tether.v1.UpdatePoolRequest
-	(*PoolActionRequest)(nil),            // 52: tether.v1.PoolActionRequest
-	(*DrainPoolResponse)(nil),            // 53: tether.v1.DrainPoolResponse
-	(*DeletePoolResponse)(nil),           // 54: tether.v1.DeletePoolResponse
-	(*ReplenishPoolResponse)(nil),        // 55: tether.v1.ReplenishPoolResponse
-	(*RecyclePoolResponse)(nil),          // 56: tether.v1.RecyclePoolResponse
-	(*AcquirePoolMemberRequest)(nil),     // 57: tether.v1.AcquirePoolMemberRequest
-	(*AcquirePoolMemberResponse)(nil),    // 58: tether.v1.AcquirePoolMemberResponse
-	(*ReleasePoolMemberRequest)(nil),     // 59: tether.v1.ReleasePoolMemberRequest
-	(*ReleasePoolMemberResponse)(nil),    // 60: tether.v1.ReleasePoolMemberResponse
-	(*ListEventsRequest)(nil),            // 61: tether.v1.ListEventsRequest
-	(*ListEventsResponse)(nil),           // 62: tether.v1.ListEventsResponse
-	(*WatchEventsRequest)(nil),           // 63: tether.v1.WatchEventsRequest
-	(*AddSignerRequest)(nil),             // 64: tether.v1.AddSignerRequest
-	(*ListSignersRequest)(nil),           // 65: tether.v1.ListSignersRequest
-	(*ListSignersResponse)(nil),          // 66: tether.v1.ListSignersResponse
-	(*RemoveSignerRequest)(nil),          // 67: tether.v1.RemoveSignerRequest
-	(*RemoveSignerResponse)(nil),         // 68: tether.v1.RemoveSignerResponse
-	(*SignModuleRequest)(nil),            // 69: tether.v1.SignModuleRequest
-	(*CreateIdentityRequest)(nil),        // 70: tether.v1.CreateIdentityRequest
-	(*IdentityCertificate)(nil),          // 71: tether.v1.IdentityCertificate
-	(*ListIdentitiesRequest)(nil),        // 72: tether.v1.ListIdentitiesRequest
-	(*ListIdentitiesResponse)(nil),       // 73: tether.v1.ListIdentitiesResponse
-	(*RevokeIdentityRequest)(nil),        // 74: tether.v1.RevokeIdentityRequest
-	(*RenewIdentityRequest)(nil),         // 75: tether.v1.RenewIdentityRequest
-	(*ListAuditRequest)(nil),             // 76: tether.v1.ListAuditRequest
-	(*ListAuditResponse)(nil),            // 77: tether.v1.ListAuditResponse
-	(*CreateCredentialRequest)(nil),      // 78: tether.v1.CreateCredentialRequest
-	(*UpdateCredentialRequest)(nil),      // 79: tether.v1.UpdateCredentialRequest
-	(*ListCredentialsRequest)(nil),       // 80: tether.v1.ListCredentialsRequest
-	(*ListCredentialsResponse)(nil),      // 81: tether.v1.ListCredentialsResponse
-	(*DeleteCredentialRequest)(nil),      // 82: tether.v1.DeleteCredentialRequest
-	(*DeleteCredentialResponse)(nil),     // 83: tether.v1.DeleteCredentialResponse
-	(*ModuleRef)(nil),                    // 84: tether.v1.ModuleRef
-	(*Template)(nil),                     // 85: tether.v1.Template
-	(*ModuleSignature)(nil),              // 86: tether.v1.ModuleSignature
-	(*Module)(nil),                       // 87: tether.v1.Module
-	(*structpb.Struct)(nil),              // 88: google.protobuf.Struct
-	(*NodeBMC)(nil),                      // 89: tether.v1.NodeBMC
-	(*Node)(nil),                         // 90: tether.v1.Node
-	(*Instance)(nil),                     // 91: tether.v1.Instance
-	(InstanceStatus)(0),                  // 92: tether.v1.InstanceStatus
-	(*timestamppb.Timestamp)(nil),        // 93: google.protobuf.Timestamp
-	(*Certificate)(nil),                  // 94: tether.v1.Certificate
-	(TaskKind)(0),                        // 95: tether.v1.TaskKind
-	(*ExecPayload)(nil),                  // 96: tether.v1.ExecPayload
-	(TaskTarget)(0),                      // 97: tether.v1.TaskTarget
-	(TaskStatus)(0),                      // 98: tether.v1.TaskStatus
-	(*Task)(nil),                         // 99: tether.v1.Task
-	(LifecycleClass)(0),                  // 100: tether.v1.LifecycleClass
-	(*PoolMetadata)(nil),                 // 101: tether.v1.PoolMetadata
-	(*Pool)(nil),                         // 102: tether.v1.Pool
-	(Severity)(0),                        // 103: tether.v1.Severity
-	(*FleetEvent)(nil),                   // 104: tether.v1.FleetEvent
-	(*Signer)(nil),                       // 105: tether.v1.Signer
-	(*AdminIdentity)(nil),                // 106: tether.v1.AdminIdentity
-	(*AuditRecord)(nil),                  // 107: tether.v1.AuditRecord
-	(*Credential)(nil),                   // 108: tether.v1.Credential
+	(*AdoptNodeRequest)(nil),             // 20: tether.v1.AdoptNodeRequest
+	(*AdoptNodeResponse)(nil),            // 21: tether.v1.AdoptNodeResponse
+	(*DeleteNodeResponse)(nil),           // 22: tether.v1.DeleteNodeResponse
+	(*ProvisionInstanceRequest)(nil),     // 23: tether.v1.ProvisionInstanceRequest
+	(*ProvisionInstanceResponse)(nil),    // 24: tether.v1.ProvisionInstanceResponse
+	(*GetInstanceRequest)(nil),           // 25: tether.v1.GetInstanceRequest
+	(*ListInstancesRequest)(nil),         // 26: tether.v1.ListInstancesRequest
+	(*ListInstancesResponse)(nil),        // 27: tether.v1.ListInstancesResponse
+	(*InstanceActionRequest)(nil),        // 28: tether.v1.InstanceActionRequest
+	(*HoldInstanceRequest)(nil),          // 29: tether.v1.HoldInstanceRequest
+	(*CordonInstanceRequest)(nil),        // 30: tether.v1.CordonInstanceRequest
+	(*CordonInstanceResponse)(nil),       // 31: tether.v1.CordonInstanceResponse
+	(*UncordonInstanceResponse)(nil),     // 32: tether.v1.UncordonInstanceResponse
+	(*DrainInstanceRequest)(nil),         // 33: tether.v1.DrainInstanceRequest
+	(*DrainInstanceResponse)(nil),        // 34: tether.v1.DrainInstanceResponse
+	(*GetInstanceConsoleRequest)(nil),    // 35: tether.v1.GetInstanceConsoleRequest
+	(*ConsoleChunk)(nil),                 // 36: tether.v1.ConsoleChunk
+	(*CreateSeedISORequest)(nil),         // 37: tether.v1.CreateSeedISORequest
+	(*CreateSeedISOResponse)(nil),        // 38: tether.v1.CreateSeedISOResponse
+	(*CreateBootstrapTokenRequest)(nil),  // 39: tether.v1.CreateBootstrapTokenRequest
+	(*CreateBootstrapTokenResponse)(nil), // 40: tether.v1.CreateBootstrapTokenResponse
+	(*ListCertificatesRequest)(nil),      // 41: tether.v1.ListCertificatesRequest
+	(*ListCertificatesResponse)(nil),     // 42: tether.v1.ListCertificatesResponse
+	(*RevokeCertificateRequest)(nil),     // 43: tether.v1.RevokeCertificateRequest
+	(*CreateTaskRequest)(nil),            // 44: tether.v1.CreateTaskRequest
+	(*GetTaskRequest)(nil),               // 45: tether.v1.GetTaskRequest
+	(*ListTasksRequest)(nil),             // 46: tether.v1.ListTasksRequest
+	(*ListTasksResponse)(nil),            // 47: tether.v1.ListTasksResponse
+	(*CancelTaskRequest)(nil),            // 48: tether.v1.CancelTaskRequest
+	(*CreatePoolRequest)(nil),            // 49: tether.v1.CreatePoolRequest
+	(*GetPoolRequest)(nil),               // 50: tether.v1.GetPoolRequest
+	(*ListPoolsRequest)(nil),             // 51: tether.v1.ListPoolsRequest
+	(*ListPoolsResponse)(nil),            // 52: tether.v1.ListPoolsResponse
+	(*UpdatePoolRequest)(nil),            // 53: tether.v1.UpdatePoolRequest
+	(*PoolActionRequest)(nil),            // 54: tether.v1.PoolActionRequest
+	(*DrainPoolResponse)(nil),            // 55: tether.v1.DrainPoolResponse
+	(*DeletePoolResponse)(nil),           // 56: tether.v1.DeletePoolResponse
+	(*ReplenishPoolResponse)(nil),        // 57: tether.v1.ReplenishPoolResponse
+	(*RecyclePoolResponse)(nil),          // 58: tether.v1.RecyclePoolResponse
+	(*AcquirePoolMemberRequest)(nil),     // 59: tether.v1.AcquirePoolMemberRequest
+	(*AcquirePoolMemberResponse)(nil),    // 60: tether.v1.AcquirePoolMemberResponse
+	(*ReleasePoolMemberRequest)(nil),     // 61: tether.v1.ReleasePoolMemberRequest
+	(*ReleasePoolMemberResponse)(nil),    // 62: tether.v1.ReleasePoolMemberResponse
+	(*ListEventsRequest)(nil),            // 63: tether.v1.ListEventsRequest
+	(*ListEventsResponse)(nil),           // 64: tether.v1.ListEventsResponse
+	(*WatchEventsRequest)(nil),           // 65: tether.v1.WatchEventsRequest
+	(*AddSignerRequest)(nil),             // 66: tether.v1.AddSignerRequest
+	(*ListSignersRequest)(nil),           // 67: tether.v1.ListSignersRequest
+	(*ListSignersResponse)(nil),          // 68: tether.v1.ListSignersResponse
+	(*RemoveSignerRequest)(nil),          // 69: tether.v1.RemoveSignerRequest
+	(*RemoveSignerResponse)(nil),         // 70: tether.v1.RemoveSignerResponse
+	(*SignModuleRequest)(nil),            // 71: tether.v1.SignModuleRequest
+	(*CreateIdentityRequest)(nil),        // 72: tether.v1.CreateIdentityRequest
+	(*IdentityCertificate)(nil),          // 73: tether.v1.IdentityCertificate
+	(*ListIdentitiesRequest)(nil),        // 74: tether.v1.ListIdentitiesRequest
+	(*ListIdentitiesResponse)(nil),       // 75: tether.v1.ListIdentitiesResponse
+	(*RevokeIdentityRequest)(nil),        // 76: tether.v1.RevokeIdentityRequest
+	(*RenewIdentityRequest)(nil),         // 77: tether.v1.RenewIdentityRequest
+	(*ListAuditRequest)(nil),             // 78: tether.v1.ListAuditRequest
+	(*ListAuditResponse)(nil),            // 79: tether.v1.ListAuditResponse
+	(*CreateCredentialRequest)(nil),      // 80: tether.v1.CreateCredentialRequest
+	(*UpdateCredentialRequest)(nil),      // 81: tether.v1.UpdateCredentialRequest
+	(*ListCredentialsRequest)(nil),       // 82: tether.v1.ListCredentialsRequest
+	(*ListCredentialsResponse)(nil),      // 83: tether.v1.ListCredentialsResponse
+	(*DeleteCredentialRequest)(nil),      // 84: tether.v1.DeleteCredentialRequest
+	(*DeleteCredentialResponse)(nil),     // 85: tether.v1.DeleteCredentialResponse
+	(*ModuleRef)(nil),                    // 86: tether.v1.ModuleRef
+	(*Template)(nil),                     // 87: tether.v1.Template
+	(*ModuleSignature)(nil),              // 88: tether.v1.ModuleSignature
+	(*Module)(nil),                       // 89: tether.v1.Module
+	(*structpb.Struct)(nil),              // 90: google.protobuf.Struct
+	(*NodeBMC)(nil),                      // 91: tether.v1.NodeBMC
+	(*Node)(nil),                         // 92: tether.v1.Node
+	(*Instance)(nil),                     // 93: tether.v1.Instance
+	(InstanceStatus)(0),                  // 94: tether.v1.InstanceStatus
+	(*timestamppb.Timestamp)(nil),        // 95: google.protobuf.Timestamp
+	(*Certificate)(nil),                  // 96: tether.v1.Certificate
+	(TaskKind)(0),                        // 97: tether.v1.TaskKind
+	(*ExecPayload)(nil),                  // 98: tether.v1.ExecPayload
+	(TaskTarget)(0),                      // 99: tether.v1.TaskTarget
+	(TaskStatus)(0),                      // 100: tether.v1.TaskStatus
+	(*Task)(nil),                         // 101: tether.v1.Task
+	(LifecycleClass)(0),                  // 102: tether.v1.LifecycleClass
+	(*PoolMetadata)(nil),                 // 103: tether.v1.PoolMetadata
+	(*Pool)(nil),                         // 104: tether.v1.Pool
+	(Severity)(0),                        // 105: tether.v1.Severity
+	(*FleetEvent)(nil),                   // 106: tether.v1.FleetEvent
+	(*Signer)(nil),                       // 107: tether.v1.Signer
+	(*AdminIdentity)(nil),                // 108: tether.v1.AdminIdentity
+	(*AuditRecord)(nil),                  // 109: tether.v1.AuditRecord
+	(*Credential)(nil),                   // 110: tether.v1.Credential
 }
 var file_tether_v1_admin_proto_depIdxs = []int32{
-	84,  // 0: tether.v1.CreateTemplateRequest.root_modules:type_name -> tether.v1.ModuleRef
-	84,  // 1: tether.v1.CreateTemplateRequest.extension_modules:type_name -> tether.v1.ModuleRef
-	85,  // 2: tether.v1.ListTemplatesResponse.templates:type_name -> tether.v1.Template
-	84,  // 3: tether.v1.UpdateTemplateRequest.root_modules:type_name -> tether.v1.ModuleRef
-	84,  // 4: tether.v1.UpdateTemplateRequest.extension_modules:type_name -> tether.v1.ModuleRef
+	86,  // 0: tether.v1.CreateTemplateRequest.root_modules:type_name -> tether.v1.ModuleRef
+	86,  // 1: tether.v1.CreateTemplateRequest.extension_modules:type_name -> tether.v1.ModuleRef
+	87,  // 2: tether.v1.ListTemplatesResponse.templates:type_name -> tether.v1.Template
+	86,  // 3: tether.v1.UpdateTemplateRequest.root_modules:type_name -> tether.v1.ModuleRef
+	86,  // 4: tether.v1.UpdateTemplateRequest.extension_modules:type_name -> tether.v1.ModuleRef
 	8,   // 5: tether.v1.PushModuleRequest.header:type_name -> tether.v1.PushModuleHeader
-	86,  // 6: tether.v1.PushModuleHeader.signatures:type_name -> tether.v1.ModuleSignature
-	87,  // 7: tether.v1.ListModulesResponse.modules:type_name -> tether.v1.Module
-	88,  // 8: tether.v1.CreateNodeRequest.config:type_name -> google.protobuf.Struct
-	89,  // 9: tether.v1.CreateNodeRequest.bmc:type_name -> tether.v1.NodeBMC
-	90,  // 10: tether.v1.ListNodesResponse.nodes:type_name -> tether.v1.Node
-	88,  // 11: tether.v1.UpdateNodeRequest.config:type_name -> google.protobuf.Struct
-	89,  // 12: tether.v1.UpdateNodeRequest.bmc:type_name -> tether.v1.NodeBMC
-	91,  // 13: tether.v1.ProvisionInstanceResponse.instance:type_name -> tether.v1.Instance
-	92,  // 14: tether.v1.ListInstancesRequest.status:type_name -> tether.v1.InstanceStatus
-	91,  // 15: tether.v1.ListInstancesResponse.instances:type_name -> tether.v1.Instance
-	91,  // 16: tether.v1.CordonInstanceResponse.instance:type_name -> tether.v1.Instance
-	91,  // 17: tether.v1.UncordonInstanceResponse.instance:type_name -> tether.v1.Instance
-	91,  // 18: tether.v1.DrainInstanceResponse.instance:type_name -> tether.v1.Instance
-	93,  // 19: tether.v1.CreateBootstrapTokenResponse.expires_at:type_name -> google.protobuf.Timestamp
-	94,  // 20: tether.v1.ListCertificatesResponse.certificates:type_name -> tether.v1.Certificate
-	95,  // 21: tether.v1.CreateTaskRequest.kind:type_name -> tether.v1.TaskKind
-	96,  // 22: tether.v1.CreateTaskRequest.exec:type_name -> tether.v1.ExecPayload
-	97,  // 23: tether.v1.ListTasksRequest.target:type_name -> tether.v1.TaskTarget
-	98,  // 24: tether.v1.ListTasksRequest.status:type_name -> tether.v1.TaskStatus
-	99,  // 25: tether.v1.ListTasksResponse.tasks:type_name -> tether.v1.Task
-	100, // 26: tether.v1.CreatePoolRequest.lifecycle_class:type_name -> tether.v1.LifecycleClass
-	101, // 27: tether.v1.CreatePoolRequest.metadata:type_name -> tether.v1.PoolMetadata
-	102, // 28: tether.v1.ListPoolsResponse.pools:type_name -> tether.v1.Pool
-	100, // 29: tether.v1.UpdatePoolRequest.lifecycle_class:type_name -> tether.v1.LifecycleClass
-	101, // 30: tether.v1.UpdatePoolRequest.metadata:type_name -> tether.v1.PoolMetadata
-	102, // 31: tether.v1.DrainPoolResponse.pool:type_name -> tether.v1.Pool
-	102, // 32: tether.v1.ReplenishPoolResponse.pool:type_name -> tether.v1.Pool
-	102, // 33: tether.v1.RecyclePoolResponse.pool:type_name -> tether.v1.Pool
-	100, // 34: tether.v1.AcquirePoolMemberRequest.lifecycle_class:type_name -> tether.v1.LifecycleClass
-	91,  // 35: tether.v1.AcquirePoolMemberResponse.instance:type_name -> tether.v1.Instance
-	91,  // 36: tether.v1.ReleasePoolMemberResponse.instance:type_name -> tether.v1.Instance
-	103, // 37: tether.v1.ListEventsRequest.min_severity:type_name -> tether.v1.Severity
-	104, // 38: tether.v1.ListEventsResponse.events:type_name -> tether.v1.FleetEvent
-	103, // 39: tether.v1.WatchEventsRequest.min_severity:type_name -> tether.v1.Severity
-	105, // 40: tether.v1.ListSignersResponse.signers:type_name -> tether.v1.Signer
-	86,  // 41: tether.v1.SignModuleRequest.signature:type_name -> tether.v1.ModuleSignature
-	106, // 42: tether.v1.IdentityCertificate.identity:type_name -> tether.v1.AdminIdentity
-	106, // 43: tether.v1.ListIdentitiesResponse.identities:type_name -> tether.v1.AdminIdentity
-	93,  // 44: tether.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
-	107, // 45: tether.v1.ListAuditResponse.records:type_name -> tether.v1.AuditRecord
-	108, // 46: tether.v1.ListCredentialsResponse.credentials:type_name -> tether.v1.Credential
-	0,   // 47: tether.v1.AdminService.CreateTemplate:input_type -> tether.v1.CreateTemplateRequest
-	1,   // 48: tether.v1.AdminService.GetTemplate:input_type -> tether.v1.GetTemplateRequest
-	2,   // 49: tether.v1.AdminService.ListTemplates:input_type -> tether.v1.ListTemplatesRequest
-	4,   // 50: tether.v1.AdminService.UpdateTemplate:input_type -> tether.v1.UpdateTemplateRequest
-	5,   // 51: tether.v1.AdminService.DeleteTemplate:input_type -> tether.v1.DeleteTemplateRequest
-	7,   // 52: tether.v1.AdminService.PushModule:input_type -> tether.v1.PushModuleRequest
-	9,   // 53: tether.v1.AdminService.GetModule:input_type -> tether.v1.GetModuleRequest
-	10,  // 54: tether.v1.AdminService.ListModules:input_type -> tether.v1.ListModulesRequest
-	12,  // 55: tether.v1.AdminService.DeleteModule:input_type -> tether.v1.DeleteModuleRequest
-	14,  // 56: tether.v1.AdminService.CreateNode:input_type -> tether.v1.CreateNodeRequest
-	15,  // 57: tether.v1.AdminService.GetNode:input_type -> tether.v1.GetNodeRequest
-	16,  // 58: tether.v1.AdminService.ListNodes:input_type -> tether.v1.ListNodesRequest
-	18,  // 59: tether.v1.AdminService.UpdateNode:input_type -> tether.v1.UpdateNodeRequest
-	19,  // 60: tether.v1.AdminService.DeleteNode:input_type -> tether.v1.DeleteNodeRequest
-	21,  // 61: tether.v1.AdminService.ProvisionInstance:input_type -> tether.v1.ProvisionInstanceRequest
-	23,  // 62: tether.v1.AdminService.GetInstance:input_type -> tether.v1.GetInstanceRequest
-	24,  // 63: tether.v1.AdminService.ListInstances:input_type -> tether.v1.ListInstancesRequest
-	26,  // 64: tether.v1.AdminService.StartInstance:input_type -> tether.v1.InstanceActionRequest
-	26,  // 65: tether.v1.AdminService.StopInstance:input_type -> tether.v1.InstanceActionRequest
-	26,  // 66: tether.v1.AdminService.RebootInstance:input_type -> tether.v1.InstanceActionRequest
-	26,  // 67: tether.v1.AdminService.TerminateInstance:input_type -> tether.v1.InstanceActionRequest
-	27,  // 68: tether.v1.AdminService.HoldInstance:input_type -> tether.v1.HoldInstanceRequest
-	26,  // 69: tether.v1.AdminService.UnholdInstance:input_type -> tether.v1.InstanceActionRequest
-	28,  // 70: tether.v1.AdminService.CordonInstance:input_type -> tether.v1.CordonInstanceRequest
-	26,  // 71: tether.v1.AdminService.UncordonInstance:input_type -> tether.v1.InstanceActionRequest
-	31,  // 72: tether.v1.AdminService.DrainInstance:input_type -> tether.v1.DrainInstanceRequest
-	33,  // 73: tether.v1.AdminService.GetInstanceConsole:input_type -> tether.v1.GetInstanceConsoleRequest
-	35,  // 74: tether.v1.AdminService.CreateSeedISO:input_type -> tether.v1.CreateSeedISORequest
-	37,  // 75: tether.v1.AdminService.CreateBootstrapToken:input_type -> tether.v1.CreateBootstrapTokenRequest
-	39,  // 76: tether.v1.AdminService.ListCertificates:input_type -> tether.v1.ListCertificatesRequest
-	41,  // 77: tether.v1.AdminService.RevokeCertificate:input_type -> tether.v1.RevokeCertificateRequest
-	42,  // 78: tether.v1.AdminService.CreateTask:input_type -> tether.v1.CreateTaskRequest
-	43,  // 79: tether.v1.AdminService.GetTask:input_type -> tether.v1.GetTaskRequest
-	44,  // 80: tether.v1.AdminService.ListTasks:input_type -> tether.v1.ListTasksRequest
-	46,  // 81: tether.v1.AdminService.CancelTask:input_type -> tether.v1.CancelTaskRequest
-	47,  // 82: tether.v1.AdminService.CreatePool:input_type -> tether.v1.CreatePoolRequest
-	48,  // 83: tether.v1.AdminService.GetPool:input_type -> tether.v1.GetPoolRequest
-	49,  // 84: tether.v1.AdminService.ListPools:input_type -> tether.v1.ListPoolsRequest
-	51,  // 85: tether.v1.AdminService.UpdatePool:input_type -> tether.v1.UpdatePoolRequest
-	52,  // 86: tether.v1.AdminService.PausePool:input_type -> tether.v1.PoolActionRequest
-	52,  // 87: tether.v1.AdminService.ActivatePool:input_type -> tether.v1.PoolActionRequest
-	52,  // 88: tether.v1.AdminService.DrainPool:input_type -> tether.v1.PoolActionRequest
-	52,  // 89: tether.v1.AdminService.DeletePool:input_type -> tether.v1.PoolActionRequest
-	52,  // 90: tether.v1.AdminService.ReplenishPool:input_type -> tether.v1.PoolActionRequest
-	52,  // 91: tether.v1.AdminService.RecyclePool:input_type -> tether.v1.PoolActionRequest
-	57,  // 92: tether.v1.AdminService.AcquirePoolMember:input_type -> tether.v1.AcquirePoolMemberRequest
-	59,  // 93: tether.v1.AdminService.ReleasePoolMember:input_type -> tether.v1.ReleasePoolMemberRequest
-	61,  // 94: tether.v1.AdminService.ListEvents:input_type -> tether.v1.ListEventsRequest
-	63,  // 95: tether.v1.AdminService.WatchEvents:input_type -> tether.v1.WatchEventsRequest
-	64,  // 96: tether.v1.AdminService.AddSigner:input_type -> tether.v1.AddSignerRequest
-	65,  // 97: tether.v1.AdminService.ListSigners:input_type -> tether.v1.ListSignersRequest
-	67,  // 98: tether.v1.AdminService.RemoveSigner:input_type -> tether.v1.RemoveSignerRequest
-	69,  // 99: tether.v1.AdminService.SignModule:input_type -> tether.v1.SignModuleRequest
-	70,  // 100: tether.v1.AdminService.CreateIdentity:input_type -> tether.v1.CreateIdentityRequest
-	72,  // 101: tether.v1.AdminService.ListIdentities:input_type -> tether.v1.ListIdentitiesRequest
-	74,  // 102: tether.v1.AdminService.RevokeIdentity:input_type -> tether.v1.RevokeIdentityRequest
-	75,  // 103: tether.v1.AdminService.RenewIdentity:input_type -> tether.v1.RenewIdentityRequest
-	76,  // 104: tether.v1.AdminService.ListAudit:input_type -> tether.v1.ListAuditRequest
-	78,  // 105: tether.v1.AdminService.CreateCredential:input_type -> tether.v1.CreateCredentialRequest
-	80,  // 106: tether.v1.AdminService.ListCredentials:input_type -> tether.v1.ListCredentialsRequest
-	79,  // 107: tether.v1.AdminService.UpdateCredential:input_type -> tether.v1.UpdateCredentialRequest
-	82,  // 108: tether.v1.AdminService.DeleteCredential:input_type -> tether.v1.DeleteCredentialRequest
-	85,  // 109: tether.v1.AdminService.CreateTemplate:output_type -> tether.v1.Template
-	85,  // 110: tether.v1.AdminService.GetTemplate:output_type -> tether.v1.Template
-	3,   // 111: tether.v1.AdminService.ListTemplates:output_type -> tether.v1.ListTemplatesResponse
-	85,  // 112: tether.v1.AdminService.UpdateTemplate:output_type -> tether.v1.Template
-	6,   // 113: tether.v1.AdminService.DeleteTemplate:output_type -> tether.v1.DeleteTemplateResponse
-	87,  // 114: tether.v1.AdminService.PushModule:output_type -> tether.v1.Module
-	87,  // 115: tether.v1.AdminService.GetModule:output_type -> tether.v1.Module
-	11,  // 116: tether.v1.AdminService.ListModules:output_type -> tether.v1.ListModulesResponse
-	13,  // 117: tether.v1.AdminService.DeleteModule:output_type -> tether.v1.DeleteModuleResponse
-	90,  // 118: tether.v1.AdminService.CreateNode:output_type -> tether.v1.Node
-	90,  // 119: tether.v1.AdminService.GetNode:output_type -> tether.v1.Node
-	17,  // 120: tether.v1.AdminService.ListNodes:output_type -> tether.v1.ListNodesResponse
-	90,  // 121: tether.v1.AdminService.UpdateNode:output_type -> tether.v1.Node
-	20,  // 122: tether.v1.AdminService.DeleteNode:output_type -> tether.v1.DeleteNodeResponse
-	22,  // 123: tether.v1.AdminService.ProvisionInstance:output_type -> tether.v1.ProvisionInstanceResponse
-	91,  // 124: tether.v1.AdminService.GetInstance:output_type -> tether.v1.Instance
-	25,  // 125: tether.v1.AdminService.ListInstances:output_type -> tether.v1.ListInstancesResponse
-	91,  // 126: tether.v1.AdminService.StartInstance:output_type -> tether.v1.Instance
-	91,  // 127: tether.v1.AdminService.StopInstance:output_type -> tether.v1.Instance
-	91,  // 128: tether.v1.AdminService.RebootInstance:output_type -> tether.v1.Instance
-	91,  // 129: tether.v1.AdminService.TerminateInstance:output_type -> tether.v1.Instance
-	91,  // 130: tether.v1.AdminService.HoldInstance:output_type -> tether.v1.Instance
-	91,  // 131: tether.v1.AdminService.UnholdInstance:output_type -> tether.v1.Instance
-	29,  // 132: tether.v1.AdminService.CordonInstance:output_type -> tether.v1.CordonInstanceResponse
-	30,  // 133: tether.v1.AdminService.UncordonInstance:output_type -> tether.v1.UncordonInstanceResponse
-	32,  // 134: tether.v1.AdminService.DrainInstance:output_type -> tether.v1.DrainInstanceResponse
-	34,  // 135: tether.v1.AdminService.GetInstanceConsole:output_type -> tether.v1.ConsoleChunk
-	36,  // 136: tether.v1.AdminService.CreateSeedISO:output_type -> tether.v1.CreateSeedISOResponse
-	38,  // 137: tether.v1.AdminService.CreateBootstrapToken:output_type -> tether.v1.CreateBootstrapTokenResponse
-	40,  // 138: tether.v1.AdminService.ListCertificates:output_type -> tether.v1.ListCertificatesResponse
-	94,  // 139: tether.v1.AdminService.RevokeCertificate:output_type -> tether.v1.Certificate
-	99,  // 140: tether.v1.AdminService.CreateTask:output_type -> tether.v1.Task
-	99,  // 141: tether.v1.AdminService.GetTask:output_type -> tether.v1.Task
-	45,  // 142: tether.v1.AdminService.ListTasks:output_type -> tether.v1.ListTasksResponse
-	99,  // 143: tether.v1.AdminService.CancelTask:output_type -> tether.v1.Task
-	102, // 144: tether.v1.AdminService.CreatePool:output_type -> tether.v1.Pool
-	102, // 145: tether.v1.AdminService.GetPool:output_type -> tether.v1.Pool
-	50,  // 146: tether.v1.AdminService.ListPools:output_type -> tether.v1.ListPoolsResponse
-	102, // 147: tether.v1.AdminService.UpdatePool:output_type -> tether.v1.Pool
-	102, // 148: tether.v1.AdminService.PausePool:output_type -> tether.v1.Pool
-	102, // 149: tether.v1.AdminService.ActivatePool:output_type -> tether.v1.Pool
-	53,  // 150: tether.v1.AdminService.DrainPool:output_type -> tether.v1.DrainPoolResponse
-	54,  // 151: tether.v1.AdminService.DeletePool:output_type -> tether.v1.DeletePoolResponse
-	55,  // 152: tether.v1.AdminService.ReplenishPool:output_type -> tether.v1.ReplenishPoolResponse
-	56,  // 153: tether.v1.AdminService.RecyclePool:output_type -> tether.v1.RecyclePoolResponse
-	58,  // 154: tether.v1.AdminService.AcquirePoolMember:output_type -> tether.v1.AcquirePoolMemberResponse
-	60,  // 155: tether.v1.AdminService.ReleasePoolMember:output_type -> tether.v1.ReleasePoolMemberResponse
-	62,  // 156: tether.v1.AdminService.ListEvents:output_type -> tether.v1.ListEventsResponse
-	104, // 157: tether.v1.AdminService.WatchEvents:output_type -> tether.v1.FleetEvent
-	105, // 158: tether.v1.AdminService.AddSigner:output_type -> tether.v1.Signer
-	66,  // 159: tether.v1.AdminService.ListSigners:output_type -> tether.v1.ListSignersResponse
-	68,  // 160: tether.v1.AdminService.RemoveSigner:output_type -> tether.v1.RemoveSignerResponse
-	87,  // 161: tether.v1.AdminService.SignModule:output_type -> tether.v1.Module
-	71,  // 162: tether.v1.AdminService.CreateIdentity:output_type -> tether.v1.IdentityCertificate
-	73,  // 163: tether.v1.AdminService.ListIdentities:output_type -> tether.v1.ListIdentitiesResponse
-	106, // 164: tether.v1.AdminService.RevokeIdentity:output_type -> tether.v1.AdminIdentity
-	71,  // 165: tether.v1.AdminService.RenewIdentity:output_type -> tether.v1.IdentityCertificate
-	77,  // 166: tether.v1.AdminService.ListAudit:output_type -> tether.v1.ListAuditResponse
-	108, // 167: tether.v1.AdminService.CreateCredential:output_type -> tether.v1.Credential
-	81,  // 168: tether.v1.AdminService.ListCredentials:output_type -> tether.v1.ListCredentialsResponse
-	108, // 169: tether.v1.AdminService.UpdateCredential:output_type -> tether.v1.Credential
-	83,  // 170: tether.v1.AdminService.DeleteCredential:output_type -> tether.v1.DeleteCredentialResponse
-	109, // [109:171] is the sub-list for method output_type
-	47,  // [47:109] is the sub-list for method input_type
-	47,  // [47:47] is the sub-list for extension type_name
-	47,  // [47:47] is the sub-list for extension extendee
-	0,   // [0:47] is the sub-list for field type_name
+	88,  // 6: tether.v1.PushModuleHeader.signatures:type_name -> tether.v1.ModuleSignature
+	89,  // 7: tether.v1.ListModulesResponse.modules:type_name -> tether.v1.Module
+	90,  // 8: tether.v1.CreateNodeRequest.config:type_name -> google.protobuf.Struct
+	91,  // 9: tether.v1.CreateNodeRequest.bmc:type_name -> tether.v1.NodeBMC
+	92,  // 10: tether.v1.ListNodesResponse.nodes:type_name -> tether.v1.Node
+	90,  // 11: tether.v1.UpdateNodeRequest.config:type_name -> google.protobuf.Struct
+	91,  // 12: tether.v1.UpdateNodeRequest.bmc:type_name -> tether.v1.NodeBMC
+	92,  // 13: tether.v1.AdoptNodeResponse.node:type_name -> tether.v1.Node
+	93,  // 14: tether.v1.ProvisionInstanceResponse.instance:type_name -> tether.v1.Instance
+	94,  // 15: tether.v1.ListInstancesRequest.status:type_name -> tether.v1.InstanceStatus
+	93,  // 16: tether.v1.ListInstancesResponse.instances:type_name -> tether.v1.Instance
+	93,  // 17: tether.v1.CordonInstanceResponse.instance:type_name -> tether.v1.Instance
+	93,  // 18: tether.v1.UncordonInstanceResponse.instance:type_name -> tether.v1.Instance
+	93,  // 19: tether.v1.DrainInstanceResponse.instance:type_name -> tether.v1.Instance
+	95,  // 20: tether.v1.CreateBootstrapTokenResponse.expires_at:type_name -> google.protobuf.Timestamp
+	96,  // 21: tether.v1.ListCertificatesResponse.certificates:type_name -> tether.v1.Certificate
+	97,  // 22: tether.v1.CreateTaskRequest.kind:type_name -> tether.v1.TaskKind
+	98,  // 23: tether.v1.CreateTaskRequest.exec:type_name -> tether.v1.ExecPayload
+	99,  // 24: tether.v1.ListTasksRequest.target:type_name -> tether.v1.TaskTarget
+	100, // 25: tether.v1.ListTasksRequest.status:type_name -> tether.v1.TaskStatus
+	101, // 26: tether.v1.ListTasksResponse.tasks:type_name -> tether.v1.Task
+	102, // 27: tether.v1.CreatePoolRequest.lifecycle_class:type_name -> tether.v1.LifecycleClass
+	103, // 28: tether.v1.CreatePoolRequest.metadata:type_name -> tether.v1.PoolMetadata
+	104, // 29: tether.v1.ListPoolsResponse.pools:type_name -> tether.v1.Pool
+	102, // 30: tether.v1.UpdatePoolRequest.lifecycle_class:type_name -> tether.v1.LifecycleClass
+	103, // 31: tether.v1.UpdatePoolRequest.metadata:type_name -> tether.v1.PoolMetadata
+	104, // 32: tether.v1.DrainPoolResponse.pool:type_name -> tether.v1.Pool
+	104, // 33: tether.v1.ReplenishPoolResponse.pool:type_name -> tether.v1.Pool
+	104, // 34: tether.v1.RecyclePoolResponse.pool:type_name -> tether.v1.Pool
+	102, // 35: tether.v1.AcquirePoolMemberRequest.lifecycle_class:type_name -> tether.v1.LifecycleClass
+	93,  // 36: tether.v1.AcquirePoolMemberResponse.instance:type_name -> tether.v1.Instance
+	93,  // 37: tether.v1.ReleasePoolMemberResponse.instance:type_name -> tether.v1.Instance
+	105, // 38: tether.v1.ListEventsRequest.min_severity:type_name -> tether.v1.Severity
+	106, // 39: tether.v1.ListEventsResponse.events:type_name -> tether.v1.FleetEvent
+	105, // 40: tether.v1.WatchEventsRequest.min_severity:type_name -> tether.v1.Severity
+	107, // 41: tether.v1.ListSignersResponse.signers:type_name -> tether.v1.Signer
+	88,  // 42: tether.v1.SignModuleRequest.signature:type_name -> tether.v1.ModuleSignature
+	108, // 43: tether.v1.IdentityCertificate.identity:type_name -> tether.v1.AdminIdentity
+	108, // 44: tether.v1.ListIdentitiesResponse.identities:type_name -> tether.v1.AdminIdentity
+	95,  // 45: tether.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
+	109, // 46: tether.v1.ListAuditResponse.records:type_name -> tether.v1.AuditRecord
+	110, // 47: tether.v1.ListCredentialsResponse.credentials:type_name -> tether.v1.Credential
+	0,   // 48: tether.v1.AdminService.CreateTemplate:input_type -> tether.v1.CreateTemplateRequest
+	1,   // 49: tether.v1.AdminService.GetTemplate:input_type -> tether.v1.GetTemplateRequest
+	2,   // 50: tether.v1.AdminService.ListTemplates:input_type -> tether.v1.ListTemplatesRequest
+	4,   // 51: tether.v1.AdminService.UpdateTemplate:input_type -> tether.v1.UpdateTemplateRequest
+	5,   // 52: tether.v1.AdminService.DeleteTemplate:input_type -> tether.v1.DeleteTemplateRequest
+	7,   // 53: tether.v1.AdminService.PushModule:input_type -> tether.v1.PushModuleRequest
+	9,   // 54: tether.v1.AdminService.GetModule:input_type -> tether.v1.GetModuleRequest
+	10,  // 55: tether.v1.AdminService.ListModules:input_type -> tether.v1.ListModulesRequest
+	12,  // 56: tether.v1.AdminService.DeleteModule:input_type -> tether.v1.DeleteModuleRequest
+	14,  // 57: tether.v1.AdminService.CreateNode:input_type -> tether.v1.CreateNodeRequest
+	15,  // 58: tether.v1.AdminService.GetNode:input_type -> tether.v1.GetNodeRequest
+	16,  // 59: tether.v1.AdminService.ListNodes:input_type -> tether.v1.ListNodesRequest
+	18,  // 60: tether.v1.AdminService.UpdateNode:input_type -> tether.v1.UpdateNodeRequest
+	19,  // 61: tether.v1.AdminService.DeleteNode:input_type -> tether.v1.DeleteNodeRequest
+	20,  // 62: tether.v1.AdminService.AdoptNode:input_type -> tether.v1.AdoptNodeRequest
+	23,  // 63: tether.v1.AdminService.ProvisionInstance:input_type -> tether.v1.ProvisionInstanceRequest
+	25,  // 64: tether.v1.AdminService.GetInstance:input_type -> tether.v1.GetInstanceRequest
+	26,  // 65: tether.v1.AdminService.ListInstances:input_type -> tether.v1.ListInstancesRequest
+	28,  // 66: tether.v1.AdminService.StartInstance:input_type -> tether.v1.InstanceActionRequest
+	28,  // 67: tether.v1.AdminService.StopInstance:input_type -> tether.v1.InstanceActionRequest
+	28,  // 68: tether.v1.AdminService.RebootInstance:input_type -> tether.v1.InstanceActionRequest
+	28,  // 69: tether.v1.AdminService.TerminateInstance:input_type -> tether.v1.InstanceActionRequest
+	29,  // 70: tether.v1.AdminService.HoldInstance:input_type -> tether.v1.HoldInstanceRequest
+	28,  // 71: tether.v1.AdminService.UnholdInstance:input_type -> tether.v1.InstanceActionRequest
+	30,  // 72: tether.v1.AdminService.CordonInstance:input_type -> tether.v1.CordonInstanceRequest
+	28,  // 73: tether.v1.AdminService.UncordonInstance:input_type -> tether.v1.InstanceActionRequest
+	33,  // 74: tether.v1.AdminService.DrainInstance:input_type -> tether.v1.DrainInstanceRequest
+	35,  // 75: tether.v1.AdminService.GetInstanceConsole:input_type -> tether.v1.GetInstanceConsoleRequest
+	37,  // 76: tether.v1.AdminService.CreateSeedISO:input_type -> tether.v1.CreateSeedISORequest
+	39,  // 77: tether.v1.AdminService.CreateBootstrapToken:input_type -> tether.v1.CreateBootstrapTokenRequest
+	41,  // 78: tether.v1.AdminService.ListCertificates:input_type -> tether.v1.ListCertificatesRequest
+	43,  // 79: tether.v1.AdminService.RevokeCertificate:input_type -> tether.v1.RevokeCertificateRequest
+	44,  // 80: tether.v1.AdminService.CreateTask:input_type -> tether.v1.CreateTaskRequest
+	45,  // 81: tether.v1.AdminService.GetTask:input_type -> tether.v1.GetTaskRequest
+	46,  // 82: tether.v1.AdminService.ListTasks:input_type -> tether.v1.ListTasksRequest
+	48,  // 83: tether.v1.AdminService.CancelTask:input_type -> tether.v1.CancelTaskRequest
+	49,  // 84: tether.v1.AdminService.CreatePool:input_type -> tether.v1.CreatePoolRequest
+	50,  // 85: tether.v1.AdminService.GetPool:input_type -> tether.v1.GetPoolRequest
+	51,  // 86: tether.v1.AdminService.ListPools:input_type -> tether.v1.ListPoolsRequest
+	53,  // 87: tether.v1.AdminService.UpdatePool:input_type -> tether.v1.UpdatePoolRequest
+	54,  // 88: tether.v1.AdminService.PausePool:input_type -> tether.v1.PoolActionRequest
+	54,  // 89: tether.v1.AdminService.ActivatePool:input_type -> tether.v1.PoolActionRequest
+	54,  // 90: tether.v1.AdminService.DrainPool:input_type -> tether.v1.PoolActionRequest
+	54,  // 91: tether.v1.AdminService.DeletePool:input_type -> tether.v1.PoolActionRequest
+	54,  // 92: tether.v1.AdminService.ReplenishPool:input_type -> tether.v1.PoolActionRequest
+	54,  // 93: tether.v1.AdminService.RecyclePool:input_type -> tether.v1.PoolActionRequest
+	59,  // 94: tether.v1.AdminService.AcquirePoolMember:input_type -> tether.v1.AcquirePoolMemberRequest
+	61,  // 95: tether.v1.AdminService.ReleasePoolMember:input_type -> tether.v1.ReleasePoolMemberRequest
+	63,  // 96: tether.v1.AdminService.ListEvents:input_type -> tether.v1.ListEventsRequest
+	65,  // 97: tether.v1.AdminService.WatchEvents:input_type -> tether.v1.WatchEventsRequest
+	66,  // 98: tether.v1.AdminService.AddSigner:input_type -> tether.v1.AddSignerRequest
+	67,  // 99: tether.v1.AdminService.ListSigners:input_type -> tether.v1.ListSignersRequest
+	69,  // 100: tether.v1.AdminService.RemoveSigner:input_type -> tether.v1.RemoveSignerRequest
+	71,  // 101: tether.v1.AdminService.SignModule:input_type -> tether.v1.SignModuleRequest
+	72,  // 102: tether.v1.AdminService.CreateIdentity:input_type -> tether.v1.CreateIdentityRequest
+	74,  // 103: tether.v1.AdminService.ListIdentities:input_type -> tether.v1.ListIdentitiesRequest
+	76,  // 104: tether.v1.AdminService.RevokeIdentity:input_type -> tether.v1.RevokeIdentityRequest
+	77,  // 105: tether.v1.AdminService.RenewIdentity:input_type -> tether.v1.RenewIdentityRequest
+	78,  // 106: tether.v1.AdminService.ListAudit:input_type -> tether.v1.ListAuditRequest
+	80,  // 107: tether.v1.AdminService.CreateCredential:input_type -> tether.v1.CreateCredentialRequest
+	82,  // 108: tether.v1.AdminService.ListCredentials:input_type -> tether.v1.ListCredentialsRequest
+	81,  // 109: tether.v1.AdminService.UpdateCredential:input_type -> tether.v1.UpdateCredentialRequest
+	84,  // 110: tether.v1.AdminService.DeleteCredential:input_type -> tether.v1.DeleteCredentialRequest
+	87,  // 111: tether.v1.AdminService.CreateTemplate:output_type -> tether.v1.Template
+	87,  // 112: tether.v1.AdminService.GetTemplate:output_type -> tether.v1.Template
+	3,   // 113: tether.v1.AdminService.ListTemplates:output_type -> tether.v1.ListTemplatesResponse
+	87,  // 114: tether.v1.AdminService.UpdateTemplate:output_type -> tether.v1.Template
+	6,   // 115: tether.v1.AdminService.DeleteTemplate:output_type -> tether.v1.DeleteTemplateResponse
+	89,  // 116: tether.v1.AdminService.PushModule:output_type -> tether.v1.Module
+	89,  // 117: tether.v1.AdminService.GetModule:output_type -> tether.v1.Module
+	11,  // 118: tether.v1.AdminService.ListModules:output_type -> tether.v1.ListModulesResponse
+	13,  // 119: tether.v1.AdminService.DeleteModule:output_type -> tether.v1.DeleteModuleResponse
+	92,  // 120: tether.v1.AdminService.CreateNode:output_type -> tether.v1.Node
+	92,  // 121: tether.v1.AdminService.GetNode:output_type -> tether.v1.Node
+	17,  // 122: tether.v1.AdminService.ListNodes:output_type -> tether.v1.ListNodesResponse
+	92,  // 123: tether.v1.AdminService.UpdateNode:output_type -> tether.v1.Node
+	22,  // 124: tether.v1.AdminService.DeleteNode:output_type -> tether.v1.DeleteNodeResponse
+	21,  // 125: tether.v1.AdminService.AdoptNode:output_type -> tether.v1.AdoptNodeResponse
+	24,  // 126: tether.v1.AdminService.ProvisionInstance:output_type -> tether.v1.ProvisionInstanceResponse
+	93,  // 127: tether.v1.AdminService.GetInstance:output_type -> tether.v1.Instance
+	27,  // 128: tether.v1.AdminService.ListInstances:output_type -> tether.v1.ListInstancesResponse
+	93,  // 129: tether.v1.AdminService.StartInstance:output_type -> tether.v1.Instance
+	93,  // 130: tether.v1.AdminService.StopInstance:output_type -> tether.v1.Instance
+	93,  // 131: tether.v1.AdminService.RebootInstance:output_type -> tether.v1.Instance
+	93,  // 132: tether.v1.AdminService.TerminateInstance:output_type -> tether.v1.Instance
+	93,  // 133: tether.v1.AdminService.HoldInstance:output_type -> tether.v1.Instance
+	93,  // 134: tether.v1.AdminService.UnholdInstance:output_type -> tether.v1.Instance
+	31,  // 135: tether.v1.AdminService.CordonInstance:output_type -> tether.v1.CordonInstanceResponse
+	32,  // 136: tether.v1.AdminService.UncordonInstance:output_type -> tether.v1.UncordonInstanceResponse
+	34,  // 137: tether.v1.AdminService.DrainInstance:output_type -> tether.v1.DrainInstanceResponse
+	36,  // 138: tether.v1.AdminService.GetInstanceConsole:output_type -> tether.v1.ConsoleChunk
+	38,  // 139: tether.v1.AdminService.CreateSeedISO:output_type -> tether.v1.CreateSeedISOResponse
+	40,  // 140: tether.v1.AdminService.CreateBootstrapToken:output_type -> tether.v1.CreateBootstrapTokenResponse
+	42,  // 141: tether.v1.AdminService.ListCertificates:output_type -> tether.v1.ListCertificatesResponse
+	96,  // 142: tether.v1.AdminService.RevokeCertificate:output_type -> tether.v1.Certificate
+	101, // 143: tether.v1.AdminService.CreateTask:output_type -> tether.v1.Task
+	101, // 144: tether.v1.AdminService.GetTask:output_type -> tether.v1.Task
+	47,  // 145: tether.v1.AdminService.ListTasks:output_type -> tether.v1.ListTasksResponse
+	101, // 146: tether.v1.AdminService.CancelTask:output_type -> tether.v1.Task
+	104, // 147: tether.v1.AdminService.CreatePool:output_type -> tether.v1.Pool
+	104, // 148: tether.v1.AdminService.GetPool:output_type -> tether.v1.Pool
+	52,  // 149: tether.v1.AdminService.ListPools:output_type -> tether.v1.ListPoolsResponse
+	104, // 150: tether.v1.AdminService.UpdatePool:output_type -> tether.v1.Pool
+	104, // 151: tether.v1.AdminService.PausePool:output_type -> tether.v1.Pool
+	104, // 152: tether.v1.AdminService.ActivatePool:output_type -> tether.v1.Pool
+	55,  // 153: tether.v1.AdminService.DrainPool:output_type -> tether.v1.DrainPoolResponse
+	56,  // 154: tether.v1.AdminService.DeletePool:output_type -> tether.v1.DeletePoolResponse
+	57,  // 155: tether.v1.AdminService.ReplenishPool:output_type -> tether.v1.ReplenishPoolResponse
+	58,  // 156: tether.v1.AdminService.RecyclePool:output_type -> tether.v1.RecyclePoolResponse
+	60,  // 157: tether.v1.AdminService.AcquirePoolMember:output_type -> tether.v1.AcquirePoolMemberResponse
+	62,  // 158: tether.v1.AdminService.ReleasePoolMember:output_type -> tether.v1.ReleasePoolMemberResponse
+	64,  // 159: tether.v1.AdminService.ListEvents:output_type -> tether.v1.ListEventsResponse
+	106, // 160: tether.v1.AdminService.WatchEvents:output_type -> tether.v1.FleetEvent
+	107, // 161: tether.v1.AdminService.AddSigner:output_type -> tether.v1.Signer
+	68,  // 162: tether.v1.AdminService.ListSigners:output_type -> tether.v1.ListSignersResponse
+	70,  // 163: tether.v1.AdminService.RemoveSigner:output_type -> tether.v1.RemoveSignerResponse
+	89,  // 164: tether.v1.AdminService.SignModule:output_type -> tether.v1.Module
+	73,  // 165: tether.v1.AdminService.CreateIdentity:output_type -> tether.v1.IdentityCertificate
+	75,  // 166: tether.v1.AdminService.ListIdentities:output_type -> tether.v1.ListIdentitiesResponse
+	108, // 167: tether.v1.AdminService.RevokeIdentity:output_type -> tether.v1.AdminIdentity
+	73,  // 168: tether.v1.AdminService.RenewIdentity:output_type -> tether.v1.IdentityCertificate
+	79,  // 169: tether.v1.AdminService.ListAudit:output_type -> tether.v1.ListAuditResponse
+	110, // 170: tether.v1.AdminService.CreateCredential:output_type -> tether.v1.Credential
+	83,  // 171: tether.v1.AdminService.ListCredentials:output_type -> tether.v1.ListCredentialsResponse
+	110, // 172: tether.v1.AdminService.UpdateCredential:output_type -> tether.v1.Credential
+	85,  // 173: tether.v1.AdminService.DeleteCredential:output_type -> tether.v1.DeleteCredentialResponse
+	111, // [111:174] is the sub-list for method output_type
+	48,  // [48:111] is the sub-list for method input_type
+	48,  // [48:48] is the sub-list for extension type_name
+	48,  // [48:48] is the sub-list for extension extendee
+	0,   // [0:48] is the sub-list for field type_name
 }
 
 func init() { file_tether_v1_admin_proto_init() }
@@ -5731,14 +5891,14 @@ func file_tether_v1_admin_proto_init() {
 		(*PushModuleRequest_Chunk)(nil),
 	}
 	file_tether_v1_admin_proto_msgTypes[14].OneofWrappers = []any{}
-	file_tether_v1_admin_proto_msgTypes[47].OneofWrappers = []any{}
+	file_tether_v1_admin_proto_msgTypes[49].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tether_v1_admin_proto_rawDesc), len(file_tether_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   84,
+			NumMessages:   86,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -33,6 +33,7 @@ const (
 	AdminService_ListNodes_FullMethodName            = "/tether.v1.AdminService/ListNodes"
 	AdminService_UpdateNode_FullMethodName           = "/tether.v1.AdminService/UpdateNode"
 	AdminService_DeleteNode_FullMethodName           = "/tether.v1.AdminService/DeleteNode"
+	AdminService_AdoptNode_FullMethodName            = "/tether.v1.AdminService/AdoptNode"
 	AdminService_ProvisionInstance_FullMethodName    = "/tether.v1.AdminService/ProvisionInstance"
 	AdminService_GetInstance_FullMethodName          = "/tether.v1.AdminService/GetInstance"
 	AdminService_ListInstances_FullMethodName        = "/tether.v1.AdminService/ListInstances"
@@ -107,6 +108,9 @@ type AdminServiceClient interface {
 	ListNodes(ctx context.Context, in *ListNodesRequest, opts ...grpc.CallOption) (*ListNodesResponse, error)
 	UpdateNode(ctx context.Context, in *UpdateNodeRequest, opts ...grpc.CallOption) (*Node, error)
 	DeleteNode(ctx context.Context, in *DeleteNodeRequest, opts ...grpc.CallOption) (*DeleteNodeResponse, error)
+	// Binds a machine seen netbooting (its MAC and the EK it announced) to a
+	// node, created if need be, in one audited transaction (admin only).
+	AdoptNode(ctx context.Context, in *AdoptNodeRequest, opts ...grpc.CallOption) (*AdoptNodeResponse, error)
 	// Instances.
 	ProvisionInstance(ctx context.Context, in *ProvisionInstanceRequest, opts ...grpc.CallOption) (*ProvisionInstanceResponse, error)
 	GetInstance(ctx context.Context, in *GetInstanceRequest, opts ...grpc.CallOption) (*Instance, error)
@@ -317,6 +321,16 @@ func (c *adminServiceClient) DeleteNode(ctx context.Context, in *DeleteNodeReque
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(DeleteNodeResponse)
 	err := c.cc.Invoke(ctx, AdminService_DeleteNode_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) AdoptNode(ctx context.Context, in *AdoptNodeRequest, opts ...grpc.CallOption) (*AdoptNodeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AdoptNodeResponse)
+	err := c.cc.Invoke(ctx, AdminService_AdoptNode_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -845,6 +859,9 @@ type AdminServiceServer interface {
 	ListNodes(context.Context, *ListNodesRequest) (*ListNodesResponse, error)
 	UpdateNode(context.Context, *UpdateNodeRequest) (*Node, error)
 	DeleteNode(context.Context, *DeleteNodeRequest) (*DeleteNodeResponse, error)
+	// Binds a machine seen netbooting (its MAC and the EK it announced) to a
+	// node, created if need be, in one audited transaction (admin only).
+	AdoptNode(context.Context, *AdoptNodeRequest) (*AdoptNodeResponse, error)
 	// Instances.
 	ProvisionInstance(context.Context, *ProvisionInstanceRequest) (*ProvisionInstanceResponse, error)
 	GetInstance(context.Context, *GetInstanceRequest) (*Instance, error)
@@ -959,6 +976,9 @@ func (UnimplementedAdminServiceServer) UpdateNode(context.Context, *UpdateNodeRe
 }
 func (UnimplementedAdminServiceServer) DeleteNode(context.Context, *DeleteNodeRequest) (*DeleteNodeResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DeleteNode not implemented")
+}
+func (UnimplementedAdminServiceServer) AdoptNode(context.Context, *AdoptNodeRequest) (*AdoptNodeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method AdoptNode not implemented")
 }
 func (UnimplementedAdminServiceServer) ProvisionInstance(context.Context, *ProvisionInstanceRequest) (*ProvisionInstanceResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ProvisionInstance not implemented")
@@ -1362,6 +1382,24 @@ func _AdminService_DeleteNode_Handler(srv interface{}, ctx context.Context, dec 
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(AdminServiceServer).DeleteNode(ctx, req.(*DeleteNodeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_AdoptNode_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AdoptNodeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).AdoptNode(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_AdoptNode_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).AdoptNode(ctx, req.(*AdoptNodeRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -2274,6 +2312,10 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DeleteNode",
 			Handler:    _AdminService_DeleteNode_Handler,
+		},
+		{
+			MethodName: "AdoptNode",
+			Handler:    _AdminService_AdoptNode_Handler,
 		},
 		{
 			MethodName: "ProvisionInstance",

@@ -22,6 +22,62 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type NetbootAnnounceReply_State int32
+
+const (
+	NetbootAnnounceReply_STATE_UNSPECIFIED NetbootAnnounceReply_State = 0
+	// The MAC is unknown; the announcement is recorded for netboot seen.
+	NetbootAnnounceReply_STATE_ANNOUNCED NetbootAnnounceReply_State = 1
+	// A node has the MAC, with no instance booting: wait.
+	NetbootAnnounceReply_STATE_ADOPTED NetbootAnnounceReply_State = 2
+	// A node has the MAC and an instance of it is booting: reboot, and
+	// the firmware fetches its script.
+	NetbootAnnounceReply_STATE_BOOT NetbootAnnounceReply_State = 3
+)
+
+// Enum value maps for NetbootAnnounceReply_State.
+var (
+	NetbootAnnounceReply_State_name = map[int32]string{
+		0: "STATE_UNSPECIFIED",
+		1: "STATE_ANNOUNCED",
+		2: "STATE_ADOPTED",
+		3: "STATE_BOOT",
+	}
+	NetbootAnnounceReply_State_value = map[string]int32{
+		"STATE_UNSPECIFIED": 0,
+		"STATE_ANNOUNCED":   1,
+		"STATE_ADOPTED":     2,
+		"STATE_BOOT":        3,
+	}
+)
+
+func (x NetbootAnnounceReply_State) Enum() *NetbootAnnounceReply_State {
+	p := new(NetbootAnnounceReply_State)
+	*p = x
+	return p
+}
+
+func (x NetbootAnnounceReply_State) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (NetbootAnnounceReply_State) Descriptor() protoreflect.EnumDescriptor {
+	return file_tether_v1_enrollment_proto_enumTypes[0].Descriptor()
+}
+
+func (NetbootAnnounceReply_State) Type() protoreflect.EnumType {
+	return &file_tether_v1_enrollment_proto_enumTypes[0]
+}
+
+func (x NetbootAnnounceReply_State) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use NetbootAnnounceReply_State.Descriptor instead.
+func (NetbootAnnounceReply_State) EnumDescriptor() ([]byte, []int) {
+	return file_tether_v1_enrollment_proto_rawDescGZIP(), []int{11, 0}
+}
+
 type EnrollRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Token string                 `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
@@ -698,6 +754,144 @@ func (x *AttestChallenge) GetSecret() []byte {
 	return nil
 }
 
+// NetbootAnnounce is what an unknown machine's agent, booted by the
+// netboot server to announce itself, POSTs to /netboot/announce (binary
+// protobuf over the netboot HTTP port, no credential): its hardware
+// address and its TPM's endorsement key, a hint an admin acts on with
+// `tetherctl node adopt` (docs/adr/0030).
+type NetbootAnnounce struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Mac   string                 `protobuf:"bytes,1,opt,name=mac,proto3" json:"mac,omitempty"`
+	// PKIX DER; empty when the machine has no TPM.
+	EkPublic []byte `protobuf:"bytes,2,opt,name=ek_public,json=ekPublic,proto3" json:"ek_public,omitempty"`
+	// DER; empty when the TPM holds none.
+	EkCertificate []byte `protobuf:"bytes,3,opt,name=ek_certificate,json=ekCertificate,proto3" json:"ek_certificate,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NetbootAnnounce) Reset() {
+	*x = NetbootAnnounce{}
+	mi := &file_tether_v1_enrollment_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NetbootAnnounce) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NetbootAnnounce) ProtoMessage() {}
+
+func (x *NetbootAnnounce) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_enrollment_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NetbootAnnounce.ProtoReflect.Descriptor instead.
+func (*NetbootAnnounce) Descriptor() ([]byte, []int) {
+	return file_tether_v1_enrollment_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *NetbootAnnounce) GetMac() string {
+	if x != nil {
+		return x.Mac
+	}
+	return ""
+}
+
+func (x *NetbootAnnounce) GetEkPublic() []byte {
+	if x != nil {
+		return x.EkPublic
+	}
+	return nil
+}
+
+func (x *NetbootAnnounce) GetEkCertificate() []byte {
+	if x != nil {
+		return x.EkCertificate
+	}
+	return nil
+}
+
+type NetbootAnnounceReply struct {
+	state protoimpl.MessageState     `protogen:"open.v1"`
+	State NetbootAnnounceReply_State `protobuf:"varint,1,opt,name=state,proto3,enum=tether.v1.NetbootAnnounceReply_State" json:"state,omitempty"`
+	// The node that has the MAC (ADOPTED, BOOT).
+	Node string `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	// The EK hash the control plane computed (ANNOUNCED).
+	EkHash string `protobuf:"bytes,3,opt,name=ek_hash,json=ekHash,proto3" json:"ek_hash,omitempty"`
+	// One line for the console.
+	Message       string `protobuf:"bytes,4,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NetbootAnnounceReply) Reset() {
+	*x = NetbootAnnounceReply{}
+	mi := &file_tether_v1_enrollment_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NetbootAnnounceReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NetbootAnnounceReply) ProtoMessage() {}
+
+func (x *NetbootAnnounceReply) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_enrollment_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NetbootAnnounceReply.ProtoReflect.Descriptor instead.
+func (*NetbootAnnounceReply) Descriptor() ([]byte, []int) {
+	return file_tether_v1_enrollment_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *NetbootAnnounceReply) GetState() NetbootAnnounceReply_State {
+	if x != nil {
+		return x.State
+	}
+	return NetbootAnnounceReply_STATE_UNSPECIFIED
+}
+
+func (x *NetbootAnnounceReply) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *NetbootAnnounceReply) GetEkHash() string {
+	if x != nil {
+		return x.EkHash
+	}
+	return ""
+}
+
+func (x *NetbootAnnounceReply) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
 var File_tether_v1_enrollment_proto protoreflect.FileDescriptor
 
 const file_tether_v1_enrollment_proto_rawDesc = "" +
@@ -749,7 +943,22 @@ const file_tether_v1_enrollment_proto_rawDesc = "" +
 	"\n" +
 	"credential\x18\x02 \x01(\fR\n" +
 	"credential\x12\x16\n" +
-	"\x06secret\x18\x03 \x01(\fR\x06secret2\xad\x01\n" +
+	"\x06secret\x18\x03 \x01(\fR\x06secret\"g\n" +
+	"\x0fNetbootAnnounce\x12\x10\n" +
+	"\x03mac\x18\x01 \x01(\tR\x03mac\x12\x1b\n" +
+	"\tek_public\x18\x02 \x01(\fR\bekPublic\x12%\n" +
+	"\x0eek_certificate\x18\x03 \x01(\fR\rekCertificate\"\xf2\x01\n" +
+	"\x14NetbootAnnounceReply\x12;\n" +
+	"\x05state\x18\x01 \x01(\x0e2%.tether.v1.NetbootAnnounceReply.StateR\x05state\x12\x12\n" +
+	"\x04node\x18\x02 \x01(\tR\x04node\x12\x17\n" +
+	"\aek_hash\x18\x03 \x01(\tR\x06ekHash\x12\x18\n" +
+	"\amessage\x18\x04 \x01(\tR\amessage\"V\n" +
+	"\x05State\x12\x15\n" +
+	"\x11STATE_UNSPECIFIED\x10\x00\x12\x13\n" +
+	"\x0fSTATE_ANNOUNCED\x10\x01\x12\x11\n" +
+	"\rSTATE_ADOPTED\x10\x02\x12\x0e\n" +
+	"\n" +
+	"STATE_BOOT\x10\x032\xad\x01\n" +
 	"\x11EnrollmentService\x12=\n" +
 	"\x06Enroll\x12\x18.tether.v1.EnrollRequest\x1a\x19.tether.v1.EnrollResponse\x12Y\n" +
 	"\x0eEnrollAttested\x12 .tether.v1.AttestedEnrollRequest\x1a!.tether.v1.AttestedEnrollResponse(\x010\x01B8Z6github.com/tetherfleet/tether/proto/tether/v1;tetherv1b\x06proto3"
@@ -766,38 +975,43 @@ func file_tether_v1_enrollment_proto_rawDescGZIP() []byte {
 	return file_tether_v1_enrollment_proto_rawDescData
 }
 
-var file_tether_v1_enrollment_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_tether_v1_enrollment_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_tether_v1_enrollment_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_tether_v1_enrollment_proto_goTypes = []any{
-	(*EnrollRequest)(nil),          // 0: tether.v1.EnrollRequest
-	(*EnrollResponse)(nil),         // 1: tether.v1.EnrollResponse
-	(*AttestedEnrollRequest)(nil),  // 2: tether.v1.AttestedEnrollRequest
-	(*AttestBegin)(nil),            // 3: tether.v1.AttestBegin
-	(*AttestationKey)(nil),         // 4: tether.v1.AttestationKey
-	(*AttestProof)(nil),            // 5: tether.v1.AttestProof
-	(*TPMQuote)(nil),               // 6: tether.v1.TPMQuote
-	(*PCRValue)(nil),               // 7: tether.v1.PCRValue
-	(*AttestedEnrollResponse)(nil), // 8: tether.v1.AttestedEnrollResponse
-	(*AttestChallenge)(nil),        // 9: tether.v1.AttestChallenge
-	(*timestamppb.Timestamp)(nil),  // 10: google.protobuf.Timestamp
+	(NetbootAnnounceReply_State)(0), // 0: tether.v1.NetbootAnnounceReply.State
+	(*EnrollRequest)(nil),           // 1: tether.v1.EnrollRequest
+	(*EnrollResponse)(nil),          // 2: tether.v1.EnrollResponse
+	(*AttestedEnrollRequest)(nil),   // 3: tether.v1.AttestedEnrollRequest
+	(*AttestBegin)(nil),             // 4: tether.v1.AttestBegin
+	(*AttestationKey)(nil),          // 5: tether.v1.AttestationKey
+	(*AttestProof)(nil),             // 6: tether.v1.AttestProof
+	(*TPMQuote)(nil),                // 7: tether.v1.TPMQuote
+	(*PCRValue)(nil),                // 8: tether.v1.PCRValue
+	(*AttestedEnrollResponse)(nil),  // 9: tether.v1.AttestedEnrollResponse
+	(*AttestChallenge)(nil),         // 10: tether.v1.AttestChallenge
+	(*NetbootAnnounce)(nil),         // 11: tether.v1.NetbootAnnounce
+	(*NetbootAnnounceReply)(nil),    // 12: tether.v1.NetbootAnnounceReply
+	(*timestamppb.Timestamp)(nil),   // 13: google.protobuf.Timestamp
 }
 var file_tether_v1_enrollment_proto_depIdxs = []int32{
-	10, // 0: tether.v1.EnrollResponse.not_after:type_name -> google.protobuf.Timestamp
-	3,  // 1: tether.v1.AttestedEnrollRequest.begin:type_name -> tether.v1.AttestBegin
-	5,  // 2: tether.v1.AttestedEnrollRequest.proof:type_name -> tether.v1.AttestProof
-	4,  // 3: tether.v1.AttestBegin.ak:type_name -> tether.v1.AttestationKey
-	6,  // 4: tether.v1.AttestProof.quotes:type_name -> tether.v1.TPMQuote
-	7,  // 5: tether.v1.AttestProof.pcrs:type_name -> tether.v1.PCRValue
-	9,  // 6: tether.v1.AttestedEnrollResponse.challenge:type_name -> tether.v1.AttestChallenge
-	1,  // 7: tether.v1.AttestedEnrollResponse.enrolled:type_name -> tether.v1.EnrollResponse
-	0,  // 8: tether.v1.EnrollmentService.Enroll:input_type -> tether.v1.EnrollRequest
-	2,  // 9: tether.v1.EnrollmentService.EnrollAttested:input_type -> tether.v1.AttestedEnrollRequest
-	1,  // 10: tether.v1.EnrollmentService.Enroll:output_type -> tether.v1.EnrollResponse
-	8,  // 11: tether.v1.EnrollmentService.EnrollAttested:output_type -> tether.v1.AttestedEnrollResponse
-	10, // [10:12] is the sub-list for method output_type
-	8,  // [8:10] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	13, // 0: tether.v1.EnrollResponse.not_after:type_name -> google.protobuf.Timestamp
+	4,  // 1: tether.v1.AttestedEnrollRequest.begin:type_name -> tether.v1.AttestBegin
+	6,  // 2: tether.v1.AttestedEnrollRequest.proof:type_name -> tether.v1.AttestProof
+	5,  // 3: tether.v1.AttestBegin.ak:type_name -> tether.v1.AttestationKey
+	7,  // 4: tether.v1.AttestProof.quotes:type_name -> tether.v1.TPMQuote
+	8,  // 5: tether.v1.AttestProof.pcrs:type_name -> tether.v1.PCRValue
+	10, // 6: tether.v1.AttestedEnrollResponse.challenge:type_name -> tether.v1.AttestChallenge
+	2,  // 7: tether.v1.AttestedEnrollResponse.enrolled:type_name -> tether.v1.EnrollResponse
+	0,  // 8: tether.v1.NetbootAnnounceReply.state:type_name -> tether.v1.NetbootAnnounceReply.State
+	1,  // 9: tether.v1.EnrollmentService.Enroll:input_type -> tether.v1.EnrollRequest
+	3,  // 10: tether.v1.EnrollmentService.EnrollAttested:input_type -> tether.v1.AttestedEnrollRequest
+	2,  // 11: tether.v1.EnrollmentService.Enroll:output_type -> tether.v1.EnrollResponse
+	9,  // 12: tether.v1.EnrollmentService.EnrollAttested:output_type -> tether.v1.AttestedEnrollResponse
+	11, // [11:13] is the sub-list for method output_type
+	9,  // [9:11] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_tether_v1_enrollment_proto_init() }
@@ -818,13 +1032,14 @@ func file_tether_v1_enrollment_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tether_v1_enrollment_proto_rawDesc), len(file_tether_v1_enrollment_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   10,
+			NumEnums:      1,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_tether_v1_enrollment_proto_goTypes,
 		DependencyIndexes: file_tether_v1_enrollment_proto_depIdxs,
+		EnumInfos:         file_tether_v1_enrollment_proto_enumTypes,
 		MessageInfos:      file_tether_v1_enrollment_proto_msgTypes,
 	}.Build()
 	File_tether_v1_enrollment_proto = out.File
