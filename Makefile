@@ -81,7 +81,7 @@ CHAOS_DURATION ?= 2m
 CHAOS_STORE    ?= sqlite
 chaos: ## kill -9 a real tetherd under load, then check the invariants (docs/reliability.md); CHAOS_DURATION=30m CHAOS_STORE=postgres is the long form
 	go build -trimpath -o $(BIN)/ ./cmd/tetherd ./cmd/tether-bench
-	$(BIN)/tether-bench chaos --tetherd $(BIN)/tetherd --duration $(CHAOS_DURATION) --store $(CHAOS_STORE)
+	$(BIN)/tether-bench chaos --tetherd $(BIN)/tetherd --duration $(CHAOS_DURATION) --store $(CHAOS_STORE) $(if $(filter sqlite,$(CHAOS_STORE)),--backup)
 
 kernel: ## Debian's cloud kernel into .cache/kernel (never installed into /boot)
 	scripts/fetch-kernel.sh $(KERNEL)

@@ -30,6 +30,7 @@ func chaosCmd(args []string) error {
 	fs.DurationVar(&cfg.KillMin, "kill-min", 5*time.Second, "shortest wait between two kill -9s")
 	fs.DurationVar(&cfg.KillMax, "kill-max", 20*time.Second, "longest wait between two kill -9s")
 	fs.DurationVar(&cfg.DownMax, "down-max", 3*time.Second, "with replicas (postgres), how long a killed replica may stay down before its restart, the other serving")
+	fs.BoolVar(&cfg.Backup, "backup", false, "SQLite: take a tetherd backup half-way through the load, and after the run restore it into a new data dir served on another port; claims acknowledged before it, the restored event and the agents' certificates are checked")
 	fs.StringVar(&cfg.OldTetherd, "old-tetherd", "", "with --store postgres: replica 0 runs this older tetherd, started before replica 1 migrates the database past it (a rolling upgrade's middle); nothing is killed, and any unexpected call error or logged error breaks an invariant")
 	if err := fs.Parse(args); err != nil {
 		return err

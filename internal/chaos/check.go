@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -23,7 +24,8 @@ import (
 // started (zero where unknown).
 type Claim struct {
 	ClaimID, InstanceID, PoolID string
-	Asked                       time.Time
+	// Asked is when the call was made, Acked when its answer came.
+	Asked, Acked time.Time
 }
 
 // Death is a machine the harness stopped behind the control plane's back
@@ -66,6 +68,13 @@ func (l *Ledger) Task(id string) { l.add(func() { l.Tasks = append(l.Tasks, id) 
 
 // Claim records an acknowledged claim.
 func (l *Ledger) Claim(c Claim) { l.add(func() { l.Claims = append(l.Claims, c) }) }
+
+// claims copies the acknowledged claims.
+func (l *Ledger) claims() []Claim {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.Claims)
+}
 
 // Release records an acknowledged release.
 func (l *Ledger) Release(r Release) { l.add(func() { l.Releases = append(l.Releases, r) }) }

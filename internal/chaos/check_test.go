@@ -181,3 +181,22 @@ func TestMixedBuilds(t *testing.T) {
 		t.Fatal("a log that cannot be read passed")
 	}
 }
+
+// The backup invariant fails when there is nothing to restore; the
+// restore itself is exercised by make chaos (--backup).
+func TestCheckBackupWithoutABackup(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		b    *backupRun
+	}{
+		{"the run ended before the backup", &backupRun{}},
+		{"the backup failed", &backupRun{start: now, end: now, err: os.ErrPermission}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := &harness{backup: tc.b, ledger: &Ledger{}, cfg: Config{WorkDir: t.TempDir()}}
+			if r := h.checkBackup(t.Context(), &daemon{bin: "/nonexistent/tetherd"}); r.OK() {
+				t.Fatal("passed with no backup to restore")
+			}
+		})
+	}
+}

@@ -63,7 +63,11 @@ type Config struct {
 	// schema, by design), and any call error but a refusal the load
 	// expects breaks an invariant (MixedBuilds).
 	OldTetherd string
-	Out        io.Writer
+	// Backup takes a `tetherd backup` half-way through the load (SQLite),
+	// and after the run restores it into a new data dir served on another
+	// port (checkBackup).
+	Backup bool
+	Out    io.Writer
 }
 
 // Counters are what the load did, printed with the invariants.
@@ -131,6 +135,9 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	h := &harness{cfg: cfg, admins: admins, dl: dl, ledger: l, c: &c, node: node, pools: pools, kills: make([]int, len(ds)),
 		machinesFile: ds[0].fakeState, agents: map[string]bool{}, errCodes: map[codes.Code]int{},
 		killAgent: map[string]context.CancelFunc{}}
+	if cfg.Backup {
+		h.backup = &backupRun{}
+	}
 	loadCtx, stopLoad := context.WithTimeout(ctx, cfg.Duration)
 	var wg sync.WaitGroup
 	spawn := func(f func(context.Context)) { wg.Add(1); go func() { defer wg.Done(); f(loadCtx) }() }
@@ -157,6 +164,14 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 			}
 		})
 	}
+	if h.backup != nil {
+		spawn(func(lctx context.Context) {
+			if sleep(lctx, cfg.Duration/2) {
+				// The run's end must not cut the backup short.
+				h.backup.take(ctx, cfg.Tetherd, ds[0].dataDir, filepath.Join(cfg.WorkDir, "tether.backup"))
+			}
+		})
+	}
 	spawn(func(ctx context.Context) { h.progress(ctx, time.Now()) })
 	kerr := h.killer(loadCtx, ds)
 	stopLoad()
@@ -177,6 +192,10 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	if cfg.OldTetherd != "" {
 		res = append(res, MixedBuilds(h.errorCodes(), ds[0].logPath, ds[1].logPath))
 	}
+	if h.backup != nil {
+		fmt.Fprintln(cfg.Out, "chaos: restoring the backup taken half-way into a new data dir")
+		res = append(res, h.checkBackup(ctx, ds[0]))
+	}
 	h.report(o, res)
 	return res, nil
 }
@@ -193,6 +212,9 @@ func newDaemons(cfg Config) ([]*daemon, error) {
 		n = 2
 	} else if cfg.OldTetherd != "" {
 		return nil, fmt.Errorf("chaos: an old build runs beside a new one only on a shared store (postgres)")
+	}
+	if cfg.Backup && cfg.Store != "" {
+		return nil, fmt.Errorf("chaos: --backup is for SQLite; a PostgreSQL database is backed up with PostgreSQL's tools")
 	}
 	dataDir := filepath.Join(cfg.WorkDir, "data")
 	var extra []string
@@ -453,8 +475,10 @@ type harness struct {
 	// killAgent ends an instance's simulated agent (the crasher's dead
 	// machine takes its agent with it).
 	killAgent map[string]context.CancelFunc
-	cancels   []context.CancelFunc
-	agentWG   sync.WaitGroup
+	// backup is the backup taken half-way (Config.Backup; nil without).
+	backup  *backupRun
+	cancels []context.CancelFunc
+	agentWG sync.WaitGroup
 }
 
 // errorCodes copies the count of call errors by code.
@@ -623,6 +647,7 @@ func (h *harness) agent(ctx context.Context, cancel context.CancelFunc, token st
 		return
 	}
 	cert := tls.Certificate{Certificate: [][]byte{block.Bytes}, PrivateKey: key}
+	h.backup.enrolled(resp.InstanceId, cert)
 	aconns, err := h.dl.dialAll(&cert)
 	if err != nil {
 		h.callErr(err)
@@ -825,7 +850,7 @@ func (h *harness) claimer(ctx context.Context) {
 			h.callErr(err)
 			continue
 		}
-		h.ledger.Claim(Claim{ClaimID: r.ClaimId, InstanceID: r.Instance.GetId(), PoolID: r.PoolId, Asked: asked})
+		h.ledger.Claim(Claim{ClaimID: r.ClaimId, InstanceID: r.Instance.GetId(), PoolID: r.PoolId, Asked: asked, Acked: time.Now()})
 		sleep(ctx, time.Duration(mrand.IntN(2000))*time.Millisecond)
 		for attempt := 0; attempt < 50; attempt++ {
 			// The release must go out even as the run ends: a claim left
