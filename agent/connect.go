@@ -79,7 +79,7 @@ func (a *agent) phaseConnect(ctx context.Context, s *bootState) error {
 // stop (systemd's SIGTERM at poweroff) must not cut the stream before the
 // last heartbeat and every queued task update are read. Its tasks are
 // cancelled when the runner stops.
-func (a *agent) startSession(s *bootState) *session.Session {
+func (a *agent) startSession(s *bootState) {
 	cfg := a.cfg
 	sess := session.New(session.Config{
 		Client:    s.conns.Client,
@@ -95,5 +95,4 @@ func (a *agent) startSession(s *bootState) *session.Session {
 	})
 	s.sess.set(sess)
 	s.loops.GoUntilStop("the control plane session", sess.Run)
-	return sess
 }
