@@ -8,7 +8,18 @@ import (
 	"github.com/tetherfleet/tether/agent/announce"
 	"github.com/tetherfleet/tether/agent/boot"
 	"github.com/tetherfleet/tether/agent/identity"
+	"github.com/tetherfleet/tether/agent/phases"
 )
+
+// phaseAnnounce ends the boot in announce mode: the machine announces
+// itself instead of enrolling.
+func (a *agent) phaseAnnounce(ctx context.Context, _ *bootState) error {
+	done, err := a.announceMode(ctx)
+	if done && err == nil {
+		return phases.Done
+	}
+	return err
+}
 
 // announceMode runs the agent in announce mode when the kernel command
 // line says tether.announce= (an unknown machine the netboot server booted
