@@ -101,17 +101,19 @@ func digestOf(token string) string {
 	return hex.EncodeToString(sum[:])
 }
 
-func alive(pid int) bool { return syscall.Kill(pid, 0) == nil && !zombie(pid) }
-
-func zombie(pid int) bool {
+// alive reads the process's state once: a zombie, or a process reaped
+// between two looks, is not alive (kill(pid, 0) then a read of its state
+// raced a reaper: the zombie answered the first and was gone for the second).
+func alive(pid int) bool {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
 		return false
 	}
 	s := string(b)
 	i := strings.LastIndexByte(s, ')')
-	return i >= 0 && i+2 < len(s) && s[i+2] == 'Z'
+	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
 }
+
 
 func mustState(t *testing.T, p *Provider, id string, want providers.MachineState) providers.Machine {
 	t.Helper()
