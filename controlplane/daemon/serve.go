@@ -20,6 +20,7 @@ import (
 	"github.com/tetherfleet/tether/controlplane/api"
 	"github.com/tetherfleet/tether/controlplane/audit"
 	"github.com/tetherfleet/tether/controlplane/bmc"
+	"github.com/tetherfleet/tether/controlplane/carotation"
 	"github.com/tetherfleet/tether/controlplane/catalog"
 	"github.com/tetherfleet/tether/controlplane/certificates"
 	"github.com/tetherfleet/tether/controlplane/certreload"
@@ -224,6 +225,7 @@ type daemon struct {
 	pools          *pool.Service
 	revoked        *api.Revocations
 	serverCert     *certreload.Reloader
+	cas            *carotation.Service
 	creds          *credentials.Service
 	reloadFailures prometheus.Counter
 
@@ -253,7 +255,9 @@ func build(ctx context.Context, opts ServeOptions) (_ *daemon, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("serve: %w (run `tetherd init --data-dir %s` first)", err, o.DataDir)
 	}
-	d.fingerprint = authority.Fingerprint()
+	// The data dir's CA: the first of the rotation set, and the issuer of
+	// the server certificate, whatever CA is active (design §3.10).
+	first, firstKey := authority.Certificate(), authority.Key()
 	if d.serverCert, err = certreload.New(filepath.Join(o.DataDir, ServerCertFile), filepath.Join(o.DataDir, ServerKeyFile), o.Clock, log); err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
 	}
@@ -301,6 +305,11 @@ func build(ctx context.Context, opts ServeOptions) (_ *daemon, err error) {
 	if err := adoptInitAdmin(ctx, st, authority, o.DataDir, o.Clock.Now(), log); err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
 	}
+	d.cas = &carotation.Service{Store: st, CA: authority, First: first, FirstKey: firstKey, Sealer: sealer, Clock: o.Clock, Log: log}
+	if err := d.cas.Start(ctx); err != nil {
+		return nil, fmt.Errorf("serve: %w", err)
+	}
+	d.fingerprint = authority.Fingerprint()
 	// Every listener that serves untrusted input recovers its panics here.
 	panics := guard.New(reg, log)
 	d.revoked = api.NewRevocations()
@@ -336,7 +345,7 @@ func build(ctx context.Context, opts ServeOptions) (_ *daemon, err error) {
 	nudges := pool.NewNudges()
 	d.instSvc = &instances.Service{Store: st, Clock: o.Clock, Log: log, Machines: machines, Pools: nudges,
 		Artifacts: &instances.Artifacts{Blobs: blobs, Kernel: d.kernel, Initramfs: d.initramfs, BaseURL: strings.TrimSuffix(o.NetbootURL, "/")},
-		AgentURL:  o.AgentURL, CAFingerprint: authority.Fingerprint(),
+		AgentURL:  o.AgentURL, CAFingerprint: authority.Fingerprint(), CA: authority,
 		Owner: worker.NewOwner("tetherd-api"), Lease: o.WorkerLease, SelfInstanceIDs: o.SelfInstanceIDs}
 	d.wk = &worker.Worker{Store: st, Clock: o.Clock, Log: log.With("component", "worker"), Owner: worker.NewOwner("tetherd-worker"),
 		Lease: o.WorkerLease, Poll: o.WorkerPoll, Handlers: d.instSvc.Handlers()}
@@ -358,7 +367,7 @@ func build(ctx context.Context, opts ServeOptions) (_ *daemon, err error) {
 	d.hub.Sweep = o.AgentSweep
 	d.enrollSvc = &enroll.Service{Store: st, CA: authority, Clock: o.Clock, Log: log}
 	d.srv, err = api.New(api.Config{
-		Store: st, CA: authority, GetServerCert: d.serverCert.GetCertificate, Clock: o.Clock, Log: log, Registerer: reg,
+		Store: st, CA: authority, CAs: d.cas, GetServerCert: d.cas.ServerCertificate(d.serverCert.GetCertificate), Clock: o.Clock, Log: log, Registerer: reg,
 		Catalog: &catalog.Service{Store: st, Clock: o.Clock}, Certificates: &certificates.Service{Store: st, Clock: o.Clock},
 		Enrollment: d.enrollSvc, EnrollLimiter: o.unauthenticatedLimiter(),
 		Instances: d.instSvc, Tasks: d.taskSvc,
@@ -457,6 +466,7 @@ func (d *daemon) run(ctx context.Context) error {
 	d.spawn(bg, func(ctx context.Context) {
 		d.revoked.Follow(ctx, st, o.Clock, 30*time.Second, log, d.reloadFailures)
 	})
+	d.spawn(bg, func(ctx context.Context) { d.cas.Follow(ctx, 30*time.Second) })
 	d.spawn(bg, func(ctx context.Context) {
 		watchServerCert(ctx, d.serverCert, o.ReloadServerCert, o.ServerCertCheck, log)
 	})

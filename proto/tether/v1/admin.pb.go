@@ -2514,6 +2514,323 @@ func (x *ListCertificatesResponse) GetNextPageToken() string {
 	return ""
 }
 
+type CertificateAuthority struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// sha256:HEX over the CA certificate's DER bytes, as nodes pin it.
+	Fingerprint string `protobuf:"bytes,1,opt,name=fingerprint,proto3" json:"fingerprint,omitempty"`
+	// prepared, active, old or retired.
+	State    string                 `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
+	NotAfter *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=not_after,json=notAfter,proto3" json:"not_after,omitempty"`
+	// Certificates it signed that are neither revoked nor expired.
+	LiveCertificates int64                  `protobuf:"varint,4,opt,name=live_certificates,json=liveCertificates,proto3" json:"live_certificates,omitempty"`
+	Subject          string                 `protobuf:"bytes,5,opt,name=subject,proto3" json:"subject,omitempty"`
+	CreatedAt        *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	UpdatedAt        *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
+	CertificatePem   string                 `protobuf:"bytes,8,opt,name=certificate_pem,json=certificatePem,proto3" json:"certificate_pem,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *CertificateAuthority) Reset() {
+	*x = CertificateAuthority{}
+	mi := &file_tether_v1_admin_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CertificateAuthority) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CertificateAuthority) ProtoMessage() {}
+
+func (x *CertificateAuthority) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_admin_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CertificateAuthority.ProtoReflect.Descriptor instead.
+func (*CertificateAuthority) Descriptor() ([]byte, []int) {
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *CertificateAuthority) GetFingerprint() string {
+	if x != nil {
+		return x.Fingerprint
+	}
+	return ""
+}
+
+func (x *CertificateAuthority) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *CertificateAuthority) GetNotAfter() *timestamppb.Timestamp {
+	if x != nil {
+		return x.NotAfter
+	}
+	return nil
+}
+
+func (x *CertificateAuthority) GetLiveCertificates() int64 {
+	if x != nil {
+		return x.LiveCertificates
+	}
+	return 0
+}
+
+func (x *CertificateAuthority) GetSubject() string {
+	if x != nil {
+		return x.Subject
+	}
+	return ""
+}
+
+func (x *CertificateAuthority) GetCreatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAt
+	}
+	return nil
+}
+
+func (x *CertificateAuthority) GetUpdatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.UpdatedAt
+	}
+	return nil
+}
+
+func (x *CertificateAuthority) GetCertificatePem() string {
+	if x != nil {
+		return x.CertificatePem
+	}
+	return ""
+}
+
+type PrepareCARequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// p256 (default) or ed25519.
+	KeyType       string `protobuf:"bytes,1,opt,name=key_type,json=keyType,proto3" json:"key_type,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PrepareCARequest) Reset() {
+	*x = PrepareCARequest{}
+	mi := &file_tether_v1_admin_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PrepareCARequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PrepareCARequest) ProtoMessage() {}
+
+func (x *PrepareCARequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_admin_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PrepareCARequest.ProtoReflect.Descriptor instead.
+func (*PrepareCARequest) Descriptor() ([]byte, []int) {
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *PrepareCARequest) GetKeyType() string {
+	if x != nil {
+		return x.KeyType
+	}
+	return ""
+}
+
+type ActivateCARequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The prepared CA; empty means the one prepared.
+	Fingerprint   string `protobuf:"bytes,1,opt,name=fingerprint,proto3" json:"fingerprint,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ActivateCARequest) Reset() {
+	*x = ActivateCARequest{}
+	mi := &file_tether_v1_admin_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ActivateCARequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ActivateCARequest) ProtoMessage() {}
+
+func (x *ActivateCARequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_admin_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ActivateCARequest.ProtoReflect.Descriptor instead.
+func (*ActivateCARequest) Descriptor() ([]byte, []int) {
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *ActivateCARequest) GetFingerprint() string {
+	if x != nil {
+		return x.Fingerprint
+	}
+	return ""
+}
+
+type RetireCARequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Fingerprint   string                 `protobuf:"bytes,1,opt,name=fingerprint,proto3" json:"fingerprint,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RetireCARequest) Reset() {
+	*x = RetireCARequest{}
+	mi := &file_tether_v1_admin_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RetireCARequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RetireCARequest) ProtoMessage() {}
+
+func (x *RetireCARequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_admin_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RetireCARequest.ProtoReflect.Descriptor instead.
+func (*RetireCARequest) Descriptor() ([]byte, []int) {
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *RetireCARequest) GetFingerprint() string {
+	if x != nil {
+		return x.Fingerprint
+	}
+	return ""
+}
+
+type ListCAsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListCAsRequest) Reset() {
+	*x = ListCAsRequest{}
+	mi := &file_tether_v1_admin_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListCAsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListCAsRequest) ProtoMessage() {}
+
+func (x *ListCAsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_admin_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListCAsRequest.ProtoReflect.Descriptor instead.
+func (*ListCAsRequest) Descriptor() ([]byte, []int) {
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{45}
+}
+
+type ListCAsResponse struct {
+	state         protoimpl.MessageState  `protogen:"open.v1"`
+	Authorities   []*CertificateAuthority `protobuf:"bytes,1,rep,name=authorities,proto3" json:"authorities,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListCAsResponse) Reset() {
+	*x = ListCAsResponse{}
+	mi := &file_tether_v1_admin_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListCAsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListCAsResponse) ProtoMessage() {}
+
+func (x *ListCAsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_admin_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListCAsResponse.ProtoReflect.Descriptor instead.
+func (*ListCAsResponse) Descriptor() ([]byte, []int) {
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *ListCAsResponse) GetAuthorities() []*CertificateAuthority {
+	if x != nil {
+		return x.Authorities
+	}
+	return nil
+}
+
 type RevokeCertificateRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Serial        string                 `protobuf:"bytes,1,opt,name=serial,proto3" json:"serial,omitempty"`
@@ -2524,7 +2841,7 @@ type RevokeCertificateRequest struct {
 
 func (x *RevokeCertificateRequest) Reset() {
 	*x = RevokeCertificateRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[41]
+	mi := &file_tether_v1_admin_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2536,7 +2853,7 @@ func (x *RevokeCertificateRequest) String() string {
 func (*RevokeCertificateRequest) ProtoMessage() {}
 
 func (x *RevokeCertificateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[41]
+	mi := &file_tether_v1_admin_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2549,7 +2866,7 @@ func (x *RevokeCertificateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeCertificateRequest.ProtoReflect.Descriptor instead.
 func (*RevokeCertificateRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{41}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *RevokeCertificateRequest) GetSerial() string {
@@ -2579,7 +2896,7 @@ type CreateTaskRequest struct {
 
 func (x *CreateTaskRequest) Reset() {
 	*x = CreateTaskRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[42]
+	mi := &file_tether_v1_admin_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2591,7 +2908,7 @@ func (x *CreateTaskRequest) String() string {
 func (*CreateTaskRequest) ProtoMessage() {}
 
 func (x *CreateTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[42]
+	mi := &file_tether_v1_admin_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2604,7 +2921,7 @@ func (x *CreateTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTaskRequest.ProtoReflect.Descriptor instead.
 func (*CreateTaskRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{42}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *CreateTaskRequest) GetInstanceId() string {
@@ -2644,7 +2961,7 @@ type GetTaskRequest struct {
 
 func (x *GetTaskRequest) Reset() {
 	*x = GetTaskRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[43]
+	mi := &file_tether_v1_admin_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2656,7 +2973,7 @@ func (x *GetTaskRequest) String() string {
 func (*GetTaskRequest) ProtoMessage() {}
 
 func (x *GetTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[43]
+	mi := &file_tether_v1_admin_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2669,7 +2986,7 @@ func (x *GetTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTaskRequest.ProtoReflect.Descriptor instead.
 func (*GetTaskRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{43}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *GetTaskRequest) GetId() string {
@@ -2692,7 +3009,7 @@ type ListTasksRequest struct {
 
 func (x *ListTasksRequest) Reset() {
 	*x = ListTasksRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[44]
+	mi := &file_tether_v1_admin_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2704,7 +3021,7 @@ func (x *ListTasksRequest) String() string {
 func (*ListTasksRequest) ProtoMessage() {}
 
 func (x *ListTasksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[44]
+	mi := &file_tether_v1_admin_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2717,7 +3034,7 @@ func (x *ListTasksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTasksRequest.ProtoReflect.Descriptor instead.
 func (*ListTasksRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{44}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ListTasksRequest) GetInstanceId() string {
@@ -2765,7 +3082,7 @@ type ListTasksResponse struct {
 
 func (x *ListTasksResponse) Reset() {
 	*x = ListTasksResponse{}
-	mi := &file_tether_v1_admin_proto_msgTypes[45]
+	mi := &file_tether_v1_admin_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2777,7 +3094,7 @@ func (x *ListTasksResponse) String() string {
 func (*ListTasksResponse) ProtoMessage() {}
 
 func (x *ListTasksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[45]
+	mi := &file_tether_v1_admin_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2790,7 +3107,7 @@ func (x *ListTasksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTasksResponse.ProtoReflect.Descriptor instead.
 func (*ListTasksResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{45}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ListTasksResponse) GetTasks() []*Task {
@@ -2816,7 +3133,7 @@ type CancelTaskRequest struct {
 
 func (x *CancelTaskRequest) Reset() {
 	*x = CancelTaskRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[46]
+	mi := &file_tether_v1_admin_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2828,7 +3145,7 @@ func (x *CancelTaskRequest) String() string {
 func (*CancelTaskRequest) ProtoMessage() {}
 
 func (x *CancelTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[46]
+	mi := &file_tether_v1_admin_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2841,7 +3158,7 @@ func (x *CancelTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelTaskRequest.ProtoReflect.Descriptor instead.
 func (*CancelTaskRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{46}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *CancelTaskRequest) GetId() string {
@@ -2870,7 +3187,7 @@ type CreatePoolRequest struct {
 
 func (x *CreatePoolRequest) Reset() {
 	*x = CreatePoolRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[47]
+	mi := &file_tether_v1_admin_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2882,7 +3199,7 @@ func (x *CreatePoolRequest) String() string {
 func (*CreatePoolRequest) ProtoMessage() {}
 
 func (x *CreatePoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[47]
+	mi := &file_tether_v1_admin_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2895,7 +3212,7 @@ func (x *CreatePoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreatePoolRequest.ProtoReflect.Descriptor instead.
 func (*CreatePoolRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{47}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *CreatePoolRequest) GetName() string {
@@ -2977,7 +3294,7 @@ type GetPoolRequest struct {
 
 func (x *GetPoolRequest) Reset() {
 	*x = GetPoolRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[48]
+	mi := &file_tether_v1_admin_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2989,7 +3306,7 @@ func (x *GetPoolRequest) String() string {
 func (*GetPoolRequest) ProtoMessage() {}
 
 func (x *GetPoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[48]
+	mi := &file_tether_v1_admin_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3002,7 +3319,7 @@ func (x *GetPoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPoolRequest.ProtoReflect.Descriptor instead.
 func (*GetPoolRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{48}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *GetPoolRequest) GetName() string {
@@ -3022,7 +3339,7 @@ type ListPoolsRequest struct {
 
 func (x *ListPoolsRequest) Reset() {
 	*x = ListPoolsRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[49]
+	mi := &file_tether_v1_admin_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3034,7 +3351,7 @@ func (x *ListPoolsRequest) String() string {
 func (*ListPoolsRequest) ProtoMessage() {}
 
 func (x *ListPoolsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[49]
+	mi := &file_tether_v1_admin_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3047,7 +3364,7 @@ func (x *ListPoolsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoolsRequest.ProtoReflect.Descriptor instead.
 func (*ListPoolsRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{49}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *ListPoolsRequest) GetPageSize() int32 {
@@ -3074,7 +3391,7 @@ type ListPoolsResponse struct {
 
 func (x *ListPoolsResponse) Reset() {
 	*x = ListPoolsResponse{}
-	mi := &file_tether_v1_admin_proto_msgTypes[50]
+	mi := &file_tether_v1_admin_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3086,7 +3403,7 @@ func (x *ListPoolsResponse) String() string {
 func (*ListPoolsResponse) ProtoMessage() {}
 
 func (x *ListPoolsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[50]
+	mi := &file_tether_v1_admin_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3099,7 +3416,7 @@ func (x *ListPoolsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoolsResponse.ProtoReflect.Descriptor instead.
 func (*ListPoolsResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{50}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ListPoolsResponse) GetPools() []*Pool {
@@ -3131,7 +3448,7 @@ type UpdatePoolRequest struct {
 
 func (x *UpdatePoolRequest) Reset() {
 	*x = UpdatePoolRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[51]
+	mi := &file_tether_v1_admin_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3143,7 +3460,7 @@ func (x *UpdatePoolRequest) String() string {
 func (*UpdatePoolRequest) ProtoMessage() {}
 
 func (x *UpdatePoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[51]
+	mi := &file_tether_v1_admin_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3156,7 +3473,7 @@ func (x *UpdatePoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdatePoolRequest.ProtoReflect.Descriptor instead.
 func (*UpdatePoolRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{51}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *UpdatePoolRequest) GetName() string {
@@ -3217,7 +3534,7 @@ type PoolActionRequest struct {
 
 func (x *PoolActionRequest) Reset() {
 	*x = PoolActionRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[52]
+	mi := &file_tether_v1_admin_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3229,7 +3546,7 @@ func (x *PoolActionRequest) String() string {
 func (*PoolActionRequest) ProtoMessage() {}
 
 func (x *PoolActionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[52]
+	mi := &file_tether_v1_admin_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3242,7 +3559,7 @@ func (x *PoolActionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolActionRequest.ProtoReflect.Descriptor instead.
 func (*PoolActionRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{52}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *PoolActionRequest) GetName() string {
@@ -3265,7 +3582,7 @@ type DrainPoolResponse struct {
 
 func (x *DrainPoolResponse) Reset() {
 	*x = DrainPoolResponse{}
-	mi := &file_tether_v1_admin_proto_msgTypes[53]
+	mi := &file_tether_v1_admin_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3277,7 +3594,7 @@ func (x *DrainPoolResponse) String() string {
 func (*DrainPoolResponse) ProtoMessage() {}
 
 func (x *DrainPoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[53]
+	mi := &file_tether_v1_admin_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3290,7 +3607,7 @@ func (x *DrainPoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainPoolResponse.ProtoReflect.Descriptor instead.
 func (*DrainPoolResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{53}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *DrainPoolResponse) GetPool() *Pool {
@@ -3336,7 +3653,7 @@ type DeletePoolResponse struct {
 
 func (x *DeletePoolResponse) Reset() {
 	*x = DeletePoolResponse{}
-	mi := &file_tether_v1_admin_proto_msgTypes[54]
+	mi := &file_tether_v1_admin_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3348,7 +3665,7 @@ func (x *DeletePoolResponse) String() string {
 func (*DeletePoolResponse) ProtoMessage() {}
 
 func (x *DeletePoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[54]
+	mi := &file_tether_v1_admin_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3361,7 +3678,7 @@ func (x *DeletePoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeletePoolResponse.ProtoReflect.Descriptor instead.
 func (*DeletePoolResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{54}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{60}
 }
 
 type ReplenishPoolResponse struct {
@@ -3375,7 +3692,7 @@ type ReplenishPoolResponse struct {
 
 func (x *ReplenishPoolResponse) Reset() {
 	*x = ReplenishPoolResponse{}
-	mi := &file_tether_v1_admin_proto_msgTypes[55]
+	mi := &file_tether_v1_admin_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3387,7 +3704,7 @@ func (x *ReplenishPoolResponse) String() string {
 func (*ReplenishPoolResponse) ProtoMessage() {}
 
 func (x *ReplenishPoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[55]
+	mi := &file_tether_v1_admin_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3400,7 +3717,7 @@ func (x *ReplenishPoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplenishPoolResponse.ProtoReflect.Descriptor instead.
 func (*ReplenishPoolResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{55}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *ReplenishPoolResponse) GetPool() *Pool {
@@ -3440,7 +3757,7 @@ type RecyclePoolResponse struct {
 
 func (x *RecyclePoolResponse) Reset() {
 	*x = RecyclePoolResponse{}
-	mi := &file_tether_v1_admin_proto_msgTypes[56]
+	mi := &file_tether_v1_admin_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3452,7 +3769,7 @@ func (x *RecyclePoolResponse) String() string {
 func (*RecyclePoolResponse) ProtoMessage() {}
 
 func (x *RecyclePoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[56]
+	mi := &file_tether_v1_admin_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3465,7 +3782,7 @@ func (x *RecyclePoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecyclePoolResponse.ProtoReflect.Descriptor instead.
 func (*RecyclePoolResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{56}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *RecyclePoolResponse) GetPool() *Pool {
@@ -3537,7 +3854,7 @@ type AcquirePoolMemberRequest struct {
 
 func (x *AcquirePoolMemberRequest) Reset() {
 	*x = AcquirePoolMemberRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[57]
+	mi := &file_tether_v1_admin_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3549,7 +3866,7 @@ func (x *AcquirePoolMemberRequest) String() string {
 func (*AcquirePoolMemberRequest) ProtoMessage() {}
 
 func (x *AcquirePoolMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[57]
+	mi := &file_tether_v1_admin_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3562,7 +3879,7 @@ func (x *AcquirePoolMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquirePoolMemberRequest.ProtoReflect.Descriptor instead.
 func (*AcquirePoolMemberRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{57}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *AcquirePoolMemberRequest) GetPoolId() string {
@@ -3612,7 +3929,7 @@ type AcquirePoolMemberResponse struct {
 
 func (x *AcquirePoolMemberResponse) Reset() {
 	*x = AcquirePoolMemberResponse{}
-	mi := &file_tether_v1_admin_proto_msgTypes[58]
+	mi := &file_tether_v1_admin_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3624,7 +3941,7 @@ func (x *AcquirePoolMemberResponse) String() string {
 func (*AcquirePoolMemberResponse) ProtoMessage() {}
 
 func (x *AcquirePoolMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[58]
+	mi := &file_tether_v1_admin_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3637,7 +3954,7 @@ func (x *AcquirePoolMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquirePoolMemberResponse.ProtoReflect.Descriptor instead.
 func (*AcquirePoolMemberResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{58}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *AcquirePoolMemberResponse) GetClaimId() string {
@@ -3677,7 +3994,7 @@ type ReleasePoolMemberRequest struct {
 
 func (x *ReleasePoolMemberRequest) Reset() {
 	*x = ReleasePoolMemberRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[59]
+	mi := &file_tether_v1_admin_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3689,7 +4006,7 @@ func (x *ReleasePoolMemberRequest) String() string {
 func (*ReleasePoolMemberRequest) ProtoMessage() {}
 
 func (x *ReleasePoolMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[59]
+	mi := &file_tether_v1_admin_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3702,7 +4019,7 @@ func (x *ReleasePoolMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleasePoolMemberRequest.ProtoReflect.Descriptor instead.
 func (*ReleasePoolMemberRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{59}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *ReleasePoolMemberRequest) GetInstanceId() string {
@@ -3725,7 +4042,7 @@ type ReleasePoolMemberResponse struct {
 
 func (x *ReleasePoolMemberResponse) Reset() {
 	*x = ReleasePoolMemberResponse{}
-	mi := &file_tether_v1_admin_proto_msgTypes[60]
+	mi := &file_tether_v1_admin_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3737,7 +4054,7 @@ func (x *ReleasePoolMemberResponse) String() string {
 func (*ReleasePoolMemberResponse) ProtoMessage() {}
 
 func (x *ReleasePoolMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[60]
+	mi := &file_tether_v1_admin_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3750,7 +4067,7 @@ func (x *ReleasePoolMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleasePoolMemberResponse.ProtoReflect.Descriptor instead.
 func (*ReleasePoolMemberResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{60}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *ReleasePoolMemberResponse) GetDisposition() string {
@@ -3796,7 +4113,7 @@ type ListEventsRequest struct {
 
 func (x *ListEventsRequest) Reset() {
 	*x = ListEventsRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[61]
+	mi := &file_tether_v1_admin_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3808,7 +4125,7 @@ func (x *ListEventsRequest) String() string {
 func (*ListEventsRequest) ProtoMessage() {}
 
 func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[61]
+	mi := &file_tether_v1_admin_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3821,7 +4138,7 @@ func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsRequest.ProtoReflect.Descriptor instead.
 func (*ListEventsRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{61}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *ListEventsRequest) GetKind() string {
@@ -3884,7 +4201,7 @@ type ListEventsResponse struct {
 
 func (x *ListEventsResponse) Reset() {
 	*x = ListEventsResponse{}
-	mi := &file_tether_v1_admin_proto_msgTypes[62]
+	mi := &file_tether_v1_admin_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3896,7 +4213,7 @@ func (x *ListEventsResponse) String() string {
 func (*ListEventsResponse) ProtoMessage() {}
 
 func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[62]
+	mi := &file_tether_v1_admin_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3909,7 +4226,7 @@ func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsResponse.ProtoReflect.Descriptor instead.
 func (*ListEventsResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{62}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *ListEventsResponse) GetEvents() []*FleetEvent {
@@ -3939,7 +4256,7 @@ type WatchEventsRequest struct {
 
 func (x *WatchEventsRequest) Reset() {
 	*x = WatchEventsRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[63]
+	mi := &file_tether_v1_admin_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3951,7 +4268,7 @@ func (x *WatchEventsRequest) String() string {
 func (*WatchEventsRequest) ProtoMessage() {}
 
 func (x *WatchEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[63]
+	mi := &file_tether_v1_admin_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3964,7 +4281,7 @@ func (x *WatchEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEventsRequest.ProtoReflect.Descriptor instead.
 func (*WatchEventsRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{63}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *WatchEventsRequest) GetKind() string {
@@ -4013,7 +4330,7 @@ type AddSignerRequest struct {
 
 func (x *AddSignerRequest) Reset() {
 	*x = AddSignerRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[64]
+	mi := &file_tether_v1_admin_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4025,7 +4342,7 @@ func (x *AddSignerRequest) String() string {
 func (*AddSignerRequest) ProtoMessage() {}
 
 func (x *AddSignerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[64]
+	mi := &file_tether_v1_admin_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4038,7 +4355,7 @@ func (x *AddSignerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddSignerRequest.ProtoReflect.Descriptor instead.
 func (*AddSignerRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{64}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *AddSignerRequest) GetName() string {
@@ -4063,7 +4380,7 @@ type ListSignersRequest struct {
 
 func (x *ListSignersRequest) Reset() {
 	*x = ListSignersRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[65]
+	mi := &file_tether_v1_admin_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4075,7 +4392,7 @@ func (x *ListSignersRequest) String() string {
 func (*ListSignersRequest) ProtoMessage() {}
 
 func (x *ListSignersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[65]
+	mi := &file_tether_v1_admin_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4088,7 +4405,7 @@ func (x *ListSignersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSignersRequest.ProtoReflect.Descriptor instead.
 func (*ListSignersRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{65}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{71}
 }
 
 type ListSignersResponse struct {
@@ -4100,7 +4417,7 @@ type ListSignersResponse struct {
 
 func (x *ListSignersResponse) Reset() {
 	*x = ListSignersResponse{}
-	mi := &file_tether_v1_admin_proto_msgTypes[66]
+	mi := &file_tether_v1_admin_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4112,7 +4429,7 @@ func (x *ListSignersResponse) String() string {
 func (*ListSignersResponse) ProtoMessage() {}
 
 func (x *ListSignersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[66]
+	mi := &file_tether_v1_admin_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4125,7 +4442,7 @@ func (x *ListSignersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSignersResponse.ProtoReflect.Descriptor instead.
 func (*ListSignersResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{66}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *ListSignersResponse) GetSigners() []*Signer {
@@ -4145,7 +4462,7 @@ type RemoveSignerRequest struct {
 
 func (x *RemoveSignerRequest) Reset() {
 	*x = RemoveSignerRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[67]
+	mi := &file_tether_v1_admin_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4157,7 +4474,7 @@ func (x *RemoveSignerRequest) String() string {
 func (*RemoveSignerRequest) ProtoMessage() {}
 
 func (x *RemoveSignerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[67]
+	mi := &file_tether_v1_admin_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4170,7 +4487,7 @@ func (x *RemoveSignerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveSignerRequest.ProtoReflect.Descriptor instead.
 func (*RemoveSignerRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{67}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *RemoveSignerRequest) GetSigner() string {
@@ -4188,7 +4505,7 @@ type RemoveSignerResponse struct {
 
 func (x *RemoveSignerResponse) Reset() {
 	*x = RemoveSignerResponse{}
-	mi := &file_tether_v1_admin_proto_msgTypes[68]
+	mi := &file_tether_v1_admin_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4200,7 +4517,7 @@ func (x *RemoveSignerResponse) String() string {
 func (*RemoveSignerResponse) ProtoMessage() {}
 
 func (x *RemoveSignerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[68]
+	mi := &file_tether_v1_admin_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4213,7 +4530,7 @@ func (x *RemoveSignerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveSignerResponse.ProtoReflect.Descriptor instead.
 func (*RemoveSignerResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{68}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{74}
 }
 
 type SignModuleRequest struct {
@@ -4227,7 +4544,7 @@ type SignModuleRequest struct {
 
 func (x *SignModuleRequest) Reset() {
 	*x = SignModuleRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[69]
+	mi := &file_tether_v1_admin_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4239,7 +4556,7 @@ func (x *SignModuleRequest) String() string {
 func (*SignModuleRequest) ProtoMessage() {}
 
 func (x *SignModuleRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[69]
+	mi := &file_tether_v1_admin_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4252,7 +4569,7 @@ func (x *SignModuleRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignModuleRequest.ProtoReflect.Descriptor instead.
 func (*SignModuleRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{69}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *SignModuleRequest) GetName() string {
@@ -4290,7 +4607,7 @@ type CreateIdentityRequest struct {
 
 func (x *CreateIdentityRequest) Reset() {
 	*x = CreateIdentityRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[70]
+	mi := &file_tether_v1_admin_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4302,7 +4619,7 @@ func (x *CreateIdentityRequest) String() string {
 func (*CreateIdentityRequest) ProtoMessage() {}
 
 func (x *CreateIdentityRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[70]
+	mi := &file_tether_v1_admin_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4315,7 +4632,7 @@ func (x *CreateIdentityRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateIdentityRequest.ProtoReflect.Descriptor instead.
 func (*CreateIdentityRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{70}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *CreateIdentityRequest) GetName() string {
@@ -4357,7 +4674,7 @@ type IdentityCertificate struct {
 
 func (x *IdentityCertificate) Reset() {
 	*x = IdentityCertificate{}
-	mi := &file_tether_v1_admin_proto_msgTypes[71]
+	mi := &file_tether_v1_admin_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4369,7 +4686,7 @@ func (x *IdentityCertificate) String() string {
 func (*IdentityCertificate) ProtoMessage() {}
 
 func (x *IdentityCertificate) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[71]
+	mi := &file_tether_v1_admin_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4382,7 +4699,7 @@ func (x *IdentityCertificate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IdentityCertificate.ProtoReflect.Descriptor instead.
 func (*IdentityCertificate) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{71}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *IdentityCertificate) GetIdentity() *AdminIdentity {
@@ -4414,7 +4731,7 @@ type ListIdentitiesRequest struct {
 
 func (x *ListIdentitiesRequest) Reset() {
 	*x = ListIdentitiesRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[72]
+	mi := &file_tether_v1_admin_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4426,7 +4743,7 @@ func (x *ListIdentitiesRequest) String() string {
 func (*ListIdentitiesRequest) ProtoMessage() {}
 
 func (x *ListIdentitiesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[72]
+	mi := &file_tether_v1_admin_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4439,7 +4756,7 @@ func (x *ListIdentitiesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListIdentitiesRequest.ProtoReflect.Descriptor instead.
 func (*ListIdentitiesRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{72}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{78}
 }
 
 type ListIdentitiesResponse struct {
@@ -4451,7 +4768,7 @@ type ListIdentitiesResponse struct {
 
 func (x *ListIdentitiesResponse) Reset() {
 	*x = ListIdentitiesResponse{}
-	mi := &file_tether_v1_admin_proto_msgTypes[73]
+	mi := &file_tether_v1_admin_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4463,7 +4780,7 @@ func (x *ListIdentitiesResponse) String() string {
 func (*ListIdentitiesResponse) ProtoMessage() {}
 
 func (x *ListIdentitiesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[73]
+	mi := &file_tether_v1_admin_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4476,7 +4793,7 @@ func (x *ListIdentitiesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListIdentitiesResponse.ProtoReflect.Descriptor instead.
 func (*ListIdentitiesResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{73}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *ListIdentitiesResponse) GetIdentities() []*AdminIdentity {
@@ -4495,7 +4812,7 @@ type RevokeIdentityRequest struct {
 
 func (x *RevokeIdentityRequest) Reset() {
 	*x = RevokeIdentityRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[74]
+	mi := &file_tether_v1_admin_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4507,7 +4824,7 @@ func (x *RevokeIdentityRequest) String() string {
 func (*RevokeIdentityRequest) ProtoMessage() {}
 
 func (x *RevokeIdentityRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[74]
+	mi := &file_tether_v1_admin_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4520,7 +4837,7 @@ func (x *RevokeIdentityRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeIdentityRequest.ProtoReflect.Descriptor instead.
 func (*RevokeIdentityRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{74}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *RevokeIdentityRequest) GetName() string {
@@ -4540,7 +4857,7 @@ type RenewIdentityRequest struct {
 
 func (x *RenewIdentityRequest) Reset() {
 	*x = RenewIdentityRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[75]
+	mi := &file_tether_v1_admin_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4552,7 +4869,7 @@ func (x *RenewIdentityRequest) String() string {
 func (*RenewIdentityRequest) ProtoMessage() {}
 
 func (x *RenewIdentityRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[75]
+	mi := &file_tether_v1_admin_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4565,7 +4882,7 @@ func (x *RenewIdentityRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewIdentityRequest.ProtoReflect.Descriptor instead.
 func (*RenewIdentityRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{75}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *RenewIdentityRequest) GetCsrPem() string {
@@ -4595,7 +4912,7 @@ type ListAuditRequest struct {
 
 func (x *ListAuditRequest) Reset() {
 	*x = ListAuditRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[76]
+	mi := &file_tether_v1_admin_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4607,7 +4924,7 @@ func (x *ListAuditRequest) String() string {
 func (*ListAuditRequest) ProtoMessage() {}
 
 func (x *ListAuditRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[76]
+	mi := &file_tether_v1_admin_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4620,7 +4937,7 @@ func (x *ListAuditRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditRequest.ProtoReflect.Descriptor instead.
 func (*ListAuditRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{76}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *ListAuditRequest) GetIdentity() string {
@@ -4660,7 +4977,7 @@ type ListAuditResponse struct {
 
 func (x *ListAuditResponse) Reset() {
 	*x = ListAuditResponse{}
-	mi := &file_tether_v1_admin_proto_msgTypes[77]
+	mi := &file_tether_v1_admin_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4672,7 +4989,7 @@ func (x *ListAuditResponse) String() string {
 func (*ListAuditResponse) ProtoMessage() {}
 
 func (x *ListAuditResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[77]
+	mi := &file_tether_v1_admin_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4685,7 +5002,7 @@ func (x *ListAuditResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditResponse.ProtoReflect.Descriptor instead.
 func (*ListAuditResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{77}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *ListAuditResponse) GetRecords() []*AuditRecord {
@@ -4707,7 +5024,7 @@ type CreateCredentialRequest struct {
 
 func (x *CreateCredentialRequest) Reset() {
 	*x = CreateCredentialRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[78]
+	mi := &file_tether_v1_admin_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4719,7 +5036,7 @@ func (x *CreateCredentialRequest) String() string {
 func (*CreateCredentialRequest) ProtoMessage() {}
 
 func (x *CreateCredentialRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[78]
+	mi := &file_tether_v1_admin_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4732,7 +5049,7 @@ func (x *CreateCredentialRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateCredentialRequest.ProtoReflect.Descriptor instead.
 func (*CreateCredentialRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{78}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *CreateCredentialRequest) GetName() string {
@@ -4769,7 +5086,7 @@ type UpdateCredentialRequest struct {
 
 func (x *UpdateCredentialRequest) Reset() {
 	*x = UpdateCredentialRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[79]
+	mi := &file_tether_v1_admin_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4781,7 +5098,7 @@ func (x *UpdateCredentialRequest) String() string {
 func (*UpdateCredentialRequest) ProtoMessage() {}
 
 func (x *UpdateCredentialRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[79]
+	mi := &file_tether_v1_admin_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4794,7 +5111,7 @@ func (x *UpdateCredentialRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateCredentialRequest.ProtoReflect.Descriptor instead.
 func (*UpdateCredentialRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{79}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *UpdateCredentialRequest) GetName() string {
@@ -4826,7 +5143,7 @@ type ListCredentialsRequest struct {
 
 func (x *ListCredentialsRequest) Reset() {
 	*x = ListCredentialsRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[80]
+	mi := &file_tether_v1_admin_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4838,7 +5155,7 @@ func (x *ListCredentialsRequest) String() string {
 func (*ListCredentialsRequest) ProtoMessage() {}
 
 func (x *ListCredentialsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[80]
+	mi := &file_tether_v1_admin_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4851,7 +5168,7 @@ func (x *ListCredentialsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCredentialsRequest.ProtoReflect.Descriptor instead.
 func (*ListCredentialsRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{80}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{86}
 }
 
 type ListCredentialsResponse struct {
@@ -4863,7 +5180,7 @@ type ListCredentialsResponse struct {
 
 func (x *ListCredentialsResponse) Reset() {
 	*x = ListCredentialsResponse{}
-	mi := &file_tether_v1_admin_proto_msgTypes[81]
+	mi := &file_tether_v1_admin_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4875,7 +5192,7 @@ func (x *ListCredentialsResponse) String() string {
 func (*ListCredentialsResponse) ProtoMessage() {}
 
 func (x *ListCredentialsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[81]
+	mi := &file_tether_v1_admin_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4888,7 +5205,7 @@ func (x *ListCredentialsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCredentialsResponse.ProtoReflect.Descriptor instead.
 func (*ListCredentialsResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{81}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *ListCredentialsResponse) GetCredentials() []*Credential {
@@ -4907,7 +5224,7 @@ type DeleteCredentialRequest struct {
 
 func (x *DeleteCredentialRequest) Reset() {
 	*x = DeleteCredentialRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[82]
+	mi := &file_tether_v1_admin_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4919,7 +5236,7 @@ func (x *DeleteCredentialRequest) String() string {
 func (*DeleteCredentialRequest) ProtoMessage() {}
 
 func (x *DeleteCredentialRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[82]
+	mi := &file_tether_v1_admin_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4932,7 +5249,7 @@ func (x *DeleteCredentialRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteCredentialRequest.ProtoReflect.Descriptor instead.
 func (*DeleteCredentialRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{82}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *DeleteCredentialRequest) GetName() string {
@@ -4950,7 +5267,7 @@ type DeleteCredentialResponse struct {
 
 func (x *DeleteCredentialResponse) Reset() {
 	*x = DeleteCredentialResponse{}
-	mi := &file_tether_v1_admin_proto_msgTypes[83]
+	mi := &file_tether_v1_admin_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4962,7 +5279,7 @@ func (x *DeleteCredentialResponse) String() string {
 func (*DeleteCredentialResponse) ProtoMessage() {}
 
 func (x *DeleteCredentialResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[83]
+	mi := &file_tether_v1_admin_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4975,7 +5292,7 @@ func (x *DeleteCredentialResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteCredentialResponse.ProtoReflect.Descriptor instead.
 func (*DeleteCredentialResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{83}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{89}
 }
 
 var File_tether_v1_admin_proto protoreflect.FileDescriptor
@@ -5166,7 +5483,27 @@ const file_tether_v1_admin_proto_rawDesc = "" +
 	"page_token\x18\x03 \x01(\tR\tpageToken\"~\n" +
 	"\x18ListCertificatesResponse\x12:\n" +
 	"\fcertificates\x18\x01 \x03(\v2\x16.tether.v1.CertificateR\fcertificates\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"J\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xed\x02\n" +
+	"\x14CertificateAuthority\x12 \n" +
+	"\vfingerprint\x18\x01 \x01(\tR\vfingerprint\x12\x14\n" +
+	"\x05state\x18\x02 \x01(\tR\x05state\x127\n" +
+	"\tnot_after\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\bnotAfter\x12+\n" +
+	"\x11live_certificates\x18\x04 \x01(\x03R\x10liveCertificates\x12\x18\n" +
+	"\asubject\x18\x05 \x01(\tR\asubject\x129\n" +
+	"\n" +
+	"created_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x129\n" +
+	"\n" +
+	"updated_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x12'\n" +
+	"\x0fcertificate_pem\x18\b \x01(\tR\x0ecertificatePem\"-\n" +
+	"\x10PrepareCARequest\x12\x19\n" +
+	"\bkey_type\x18\x01 \x01(\tR\akeyType\"5\n" +
+	"\x11ActivateCARequest\x12 \n" +
+	"\vfingerprint\x18\x01 \x01(\tR\vfingerprint\"3\n" +
+	"\x0fRetireCARequest\x12 \n" +
+	"\vfingerprint\x18\x01 \x01(\tR\vfingerprint\"\x10\n" +
+	"\x0eListCAsRequest\"T\n" +
+	"\x0fListCAsResponse\x12A\n" +
+	"\vauthorities\x18\x01 \x03(\v2\x1f.tether.v1.CertificateAuthorityR\vauthorities\"J\n" +
 	"\x18RevokeCertificateRequest\x12\x16\n" +
 	"\x06serial\x18\x01 \x01(\tR\x06serial\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"\xac\x01\n" +
@@ -5341,7 +5678,7 @@ const file_tether_v1_admin_proto_rawDesc = "" +
 	"\vcredentials\x18\x01 \x03(\v2\x15.tether.v1.CredentialR\vcredentials\"-\n" +
 	"\x17DeleteCredentialRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"\x1a\n" +
-	"\x18DeleteCredentialResponse2\xd5$\n" +
+	"\x18DeleteCredentialResponse2\xf8&\n" +
 	"\fAdminService\x12G\n" +
 	"\x0eCreateTemplate\x12 .tether.v1.CreateTemplateRequest\x1a\x13.tether.v1.Template\x12A\n" +
 	"\vGetTemplate\x12\x1d.tether.v1.GetTemplateRequest\x1a\x13.tether.v1.Template\x12R\n" +
@@ -5377,7 +5714,12 @@ const file_tether_v1_admin_proto_rawDesc = "" +
 	"\rCreateSeedISO\x12\x1f.tether.v1.CreateSeedISORequest\x1a .tether.v1.CreateSeedISOResponse\x12g\n" +
 	"\x14CreateBootstrapToken\x12&.tether.v1.CreateBootstrapTokenRequest\x1a'.tether.v1.CreateBootstrapTokenResponse\x12[\n" +
 	"\x10ListCertificates\x12\".tether.v1.ListCertificatesRequest\x1a#.tether.v1.ListCertificatesResponse\x12P\n" +
-	"\x11RevokeCertificate\x12#.tether.v1.RevokeCertificateRequest\x1a\x16.tether.v1.Certificate\x12;\n" +
+	"\x11RevokeCertificate\x12#.tether.v1.RevokeCertificateRequest\x1a\x16.tether.v1.Certificate\x12I\n" +
+	"\tPrepareCA\x12\x1b.tether.v1.PrepareCARequest\x1a\x1f.tether.v1.CertificateAuthority\x12K\n" +
+	"\n" +
+	"ActivateCA\x12\x1c.tether.v1.ActivateCARequest\x1a\x1f.tether.v1.CertificateAuthority\x12G\n" +
+	"\bRetireCA\x12\x1a.tether.v1.RetireCARequest\x1a\x1f.tether.v1.CertificateAuthority\x12@\n" +
+	"\aListCAs\x12\x19.tether.v1.ListCAsRequest\x1a\x1a.tether.v1.ListCAsResponse\x12;\n" +
 	"\n" +
 	"CreateTask\x12\x1c.tether.v1.CreateTaskRequest\x1a\x0f.tether.v1.Task\x125\n" +
 	"\aGetTask\x12\x19.tether.v1.GetTaskRequest\x1a\x0f.tether.v1.Task\x12F\n" +
@@ -5429,7 +5771,7 @@ func file_tether_v1_admin_proto_rawDescGZIP() []byte {
 	return file_tether_v1_admin_proto_rawDescData
 }
 
-var file_tether_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 84)
+var file_tether_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 90)
 var file_tether_v1_admin_proto_goTypes = []any{
 	(*CreateTemplateRequest)(nil),        // 0: tether.v1.CreateTemplateRequest
 	(*GetTemplateRequest)(nil),           // 1: tether.v1.GetTemplateRequest
@@ -5472,252 +5814,270 @@ var file_tether_v1_admin_proto_goTypes = []any{
 	(*CreateBootstrapTokenResponse)(nil), // 38: tether.v1.CreateBootstrapTokenResponse
 	(*ListCertificatesRequest)(nil),      // 39: tether.v1.ListCertificatesRequest
 	(*ListCertificatesResponse)(nil),     // 40: tether.v1.ListCertificatesResponse
-	(*RevokeCertificateRequest)(nil),     // 41: tether.v1.RevokeCertificateRequest
-	(*CreateTaskRequest)(nil),            // 42: tether.v1.CreateTaskRequest
-	(*GetTaskRequest)(nil),               // 43: tether.v1.GetTaskRequest
-	(*ListTasksRequest)(nil),             // 44: tether.v1.ListTasksRequest
-	(*ListTasksResponse)(nil),            // 45: tether.v1.ListTasksResponse
-	(*CancelTaskRequest)(nil),            // 46: tether.v1.CancelTaskRequest
-	(*CreatePoolRequest)(nil),            // 47: tether.v1.CreatePoolRequest
-	(*GetPoolRequest)(nil),               // 48: tether.v1.GetPoolRequest
-	(*ListPoolsRequest)(nil),             // 49: tether.v1.ListPoolsRequest
-	(*ListPoolsResponse)(nil),            // 50: tether.v1.ListPoolsResponse
-	(*UpdatePoolRequest)(nil),            // 51: tether.v1.UpdatePoolRequest
-	(*PoolActionRequest)(nil),            // 52: tether.v1.PoolActionRequest
-	(*DrainPoolResponse)(nil),            // 53: tether.v1.DrainPoolResponse
-	(*DeletePoolResponse)(nil),           // 54: tether.v1.DeletePoolResponse
-	(*ReplenishPoolResponse)(nil),        // 55: tether.v1.ReplenishPoolResponse
-	(*RecyclePoolResponse)(nil),          // 56: tether.v1.RecyclePoolResponse
-	(*AcquirePoolMemberRequest)(nil),     // 57: tether.v1.AcquirePoolMemberRequest
-	(*AcquirePoolMemberResponse)(nil),    // 58: tether.v1.AcquirePoolMemberResponse
-	(*ReleasePoolMemberRequest)(nil),     // 59: tether.v1.ReleasePoolMemberRequest
-	(*ReleasePoolMemberResponse)(nil),    // 60: tether.v1.ReleasePoolMemberResponse
-	(*ListEventsRequest)(nil),            // 61: tether.v1.ListEventsRequest
-	(*ListEventsResponse)(nil),           // 62: tether.v1.ListEventsResponse
-	(*WatchEventsRequest)(nil),           // 63: tether.v1.WatchEventsRequest
-	(*AddSignerRequest)(nil),             // 64: tether.v1.AddSignerRequest
-	(*ListSignersRequest)(nil),           // 65: tether.v1.ListSignersRequest
-	(*ListSignersResponse)(nil),          // 66: tether.v1.ListSignersResponse
-	(*RemoveSignerRequest)(nil),          // 67: tether.v1.RemoveSignerRequest
-	(*RemoveSignerResponse)(nil),         // 68: tether.v1.RemoveSignerResponse
-	(*SignModuleRequest)(nil),            // 69: tether.v1.SignModuleRequest
-	(*CreateIdentityRequest)(nil),        // 70: tether.v1.CreateIdentityRequest
-	(*IdentityCertificate)(nil),          // 71: tether.v1.IdentityCertificate
-	(*ListIdentitiesRequest)(nil),        // 72: tether.v1.ListIdentitiesRequest
-	(*ListIdentitiesResponse)(nil),       // 73: tether.v1.ListIdentitiesResponse
-	(*RevokeIdentityRequest)(nil),        // 74: tether.v1.RevokeIdentityRequest
-	(*RenewIdentityRequest)(nil),         // 75: tether.v1.RenewIdentityRequest
-	(*ListAuditRequest)(nil),             // 76: tether.v1.ListAuditRequest
-	(*ListAuditResponse)(nil),            // 77: tether.v1.ListAuditResponse
-	(*CreateCredentialRequest)(nil),      // 78: tether.v1.CreateCredentialRequest
-	(*UpdateCredentialRequest)(nil),      // 79: tether.v1.UpdateCredentialRequest
-	(*ListCredentialsRequest)(nil),       // 80: tether.v1.ListCredentialsRequest
-	(*ListCredentialsResponse)(nil),      // 81: tether.v1.ListCredentialsResponse
-	(*DeleteCredentialRequest)(nil),      // 82: tether.v1.DeleteCredentialRequest
-	(*DeleteCredentialResponse)(nil),     // 83: tether.v1.DeleteCredentialResponse
-	(*ModuleRef)(nil),                    // 84: tether.v1.ModuleRef
-	(*Template)(nil),                     // 85: tether.v1.Template
-	(*ModuleSignature)(nil),              // 86: tether.v1.ModuleSignature
-	(*Module)(nil),                       // 87: tether.v1.Module
-	(*structpb.Struct)(nil),              // 88: google.protobuf.Struct
-	(*NodeBMC)(nil),                      // 89: tether.v1.NodeBMC
-	(*Node)(nil),                         // 90: tether.v1.Node
-	(*Instance)(nil),                     // 91: tether.v1.Instance
-	(InstanceStatus)(0),                  // 92: tether.v1.InstanceStatus
-	(*timestamppb.Timestamp)(nil),        // 93: google.protobuf.Timestamp
-	(*Certificate)(nil),                  // 94: tether.v1.Certificate
-	(TaskKind)(0),                        // 95: tether.v1.TaskKind
-	(*ExecPayload)(nil),                  // 96: tether.v1.ExecPayload
-	(TaskTarget)(0),                      // 97: tether.v1.TaskTarget
-	(TaskStatus)(0),                      // 98: tether.v1.TaskStatus
-	(*Task)(nil),                         // 99: tether.v1.Task
-	(LifecycleClass)(0),                  // 100: tether.v1.LifecycleClass
-	(*PoolMetadata)(nil),                 // 101: tether.v1.PoolMetadata
-	(*Pool)(nil),                         // 102: tether.v1.Pool
-	(Severity)(0),                        // 103: tether.v1.Severity
-	(*FleetEvent)(nil),                   // 104: tether.v1.FleetEvent
-	(*Signer)(nil),                       // 105: tether.v1.Signer
-	(*AdminIdentity)(nil),                // 106: tether.v1.AdminIdentity
-	(*AuditRecord)(nil),                  // 107: tether.v1.AuditRecord
-	(*Credential)(nil),                   // 108: tether.v1.Credential
+	(*CertificateAuthority)(nil),         // 41: tether.v1.CertificateAuthority
+	(*PrepareCARequest)(nil),             // 42: tether.v1.PrepareCARequest
+	(*ActivateCARequest)(nil),            // 43: tether.v1.ActivateCARequest
+	(*RetireCARequest)(nil),              // 44: tether.v1.RetireCARequest
+	(*ListCAsRequest)(nil),               // 45: tether.v1.ListCAsRequest
+	(*ListCAsResponse)(nil),              // 46: tether.v1.ListCAsResponse
+	(*RevokeCertificateRequest)(nil),     // 47: tether.v1.RevokeCertificateRequest
+	(*CreateTaskRequest)(nil),            // 48: tether.v1.CreateTaskRequest
+	(*GetTaskRequest)(nil),               // 49: tether.v1.GetTaskRequest
+	(*ListTasksRequest)(nil),             // 50: tether.v1.ListTasksRequest
+	(*ListTasksResponse)(nil),            // 51: tether.v1.ListTasksResponse
+	(*CancelTaskRequest)(nil),            // 52: tether.v1.CancelTaskRequest
+	(*CreatePoolRequest)(nil),            // 53: tether.v1.CreatePoolRequest
+	(*GetPoolRequest)(nil),               // 54: tether.v1.GetPoolRequest
+	(*ListPoolsRequest)(nil),             // 55: tether.v1.ListPoolsRequest
+	(*ListPoolsResponse)(nil),            // 56: tether.v1.ListPoolsResponse
+	(*UpdatePoolRequest)(nil),            // 57: tether.v1.UpdatePoolRequest
+	(*PoolActionRequest)(nil),            // 58: tether.v1.PoolActionRequest
+	(*DrainPoolResponse)(nil),            // 59: tether.v1.DrainPoolResponse
+	(*DeletePoolResponse)(nil),           // 60: tether.v1.DeletePoolResponse
+	(*ReplenishPoolResponse)(nil),        // 61: tether.v1.ReplenishPoolResponse
+	(*RecyclePoolResponse)(nil),          // 62: tether.v1.RecyclePoolResponse
+	(*AcquirePoolMemberRequest)(nil),     // 63: tether.v1.AcquirePoolMemberRequest
+	(*AcquirePoolMemberResponse)(nil),    // 64: tether.v1.AcquirePoolMemberResponse
+	(*ReleasePoolMemberRequest)(nil),     // 65: tether.v1.ReleasePoolMemberRequest
+	(*ReleasePoolMemberResponse)(nil),    // 66: tether.v1.ReleasePoolMemberResponse
+	(*ListEventsRequest)(nil),            // 67: tether.v1.ListEventsRequest
+	(*ListEventsResponse)(nil),           // 68: tether.v1.ListEventsResponse
+	(*WatchEventsRequest)(nil),           // 69: tether.v1.WatchEventsRequest
+	(*AddSignerRequest)(nil),             // 70: tether.v1.AddSignerRequest
+	(*ListSignersRequest)(nil),           // 71: tether.v1.ListSignersRequest
+	(*ListSignersResponse)(nil),          // 72: tether.v1.ListSignersResponse
+	(*RemoveSignerRequest)(nil),          // 73: tether.v1.RemoveSignerRequest
+	(*RemoveSignerResponse)(nil),         // 74: tether.v1.RemoveSignerResponse
+	(*SignModuleRequest)(nil),            // 75: tether.v1.SignModuleRequest
+	(*CreateIdentityRequest)(nil),        // 76: tether.v1.CreateIdentityRequest
+	(*IdentityCertificate)(nil),          // 77: tether.v1.IdentityCertificate
+	(*ListIdentitiesRequest)(nil),        // 78: tether.v1.ListIdentitiesRequest
+	(*ListIdentitiesResponse)(nil),       // 79: tether.v1.ListIdentitiesResponse
+	(*RevokeIdentityRequest)(nil),        // 80: tether.v1.RevokeIdentityRequest
+	(*RenewIdentityRequest)(nil),         // 81: tether.v1.RenewIdentityRequest
+	(*ListAuditRequest)(nil),             // 82: tether.v1.ListAuditRequest
+	(*ListAuditResponse)(nil),            // 83: tether.v1.ListAuditResponse
+	(*CreateCredentialRequest)(nil),      // 84: tether.v1.CreateCredentialRequest
+	(*UpdateCredentialRequest)(nil),      // 85: tether.v1.UpdateCredentialRequest
+	(*ListCredentialsRequest)(nil),       // 86: tether.v1.ListCredentialsRequest
+	(*ListCredentialsResponse)(nil),      // 87: tether.v1.ListCredentialsResponse
+	(*DeleteCredentialRequest)(nil),      // 88: tether.v1.DeleteCredentialRequest
+	(*DeleteCredentialResponse)(nil),     // 89: tether.v1.DeleteCredentialResponse
+	(*ModuleRef)(nil),                    // 90: tether.v1.ModuleRef
+	(*Template)(nil),                     // 91: tether.v1.Template
+	(*ModuleSignature)(nil),              // 92: tether.v1.ModuleSignature
+	(*Module)(nil),                       // 93: tether.v1.Module
+	(*structpb.Struct)(nil),              // 94: google.protobuf.Struct
+	(*NodeBMC)(nil),                      // 95: tether.v1.NodeBMC
+	(*Node)(nil),                         // 96: tether.v1.Node
+	(*Instance)(nil),                     // 97: tether.v1.Instance
+	(InstanceStatus)(0),                  // 98: tether.v1.InstanceStatus
+	(*timestamppb.Timestamp)(nil),        // 99: google.protobuf.Timestamp
+	(*Certificate)(nil),                  // 100: tether.v1.Certificate
+	(TaskKind)(0),                        // 101: tether.v1.TaskKind
+	(*ExecPayload)(nil),                  // 102: tether.v1.ExecPayload
+	(TaskTarget)(0),                      // 103: tether.v1.TaskTarget
+	(TaskStatus)(0),                      // 104: tether.v1.TaskStatus
+	(*Task)(nil),                         // 105: tether.v1.Task
+	(LifecycleClass)(0),                  // 106: tether.v1.LifecycleClass
+	(*PoolMetadata)(nil),                 // 107: tether.v1.PoolMetadata
+	(*Pool)(nil),                         // 108: tether.v1.Pool
+	(Severity)(0),                        // 109: tether.v1.Severity
+	(*FleetEvent)(nil),                   // 110: tether.v1.FleetEvent
+	(*Signer)(nil),                       // 111: tether.v1.Signer
+	(*AdminIdentity)(nil),                // 112: tether.v1.AdminIdentity
+	(*AuditRecord)(nil),                  // 113: tether.v1.AuditRecord
+	(*Credential)(nil),                   // 114: tether.v1.Credential
 }
 var file_tether_v1_admin_proto_depIdxs = []int32{
-	84,  // 0: tether.v1.CreateTemplateRequest.root_modules:type_name -> tether.v1.ModuleRef
-	84,  // 1: tether.v1.CreateTemplateRequest.extension_modules:type_name -> tether.v1.ModuleRef
-	85,  // 2: tether.v1.ListTemplatesResponse.templates:type_name -> tether.v1.Template
-	84,  // 3: tether.v1.UpdateTemplateRequest.root_modules:type_name -> tether.v1.ModuleRef
-	84,  // 4: tether.v1.UpdateTemplateRequest.extension_modules:type_name -> tether.v1.ModuleRef
+	90,  // 0: tether.v1.CreateTemplateRequest.root_modules:type_name -> tether.v1.ModuleRef
+	90,  // 1: tether.v1.CreateTemplateRequest.extension_modules:type_name -> tether.v1.ModuleRef
+	91,  // 2: tether.v1.ListTemplatesResponse.templates:type_name -> tether.v1.Template
+	90,  // 3: tether.v1.UpdateTemplateRequest.root_modules:type_name -> tether.v1.ModuleRef
+	90,  // 4: tether.v1.UpdateTemplateRequest.extension_modules:type_name -> tether.v1.ModuleRef
 	8,   // 5: tether.v1.PushModuleRequest.header:type_name -> tether.v1.PushModuleHeader
-	86,  // 6: tether.v1.PushModuleHeader.signatures:type_name -> tether.v1.ModuleSignature
-	87,  // 7: tether.v1.ListModulesResponse.modules:type_name -> tether.v1.Module
-	88,  // 8: tether.v1.CreateNodeRequest.config:type_name -> google.protobuf.Struct
-	89,  // 9: tether.v1.CreateNodeRequest.bmc:type_name -> tether.v1.NodeBMC
-	90,  // 10: tether.v1.ListNodesResponse.nodes:type_name -> tether.v1.Node
-	88,  // 11: tether.v1.UpdateNodeRequest.config:type_name -> google.protobuf.Struct
-	89,  // 12: tether.v1.UpdateNodeRequest.bmc:type_name -> tether.v1.NodeBMC
-	91,  // 13: tether.v1.ProvisionInstanceResponse.instance:type_name -> tether.v1.Instance
-	92,  // 14: tether.v1.ListInstancesRequest.status:type_name -> tether.v1.InstanceStatus
-	91,  // 15: tether.v1.ListInstancesResponse.instances:type_name -> tether.v1.Instance
-	91,  // 16: tether.v1.CordonInstanceResponse.instance:type_name -> tether.v1.Instance
-	91,  // 17: tether.v1.UncordonInstanceResponse.instance:type_name -> tether.v1.Instance
-	91,  // 18: tether.v1.DrainInstanceResponse.instance:type_name -> tether.v1.Instance
-	93,  // 19: tether.v1.CreateBootstrapTokenResponse.expires_at:type_name -> google.protobuf.Timestamp
-	94,  // 20: tether.v1.ListCertificatesResponse.certificates:type_name -> tether.v1.Certificate
-	95,  // 21: tether.v1.CreateTaskRequest.kind:type_name -> tether.v1.TaskKind
-	96,  // 22: tether.v1.CreateTaskRequest.exec:type_name -> tether.v1.ExecPayload
-	97,  // 23: tether.v1.ListTasksRequest.target:type_name -> tether.v1.TaskTarget
-	98,  // 24: tether.v1.ListTasksRequest.status:type_name -> tether.v1.TaskStatus
-	99,  // 25: tether.v1.ListTasksResponse.tasks:type_name -> tether.v1.Task
-	100, // 26: tether.v1.CreatePoolRequest.lifecycle_class:type_name -> tether.v1.LifecycleClass
-	101, // 27: tether.v1.CreatePoolRequest.metadata:type_name -> tether.v1.PoolMetadata
-	102, // 28: tether.v1.ListPoolsResponse.pools:type_name -> tether.v1.Pool
-	100, // 29: tether.v1.UpdatePoolRequest.lifecycle_class:type_name -> tether.v1.LifecycleClass
-	101, // 30: tether.v1.UpdatePoolRequest.metadata:type_name -> tether.v1.PoolMetadata
-	102, // 31: tether.v1.DrainPoolResponse.pool:type_name -> tether.v1.Pool
-	102, // 32: tether.v1.ReplenishPoolResponse.pool:type_name -> tether.v1.Pool
-	102, // 33: tether.v1.RecyclePoolResponse.pool:type_name -> tether.v1.Pool
-	100, // 34: tether.v1.AcquirePoolMemberRequest.lifecycle_class:type_name -> tether.v1.LifecycleClass
-	91,  // 35: tether.v1.AcquirePoolMemberResponse.instance:type_name -> tether.v1.Instance
-	91,  // 36: tether.v1.ReleasePoolMemberResponse.instance:type_name -> tether.v1.Instance
-	103, // 37: tether.v1.ListEventsRequest.min_severity:type_name -> tether.v1.Severity
-	104, // 38: tether.v1.ListEventsResponse.events:type_name -> tether.v1.FleetEvent
-	103, // 39: tether.v1.WatchEventsRequest.min_severity:type_name -> tether.v1.Severity
-	105, // 40: tether.v1.ListSignersResponse.signers:type_name -> tether.v1.Signer
-	86,  // 41: tether.v1.SignModuleRequest.signature:type_name -> tether.v1.ModuleSignature
-	106, // 42: tether.v1.IdentityCertificate.identity:type_name -> tether.v1.AdminIdentity
-	106, // 43: tether.v1.ListIdentitiesResponse.identities:type_name -> tether.v1.AdminIdentity
-	93,  // 44: tether.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
-	107, // 45: tether.v1.ListAuditResponse.records:type_name -> tether.v1.AuditRecord
-	108, // 46: tether.v1.ListCredentialsResponse.credentials:type_name -> tether.v1.Credential
-	0,   // 47: tether.v1.AdminService.CreateTemplate:input_type -> tether.v1.CreateTemplateRequest
-	1,   // 48: tether.v1.AdminService.GetTemplate:input_type -> tether.v1.GetTemplateRequest
-	2,   // 49: tether.v1.AdminService.ListTemplates:input_type -> tether.v1.ListTemplatesRequest
-	4,   // 50: tether.v1.AdminService.UpdateTemplate:input_type -> tether.v1.UpdateTemplateRequest
-	5,   // 51: tether.v1.AdminService.DeleteTemplate:input_type -> tether.v1.DeleteTemplateRequest
-	7,   // 52: tether.v1.AdminService.PushModule:input_type -> tether.v1.PushModuleRequest
-	9,   // 53: tether.v1.AdminService.GetModule:input_type -> tether.v1.GetModuleRequest
-	10,  // 54: tether.v1.AdminService.ListModules:input_type -> tether.v1.ListModulesRequest
-	12,  // 55: tether.v1.AdminService.DeleteModule:input_type -> tether.v1.DeleteModuleRequest
-	14,  // 56: tether.v1.AdminService.CreateNode:input_type -> tether.v1.CreateNodeRequest
-	15,  // 57: tether.v1.AdminService.GetNode:input_type -> tether.v1.GetNodeRequest
-	16,  // 58: tether.v1.AdminService.ListNodes:input_type -> tether.v1.ListNodesRequest
-	18,  // 59: tether.v1.AdminService.UpdateNode:input_type -> tether.v1.UpdateNodeRequest
-	19,  // 60: tether.v1.AdminService.DeleteNode:input_type -> tether.v1.DeleteNodeRequest
-	21,  // 61: tether.v1.AdminService.ProvisionInstance:input_type -> tether.v1.ProvisionInstanceRequest
-	23,  // 62: tether.v1.AdminService.GetInstance:input_type -> tether.v1.GetInstanceRequest
-	24,  // 63: tether.v1.AdminService.ListInstances:input_type -> tether.v1.ListInstancesRequest
-	26,  // 64: tether.v1.AdminService.StartInstance:input_type -> tether.v1.InstanceActionRequest
-	26,  // 65: tether.v1.AdminService.StopInstance:input_type -> tether.v1.InstanceActionRequest
-	26,  // 66: tether.v1.AdminService.RebootInstance:input_type -> tether.v1.InstanceActionRequest
-	26,  // 67: tether.v1.AdminService.TerminateInstance:input_type -> tether.v1.InstanceActionRequest
-	27,  // 68: tether.v1.AdminService.HoldInstance:input_type -> tether.v1.HoldInstanceRequest
-	26,  // 69: tether.v1.AdminService.UnholdInstance:input_type -> tether.v1.InstanceActionRequest
-	28,  // 70: tether.v1.AdminService.CordonInstance:input_type -> tether.v1.CordonInstanceRequest
-	26,  // 71: tether.v1.AdminService.UncordonInstance:input_type -> tether.v1.InstanceActionRequest
-	31,  // 72: tether.v1.AdminService.DrainInstance:input_type -> tether.v1.DrainInstanceRequest
-	33,  // 73: tether.v1.AdminService.GetInstanceConsole:input_type -> tether.v1.GetInstanceConsoleRequest
-	35,  // 74: tether.v1.AdminService.CreateSeedISO:input_type -> tether.v1.CreateSeedISORequest
-	37,  // 75: tether.v1.AdminService.CreateBootstrapToken:input_type -> tether.v1.CreateBootstrapTokenRequest
-	39,  // 76: tether.v1.AdminService.ListCertificates:input_type -> tether.v1.ListCertificatesRequest
-	41,  // 77: tether.v1.AdminService.RevokeCertificate:input_type -> tether.v1.RevokeCertificateRequest
-	42,  // 78: tether.v1.AdminService.CreateTask:input_type -> tether.v1.CreateTaskRequest
-	43,  // 79: tether.v1.AdminService.GetTask:input_type -> tether.v1.GetTaskRequest
-	44,  // 80: tether.v1.AdminService.ListTasks:input_type -> tether.v1.ListTasksRequest
-	46,  // 81: tether.v1.AdminService.CancelTask:input_type -> tether.v1.CancelTaskRequest
-	47,  // 82: tether.v1.AdminService.CreatePool:input_type -> tether.v1.CreatePoolRequest
-	48,  // 83: tether.v1.AdminService.GetPool:input_type -> tether.v1.GetPoolRequest
-	49,  // 84: tether.v1.AdminService.ListPools:input_type -> tether.v1.ListPoolsRequest
-	51,  // 85: tether.v1.AdminService.UpdatePool:input_type -> tether.v1.UpdatePoolRequest
-	52,  // 86: tether.v1.AdminService.PausePool:input_type -> tether.v1.PoolActionRequest
-	52,  // 87: tether.v1.AdminService.ActivatePool:input_type -> tether.v1.PoolActionRequest
-	52,  // 88: tether.v1.AdminService.DrainPool:input_type -> tether.v1.PoolActionRequest
-	52,  // 89: tether.v1.AdminService.DeletePool:input_type -> tether.v1.PoolActionRequest
-	52,  // 90: tether.v1.AdminService.ReplenishPool:input_type -> tether.v1.PoolActionRequest
-	52,  // 91: tether.v1.AdminService.RecyclePool:input_type -> tether.v1.PoolActionRequest
-	57,  // 92: tether.v1.AdminService.AcquirePoolMember:input_type -> tether.v1.AcquirePoolMemberRequest
-	59,  // 93: tether.v1.AdminService.ReleasePoolMember:input_type -> tether.v1.ReleasePoolMemberRequest
-	61,  // 94: tether.v1.AdminService.ListEvents:input_type -> tether.v1.ListEventsRequest
-	63,  // 95: tether.v1.AdminService.WatchEvents:input_type -> tether.v1.WatchEventsRequest
-	64,  // 96: tether.v1.AdminService.AddSigner:input_type -> tether.v1.AddSignerRequest
-	65,  // 97: tether.v1.AdminService.ListSigners:input_type -> tether.v1.ListSignersRequest
-	67,  // 98: tether.v1.AdminService.RemoveSigner:input_type -> tether.v1.RemoveSignerRequest
-	69,  // 99: tether.v1.AdminService.SignModule:input_type -> tether.v1.SignModuleRequest
-	70,  // 100: tether.v1.AdminService.CreateIdentity:input_type -> tether.v1.CreateIdentityRequest
-	72,  // 101: tether.v1.AdminService.ListIdentities:input_type -> tether.v1.ListIdentitiesRequest
-	74,  // 102: tether.v1.AdminService.RevokeIdentity:input_type -> tether.v1.RevokeIdentityRequest
-	75,  // 103: tether.v1.AdminService.RenewIdentity:input_type -> tether.v1.RenewIdentityRequest
-	76,  // 104: tether.v1.AdminService.ListAudit:input_type -> tether.v1.ListAuditRequest
-	78,  // 105: tether.v1.AdminService.CreateCredential:input_type -> tether.v1.CreateCredentialRequest
-	80,  // 106: tether.v1.AdminService.ListCredentials:input_type -> tether.v1.ListCredentialsRequest
-	79,  // 107: tether.v1.AdminService.UpdateCredential:input_type -> tether.v1.UpdateCredentialRequest
-	82,  // 108: tether.v1.AdminService.DeleteCredential:input_type -> tether.v1.DeleteCredentialRequest
-	85,  // 109: tether.v1.AdminService.CreateTemplate:output_type -> tether.v1.Template
-	85,  // 110: tether.v1.AdminService.GetTemplate:output_type -> tether.v1.Template
-	3,   // 111: tether.v1.AdminService.ListTemplates:output_type -> tether.v1.ListTemplatesResponse
-	85,  // 112: tether.v1.AdminService.UpdateTemplate:output_type -> tether.v1.Template
-	6,   // 113: tether.v1.AdminService.DeleteTemplate:output_type -> tether.v1.DeleteTemplateResponse
-	87,  // 114: tether.v1.AdminService.PushModule:output_type -> tether.v1.Module
-	87,  // 115: tether.v1.AdminService.GetModule:output_type -> tether.v1.Module
-	11,  // 116: tether.v1.AdminService.ListModules:output_type -> tether.v1.ListModulesResponse
-	13,  // 117: tether.v1.AdminService.DeleteModule:output_type -> tether.v1.DeleteModuleResponse
-	90,  // 118: tether.v1.AdminService.CreateNode:output_type -> tether.v1.Node
-	90,  // 119: tether.v1.AdminService.GetNode:output_type -> tether.v1.Node
-	17,  // 120: tether.v1.AdminService.ListNodes:output_type -> tether.v1.ListNodesResponse
-	90,  // 121: tether.v1.AdminService.UpdateNode:output_type -> tether.v1.Node
-	20,  // 122: tether.v1.AdminService.DeleteNode:output_type -> tether.v1.DeleteNodeResponse
-	22,  // 123: tether.v1.AdminService.ProvisionInstance:output_type -> tether.v1.ProvisionInstanceResponse
-	91,  // 124: tether.v1.AdminService.GetInstance:output_type -> tether.v1.Instance
-	25,  // 125: tether.v1.AdminService.ListInstances:output_type -> tether.v1.ListInstancesResponse
-	91,  // 126: tether.v1.AdminService.StartInstance:output_type -> tether.v1.Instance
-	91,  // 127: tether.v1.AdminService.StopInstance:output_type -> tether.v1.Instance
-	91,  // 128: tether.v1.AdminService.RebootInstance:output_type -> tether.v1.Instance
-	91,  // 129: tether.v1.AdminService.TerminateInstance:output_type -> tether.v1.Instance
-	91,  // 130: tether.v1.AdminService.HoldInstance:output_type -> tether.v1.Instance
-	91,  // 131: tether.v1.AdminService.UnholdInstance:output_type -> tether.v1.Instance
-	29,  // 132: tether.v1.AdminService.CordonInstance:output_type -> tether.v1.CordonInstanceResponse
-	30,  // 133: tether.v1.AdminService.UncordonInstance:output_type -> tether.v1.UncordonInstanceResponse
-	32,  // 134: tether.v1.AdminService.DrainInstance:output_type -> tether.v1.DrainInstanceResponse
-	34,  // 135: tether.v1.AdminService.GetInstanceConsole:output_type -> tether.v1.ConsoleChunk
-	36,  // 136: tether.v1.AdminService.CreateSeedISO:output_type -> tether.v1.CreateSeedISOResponse
-	38,  // 137: tether.v1.AdminService.CreateBootstrapToken:output_type -> tether.v1.CreateBootstrapTokenResponse
-	40,  // 138: tether.v1.AdminService.ListCertificates:output_type -> tether.v1.ListCertificatesResponse
-	94,  // 139: tether.v1.AdminService.RevokeCertificate:output_type -> tether.v1.Certificate
-	99,  // 140: tether.v1.AdminService.CreateTask:output_type -> tether.v1.Task
-	99,  // 141: tether.v1.AdminService.GetTask:output_type -> tether.v1.Task
-	45,  // 142: tether.v1.AdminService.ListTasks:output_type -> tether.v1.ListTasksResponse
-	99,  // 143: tether.v1.AdminService.CancelTask:output_type -> tether.v1.Task
-	102, // 144: tether.v1.AdminService.CreatePool:output_type -> tether.v1.Pool
-	102, // 145: tether.v1.AdminService.GetPool:output_type -> tether.v1.Pool
-	50,  // 146: tether.v1.AdminService.ListPools:output_type -> tether.v1.ListPoolsResponse
-	102, // 147: tether.v1.AdminService.UpdatePool:output_type -> tether.v1.Pool
-	102, // 148: tether.v1.AdminService.PausePool:output_type -> tether.v1.Pool
-	102, // 149: tether.v1.AdminService.ActivatePool:output_type -> tether.v1.Pool
-	53,  // 150: tether.v1.AdminService.DrainPool:output_type -> tether.v1.DrainPoolResponse
-	54,  // 151: tether.v1.AdminService.DeletePool:output_type -> tether.v1.DeletePoolResponse
-	55,  // 152: tether.v1.AdminService.ReplenishPool:output_type -> tether.v1.ReplenishPoolResponse
-	56,  // 153: tether.v1.AdminService.RecyclePool:output_type -> tether.v1.RecyclePoolResponse
-	58,  // 154: tether.v1.AdminService.AcquirePoolMember:output_type -> tether.v1.AcquirePoolMemberResponse
-	60,  // 155: tether.v1.AdminService.ReleasePoolMember:output_type -> tether.v1.ReleasePoolMemberResponse
-	62,  // 156: tether.v1.AdminService.ListEvents:output_type -> tether.v1.ListEventsResponse
-	104, // 157: tether.v1.AdminService.WatchEvents:output_type -> tether.v1.FleetEvent
-	105, // 158: tether.v1.AdminService.AddSigner:output_type -> tether.v1.Signer
-	66,  // 159: tether.v1.AdminService.ListSigners:output_type -> tether.v1.ListSignersResponse
-	68,  // 160: tether.v1.AdminService.RemoveSigner:output_type -> tether.v1.RemoveSignerResponse
-	87,  // 161: tether.v1.AdminService.SignModule:output_type -> tether.v1.Module
-	71,  // 162: tether.v1.AdminService.CreateIdentity:output_type -> tether.v1.IdentityCertificate
-	73,  // 163: tether.v1.AdminService.ListIdentities:output_type -> tether.v1.ListIdentitiesResponse
-	106, // 164: tether.v1.AdminService.RevokeIdentity:output_type -> tether.v1.AdminIdentity
-	71,  // 165: tether.v1.AdminService.RenewIdentity:output_type -> tether.v1.IdentityCertificate
-	77,  // 166: tether.v1.AdminService.ListAudit:output_type -> tether.v1.ListAuditResponse
-	108, // 167: tether.v1.AdminService.CreateCredential:output_type -> tether.v1.Credential
-	81,  // 168: tether.v1.AdminService.ListCredentials:output_type -> tether.v1.ListCredentialsResponse
-	108, // 169: tether.v1.AdminService.UpdateCredential:output_type -> tether.v1.Credential
-	83,  // 170: tether.v1.AdminService.DeleteCredential:output_type -> tether.v1.DeleteCredentialResponse
-	109, // [109:171] is the sub-list for method output_type
-	47,  // [47:109] is the sub-list for method input_type
-	47,  // [47:47] is the sub-list for extension type_name
-	47,  // [47:47] is the sub-list for extension extendee
-	0,   // [0:47] is the sub-list for field type_name
+	92,  // 6: tether.v1.PushModuleHeader.signatures:type_name -> tether.v1.ModuleSignature
+	93,  // 7: tether.v1.ListModulesResponse.modules:type_name -> tether.v1.Module
+	94,  // 8: tether.v1.CreateNodeRequest.config:type_name -> google.protobuf.Struct
+	95,  // 9: tether.v1.CreateNodeRequest.bmc:type_name -> tether.v1.NodeBMC
+	96,  // 10: tether.v1.ListNodesResponse.nodes:type_name -> tether.v1.Node
+	94,  // 11: tether.v1.UpdateNodeRequest.config:type_name -> google.protobuf.Struct
+	95,  // 12: tether.v1.UpdateNodeRequest.bmc:type_name -> tether.v1.NodeBMC
+	97,  // 13: tether.v1.ProvisionInstanceResponse.instance:type_name -> tether.v1.Instance
+	98,  // 14: tether.v1.ListInstancesRequest.status:type_name -> tether.v1.InstanceStatus
+	97,  // 15: tether.v1.ListInstancesResponse.instances:type_name -> tether.v1.Instance
+	97,  // 16: tether.v1.CordonInstanceResponse.instance:type_name -> tether.v1.Instance
+	97,  // 17: tether.v1.UncordonInstanceResponse.instance:type_name -> tether.v1.Instance
+	97,  // 18: tether.v1.DrainInstanceResponse.instance:type_name -> tether.v1.Instance
+	99,  // 19: tether.v1.CreateBootstrapTokenResponse.expires_at:type_name -> google.protobuf.Timestamp
+	100, // 20: tether.v1.ListCertificatesResponse.certificates:type_name -> tether.v1.Certificate
+	99,  // 21: tether.v1.CertificateAuthority.not_after:type_name -> google.protobuf.Timestamp
+	99,  // 22: tether.v1.CertificateAuthority.created_at:type_name -> google.protobuf.Timestamp
+	99,  // 23: tether.v1.CertificateAuthority.updated_at:type_name -> google.protobuf.Timestamp
+	41,  // 24: tether.v1.ListCAsResponse.authorities:type_name -> tether.v1.CertificateAuthority
+	101, // 25: tether.v1.CreateTaskRequest.kind:type_name -> tether.v1.TaskKind
+	102, // 26: tether.v1.CreateTaskRequest.exec:type_name -> tether.v1.ExecPayload
+	103, // 27: tether.v1.ListTasksRequest.target:type_name -> tether.v1.TaskTarget
+	104, // 28: tether.v1.ListTasksRequest.status:type_name -> tether.v1.TaskStatus
+	105, // 29: tether.v1.ListTasksResponse.tasks:type_name -> tether.v1.Task
+	106, // 30: tether.v1.CreatePoolRequest.lifecycle_class:type_name -> tether.v1.LifecycleClass
+	107, // 31: tether.v1.CreatePoolRequest.metadata:type_name -> tether.v1.PoolMetadata
+	108, // 32: tether.v1.ListPoolsResponse.pools:type_name -> tether.v1.Pool
+	106, // 33: tether.v1.UpdatePoolRequest.lifecycle_class:type_name -> tether.v1.LifecycleClass
+	107, // 34: tether.v1.UpdatePoolRequest.metadata:type_name -> tether.v1.PoolMetadata
+	108, // 35: tether.v1.DrainPoolResponse.pool:type_name -> tether.v1.Pool
+	108, // 36: tether.v1.ReplenishPoolResponse.pool:type_name -> tether.v1.Pool
+	108, // 37: tether.v1.RecyclePoolResponse.pool:type_name -> tether.v1.Pool
+	106, // 38: tether.v1.AcquirePoolMemberRequest.lifecycle_class:type_name -> tether.v1.LifecycleClass
+	97,  // 39: tether.v1.AcquirePoolMemberResponse.instance:type_name -> tether.v1.Instance
+	97,  // 40: tether.v1.ReleasePoolMemberResponse.instance:type_name -> tether.v1.Instance
+	109, // 41: tether.v1.ListEventsRequest.min_severity:type_name -> tether.v1.Severity
+	110, // 42: tether.v1.ListEventsResponse.events:type_name -> tether.v1.FleetEvent
+	109, // 43: tether.v1.WatchEventsRequest.min_severity:type_name -> tether.v1.Severity
+	111, // 44: tether.v1.ListSignersResponse.signers:type_name -> tether.v1.Signer
+	92,  // 45: tether.v1.SignModuleRequest.signature:type_name -> tether.v1.ModuleSignature
+	112, // 46: tether.v1.IdentityCertificate.identity:type_name -> tether.v1.AdminIdentity
+	112, // 47: tether.v1.ListIdentitiesResponse.identities:type_name -> tether.v1.AdminIdentity
+	99,  // 48: tether.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
+	113, // 49: tether.v1.ListAuditResponse.records:type_name -> tether.v1.AuditRecord
+	114, // 50: tether.v1.ListCredentialsResponse.credentials:type_name -> tether.v1.Credential
+	0,   // 51: tether.v1.AdminService.CreateTemplate:input_type -> tether.v1.CreateTemplateRequest
+	1,   // 52: tether.v1.AdminService.GetTemplate:input_type -> tether.v1.GetTemplateRequest
+	2,   // 53: tether.v1.AdminService.ListTemplates:input_type -> tether.v1.ListTemplatesRequest
+	4,   // 54: tether.v1.AdminService.UpdateTemplate:input_type -> tether.v1.UpdateTemplateRequest
+	5,   // 55: tether.v1.AdminService.DeleteTemplate:input_type -> tether.v1.DeleteTemplateRequest
+	7,   // 56: tether.v1.AdminService.PushModule:input_type -> tether.v1.PushModuleRequest
+	9,   // 57: tether.v1.AdminService.GetModule:input_type -> tether.v1.GetModuleRequest
+	10,  // 58: tether.v1.AdminService.ListModules:input_type -> tether.v1.ListModulesRequest
+	12,  // 59: tether.v1.AdminService.DeleteModule:input_type -> tether.v1.DeleteModuleRequest
+	14,  // 60: tether.v1.AdminService.CreateNode:input_type -> tether.v1.CreateNodeRequest
+	15,  // 61: tether.v1.AdminService.GetNode:input_type -> tether.v1.GetNodeRequest
+	16,  // 62: tether.v1.AdminService.ListNodes:input_type -> tether.v1.ListNodesRequest
+	18,  // 63: tether.v1.AdminService.UpdateNode:input_type -> tether.v1.UpdateNodeRequest
+	19,  // 64: tether.v1.AdminService.DeleteNode:input_type -> tether.v1.DeleteNodeRequest
+	21,  // 65: tether.v1.AdminService.ProvisionInstance:input_type -> tether.v1.ProvisionInstanceRequest
+	23,  // 66: tether.v1.AdminService.GetInstance:input_type -> tether.v1.GetInstanceRequest
+	24,  // 67: tether.v1.AdminService.ListInstances:input_type -> tether.v1.ListInstancesRequest
+	26,  // 68: tether.v1.AdminService.StartInstance:input_type -> tether.v1.InstanceActionRequest
+	26,  // 69: tether.v1.AdminService.StopInstance:input_type -> tether.v1.InstanceActionRequest
+	26,  // 70: tether.v1.AdminService.RebootInstance:input_type -> tether.v1.InstanceActionRequest
+	26,  // 71: tether.v1.AdminService.TerminateInstance:input_type -> tether.v1.InstanceActionRequest
+	27,  // 72: tether.v1.AdminService.HoldInstance:input_type -> tether.v1.HoldInstanceRequest
+	26,  // 73: tether.v1.AdminService.UnholdInstance:input_type -> tether.v1.InstanceActionRequest
+	28,  // 74: tether.v1.AdminService.CordonInstance:input_type -> tether.v1.CordonInstanceRequest
+	26,  // 75: tether.v1.AdminService.UncordonInstance:input_type -> tether.v1.InstanceActionRequest
+	31,  // 76: tether.v1.AdminService.DrainInstance:input_type -> tether.v1.DrainInstanceRequest
+	33,  // 77: tether.v1.AdminService.GetInstanceConsole:input_type -> tether.v1.GetInstanceConsoleRequest
+	35,  // 78: tether.v1.AdminService.CreateSeedISO:input_type -> tether.v1.CreateSeedISORequest
+	37,  // 79: tether.v1.AdminService.CreateBootstrapToken:input_type -> tether.v1.CreateBootstrapTokenRequest
+	39,  // 80: tether.v1.AdminService.ListCertificates:input_type -> tether.v1.ListCertificatesRequest
+	47,  // 81: tether.v1.AdminService.RevokeCertificate:input_type -> tether.v1.RevokeCertificateRequest
+	42,  // 82: tether.v1.AdminService.PrepareCA:input_type -> tether.v1.PrepareCARequest
+	43,  // 83: tether.v1.AdminService.ActivateCA:input_type -> tether.v1.ActivateCARequest
+	44,  // 84: tether.v1.AdminService.RetireCA:input_type -> tether.v1.RetireCARequest
+	45,  // 85: tether.v1.AdminService.ListCAs:input_type -> tether.v1.ListCAsRequest
+	48,  // 86: tether.v1.AdminService.CreateTask:input_type -> tether.v1.CreateTaskRequest
+	49,  // 87: tether.v1.AdminService.GetTask:input_type -> tether.v1.GetTaskRequest
+	50,  // 88: tether.v1.AdminService.ListTasks:input_type -> tether.v1.ListTasksRequest
+	52,  // 89: tether.v1.AdminService.CancelTask:input_type -> tether.v1.CancelTaskRequest
+	53,  // 90: tether.v1.AdminService.CreatePool:input_type -> tether.v1.CreatePoolRequest
+	54,  // 91: tether.v1.AdminService.GetPool:input_type -> tether.v1.GetPoolRequest
+	55,  // 92: tether.v1.AdminService.ListPools:input_type -> tether.v1.ListPoolsRequest
+	57,  // 93: tether.v1.AdminService.UpdatePool:input_type -> tether.v1.UpdatePoolRequest
+	58,  // 94: tether.v1.AdminService.PausePool:input_type -> tether.v1.PoolActionRequest
+	58,  // 95: tether.v1.AdminService.ActivatePool:input_type -> tether.v1.PoolActionRequest
+	58,  // 96: tether.v1.AdminService.DrainPool:input_type -> tether.v1.PoolActionRequest
+	58,  // 97: tether.v1.AdminService.DeletePool:input_type -> tether.v1.PoolActionRequest
+	58,  // 98: tether.v1.AdminService.ReplenishPool:input_type -> tether.v1.PoolActionRequest
+	58,  // 99: tether.v1.AdminService.RecyclePool:input_type -> tether.v1.PoolActionRequest
+	63,  // 100: tether.v1.AdminService.AcquirePoolMember:input_type -> tether.v1.AcquirePoolMemberRequest
+	65,  // 101: tether.v1.AdminService.ReleasePoolMember:input_type -> tether.v1.ReleasePoolMemberRequest
+	67,  // 102: tether.v1.AdminService.ListEvents:input_type -> tether.v1.ListEventsRequest
+	69,  // 103: tether.v1.AdminService.WatchEvents:input_type -> tether.v1.WatchEventsRequest
+	70,  // 104: tether.v1.AdminService.AddSigner:input_type -> tether.v1.AddSignerRequest
+	71,  // 105: tether.v1.AdminService.ListSigners:input_type -> tether.v1.ListSignersRequest
+	73,  // 106: tether.v1.AdminService.RemoveSigner:input_type -> tether.v1.RemoveSignerRequest
+	75,  // 107: tether.v1.AdminService.SignModule:input_type -> tether.v1.SignModuleRequest
+	76,  // 108: tether.v1.AdminService.CreateIdentity:input_type -> tether.v1.CreateIdentityRequest
+	78,  // 109: tether.v1.AdminService.ListIdentities:input_type -> tether.v1.ListIdentitiesRequest
+	80,  // 110: tether.v1.AdminService.RevokeIdentity:input_type -> tether.v1.RevokeIdentityRequest
+	81,  // 111: tether.v1.AdminService.RenewIdentity:input_type -> tether.v1.RenewIdentityRequest
+	82,  // 112: tether.v1.AdminService.ListAudit:input_type -> tether.v1.ListAuditRequest
+	84,  // 113: tether.v1.AdminService.CreateCredential:input_type -> tether.v1.CreateCredentialRequest
+	86,  // 114: tether.v1.AdminService.ListCredentials:input_type -> tether.v1.ListCredentialsRequest
+	85,  // 115: tether.v1.AdminService.UpdateCredential:input_type -> tether.v1.UpdateCredentialRequest
+	88,  // 116: tether.v1.AdminService.DeleteCredential:input_type -> tether.v1.DeleteCredentialRequest
+	91,  // 117: tether.v1.AdminService.CreateTemplate:output_type -> tether.v1.Template
+	91,  // 118: tether.v1.AdminService.GetTemplate:output_type -> tether.v1.Template
+	3,   // 119: tether.v1.AdminService.ListTemplates:output_type -> tether.v1.ListTemplatesResponse
+	91,  // 120: tether.v1.AdminService.UpdateTemplate:output_type -> tether.v1.Template
+	6,   // 121: tether.v1.AdminService.DeleteTemplate:output_type -> tether.v1.DeleteTemplateResponse
+	93,  // 122: tether.v1.AdminService.PushModule:output_type -> tether.v1.Module
+	93,  // 123: tether.v1.AdminService.GetModule:output_type -> tether.v1.Module
+	11,  // 124: tether.v1.AdminService.ListModules:output_type -> tether.v1.ListModulesResponse
+	13,  // 125: tether.v1.AdminService.DeleteModule:output_type -> tether.v1.DeleteModuleResponse
+	96,  // 126: tether.v1.AdminService.CreateNode:output_type -> tether.v1.Node
+	96,  // 127: tether.v1.AdminService.GetNode:output_type -> tether.v1.Node
+	17,  // 128: tether.v1.AdminService.ListNodes:output_type -> tether.v1.ListNodesResponse
+	96,  // 129: tether.v1.AdminService.UpdateNode:output_type -> tether.v1.Node
+	20,  // 130: tether.v1.AdminService.DeleteNode:output_type -> tether.v1.DeleteNodeResponse
+	22,  // 131: tether.v1.AdminService.ProvisionInstance:output_type -> tether.v1.ProvisionInstanceResponse
+	97,  // 132: tether.v1.AdminService.GetInstance:output_type -> tether.v1.Instance
+	25,  // 133: tether.v1.AdminService.ListInstances:output_type -> tether.v1.ListInstancesResponse
+	97,  // 134: tether.v1.AdminService.StartInstance:output_type -> tether.v1.Instance
+	97,  // 135: tether.v1.AdminService.StopInstance:output_type -> tether.v1.Instance
+	97,  // 136: tether.v1.AdminService.RebootInstance:output_type -> tether.v1.Instance
+	97,  // 137: tether.v1.AdminService.TerminateInstance:output_type -> tether.v1.Instance
+	97,  // 138: tether.v1.AdminService.HoldInstance:output_type -> tether.v1.Instance
+	97,  // 139: tether.v1.AdminService.UnholdInstance:output_type -> tether.v1.Instance
+	29,  // 140: tether.v1.AdminService.CordonInstance:output_type -> tether.v1.CordonInstanceResponse
+	30,  // 141: tether.v1.AdminService.UncordonInstance:output_type -> tether.v1.UncordonInstanceResponse
+	32,  // 142: tether.v1.AdminService.DrainInstance:output_type -> tether.v1.DrainInstanceResponse
+	34,  // 143: tether.v1.AdminService.GetInstanceConsole:output_type -> tether.v1.ConsoleChunk
+	36,  // 144: tether.v1.AdminService.CreateSeedISO:output_type -> tether.v1.CreateSeedISOResponse
+	38,  // 145: tether.v1.AdminService.CreateBootstrapToken:output_type -> tether.v1.CreateBootstrapTokenResponse
+	40,  // 146: tether.v1.AdminService.ListCertificates:output_type -> tether.v1.ListCertificatesResponse
+	100, // 147: tether.v1.AdminService.RevokeCertificate:output_type -> tether.v1.Certificate
+	41,  // 148: tether.v1.AdminService.PrepareCA:output_type -> tether.v1.CertificateAuthority
+	41,  // 149: tether.v1.AdminService.ActivateCA:output_type -> tether.v1.CertificateAuthority
+	41,  // 150: tether.v1.AdminService.RetireCA:output_type -> tether.v1.CertificateAuthority
+	46,  // 151: tether.v1.AdminService.ListCAs:output_type -> tether.v1.ListCAsResponse
+	105, // 152: tether.v1.AdminService.CreateTask:output_type -> tether.v1.Task
+	105, // 153: tether.v1.AdminService.GetTask:output_type -> tether.v1.Task
+	51,  // 154: tether.v1.AdminService.ListTasks:output_type -> tether.v1.ListTasksResponse
+	105, // 155: tether.v1.AdminService.CancelTask:output_type -> tether.v1.Task
+	108, // 156: tether.v1.AdminService.CreatePool:output_type -> tether.v1.Pool
+	108, // 157: tether.v1.AdminService.GetPool:output_type -> tether.v1.Pool
+	56,  // 158: tether.v1.AdminService.ListPools:output_type -> tether.v1.ListPoolsResponse
+	108, // 159: tether.v1.AdminService.UpdatePool:output_type -> tether.v1.Pool
+	108, // 160: tether.v1.AdminService.PausePool:output_type -> tether.v1.Pool
+	108, // 161: tether.v1.AdminService.ActivatePool:output_type -> tether.v1.Pool
+	59,  // 162: tether.v1.AdminService.DrainPool:output_type -> tether.v1.DrainPoolResponse
+	60,  // 163: tether.v1.AdminService.DeletePool:output_type -> tether.v1.DeletePoolResponse
+	61,  // 164: tether.v1.AdminService.ReplenishPool:output_type -> tether.v1.ReplenishPoolResponse
+	62,  // 165: tether.v1.AdminService.RecyclePool:output_type -> tether.v1.RecyclePoolResponse
+	64,  // 166: tether.v1.AdminService.AcquirePoolMember:output_type -> tether.v1.AcquirePoolMemberResponse
+	66,  // 167: tether.v1.AdminService.ReleasePoolMember:output_type -> tether.v1.ReleasePoolMemberResponse
+	68,  // 168: tether.v1.AdminService.ListEvents:output_type -> tether.v1.ListEventsResponse
+	110, // 169: tether.v1.AdminService.WatchEvents:output_type -> tether.v1.FleetEvent
+	111, // 170: tether.v1.AdminService.AddSigner:output_type -> tether.v1.Signer
+	72,  // 171: tether.v1.AdminService.ListSigners:output_type -> tether.v1.ListSignersResponse
+	74,  // 172: tether.v1.AdminService.RemoveSigner:output_type -> tether.v1.RemoveSignerResponse
+	93,  // 173: tether.v1.AdminService.SignModule:output_type -> tether.v1.Module
+	77,  // 174: tether.v1.AdminService.CreateIdentity:output_type -> tether.v1.IdentityCertificate
+	79,  // 175: tether.v1.AdminService.ListIdentities:output_type -> tether.v1.ListIdentitiesResponse
+	112, // 176: tether.v1.AdminService.RevokeIdentity:output_type -> tether.v1.AdminIdentity
+	77,  // 177: tether.v1.AdminService.RenewIdentity:output_type -> tether.v1.IdentityCertificate
+	83,  // 178: tether.v1.AdminService.ListAudit:output_type -> tether.v1.ListAuditResponse
+	114, // 179: tether.v1.AdminService.CreateCredential:output_type -> tether.v1.Credential
+	87,  // 180: tether.v1.AdminService.ListCredentials:output_type -> tether.v1.ListCredentialsResponse
+	114, // 181: tether.v1.AdminService.UpdateCredential:output_type -> tether.v1.Credential
+	89,  // 182: tether.v1.AdminService.DeleteCredential:output_type -> tether.v1.DeleteCredentialResponse
+	117, // [117:183] is the sub-list for method output_type
+	51,  // [51:117] is the sub-list for method input_type
+	51,  // [51:51] is the sub-list for extension type_name
+	51,  // [51:51] is the sub-list for extension extendee
+	0,   // [0:51] is the sub-list for field type_name
 }
 
 func init() { file_tether_v1_admin_proto_init() }
@@ -5731,14 +6091,14 @@ func file_tether_v1_admin_proto_init() {
 		(*PushModuleRequest_Chunk)(nil),
 	}
 	file_tether_v1_admin_proto_msgTypes[14].OneofWrappers = []any{}
-	file_tether_v1_admin_proto_msgTypes[47].OneofWrappers = []any{}
+	file_tether_v1_admin_proto_msgTypes[53].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tether_v1_admin_proto_rawDesc), len(file_tether_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   84,
+			NumMessages:   90,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
