@@ -385,6 +385,8 @@ func (a *agent) run(ctx context.Context) error {
 			Uptime:    cfg.Uptime,
 			Addresses: cfg.Addresses,
 			Logf:      a.con.Printf,
+			// A CA rotation's bundle: trusted once it chains to the pin.
+			OnTrustBundle: mgr.ApplyBundle,
 		})
 		sessMu.Lock()
 		sess = s

@@ -52,11 +52,16 @@ func ExtendTrust(trusted map[string]bool, bundle []BundleRoot, now time.Time) (a
 	return have, refused
 }
 
+// ErrNoCross refuses a root the node does not trust that comes without a
+// cross certificate: an older root of the set, which a node pinned to a
+// newer one has no need of.
+var ErrNoCross = errors.New("not trusted and no cross certificate")
+
 // crossSigned says why b's root does not chain to one of roots, or nil.
 func crossSigned(b BundleRoot, roots []*x509.Certificate, now time.Time) error {
 	r, x := b.Root, b.Cross
 	if x == nil {
-		return errors.New("not trusted and no cross certificate")
+		return ErrNoCross
 	}
 	if !r.IsCA || !bytes.Equal(r.RawIssuer, r.RawSubject) {
 		return errors.New("not a self-signed CA certificate")

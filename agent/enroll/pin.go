@@ -40,8 +40,14 @@ type Pin struct {
 	serverName  string
 	now         func() time.Time
 
-	mu       sync.Mutex
-	knownCA  *x509.Certificate
+	mu sync.Mutex
+	// trusted are the roots this node trusts for its control plane: the
+	// pinned one, and those a trust bundle chained to it (design §3.10).
+	// A fingerprint maps to its certificate once one was seen (nil
+	// before).
+	trusted map[string]*x509.Certificate
+	// bundle is every bundle entry accepted, to save and reload.
+	bundle   []pki.BundleRoot
 	mismatch *PinMismatchError
 }
 
@@ -58,23 +64,77 @@ func NewPin(fingerprint, serverName string, now func() time.Time) (*Pin, error) 
 	if now == nil {
 		now = time.Now
 	}
-	return &Pin{fingerprint: fp, serverName: serverName, now: now}, nil
+	return &Pin{fingerprint: fp, serverName: serverName, now: now, trusted: map[string]*x509.Certificate{fp: nil}}, nil
 }
 
 // Fingerprint returns the pinned fingerprint.
 func (p *Pin) Fingerprint() string { return p.fingerprint }
 
 // SetKnownCA supplies the CA certificate from an earlier enrollment, so a
-// server that sends only its leaf can still be checked. It must match the
-// pin.
+// server that sends only its leaf can still be checked. It must be the
+// pinned CA or one a trust bundle chained to it.
 func (p *Pin) SetKnownCA(ca *x509.Certificate) error {
-	if !pki.FingerprintMatches(ca.Raw, p.fingerprint) {
-		return fmt.Errorf("saved CA certificate has fingerprint %s, but the pin is %s", pki.Fingerprint(ca.Raw), p.fingerprint)
-	}
+	fp := pki.Fingerprint(ca.Raw)
 	p.mu.Lock()
-	p.knownCA = ca
-	p.mu.Unlock()
+	defer p.mu.Unlock()
+	if _, ok := p.trusted[fp]; !ok {
+		return fmt.Errorf("saved CA certificate has fingerprint %s, but the pin is %s and no trust bundle chained it to the pin", fp, p.fingerprint)
+	}
+	p.trusted[fp] = ca
 	return nil
+}
+
+// Trusts reports whether fp is the pin or a root chained to it.
+func (p *Pin) Trusts(fp string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	_, ok := p.trusted[fp]
+	return ok
+}
+
+// Trust adds the roots of bundle that chain to a root trusted already
+// (pki.ExtendTrust), and returns the fingerprints new to it and why any
+// other was refused. A refused root is not trusted, whatever delivered it.
+func (p *Pin) Trust(bundle []pki.BundleRoot) (added []string, refused []error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	fps := make(map[string]bool, len(p.trusted))
+	for fp := range p.trusted {
+		fps[fp] = true
+	}
+	accepted, refused := pki.ExtendTrust(fps, bundle, p.now())
+	for _, root := range accepted {
+		fp := pki.Fingerprint(root.Raw)
+		if _, ok := p.trusted[fp]; !ok {
+			added = append(added, fp)
+		}
+		p.trusted[fp] = root
+	}
+	for _, b := range bundle {
+		if b.Root == nil {
+			continue
+		}
+		if _, ok := p.trusted[pki.Fingerprint(b.Root.Raw)]; ok && !containsRoot(p.bundle, b.Root) {
+			p.bundle = append(p.bundle, b)
+		}
+	}
+	return added, refused
+}
+
+func containsRoot(bs []pki.BundleRoot, root *x509.Certificate) bool {
+	for _, b := range bs {
+		if b.Root.Equal(root) {
+			return true
+		}
+	}
+	return false
+}
+
+// Bundle is every bundle entry this pin accepted, to save.
+func (p *Pin) Bundle() []pki.BundleRoot {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]pki.BundleRoot(nil), p.bundle...)
 }
 
 // TakeMismatch returns and clears the last pin mismatch seen. gRPC folds
@@ -124,18 +184,24 @@ func (p *Pin) verifyName(cs tls.ConnectionState, serverName string) error {
 	if len(certs) == 0 {
 		return errors.New("control plane presented no certificate")
 	}
-	var ca *x509.Certificate
+	// Roots: every presented certificate this node trusts, and every
+	// trusted root it holds (a server may send only its leaf).
+	roots := x509.NewCertPool()
+	found := false
+	p.mu.Lock()
 	for _, c := range certs {
-		if pki.FingerprintMatches(c.Raw, p.fingerprint) {
-			ca = c
-			break
+		if _, ok := p.trusted[pki.Fingerprint(c.Raw)]; ok {
+			roots.AddCert(c)
+			found = true
 		}
 	}
-	p.mu.Lock()
-	if ca == nil && p.knownCA != nil {
-		ca = p.knownCA
+	for _, c := range p.trusted {
+		if c != nil {
+			roots.AddCert(c)
+			found = true
+		}
 	}
-	if ca == nil {
+	if !found {
 		m := &PinMismatchError{Server: p.serverName, Expected: p.fingerprint}
 		for _, c := range certs {
 			m.Seen = append(m.Seen, fmt.Sprintf("%s (%s)", pki.Fingerprint(c.Raw), describeCert(c)))
@@ -146,13 +212,9 @@ func (p *Pin) verifyName(cs tls.ConnectionState, serverName string) error {
 	}
 	p.mu.Unlock()
 
-	roots := x509.NewCertPool()
-	roots.AddCert(ca)
 	inter := x509.NewCertPool()
 	for _, c := range certs[1:] {
-		if c != ca {
-			inter.AddCert(c)
-		}
+		inter.AddCert(c)
 	}
 	_, err := certs[0].Verify(x509.VerifyOptions{
 		Roots:         roots,
@@ -162,7 +224,7 @@ func (p *Pin) verifyName(cs tls.ConnectionState, serverName string) error {
 		KeyUsages:     []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 	})
 	if err != nil {
-		return fmt.Errorf("control plane certificate %s does not verify against the pinned CA %s: %w", describeCert(certs[0]), p.fingerprint, err)
+		return fmt.Errorf("control plane certificate %s does not verify against the pinned CA %s (or a root chained to it): %w", describeCert(certs[0]), p.fingerprint, err)
 	}
 	return nil
 }
