@@ -82,3 +82,44 @@ func crossSigned(b BundleRoot, roots []*x509.Certificate, now time.Time) error {
 	}
 	return errors.New("its cross certificate is signed by no trusted root")
 }
+
+// ServerRoots are the roots a control plane's TLS chain is verified
+// against, for a client that trusts the fingerprints in trusted and holds
+// the certificates known: those, every presented certificate with a
+// trusted fingerprint, and every presented root that a presented cross
+// certificate chains to one of them (after a CA rotation's activate the
+// server's leaf is signed by the new CA, and it presents the new root
+// with its cross certificate by the old one, so a node pinned to the old
+// one still verifies it). Nothing is trusted that does not chain to
+// trusted.
+func ServerRoots(presented []*x509.Certificate, trusted map[string]bool, known []*x509.Certificate, now time.Time) []*x509.Certificate {
+	var bundle []BundleRoot
+	for _, c := range known {
+		bundle = append(bundle, BundleRoot{Root: c})
+	}
+	var crosses []*x509.Certificate
+	for _, c := range presented {
+		if c.IsCA && !bytes.Equal(c.RawIssuer, c.RawSubject) {
+			crosses = append(crosses, c)
+		}
+	}
+	for _, c := range presented {
+		if !c.IsCA || !bytes.Equal(c.RawIssuer, c.RawSubject) {
+			continue
+		}
+		b := BundleRoot{Root: c}
+		for _, x := range crosses {
+			if bytes.Equal(x.RawSubject, c.RawSubject) && bytes.Equal(x.RawSubjectPublicKeyInfo, c.RawSubjectPublicKeyInfo) {
+				// A root may have several crosses (one per rotation that
+				// chained it): one entry per cross.
+				bundle = append(bundle, BundleRoot{Root: c, Cross: x})
+				b.Root = nil
+			}
+		}
+		if b.Root != nil {
+			bundle = append(bundle, b)
+		}
+	}
+	accepted, _ := ExtendTrust(trusted, bundle, now)
+	return accepted
+}

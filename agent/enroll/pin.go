@@ -184,24 +184,25 @@ func (p *Pin) verifyName(cs tls.ConnectionState, serverName string) error {
 	if len(certs) == 0 {
 		return errors.New("control plane presented no certificate")
 	}
-	// Roots: every presented certificate this node trusts, and every
-	// trusted root it holds (a server may send only its leaf).
-	roots := x509.NewCertPool()
-	found := false
+	// Roots: every trusted root it holds (a server may send only its
+	// leaf), every presented certificate it trusts, and every presented
+	// root a presented cross certificate chains to one of those (a
+	// rotation's new CA, before this node heard of it).
 	p.mu.Lock()
-	for _, c := range certs {
-		if _, ok := p.trusted[pki.Fingerprint(c.Raw)]; ok {
-			roots.AddCert(c)
-			found = true
-		}
-	}
-	for _, c := range p.trusted {
+	fps := make(map[string]bool, len(p.trusted))
+	var known []*x509.Certificate
+	for fp, c := range p.trusted {
+		fps[fp] = true
 		if c != nil {
-			roots.AddCert(c)
-			found = true
+			known = append(known, c)
 		}
 	}
-	if !found {
+	trustedRoots := pki.ServerRoots(certs, fps, known, p.now())
+	roots := x509.NewCertPool()
+	for _, c := range trustedRoots {
+		roots.AddCert(c)
+	}
+	if len(trustedRoots) == 0 {
 		m := &PinMismatchError{Server: p.serverName, Expected: p.fingerprint}
 		for _, c := range certs {
 			m.Seen = append(m.Seen, fmt.Sprintf("%s (%s)", pki.Fingerprint(c.Raw), describeCert(c)))

@@ -53,8 +53,12 @@ type Service struct {
 // view is what Load derived from the store.
 type view struct {
 	bundle *tetherv1.TrustBundle
-	// serverExtra is appended to the server's chain: for each root but
-	// the first, the first cross-signed by it and the root itself.
+	// firstActive: the data dir's CA signs, and the server certificate
+	// is served as it is.
+	firstActive bool
+	// serverExtra follows the server's leaf once another CA is active:
+	// every root not retired, the active first, each with its cross
+	// certificate, so a node pinned to any of them verifies the server.
 	serverExtra [][]byte
 }
 
@@ -135,12 +139,18 @@ func (s *Service) Load(ctx context.Context) error {
 		}
 		trusted = append(trusted, cert)
 		v.bundle.Roots = append(v.bundle.Roots, &tetherv1.TrustedRoot{CertificatePem: a.CertPEM, CrossPem: a.CrossPEM})
-		if !cert.Equal(s.First) {
-			x, err := ca.ParseCertificatePEM([]byte(a.ServerCrossPEM))
+		chain := [][]byte{cert.Raw}
+		if a.CrossPEM != "" {
+			x, err := ca.ParseCertificatePEM([]byte(a.CrossPEM))
 			if err != nil {
-				return fmt.Errorf("load the CA set: CA %s: its cross certificate for the server: %w", a.Fingerprint, err)
+				return fmt.Errorf("load the CA set: CA %s: its cross certificate: %w", a.Fingerprint, err)
 			}
-			v.serverExtra = append(v.serverExtra, x.Raw, cert.Raw)
+			chain = append(chain, x.Raw)
+		}
+		if a.State == store.AuthorityActive {
+			v.serverExtra = append(chain, v.serverExtra...)
+		} else {
+			v.serverExtra = append(v.serverExtra, chain...)
 		}
 		if a.State == store.AuthorityActive {
 			if activeKey, err = s.key(a); err != nil {
@@ -153,6 +163,7 @@ func (s *Service) Load(ctx context.Context) error {
 	if active == nil {
 		return fmt.Errorf("load the CA set: %w (the store holds %s)", errNoActive, fingerprints(all))
 	}
+	v.firstActive = active.Equal(s.First)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.CA.Install(active, activeKey, trusted); err != nil {
@@ -219,10 +230,13 @@ func (s *Service) Follow(ctx context.Context, every time.Duration) {
 	}
 }
 
-// ServerCertificate wraps the server certificate's source: the chain it
-// serves also carries, for each root but the first, the first root
-// cross-signed by it and that root, so an agent pinned to any root of
-// the set verifies the server (its leaf is signed by the first CA).
+// ServerCertificate wraps the server certificate's source. While the
+// data dir's CA is active it serves the data dir's certificate as it is.
+// Once another is active, it serves a certificate for the same key and
+// names signed by the active CA, followed by every root not retired and
+// their cross certificates: a node pinned to the active root verifies it
+// directly, one pinned to an older root through the cross certificates
+// (pki.ServerRoots), and nothing of a retired CA is presented.
 func (s *Service) ServerCertificate(get func(*tls.ClientHelloInfo) (*tls.Certificate, error)) func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 	return func(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
 		base, err := get(hello)
@@ -231,31 +245,34 @@ func (s *Service) ServerCertificate(get func(*tls.ClientHelloInfo) (*tls.Certifi
 		}
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		var extra [][]byte
-		if s.view != nil {
-			extra = s.view.serverExtra
+		if s.view == nil || s.view.firstActive {
+			return base, nil
 		}
-		return s.chain.get(base, s.view, extra), nil
+		if s.chain.base == base && s.chain.view == s.view {
+			return s.chain.out, nil
+		}
+		leaf := base.Leaf
+		if leaf == nil {
+			if leaf, err = x509.ParseCertificate(base.Certificate[0]); err != nil {
+				return nil, fmt.Errorf("server certificate: %w", err)
+			}
+		}
+		re, err := s.CA.ReissueServer(leaf)
+		if err != nil {
+			return nil, fmt.Errorf("server certificate under the active CA: %w", err)
+		}
+		out := *base
+		out.Leaf = re
+		out.Certificate = append([][]byte{re.Raw}, s.view.serverExtra...)
+		s.chain = chainCache{base: base, view: s.view, out: &out}
+		return &out, nil
 	}
 }
 
-// chainCache keeps the last extended certificate, so a handshake does
-// not copy the chain.
+// chainCache keeps the last reissued certificate, so a handshake does
+// not sign one.
 type chainCache struct {
 	base *tls.Certificate
 	view *view
 	out  *tls.Certificate
-}
-
-func (c *chainCache) get(base *tls.Certificate, v *view, extra [][]byte) *tls.Certificate {
-	if len(extra) == 0 {
-		return base
-	}
-	if c.base == base && c.view == v {
-		return c.out
-	}
-	out := *base
-	out.Certificate = append(append([][]byte{}, base.Certificate...), extra...)
-	c.base, c.view, c.out = base, v, &out
-	return &out
 }

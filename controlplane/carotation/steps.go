@@ -98,10 +98,6 @@ func (s *Service) Prepare(ctx context.Context, keyType, by string) (*CA, error) 
 	if err != nil {
 		return nil, fail.Internal("%v", err)
 	}
-	serverCross, err := ca.CrossSign(root, key, s.First, now)
-	if err != nil {
-		return nil, fail.Internal("%v", err)
-	}
 	keyPEM, err := x509.MarshalPKCS8PrivateKey(key)
 	if err != nil {
 		return nil, fail.Internal("encode the new CA key: %v", err)
@@ -112,8 +108,8 @@ func (s *Service) Prepare(ctx context.Context, keyType, by string) (*CA, error) 
 		return nil, fail.Internal("seal the new CA key: %v", err)
 	}
 	a := &store.Authority{Fingerprint: fp, CertPEM: string(ca.CertPEM(root)), KeySealed: sealed,
-		CrossPEM: string(ca.CertPEM(cross)), ServerCrossPEM: string(ca.CertPEM(serverCross)),
-		State: store.AuthorityPrepared, NotAfter: root.NotAfter, CreatedAt: now, UpdatedAt: now}
+		CrossPEM: string(ca.CertPEM(cross)),
+		State:    store.AuthorityPrepared, NotAfter: root.NotAfter, CreatedAt: now, UpdatedAt: now}
 	err = s.Store.Tx(ctx, func(q store.Queries) error {
 		// Again inside: another replica may have prepared one meanwhile.
 		all, err := q.ListAuthorities(ctx)

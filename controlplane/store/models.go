@@ -361,14 +361,11 @@ type Authority struct {
 	KeySealed []byte
 	// CrossPEM is this root signed by the CA that was active when it was
 	// prepared: what lets an agent that trusts that one accept this one.
-	CrossPEM string
-	// ServerCrossPEM is the server certificate's issuer signed by this
-	// root: what lets an agent pinned to this root verify the server.
-	ServerCrossPEM string
-	State          string
-	NotAfter       time.Time
-	CreatedAt      time.Time
-	UpdatedAt      time.Time
+	CrossPEM  string
+	State     string
+	NotAfter  time.Time
+	CreatedAt time.Time
+	UpdatedAt time.Time
 }
 
 // CertificateFilter narrows ListCertificates.

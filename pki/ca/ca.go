@@ -451,10 +451,8 @@ func randomSerial() *big.Int {
 }
 
 // GenerateRoot makes a new self-signed root in memory (a CA rotation's
-// prepared key; controlplane/carotation stores it). Unlike the first CA,
-// it allows one intermediate below it: the cross certificate of an older
-// root, which lets an agent pinned to this one verify a server
-// certificate the older root signed.
+// prepared key; controlplane/carotation stores it). Like the first CA it
+// signs leaves only.
 func GenerateRoot(name string, kt KeyType, now time.Time) (*x509.Certificate, crypto.Signer, error) {
 	key, err := newKey(kt)
 	if err != nil {
@@ -468,7 +466,8 @@ func GenerateRoot(name string, kt KeyType, now time.Time) (*x509.Certificate, cr
 		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
 		BasicConstraintsValid: true,
 		IsCA:                  true,
-		MaxPathLen:            1,
+		MaxPathLen:            0,
+		MaxPathLenZero:        true,
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tpl, tpl, key.Public(), key)
 	if err != nil {
@@ -511,3 +510,24 @@ func CrossSign(issuer *x509.Certificate, issuerKey crypto.Signer, subject *x509.
 // Key is the active CA's signing key, for the rotation that cross-signs
 // a prepared root with it.
 func (c *CA) Key() crypto.Signer { return c.cur.Load().key }
+
+// ReissueServer signs, with the active CA, a server certificate for the
+// same key and names as leaf (the data dir's server certificate), ending
+// no later than leaf: after a rotation's activate, every replica serves
+// one, so a node pinned to the new CA verifies the server without any
+// certificate of the old one.
+func (c *CA) ReissueServer(leaf *x509.Certificate) (*x509.Certificate, error) {
+	tpl := &x509.Certificate{
+		Subject:     leaf.Subject,
+		URIs:        leaf.URIs,
+		DNSNames:    leaf.DNSNames,
+		IPAddresses: leaf.IPAddresses,
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	cert, err := c.signDirect(tpl, leaf.PublicKey, leaf.NotAfter.Sub(c.clock.Now()))
+	if err != nil {
+		return nil, err
+	}
+	return cert, nil
+}

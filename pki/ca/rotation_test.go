@@ -18,10 +18,10 @@ import (
 
 // The rotation's certificates, checked the way nodes check them: the
 // bundle's cross certificates chain each new root to the pin, and the
-// server's chain (a leaf of the first CA, then each newer root's cross
-// certificate of the first and that root) verifies for a node pinned to
-// any of them with crypto/x509 alone, as an agent from before rotation
-// verifies it.
+// server's chain after an activate (a leaf of the active CA, then each
+// root with its cross certificate) verifies for a node pinned to any of
+// them through pki.ServerRoots, and for one pinned to the active root
+// with crypto/x509 alone.
 func TestRotationChains(t *testing.T) {
 	now := time.Now()
 	clk := clock.NewFake(now)
@@ -46,14 +46,7 @@ func TestRotationChains(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b2, err := ca.CrossSign(r2, k2, r1, now)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b3, err := ca.CrossSign(r3, k3, r1, now)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_ = k3
 	bundle := []pki.BundleRoot{{Root: r1}, {Root: r2, Cross: x2}, {Root: r3, Cross: x3}}
 
 	// Pinned to the first: both newer roots, the third through the second.
@@ -102,23 +95,53 @@ func TestRotationChains(t *testing.T) {
 		})
 	}
 
-	// The server's chain, for a node pinned to each root.
+	// The server's chain, for a node pinned to each root: a fresh node
+	// knows only the fingerprint.
 	leafKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	leaf, err := first.SignServer([]string{"127.0.0.1"}, leafKey.Public())
+	firstLeaf, err := first.SignServer([]string{"127.0.0.1"}, leafKey.Public())
 	if err != nil {
 		t.Fatal(err)
 	}
-	chain := []*x509.Certificate{r1, b2, r2, b3, r3}
-	for i, root := range []*x509.Certificate{r1, r2, r3} {
-		roots, inter := x509.NewCertPool(), x509.NewCertPool()
-		roots.AddCert(root)
-		for _, c := range chain {
+	third, err := ca.New(r3, k3, clk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := third.ReissueServer(firstLeaf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !leaf.NotAfter.Equal(firstLeaf.NotAfter) || leaf.PublicKey.(*ecdsa.PublicKey).Equal(leafKey.Public()) == false || leaf.IPAddresses[0].String() != "127.0.0.1" {
+		t.Fatalf("reissued leaf: %v %v %v", leaf.NotAfter, leaf.PublicKey, leaf.IPAddresses)
+	}
+	presented := []*x509.Certificate{leaf, r3, x3, r2, x2, r1}
+	verify := func(roots []*x509.Certificate) error {
+		pool, inter := x509.NewCertPool(), x509.NewCertPool()
+		for _, r := range roots {
+			pool.AddCert(r)
+		}
+		for _, c := range presented[1:] {
 			inter.AddCert(c)
 		}
-		if _, err := leaf.Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter, DNSName: "127.0.0.1",
-			CurrentTime: now, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil {
+		_, err := leaf.Verify(x509.VerifyOptions{Roots: pool, Intermediates: inter, DNSName: "127.0.0.1",
+			CurrentTime: now, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
+		return err
+	}
+	for i, root := range []*x509.Certificate{r1, r2, r3} {
+		roots := pki.ServerRoots(presented, map[string]bool{pki.Fingerprint(root.Raw): true}, nil, now)
+		if err := verify(roots); err != nil {
 			t.Fatalf("pinned to root %d: %v", i+1, err)
 		}
+	}
+	if err := verify([]*x509.Certificate{r3}); err != nil {
+		t.Fatalf("pinned to the active root, crypto/x509 alone: %v", err)
+	}
+	// A pin the chain does not lead to finds nothing to trust.
+	if roots := pki.ServerRoots(presented, map[string]bool{pki.Fingerprint(rogue.Raw): true}, nil, now); len(roots) != 0 {
+		t.Fatalf("a foreign pin trusts %d roots", len(roots))
+	}
+	// Without the cross certificates an old pin cannot reach the new leaf.
+	if roots := pki.ServerRoots([]*x509.Certificate{leaf, r3, r2, r1}, map[string]bool{pki.Fingerprint(r1.Raw): true}, nil, now); verify(roots) == nil {
+		t.Fatal("verified without a cross certificate")
 	}
 }
 

@@ -11,12 +11,12 @@ import (
 // The CA rotation set (docs/design.md §3.10). Keys arrive sealed; this
 // layer stores bytes.
 
-const authorityCols = `fingerprint, cert_pem, key_sealed, cross_pem, server_cross_pem, state, not_after, created_at, updated_at`
+const authorityCols = `fingerprint, cert_pem, key_sealed, cross_pem, state, not_after, created_at, updated_at`
 
 func scanAuthority(s scanner) (*store.Authority, error) {
 	var a store.Authority
 	var na, created, updated int64
-	if err := s.Scan(&a.Fingerprint, &a.CertPEM, &a.KeySealed, &a.CrossPEM, &a.ServerCrossPEM, &a.State, &na, &created, &updated); err != nil {
+	if err := s.Scan(&a.Fingerprint, &a.CertPEM, &a.KeySealed, &a.CrossPEM, &a.State, &na, &created, &updated); err != nil {
 		return nil, err
 	}
 	a.NotAfter, a.CreatedAt, a.UpdatedAt = fromTS(na), fromTS(created), fromTS(updated)
@@ -28,8 +28,8 @@ func (q *queries) CreateAuthority(ctx context.Context, a *store.Authority) error
 	if sealed == nil {
 		sealed = []byte{}
 	}
-	_, err := q.exec(ctx, `INSERT INTO certificate_authorities (`+authorityCols+`) VALUES (?,?,?,?,?,?,?,?,?)`,
-		a.Fingerprint, a.CertPEM, sealed, a.CrossPEM, a.ServerCrossPEM, a.State, ts(a.NotAfter), ts(a.CreatedAt), ts(a.UpdatedAt))
+	_, err := q.exec(ctx, `INSERT INTO certificate_authorities (`+authorityCols+`) VALUES (?,?,?,?,?,?,?,?)`,
+		a.Fingerprint, a.CertPEM, sealed, a.CrossPEM, a.State, ts(a.NotAfter), ts(a.CreatedAt), ts(a.UpdatedAt))
 	if err != nil {
 		return fmt.Errorf("record CA %s (%s): %w", a.Fingerprint, a.State, q.db.classify(err))
 	}

@@ -1298,7 +1298,7 @@ func testAuthorities(t *testing.T, s store.Store) {
 	}
 	must(t, s.CreateAuthority(c, ca("a", store.AuthorityActive)))
 	b := ca("b", store.AuthorityPrepared)
-	b.KeySealed, b.CrossPEM, b.ServerCrossPEM, b.CreatedAt = []byte{1, 2, 3}, "cross", "server-cross", t0.Add(time.Second)
+	b.KeySealed, b.CrossPEM, b.CreatedAt = []byte{1, 2, 3}, "cross", t0.Add(time.Second)
 	must(t, s.CreateAuthority(c, b))
 	wantErr(t, s.CreateAuthority(c, ca("c", store.AuthorityPrepared)), store.ErrAlreadyExists)
 	wantErr(t, s.CreateAuthority(c, ca("d", store.AuthorityActive)), store.ErrAlreadyExists)
@@ -1306,7 +1306,7 @@ func testAuthorities(t *testing.T, s store.Store) {
 	must(t, err)
 	if len(got) != 2 || got[0].Fingerprint != "a" || got[0].State != store.AuthorityActive || len(got[0].KeySealed) != 0 ||
 		got[1].Fingerprint != "b" || string(got[1].KeySealed) != "\x01\x02\x03" || got[1].CrossPEM != "cross" ||
-		got[1].ServerCrossPEM != "server-cross" || !got[1].NotAfter.Equal(t0.Add(time.Hour)) {
+		!got[1].NotAfter.Equal(t0.Add(time.Hour)) {
 		t.Fatalf("authorities = %+v", got)
 	}
 	wantErr(t, s.SetAuthorityState(c, "b", store.AuthorityActive, store.AuthorityOld, t0), store.ErrConflict)

@@ -7,7 +7,6 @@ CREATE TABLE certificate_authorities (
     cert_pem         TEXT NOT NULL,
     key_sealed       BLOB NOT NULL,
     cross_pem        TEXT NOT NULL DEFAULT '',
-    server_cross_pem TEXT NOT NULL DEFAULT '',
     state            TEXT NOT NULL,
     not_after        BIGINT NOT NULL,
     created_at       BIGINT NOT NULL,
