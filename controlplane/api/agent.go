@@ -256,11 +256,15 @@ func (a *agentServer) Connect(stream v1.AgentService_ConnectServer) error {
 	if err := stream.Send(&v1.ControlMessage{Msg: &v1.ControlMessage_Settings{Settings: a.settings()}}); err != nil {
 		return err
 	}
-	// The trust bundle: at every stream start, and again whenever the CA
-	// set changes (design §3.10).
+	// The trust bundle: at the start of a stream while a rotation is
+	// under way (more than one root), and whenever the CA set changes
+	// (design §3.10). With one root there is nothing to learn that the
+	// enrollment answer did not say.
 	caChanged := a.CA.Changed()
-	if err := a.sendTrustBundle(stream); err != nil {
-		return err
+	if b := a.trustBundle(); b != nil && len(b.Roots) > 1 {
+		if err := a.sendTrustBundle(stream); err != nil {
+			return err
+		}
 	}
 
 	// The receiver runs apart so that Send stays on this goroutine
