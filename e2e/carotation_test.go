@@ -360,6 +360,20 @@ func TestCARotationThousandAgents(t *testing.T) {
 	default:
 	}
 	t.Logf("retired after %s", time.Since(start).Round(time.Millisecond))
+	// Every step is in the audit trail, the refused ones with their code.
+	trail, err := admin.ListAudit(ctx, &v1.ListAuditRequest{PageSize: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, r := range trail.Records {
+		seen[r.Method[strings.LastIndex(r.Method, "/")+1:]+" "+r.Code] = true
+	}
+	for _, want := range []string{"PrepareCA OK", "PrepareCA FailedPrecondition", "ActivateCA OK", "RetireCA FailedPrecondition", "RetireCA OK"} {
+		if !seen[want] {
+			t.Errorf("no audit record %q in %v", want, seen)
+		}
+	}
 	for _, line := range f.console {
 		if strings.Contains(line, "refused") {
 			t.Fatalf("an agent refused a root: %s", line)

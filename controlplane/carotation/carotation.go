@@ -69,9 +69,23 @@ var errNoActive = errors.New("no active CA")
 // refuses a data dir whose CA the store's set does not know, and installs
 // the set.
 func (s *Service) Start(ctx context.Context) error {
+	err := s.adopt(ctx)
+	if errors.Is(err, store.ErrAlreadyExists) {
+		// Another replica starting at the same moment recorded it first.
+		err = s.adopt(ctx)
+	}
+	if err != nil {
+		return fmt.Errorf("CA set: %w", err)
+	}
+	return s.Load(ctx)
+}
+
+// adopt records the data dir's CA when the set is empty, and checks that
+// it belongs to the set otherwise.
+func (s *Service) adopt(ctx context.Context) error {
 	now := s.Clock.Now()
 	fp := pki.Fingerprint(s.First.Raw)
-	err := s.Store.Tx(ctx, func(q store.Queries) error {
+	return s.Store.Tx(ctx, func(q store.Queries) error {
 		all, err := q.ListAuthorities(ctx)
 		if err != nil {
 			return err
@@ -97,10 +111,6 @@ func (s *Service) Start(ctx context.Context) error {
 			Payload: map[string]any{"fingerprint": fp, "certificates": n}}.Write(ctx, q, now)
 		return err
 	})
-	if err != nil {
-		return fmt.Errorf("CA set: %w", err)
-	}
-	return s.Load(ctx)
 }
 
 func fingerprints(all []*store.Authority) string {

@@ -350,3 +350,37 @@ func newEnv2(t *testing.T, st store.Store) *carotation.Service {
 	sealer, _ := credentials.NewSealer(make([]byte, 32))
 	return &carotation.Service{Store: st, CA: authority, First: authority.Certificate(), FirstKey: authority.Key(), Sealer: sealer, Clock: clk}
 }
+
+// Replicas of one data dir starting together on an empty set: one records
+// the CA, the others find it; none fails to start.
+func TestReplicasStartTogether(t *testing.T) {
+	eachBackend(t, func(t *testing.T, st store.Store) {
+		clk := clock.NewFake(t0)
+		dir := filepath.Join(t.TempDir(), "ca")
+		if _, err := ca.Create(dir, "Tether CA", clk); err != nil {
+			t.Fatal(err)
+		}
+		sealer, _ := credentials.NewSealer(make([]byte, 32))
+		errs := make(chan error, 4)
+		for range 4 {
+			go func() {
+				authority, err := ca.Load(dir, clk)
+				if err != nil {
+					errs <- err
+					return
+				}
+				svc := &carotation.Service{Store: st, CA: authority, First: authority.Certificate(), FirstKey: authority.Key(), Sealer: sealer, Clock: clk}
+				errs <- svc.Start(context.Background())
+			}()
+		}
+		for range 4 {
+			if err := <-errs; err != nil {
+				t.Fatal(err)
+			}
+		}
+		all, err := st.ListAuthorities(context.Background())
+		if err != nil || len(all) != 1 {
+			t.Fatalf("authorities %d, %v", len(all), err)
+		}
+	})
+}
