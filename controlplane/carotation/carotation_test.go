@@ -247,9 +247,29 @@ func TestRotationSteps(t *testing.T) {
 				t.Fatalf("%d %s events, want 1", n, k)
 			}
 		}
-		// The next rotation cross-signs with the new active CA.
-		if _, err := e.svc.Prepare(ctx, "ed25519", "alice"); err != nil {
+		// The next rotation cross-signs with the new active CA; abandoned
+		// (its prepared CA retired), it can start again.
+		e.clk.Advance(time.Minute)
+		next, err := e.svc.Prepare(ctx, "ed25519", "alice")
+		if err != nil {
 			t.Fatal(err)
+		}
+		bundle := e.svc.Bundle()
+		if len(bundle.Roots) != 2 || bundle.ActiveFingerprint != prepared.Fingerprint {
+			t.Fatalf("bundle with the next CA prepared: %d roots, active %s", len(bundle.Roots), bundle.ActiveFingerprint)
+		}
+		cross, err := ca.ParseCertificatePEM([]byte(bundle.Roots[1].CrossPem))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cross.CheckSignatureFrom(e.ca.Certificate()); err != nil {
+			t.Fatalf("the next CA is not cross-signed by the active one: %v", err)
+		}
+		if _, err := e.svc.Retire(ctx, next.Fingerprint, "alice"); err != nil {
+			t.Fatalf("abandoning a prepared CA: %v", err)
+		}
+		if _, err := e.svc.Prepare(ctx, "", "alice"); err != nil {
+			t.Fatalf("prepare after an abandoned rotation: %v", err)
 		}
 	})
 }
