@@ -119,6 +119,9 @@ func (s *Service) Prepare(ctx context.Context, keyType, by string) (*CA, error) 
 		if err := refusePrepare(all); err != nil {
 			return err
 		}
+		if _, now := find(all, "", store.AuthorityActive); now == nil || now.Fingerprint != active.Fingerprint {
+			return fail.Precondition("the active CA changed while CA %s was being prepared: prepare again", fp)
+		}
 		if err := q.CreateAuthority(ctx, a); err != nil {
 			if errors.Is(err, store.ErrAlreadyExists) {
 				return fail.Precondition("another CA was prepared meanwhile: one rotation at a time")
