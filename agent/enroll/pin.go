@@ -27,8 +27,9 @@ type PinMismatchError struct {
 func (e *PinMismatchError) Error() string {
 	return fmt.Sprintf("CA fingerprint mismatch at %s: expected %s, the server presented %s. "+
 		"Either this node was handed the wrong tether.ca, or something other than the control plane answered. "+
-		"On the control plane host run `openssl x509 -in DATA_DIR/ca.crt -outform der | sha256sum` and, if it differs from the expected value, "+
-		"re-provision the node with that fingerprint; if it matches, find what is intercepting %s",
+		"`tetherctl ca list` shows the control plane's CAs (the active one is what boots are handed; a retired one no longer enrolls; "+
+		"a control plane that never rotated has one, `openssl x509 -in DATA_DIR/ca.crt -outform der | sha256sum`); "+
+		"if the expected value is none of them, re-provision the node with the active fingerprint; if it is, find what is intercepting %s",
 		e.Server, e.Expected, strings.Join(e.Seen, ", "), e.Server)
 }
 
