@@ -83,9 +83,31 @@ func TestTrustBundleChainsToThePin(t *testing.T) {
 		t.Fatal("the saved bundle was not trusted again")
 	}
 
+	// Retire: the bundle lists the new root alone. The pinned root is
+	// trusted no more, on this agent and on the next one to load.
+	after.ApplyBundle(&tetherv1.TrustBundle{ActiveFingerprint: second.Fingerprint, Roots: []*tetherv1.TrustedRoot{
+		{CertificatePem: second.PEM, CrossPem: crossSign(t, f.ca, second)},
+	}})
+	if after.Pin().Trusts(f.ca.Fingerprint) || !after.Pin().Trusts(second.Fingerprint) {
+		t.Fatal("after retire: the retired pin is still trusted, or the active root is not")
+	}
+	f.logs.waitFor(t, "was retired")
+	// A bundle of nothing that chains changes nothing.
+	after.ApplyBundle(&tetherv1.TrustBundle{Roots: []*tetherv1.TrustedRoot{{CertificatePem: rogue.PEM}}})
+	if !after.Pin().Trusts(second.Fingerprint) {
+		t.Fatal("a bundle of foreign roots emptied the node's trust")
+	}
+	reloaded := f.manager(t, f.ca.Fingerprint)
+	if _, err := reloaded.Load(); err != nil {
+		t.Fatal(err)
+	}
+	if reloaded.Pin().Trusts(f.ca.Fingerprint) || !reloaded.Pin().Trusts(second.Fingerprint) {
+		t.Fatal("after a reload: the retired pin is trusted again, or the active root is not")
+	}
+
 	// A bundle file tampered with to name another root is checked again
 	// and refused: the identity of that root does not load.
-	if err := os.WriteFile(filepath.Join(f.dir, BundleFile), []byte(`[{"root_pem":`+quote(rogue.PEM)+`,"cross_pem":`+quote(crossSign(t, rogue, rogue))+`}]`), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(f.dir, BundleFile), []byte(`{"entries":[{"root_pem":`+quote(rogue.PEM)+`,"cross_pem":`+quote(crossSign(t, rogue, rogue))+`}],"trusted":[`+quote(rogue.Fingerprint)+`]}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	tampered := f.manager(t, f.ca.Fingerprint)

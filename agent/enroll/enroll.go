@@ -229,10 +229,10 @@ func (m *Manager) Load() (*Identity, error) {
 	// The roots learnt before (a rotation's bundle), checked again
 	// against the pin: the state dir holds nothing the pin must take on
 	// trust.
-	if saved, err := m.store.loadBundle(); err != nil {
+	if entries, trusted, err := m.store.loadBundle(); err != nil {
 		m.cfg.Logf("enroll: the saved trust bundle is unreadable, only the pinned CA is trusted until the control plane sends it again: %v", err)
 	} else {
-		m.trust(saved)
+		m.pin.Restore(entries, trusted)
 	}
 	if err := m.pin.SetKnownCA(id.CA); err != nil {
 		return nil, err
@@ -437,12 +437,23 @@ func (m *Manager) ApplyBundle(b *tetherv1.TrustBundle) {
 		}
 		roots = append(roots, br)
 	}
-	if added := m.trust(roots); len(added) > 0 {
-		if err := m.store.saveBundle(m.pin.Bundle()); err != nil {
-			m.cfg.Logf("trust bundle: saving it failed (the agent after the switch of root learns it again from its stream): %v", err)
-		}
+	_, before := m.pin.Bundle()
+	added := m.trust(roots)
+	entries, now := m.pin.Bundle()
+	if slices.Equal(before, now) {
+		return
+	}
+	if err := m.store.saveBundle(entries, now); err != nil {
+		m.cfg.Logf("trust bundle: saving it failed (the agent after the switch of root learns it again from its stream): %v", err)
+	}
+	if len(added) > 0 {
 		m.cfg.Logf("trust bundle: now trusting CA %s (chained to the pinned %s); renewals are signed by %s",
 			strings.Join(added, ", "), m.pin.Fingerprint(), b.GetActiveFingerprint())
+	}
+	for _, fp := range before {
+		if !slices.Contains(now, fp) {
+			m.cfg.Logf("trust bundle: CA %s was retired; it is trusted no more", fp)
+		}
 	}
 }
 

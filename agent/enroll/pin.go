@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -47,7 +48,8 @@ type Pin struct {
 	// A fingerprint maps to its certificate once one was seen (nil
 	// before).
 	trusted map[string]*x509.Certificate
-	// bundle is every bundle entry accepted, to save and reload.
+	// bundle is every bundle entry accepted: the chains from the pin,
+	// saved and checked again at reload.
 	bundle   []pki.BundleRoot
 	mismatch *PinMismatchError
 }
@@ -93,49 +95,94 @@ func (p *Pin) Trusts(fp string) bool {
 	return ok
 }
 
-// Trust adds the roots of bundle that chain to a root trusted already
-// (pki.ExtendTrust), and returns the fingerprints new to it and why any
-// other was refused. A refused root is not trusted, whatever delivered it.
+// Trust takes a trust bundle from the control plane: the roots the node
+// trusts become those of bundle that chain to the pin (pki.ExtendTrust,
+// through every entry accepted before, so a root whose predecessors were
+// retired still chains), and a root the bundle no longer lists (a retired
+// CA), the pinned one included, is trusted no more. It returns the
+// fingerprints new to the node and why any entry was refused. A bundle
+// none of whose roots chain to the pin changes nothing.
 func (p *Pin) Trust(bundle []pki.BundleRoot) (added []string, refused []error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	fps := make(map[string]bool, len(p.trusted))
-	for fp := range p.trusted {
-		fps[fp] = true
-	}
-	accepted, refused := pki.ExtendTrust(fps, bundle, p.now())
+	accepted, refused := pki.ExtendTrust(map[string]bool{p.fingerprint: true}, append(append([]pki.BundleRoot(nil), p.bundle...), bundle...), p.now())
+	ok := map[string]*x509.Certificate{}
 	for _, root := range accepted {
-		fp := pki.Fingerprint(root.Raw)
-		if _, ok := p.trusted[fp]; !ok {
-			added = append(added, fp)
-		}
-		p.trusted[fp] = root
+		ok[pki.Fingerprint(root.Raw)] = root
 	}
+	current := map[string]*x509.Certificate{}
 	for _, b := range bundle {
 		if b.Root == nil {
 			continue
 		}
-		if _, ok := p.trusted[pki.Fingerprint(b.Root.Raw)]; ok && !containsRoot(p.bundle, b.Root) {
-			p.bundle = append(p.bundle, b)
+		fp := pki.Fingerprint(b.Root.Raw)
+		if root, good := ok[fp]; good {
+			current[fp] = root
+			if !containsEntry(p.bundle, b) {
+				p.bundle = append(p.bundle, b)
+			}
 		}
 	}
+	if len(current) == 0 {
+		return nil, refused
+	}
+	for fp := range current {
+		if _, had := p.trusted[fp]; !had {
+			added = append(added, fp)
+		}
+	}
+	p.trusted = current
 	return added, refused
 }
 
-func containsRoot(bs []pki.BundleRoot, root *x509.Certificate) bool {
+// Restore brings back what Trust saved: the entries accepted before
+// (checked again against the pin) and the fingerprints in use. With no
+// fingerprint in use that still chains, the pin alone is trusted.
+func (p *Pin) Restore(entries []pki.BundleRoot, current []string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	accepted, _ := pki.ExtendTrust(map[string]bool{p.fingerprint: true}, entries, p.now())
+	ok := map[string]*x509.Certificate{}
+	for _, root := range accepted {
+		ok[pki.Fingerprint(root.Raw)] = root
+	}
+	trusted := map[string]*x509.Certificate{}
+	for _, fp := range current {
+		if root, good := ok[fp]; good {
+			trusted[fp] = root
+		}
+	}
+	for _, e := range entries {
+		if e.Root != nil && ok[pki.Fingerprint(e.Root.Raw)] != nil && !containsEntry(p.bundle, e) {
+			p.bundle = append(p.bundle, e)
+		}
+	}
+	if len(trusted) > 0 {
+		p.trusted = trusted
+	}
+}
+
+func containsEntry(bs []pki.BundleRoot, e pki.BundleRoot) bool {
 	for _, b := range bs {
-		if b.Root.Equal(root) {
+		if b.Root.Equal(e.Root) && (b.Cross == nil) == (e.Cross == nil) && (b.Cross == nil || b.Cross.Equal(e.Cross)) {
 			return true
 		}
 	}
 	return false
 }
 
-// Bundle is every bundle entry this pin accepted, to save.
-func (p *Pin) Bundle() []pki.BundleRoot {
+// Bundle is every bundle entry this pin accepted (the chain from the pin
+// to each root, retired ones included) and the fingerprints trusted now,
+// to save.
+func (p *Pin) Bundle() ([]pki.BundleRoot, []string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return append([]pki.BundleRoot(nil), p.bundle...)
+	var current []string
+	for fp := range p.trusted {
+		current = append(current, fp)
+	}
+	sort.Strings(current)
+	return append([]pki.BundleRoot(nil), p.bundle...), current
 }
 
 // TakeMismatch returns and clears the last pin mismatch seen. gRPC folds

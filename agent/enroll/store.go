@@ -227,17 +227,24 @@ type savedRoot struct {
 	Cross string `json:"cross_pem,omitempty"`
 }
 
-func (s store) saveBundle(roots []pki.BundleRoot) error {
+// savedBundle is bundle.json: every entry accepted (the chains from the
+// pin) and the fingerprints trusted now.
+type savedBundle struct {
+	Entries []savedRoot `json:"entries"`
+	Trusted []string    `json:"trusted"`
+}
+
+func (s store) saveBundle(roots []pki.BundleRoot, trusted []string) error {
 	if err := s.ensureDir(); err != nil {
 		return err
 	}
-	out := make([]savedRoot, 0, len(roots))
+	out := savedBundle{Trusted: trusted}
 	for _, r := range roots {
 		sr := savedRoot{Root: string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: r.Root.Raw}))}
 		if r.Cross != nil {
 			sr.Cross = string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: r.Cross.Raw}))
 		}
-		out = append(out, sr)
+		out.Entries = append(out.Entries, sr)
 	}
 	b, err := json.MarshalIndent(out, "", "  ")
 	if err != nil {
@@ -247,31 +254,31 @@ func (s store) saveBundle(roots []pki.BundleRoot) error {
 }
 
 // loadBundle reads bundle.json; none is an empty bundle.
-func (s store) loadBundle() ([]pki.BundleRoot, error) {
+func (s store) loadBundle() ([]pki.BundleRoot, []string, error) {
 	b, err := os.ReadFile(s.path(BundleFile))
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
+		return nil, nil, nil
 	}
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	var saved []savedRoot
+	var saved savedBundle
 	if err := json.Unmarshal(b, &saved); err != nil {
-		return nil, fmt.Errorf("%s: %w", s.path(BundleFile), err)
+		return nil, nil, fmt.Errorf("%s: %w", s.path(BundleFile), err)
 	}
-	out := make([]pki.BundleRoot, 0, len(saved))
-	for _, sr := range saved {
+	out := make([]pki.BundleRoot, 0, len(saved.Entries))
+	for _, sr := range saved.Entries {
 		root, err := parseCertPEM([]byte(sr.Root))
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", s.path(BundleFile), err)
+			return nil, nil, fmt.Errorf("%s: %w", s.path(BundleFile), err)
 		}
 		r := pki.BundleRoot{Root: root}
 		if sr.Cross != "" {
 			if r.Cross, err = parseCertPEM([]byte(sr.Cross)); err != nil {
-				return nil, fmt.Errorf("%s: %w", s.path(BundleFile), err)
+				return nil, nil, fmt.Errorf("%s: %w", s.path(BundleFile), err)
 			}
 		}
 		out = append(out, r)
 	}
-	return out, nil
+	return out, saved.Trusted, nil
 }
