@@ -92,6 +92,8 @@ func (a *agent) startSession(s *bootState) {
 		Uptime:    cfg.Uptime,
 		Addresses: cfg.Addresses,
 		Logf:      a.con.Printf,
+		// A CA rotation's bundle: trusted once it chains to the pin.
+		OnTrustBundle: s.mgr.ApplyBundle,
 	})
 	s.sess.set(sess)
 	s.loops.GoUntilStop("the control plane session", sess.Run)

@@ -19,6 +19,7 @@ import (
 	"net"
 	"net/url"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -225,6 +226,14 @@ func (m *Manager) Load() (*Identity, error) {
 	if meta.CAFingerprint != m.pin.Fingerprint() {
 		return nil, fmt.Errorf("saved identity was issued under CA %s, but the pin is %s: %w", meta.CAFingerprint, m.pin.Fingerprint(), ErrNoIdentity)
 	}
+	// The roots learnt before (a rotation's bundle), checked again
+	// against the pin: the state dir holds nothing the pin must take on
+	// trust.
+	if entries, trusted, err := m.store.loadBundle(); err != nil {
+		m.cfg.Logf("enroll: the saved trust bundle is unreadable, only the pinned CA is trusted until the control plane sends it again: %v", err)
+	} else {
+		m.pin.Restore(entries, trusted)
+	}
 	if err := m.pin.SetKnownCA(id.CA); err != nil {
 		return nil, err
 	}
@@ -291,6 +300,7 @@ func (m *Manager) Enroll(ctx context.Context, client tetherv1.EnrollmentServiceC
 	if err != nil {
 		return nil, m.rpcError("enroll", err)
 	}
+	m.ApplyBundle(resp.GetTrustBundle())
 	id, err := m.accept(key, resp.GetCertificatePem(), resp.GetCaPem(), "")
 	if err != nil {
 		return nil, fmt.Errorf("enroll: %w", err)
@@ -324,6 +334,7 @@ func (m *Manager) Renew(ctx context.Context, client tetherv1.AgentServiceClient)
 	if err != nil {
 		return nil, m.rpcError("renew", err)
 	}
+	m.ApplyBundle(resp.GetTrustBundle())
 	id, err := m.accept(key, resp.GetCertificatePem(), resp.GetCaPem(), cur.InstanceID)
 	if err != nil {
 		return nil, fmt.Errorf("renew: %w", err)
@@ -363,8 +374,8 @@ func (m *Manager) accept(key ed25519.PrivateKey, certPEM, caPEM, wantInstance st
 	default:
 		return nil, errors.New("response carries no CA certificate")
 	}
-	if !pki.FingerprintMatches(caCert.Raw, m.pin.Fingerprint()) {
-		return nil, fmt.Errorf("response's CA has fingerprint %s, not the pinned %s", pki.Fingerprint(caCert.Raw), m.pin.Fingerprint())
+	if !m.pin.Trusts(pki.Fingerprint(caCert.Raw)) {
+		return nil, fmt.Errorf("response's CA has fingerprint %s, neither the pinned %s nor a root chained to it", pki.Fingerprint(caCert.Raw), m.pin.Fingerprint())
 	}
 	roots := x509.NewCertPool()
 	roots.AddCert(caCert)
@@ -400,4 +411,60 @@ func (m *Manager) commit(id *Identity, meta savedMeta) error {
 	}
 	m.set(id)
 	return nil
+}
+
+// ApplyBundle trusts the roots of a trust bundle (design §3.10) that chain
+// to the pin, saves them for the agent after the switch of root, and
+// says on the console what it learnt and what it refused. The control
+// plane sends one on every stream and in every enrollment and renewal
+// answer; nil (a control plane from before rotation) changes nothing.
+func (m *Manager) ApplyBundle(b *tetherv1.TrustBundle) {
+	if b == nil {
+		return
+	}
+	var roots []pki.BundleRoot
+	for _, r := range b.GetRoots() {
+		root, err := parseCertPEM([]byte(r.GetCertificatePem()))
+		if err != nil {
+			m.cfg.Logf("trust bundle: a root that does not parse is ignored: %v", err)
+			continue
+		}
+		br := pki.BundleRoot{Root: root}
+		if r.GetCrossPem() != "" {
+			if br.Cross, err = parseCertPEM([]byte(r.GetCrossPem())); err != nil {
+				m.cfg.Logf("trust bundle: root %s: its cross certificate does not parse: %v", pki.Fingerprint(root.Raw), err)
+			}
+		}
+		roots = append(roots, br)
+	}
+	_, before := m.pin.Bundle()
+	added := m.trust(roots)
+	entries, now := m.pin.Bundle()
+	if slices.Equal(before, now) {
+		return
+	}
+	if err := m.store.saveBundle(entries, now); err != nil {
+		m.cfg.Logf("trust bundle: saving it failed (the agent after the switch of root learns it again from its stream): %v", err)
+	}
+	if len(added) > 0 {
+		m.cfg.Logf("trust bundle: now trusting CA %s (chained to the pinned %s); renewals are signed by %s",
+			strings.Join(added, ", "), m.pin.Fingerprint(), b.GetActiveFingerprint())
+	}
+	for _, fp := range before {
+		if !slices.Contains(now, fp) {
+			m.cfg.Logf("trust bundle: CA %s was retired; it is trusted no more", fp)
+		}
+	}
+}
+
+// trust adds roots to the pin, saying on the console why any is refused.
+func (m *Manager) trust(roots []pki.BundleRoot) []string {
+	added, refused := m.pin.Trust(roots)
+	for _, err := range refused {
+		if errors.Is(err, pki.ErrNoCross) {
+			continue
+		}
+		m.cfg.Logf("trust bundle: refused (it does not chain to the pinned CA %s): %v", m.pin.Fingerprint(), err)
+	}
+	return added
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -27,8 +28,9 @@ type PinMismatchError struct {
 func (e *PinMismatchError) Error() string {
 	return fmt.Sprintf("CA fingerprint mismatch at %s: expected %s, the server presented %s. "+
 		"Either this node was handed the wrong tether.ca, or something other than the control plane answered. "+
-		"On the control plane host run `openssl x509 -in DATA_DIR/ca.crt -outform der | sha256sum` and, if it differs from the expected value, "+
-		"re-provision the node with that fingerprint; if it matches, find what is intercepting %s",
+		"`tetherctl ca list` shows the control plane's CAs (the active one is what boots are handed; a retired one no longer enrolls; "+
+		"a control plane that never rotated has one, `openssl x509 -in DATA_DIR/ca.crt -outform der | sha256sum`); "+
+		"if the expected value is none of them, re-provision the node with the active fingerprint; if it is, find what is intercepting %s",
 		e.Server, e.Expected, strings.Join(e.Seen, ", "), e.Server)
 }
 
@@ -40,8 +42,15 @@ type Pin struct {
 	serverName  string
 	now         func() time.Time
 
-	mu       sync.Mutex
-	knownCA  *x509.Certificate
+	mu sync.Mutex
+	// trusted are the roots this node trusts for its control plane: the
+	// pinned one, and those a trust bundle chained to it (design §3.10).
+	// A fingerprint maps to its certificate once one was seen (nil
+	// before).
+	trusted map[string]*x509.Certificate
+	// bundle is every bundle entry accepted: the chains from the pin,
+	// saved and checked again at reload.
+	bundle   []pki.BundleRoot
 	mismatch *PinMismatchError
 }
 
@@ -58,23 +67,122 @@ func NewPin(fingerprint, serverName string, now func() time.Time) (*Pin, error) 
 	if now == nil {
 		now = time.Now
 	}
-	return &Pin{fingerprint: fp, serverName: serverName, now: now}, nil
+	return &Pin{fingerprint: fp, serverName: serverName, now: now, trusted: map[string]*x509.Certificate{fp: nil}}, nil
 }
 
 // Fingerprint returns the pinned fingerprint.
 func (p *Pin) Fingerprint() string { return p.fingerprint }
 
 // SetKnownCA supplies the CA certificate from an earlier enrollment, so a
-// server that sends only its leaf can still be checked. It must match the
-// pin.
+// server that sends only its leaf can still be checked. It must be the
+// pinned CA or one a trust bundle chained to it.
 func (p *Pin) SetKnownCA(ca *x509.Certificate) error {
-	if !pki.FingerprintMatches(ca.Raw, p.fingerprint) {
-		return fmt.Errorf("saved CA certificate has fingerprint %s, but the pin is %s", pki.Fingerprint(ca.Raw), p.fingerprint)
-	}
+	fp := pki.Fingerprint(ca.Raw)
 	p.mu.Lock()
-	p.knownCA = ca
-	p.mu.Unlock()
+	defer p.mu.Unlock()
+	if _, ok := p.trusted[fp]; !ok {
+		return fmt.Errorf("saved CA certificate has fingerprint %s, but the pin is %s and no trust bundle chained it to the pin", fp, p.fingerprint)
+	}
+	p.trusted[fp] = ca
 	return nil
+}
+
+// Trusts reports whether fp is the pin or a root chained to it.
+func (p *Pin) Trusts(fp string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	_, ok := p.trusted[fp]
+	return ok
+}
+
+// Trust takes a trust bundle from the control plane: the roots the node
+// trusts become those of bundle that chain to the pin (pki.ExtendTrust,
+// through every entry accepted before, so a root whose predecessors were
+// retired still chains), and a root the bundle no longer lists (a retired
+// CA), the pinned one included, is trusted no more. It returns the
+// fingerprints new to the node and why any entry was refused. A bundle
+// none of whose roots chain to the pin changes nothing.
+func (p *Pin) Trust(bundle []pki.BundleRoot) (added []string, refused []error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	accepted, refused := pki.ExtendTrust(map[string]bool{p.fingerprint: true}, append(append([]pki.BundleRoot(nil), p.bundle...), bundle...), p.now())
+	ok := map[string]*x509.Certificate{}
+	for _, root := range accepted {
+		ok[pki.Fingerprint(root.Raw)] = root
+	}
+	current := map[string]*x509.Certificate{}
+	for _, b := range bundle {
+		if b.Root == nil {
+			continue
+		}
+		fp := pki.Fingerprint(b.Root.Raw)
+		if root, good := ok[fp]; good {
+			current[fp] = root
+			if !containsEntry(p.bundle, b) {
+				p.bundle = append(p.bundle, b)
+			}
+		}
+	}
+	if len(current) == 0 {
+		return nil, refused
+	}
+	for fp := range current {
+		if _, had := p.trusted[fp]; !had {
+			added = append(added, fp)
+		}
+	}
+	p.trusted = current
+	return added, refused
+}
+
+// Restore brings back what Trust saved: the entries accepted before
+// (checked again against the pin) and the fingerprints in use. With no
+// fingerprint in use that still chains, the pin alone is trusted.
+func (p *Pin) Restore(entries []pki.BundleRoot, current []string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	accepted, _ := pki.ExtendTrust(map[string]bool{p.fingerprint: true}, entries, p.now())
+	ok := map[string]*x509.Certificate{}
+	for _, root := range accepted {
+		ok[pki.Fingerprint(root.Raw)] = root
+	}
+	trusted := map[string]*x509.Certificate{}
+	for _, fp := range current {
+		if root, good := ok[fp]; good {
+			trusted[fp] = root
+		}
+	}
+	for _, e := range entries {
+		if e.Root != nil && ok[pki.Fingerprint(e.Root.Raw)] != nil && !containsEntry(p.bundle, e) {
+			p.bundle = append(p.bundle, e)
+		}
+	}
+	if len(trusted) > 0 {
+		p.trusted = trusted
+	}
+}
+
+func containsEntry(bs []pki.BundleRoot, e pki.BundleRoot) bool {
+	for _, b := range bs {
+		if b.Root.Equal(e.Root) && (b.Cross == nil) == (e.Cross == nil) && (b.Cross == nil || b.Cross.Equal(e.Cross)) {
+			return true
+		}
+	}
+	return false
+}
+
+// Bundle is every bundle entry this pin accepted (the chain from the pin
+// to each root, retired ones included) and the fingerprints trusted now,
+// to save.
+func (p *Pin) Bundle() ([]pki.BundleRoot, []string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var current []string
+	for fp := range p.trusted {
+		current = append(current, fp)
+	}
+	sort.Strings(current)
+	return append([]pki.BundleRoot(nil), p.bundle...), current
 }
 
 // TakeMismatch returns and clears the last pin mismatch seen. gRPC folds
@@ -124,18 +232,25 @@ func (p *Pin) verifyName(cs tls.ConnectionState, serverName string) error {
 	if len(certs) == 0 {
 		return errors.New("control plane presented no certificate")
 	}
-	var ca *x509.Certificate
-	for _, c := range certs {
-		if pki.FingerprintMatches(c.Raw, p.fingerprint) {
-			ca = c
-			break
+	// Roots: every trusted root it holds (a server may send only its
+	// leaf), every presented certificate it trusts, and every presented
+	// root a presented cross certificate chains to one of those (a
+	// rotation's new CA, before this node heard of it).
+	p.mu.Lock()
+	fps := make(map[string]bool, len(p.trusted))
+	var known []*x509.Certificate
+	for fp, c := range p.trusted {
+		fps[fp] = true
+		if c != nil {
+			known = append(known, c)
 		}
 	}
-	p.mu.Lock()
-	if ca == nil && p.knownCA != nil {
-		ca = p.knownCA
+	trustedRoots := pki.ServerRoots(certs, fps, known, p.now())
+	roots := x509.NewCertPool()
+	for _, c := range trustedRoots {
+		roots.AddCert(c)
 	}
-	if ca == nil {
+	if len(trustedRoots) == 0 {
 		m := &PinMismatchError{Server: p.serverName, Expected: p.fingerprint}
 		for _, c := range certs {
 			m.Seen = append(m.Seen, fmt.Sprintf("%s (%s)", pki.Fingerprint(c.Raw), describeCert(c)))
@@ -146,13 +261,9 @@ func (p *Pin) verifyName(cs tls.ConnectionState, serverName string) error {
 	}
 	p.mu.Unlock()
 
-	roots := x509.NewCertPool()
-	roots.AddCert(ca)
 	inter := x509.NewCertPool()
 	for _, c := range certs[1:] {
-		if c != ca {
-			inter.AddCert(c)
-		}
+		inter.AddCert(c)
 	}
 	_, err := certs[0].Verify(x509.VerifyOptions{
 		Roots:         roots,
@@ -162,7 +273,7 @@ func (p *Pin) verifyName(cs tls.ConnectionState, serverName string) error {
 		KeyUsages:     []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 	})
 	if err != nil {
-		return fmt.Errorf("control plane certificate %s does not verify against the pinned CA %s: %w", describeCert(certs[0]), p.fingerprint, err)
+		return fmt.Errorf("control plane certificate %s does not verify against the pinned CA %s (or a root chained to it): %w", describeCert(certs[0]), p.fingerprint, err)
 	}
 	return nil
 }

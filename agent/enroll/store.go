@@ -11,6 +11,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/tetherfleet/tether/pki"
 )
 
 // File names in the state directory.
@@ -19,6 +21,9 @@ const (
 	CertFile     = "node.crt"
 	CAFile       = "ca.crt"
 	IdentityFile = "identity.json"
+	// BundleFile holds the roots a trust bundle chained to the pin, each
+	// with its cross certificate, checked again at every load.
+	BundleFile = "bundle.json"
 )
 
 // ErrNoIdentity means the state directory holds no saved identity.
@@ -214,4 +219,66 @@ func WriteFileAtomic(path string, data []byte, perm os.FileMode) (err error) {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
 	return nil
+}
+
+// savedRoot is one entry of bundle.json.
+type savedRoot struct {
+	Root  string `json:"root_pem"`
+	Cross string `json:"cross_pem,omitempty"`
+}
+
+// savedBundle is bundle.json: every entry accepted (the chains from the
+// pin) and the fingerprints trusted now.
+type savedBundle struct {
+	Entries []savedRoot `json:"entries"`
+	Trusted []string    `json:"trusted"`
+}
+
+func (s store) saveBundle(roots []pki.BundleRoot, trusted []string) error {
+	if err := s.ensureDir(); err != nil {
+		return err
+	}
+	out := savedBundle{Trusted: trusted}
+	for _, r := range roots {
+		sr := savedRoot{Root: string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: r.Root.Raw}))}
+		if r.Cross != nil {
+			sr.Cross = string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: r.Cross.Raw}))
+		}
+		out.Entries = append(out.Entries, sr)
+	}
+	b, err := json.MarshalIndent(out, "", "  ")
+	if err != nil {
+		return err
+	}
+	return WriteFileAtomic(s.path(BundleFile), append(b, '\n'), 0o600)
+}
+
+// loadBundle reads bundle.json; none is an empty bundle.
+func (s store) loadBundle() ([]pki.BundleRoot, []string, error) {
+	b, err := os.ReadFile(s.path(BundleFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil, nil
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	var saved savedBundle
+	if err := json.Unmarshal(b, &saved); err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", s.path(BundleFile), err)
+	}
+	out := make([]pki.BundleRoot, 0, len(saved.Entries))
+	for _, sr := range saved.Entries {
+		root, err := parseCertPEM([]byte(sr.Root))
+		if err != nil {
+			return nil, nil, fmt.Errorf("%s: %w", s.path(BundleFile), err)
+		}
+		r := pki.BundleRoot{Root: root}
+		if sr.Cross != "" {
+			if r.Cross, err = parseCertPEM([]byte(sr.Cross)); err != nil {
+				return nil, nil, fmt.Errorf("%s: %w", s.path(BundleFile), err)
+			}
+		}
+		out = append(out, r)
+	}
+	return out, saved.Trusted, nil
 }

@@ -130,6 +130,9 @@ type Config struct {
 	Logf      func(format string, args ...any)
 	// OnSettings is told about every Settings message.
 	OnSettings func(Settings)
+	// OnTrustBundle is told about every trust bundle (design §3.10). It
+	// runs on the receiving goroutine and must not block for long.
+	OnTrustBundle func(*tetherv1.TrustBundle)
 }
 
 // Session is the agent's end of the Connect stream.
@@ -489,6 +492,10 @@ func (s *Session) handle(msg *tetherv1.ControlMessage) {
 		}
 	case *tetherv1.ControlMessage_Task:
 		s.start(m.Task)
+	case *tetherv1.ControlMessage_TrustBundle:
+		if s.cfg.OnTrustBundle != nil {
+			s.cfg.OnTrustBundle(m.TrustBundle)
+		}
 	case *tetherv1.ControlMessage_Cancel:
 		s.mu.Lock()
 		cancel := s.running[m.Cancel.GetTaskId()]

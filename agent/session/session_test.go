@@ -526,3 +526,25 @@ func TestDelaySpreadFlattensAStorm(t *testing.T) {
 		}
 	}
 }
+
+// A trust bundle on the stream goes to OnTrustBundle, and the stream
+// carries on.
+func TestTrustBundleIsHandedOn(t *testing.T) {
+	got := make(chan *tetherv1.TrustBundle, 1)
+	h := start(t, func(c *Config) { c.OnTrustBundle = func(b *tetherv1.TrustBundle) { got <- b } })
+	s := h.cp.nextStream(t)
+	s.heartbeat(t)
+	s.send <- &tetherv1.ControlMessage{Msg: &tetherv1.ControlMessage_TrustBundle{TrustBundle: &tetherv1.TrustBundle{ActiveFingerprint: "sha256:ab"}}}
+	select {
+	case b := <-got:
+		if b.ActiveFingerprint != "sha256:ab" {
+			t.Fatalf("bundle = %v", b)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the bundle never reached OnTrustBundle")
+	}
+	h.status.SetPhase(tetherv1.AgentPhase_AGENT_PHASE_PULLING)
+	if hb := s.heartbeat(t); hb.Phase != tetherv1.AgentPhase_AGENT_PHASE_PULLING {
+		t.Fatalf("heartbeat after the bundle = %v", hb)
+	}
+}

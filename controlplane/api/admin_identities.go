@@ -66,7 +66,7 @@ func (a *adminServer) issueIdentity(ctx context.Context, name, role string, csr 
 		}
 		subject := pki.Identity{Kind: pki.KindAdmin, Name: name, Role: role}.String()
 		if err := q.CreateCertificate(ctx, &store.Certificate{Serial: serial, Kind: pki.KindAdmin, Subject: subject,
-			NotBefore: cert.NotBefore, NotAfter: cert.NotAfter, CreatedAt: now}); err != nil {
+			Issuer: pki.Fingerprint(a.CA.IssuerOf(cert).Raw), NotBefore: cert.NotBefore, NotAfter: cert.NotAfter, CreatedAt: now}); err != nil {
 			return err
 		}
 		if err := q.PutAdminIdentity(ctx, id); err != nil {
@@ -80,7 +80,7 @@ func (a *adminServer) issueIdentity(ctx context.Context, name, role string, csr 
 	if err != nil {
 		return nil, err
 	}
-	return &v1.IdentityCertificate{Identity: identityProto(id), CertificatePem: string(ca.CertPEM(cert)), CaPem: string(a.CA.CertificatePEM())}, nil
+	return &v1.IdentityCertificate{Identity: identityProto(id), CertificatePem: string(ca.CertPEM(cert)), CaPem: string(ca.CertPEM(a.CA.IssuerOf(cert)))}, nil
 }
 
 func (a *adminServer) CreateIdentity(ctx context.Context, req *v1.CreateIdentityRequest) (*v1.IdentityCertificate, error) {

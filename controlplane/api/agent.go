@@ -55,7 +55,8 @@ func (a *agentServer) Renew(ctx context.Context, req *v1.RenewRequest) (*v1.Rene
 	if err != nil {
 		return nil, err
 	}
-	return &v1.RenewResponse{CertificatePem: string(ca.CertPEM(issued.Cert)), CaPem: string(a.CA.CertificatePEM()), NotAfter: tsp(issued.Cert.NotAfter)}, nil
+	return &v1.RenewResponse{CertificatePem: string(ca.CertPEM(issued.Cert)), CaPem: string(ca.CertPEM(a.CA.IssuerOf(issued.Cert))),
+		NotAfter: tsp(issued.Cert.NotAfter), TrustBundle: a.trustBundle()}, nil
 }
 
 // assignment loads what the caller's template assigns.
@@ -255,6 +256,16 @@ func (a *agentServer) Connect(stream v1.AgentService_ConnectServer) error {
 	if err := stream.Send(&v1.ControlMessage{Msg: &v1.ControlMessage_Settings{Settings: a.settings()}}); err != nil {
 		return err
 	}
+	// The trust bundle: at the start of a stream while a rotation is
+	// under way (more than one root), and whenever the CA set changes
+	// (design §3.10). With one root there is nothing to learn that the
+	// enrollment answer did not say.
+	caChanged := a.CA.Changed()
+	if b := a.trustBundle(); b != nil && len(b.Roots) > 1 {
+		if err := a.sendTrustBundle(stream); err != nil {
+			return err
+		}
+	}
 
 	// The receiver runs apart so that Send stays on this goroutine
 	// (a gRPC stream allows one sender at a time). gRPC offers no way to
@@ -303,6 +314,11 @@ func (a *agentServer) Connect(stream v1.AgentService_ConnectServer) error {
 			// come back with. Nothing to look up, so no task query.
 			grown = a.Agents.Grown()
 			resend.grew()
+		case <-caChanged:
+			caChanged = a.CA.Changed()
+			if err := a.sendTrustBundle(stream); err != nil {
+				return err
+			}
 		case <-resend.due:
 			resend.sent()
 			if err := stream.Send(&v1.ControlMessage{Msg: &v1.ControlMessage_Settings{Settings: a.settings()}}); err != nil {
@@ -346,6 +362,15 @@ func (r *settingsResend) grew() {
 
 // sent disarms it.
 func (r *settingsResend) sent() { r.due = nil }
+
+// sendTrustBundle sends the CA set's bundle, when there is one.
+func (a *agentServer) sendTrustBundle(stream v1.AgentService_ConnectServer) error {
+	b := a.trustBundle()
+	if b == nil {
+		return nil
+	}
+	return stream.Send(&v1.ControlMessage{Msg: &v1.ControlMessage_TrustBundle{TrustBundle: b}})
+}
 
 func (a *agentServer) settings() *v1.Settings {
 	connected := a.Agents.Connected()

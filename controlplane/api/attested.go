@@ -72,7 +72,7 @@ func (e *enrollmentServer) EnrollAttested(stream v1.EnrollmentService_EnrollAtte
 	e.m.Enrollments.WithLabelValues("issued").Inc()
 	return stream.Send(&v1.AttestedEnrollResponse{Step: &v1.AttestedEnrollResponse_Enrolled{Enrolled: &v1.EnrollResponse{
 		InstanceId: issued.InstanceID, CertificatePem: string(ca.CertPEM(issued.Cert)),
-		CaPem: string(e.CA.CertificatePEM()), NotAfter: tsp(issued.Cert.NotAfter)}}})
+		CaPem: string(ca.CertPEM(e.CA.IssuerOf(issued.Cert))), NotAfter: tsp(issued.Cert.NotAfter), TrustBundle: e.trustBundle()}}})
 }
 
 // recvBefore reads one message, or gives up at the deadline: Recv has no

@@ -67,6 +67,11 @@ var rpcAccess = map[string]access{
 	"CreateBootstrapToken": write(RoleAdmin),
 	"ListCertificates":     {role: RoleAdmin, audit: true}, // certificates are identity material (design §3.6)
 	"RevokeCertificate":    write(RoleAdmin),
+	// CA rotation (design §3.10).
+	"PrepareCA":  write(RoleAdmin),
+	"ActivateCA": write(RoleAdmin),
+	"RetireCA":   write(RoleAdmin),
+	"ListCAs":    {role: RoleAdmin, audit: true},
 
 	"CreateTask": write(RoleOperator),
 	"GetTask":    read(RoleViewer),

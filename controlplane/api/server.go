@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/reflection"
 
+	"github.com/tetherfleet/tether/controlplane/carotation"
 	"github.com/tetherfleet/tether/controlplane/catalog"
 	"github.com/tetherfleet/tether/controlplane/certificates"
 	"github.com/tetherfleet/tether/controlplane/connlimit"
@@ -66,11 +67,14 @@ type Config struct {
 	Metrics *Metrics
 
 	Enrollment *enroll.Service
-	Instances  *instances.Service
-	Tasks      *tasks.Service
-	Registry   *modules.Registry
-	Revoked    *Revocations
-	Agents     *AgentHub
+	// CAs is the CA rotation set (nil: the CA RPCs refuse, and no trust
+	// bundle is sent).
+	CAs       *carotation.Service
+	Instances *instances.Service
+	Tasks     *tasks.Service
+	Registry  *modules.Registry
+	Revoked   *Revocations
+	Agents    *AgentHub
 
 	// AgentURL is the control plane address handed to agents.
 	AgentURL string
@@ -106,6 +110,14 @@ type Config struct {
 	// than by a newer stream replacing it: tetherd asks the provider for
 	// the machine at once (provsync.Checks). It must not block.
 	StreamLost func(instanceID string)
+}
+
+// trustBundle is what agents are sent: nil without a rotation set.
+func (c *Config) trustBundle() *v1.TrustBundle {
+	if c.CAs == nil {
+		return nil
+	}
+	return c.CAs.Bundle()
 }
 
 // Limits keep the gRPC port from spending the descriptors the store,
@@ -299,7 +311,7 @@ func (e *enrollmentServer) Enroll(ctx context.Context, req *v1.EnrollRequest) (*
 	}
 	e.m.Enrollments.WithLabelValues("issued").Inc()
 	return &v1.EnrollResponse{InstanceId: issued.InstanceID, CertificatePem: string(ca.CertPEM(issued.Cert)),
-		CaPem: string(e.CA.CertificatePEM()), NotAfter: tsp(issued.Cert.NotAfter)}, nil
+		CaPem: string(ca.CertPEM(e.CA.IssuerOf(issued.Cert))), NotAfter: tsp(issued.Cert.NotAfter), TrustBundle: e.trustBundle()}, nil
 }
 
 // endOnShutdown gives every stream a context that also ends when the

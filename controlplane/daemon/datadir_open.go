@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tetherfleet/tether/controlplane/audit"
+	"github.com/tetherfleet/tether/controlplane/carotation"
 	"github.com/tetherfleet/tether/controlplane/certreload"
 	"github.com/tetherfleet/tether/controlplane/credentials"
 	"github.com/tetherfleet/tether/controlplane/modules"
@@ -59,6 +60,13 @@ func (d *daemon) openDataDir(ctx context.Context) error {
 	if created {
 		log.Info("created the BMC credentials key (this data dir predates stored credentials); copy it to every replica's data dir",
 			"file", filepath.Join(o.DataDir, credentials.KeyFile))
+	}
+	// The data dir's CA: the first of the rotation set, and the issuer of
+	// the server certificate, whatever CA is active (design §3.10).
+	d.cas = &carotation.Service{Store: st, CA: d.authority, First: d.authority.Certificate(), FirstKey: d.authority.Key(),
+		Sealer: d.sealer, Clock: o.Clock, Log: log}
+	if err := d.cas.Start(ctx); err != nil {
+		return fmt.Errorf("serve: %w", err)
 	}
 	if d.blobs, err = modules.OpenBlobs(filepath.Join(o.DataDir, BlobDir)); err != nil {
 		return err

@@ -36,7 +36,7 @@ func (d *daemon) buildFronts(ctx context.Context) error {
 	d.hub = api.NewAgentHub(api.AgentHubConfig{Store: st, Log: log, Flush: o.Liveness.HeartbeatFlush, Sweep: o.Liveness.AgentSweep, Metrics: metrics})
 	var err error
 	d.srv, err = api.New(api.Config{
-		Store: st, CA: d.authority, GetServerCert: d.serverCert.GetCertificate, Clock: o.Clock, Log: log, Metrics: metrics,
+		Store: st, CA: d.authority, CAs: d.cas, GetServerCert: d.cas.ServerCertificate(d.serverCert.GetCertificate), Clock: o.Clock, Log: log, Metrics: metrics,
 		Catalog: svc.Catalog, Certificates: svc.Certificates,
 		Enrollment: svc.Enroll, EnrollLimiter: o.unauthenticatedLimiter(),
 		Instances: svc.Instances, Tasks: svc.Tasks, Registry: svc.Registry,

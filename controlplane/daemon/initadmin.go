@@ -169,7 +169,7 @@ func adoptInitAdmin(ctx context.Context, st store.Store, authority *ca.CA, dataD
 			}
 		}
 		if err := q.CreateCertificate(ctx, &store.Certificate{Serial: serial, Kind: pki.KindAdmin, Subject: id.String(),
-			NotBefore: cert.NotBefore, NotAfter: cert.NotAfter, CreatedAt: now}); err != nil {
+			Issuer: pki.Fingerprint(authority.IssuerOf(cert).Raw), NotBefore: cert.NotBefore, NotAfter: cert.NotAfter, CreatedAt: now}); err != nil {
 			return err
 		}
 		if taken {

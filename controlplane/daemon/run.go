@@ -116,6 +116,7 @@ func (d *daemon) background() []task {
 		quiet("revocations", func(ctx context.Context) {
 			d.revoked.Follow(ctx, st, o.Clock, 30*time.Second, log, d.reloadFailures)
 		}),
+		quiet("ca-set", func(ctx context.Context) { d.cas.Follow(ctx, 30*time.Second) }),
 		quiet("server-cert", func(ctx context.Context) {
 			watchServerCert(ctx, d.serverCert, o.ReloadServerCert, o.Loops.ServerCertCheck, log)
 		}),

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tetherfleet/tether/controlplane/api"
+	"github.com/tetherfleet/tether/controlplane/carotation"
 	"github.com/tetherfleet/tether/controlplane/certreload"
 	"github.com/tetherfleet/tether/controlplane/credentials"
 	"github.com/tetherfleet/tether/controlplane/daemon/wire"
@@ -46,10 +47,12 @@ type daemon struct {
 	log *slog.Logger
 
 	// What the data dir holds (openDataDir).
-	st          store.Store
-	authority   *ca.CA
-	serverCert  *certreload.Reloader
-	sealer      *credentials.Sealer
+	st         store.Store
+	authority  *ca.CA
+	serverCert *certreload.Reloader
+	sealer     *credentials.Sealer
+	// cas is the CA rotation set every replica follows (design §3.10).
+	cas         *carotation.Service
 	blobs       *modules.Blobs
 	signingKeys [][]byte
 	// kernel and initramfs are the default artifacts' digests.

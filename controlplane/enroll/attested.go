@@ -166,7 +166,7 @@ func (s *Service) FinishAttested(ctx context.Context, a *Attestation, secret []b
 		if err != nil {
 			return err
 		}
-		if err := q.CreateCertificate(ctx, record(cert, a.InstanceID, now)); err != nil {
+		if err := q.CreateCertificate(ctx, s.record(cert, a.InstanceID, now)); err != nil {
 			return err
 		}
 		_, err = events.E{Kind: events.EnrollSucceeded, InstanceID: a.InstanceID,

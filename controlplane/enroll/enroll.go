@@ -155,7 +155,7 @@ func (s *Service) Enroll(ctx context.Context, token, csrPEM string) (*Issued, er
 		if gate.TemplateRequiresAttestation {
 			return &attestationRequired{"its template requires TPM attestation"}
 		}
-		if err := q.CreateCertificate(ctx, record(cert, tok.InstanceID, now)); err != nil {
+		if err := q.CreateCertificate(ctx, s.record(cert, tok.InstanceID, now)); err != nil {
 			return err
 		}
 		_, err = events.E{Kind: events.EnrollSucceeded, InstanceID: tok.InstanceID,
@@ -215,7 +215,7 @@ func (s *Service) Renew(ctx context.Context, instanceID string, current crypto.P
 		return nil, fail.Invalid("csr_pem", "%v", err)
 	}
 	err = s.Store.Tx(ctx, func(q store.Queries) error {
-		if err := q.CreateCertificate(ctx, record(cert, instanceID, now)); err != nil {
+		if err := q.CreateCertificate(ctx, s.record(cert, instanceID, now)); err != nil {
 			return err
 		}
 		_, err := events.E{Kind: events.CertRenewed, InstanceID: instanceID, Message: "certificate renewed: " + ca.SerialString(cert),
@@ -228,8 +228,8 @@ func (s *Service) Renew(ctx context.Context, instanceID string, current crypto.P
 	return &Issued{InstanceID: instanceID, Cert: cert}, nil
 }
 
-func record(cert *x509.Certificate, instanceID string, now time.Time) *store.Certificate {
-	return &store.Certificate{Serial: ca.SerialString(cert), InstanceID: instanceID, Kind: store.CertKindNode,
+func (s *Service) record(cert *x509.Certificate, instanceID string, now time.Time) *store.Certificate {
+	return &store.Certificate{Serial: ca.SerialString(cert), InstanceID: instanceID, Kind: store.CertKindNode, Issuer: pki.Fingerprint(s.CA.IssuerOf(cert).Raw),
 		Subject: pki.InstanceURI(instanceID).String(), NotBefore: cert.NotBefore, NotAfter: cert.NotAfter, CreatedAt: now}
 }
 

@@ -32,7 +32,12 @@ const (
 	CertRenewed      = "certificate.renewed"
 	CertRevoked      = "certificate.revoked"
 	CertIssued       = "certificate.issued"
-	TokenIssued      = "token.issued"
+	// CA rotation (design §3.10).
+	CAPrepared  = "ca.prepared"
+	CAActivated = "ca.activated"
+	CARetired   = "ca.retired"
+	CAAdopted   = "ca.adopted"
+	TokenIssued = "token.issued"
 	// NodeMACGenerated records a hardware address the control plane made
 	// up for a netbooting machine of a node that had none.
 	NodeMACGenerated = "node.mac_generated"

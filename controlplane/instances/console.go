@@ -60,7 +60,7 @@ func (s *Service) SeedMaterial(ctx context.Context, id string) (seediso.Material
 	if err != nil {
 		return seediso.Material{}, err
 	}
-	return seediso.Material{URL: s.AgentURL, Token: tok, CA: s.CAFingerprint}, nil
+	return seediso.Material{URL: s.AgentURL, Token: tok, CA: s.Fingerprint()}, nil
 }
 
 // Handlers are the worker handlers of the instance task kinds.

@@ -42,6 +42,10 @@ type Service struct {
 	// boot with its fresh token.
 	AgentURL      string
 	CAFingerprint string
+	// CA, when set, gives the fingerprint at each hand-off instead of
+	// CAFingerprint: after a rotation's activate, boots pin the new CA
+	// (design §3.10).
+	CA interface{ Fingerprint() string }
 	// Owner names this replica in the leases of the provider operations
 	// it runs inside API calls (see worker.NewOwner).
 	Owner string
@@ -381,4 +385,12 @@ func (s *Service) Transition(ctx context.Context, id string, ev lifecycle.Event,
 // own (liveness, provider sync) use it to change state under their lock.
 func (s *Service) TransitionTx(ctx context.Context, q store.Queries, in *store.Instance, ev lifecycle.Event, reason string, now time.Time) error {
 	return s.transition(ctx, q, in, ev, reason, now)
+}
+
+// Fingerprint is the CA fingerprint handed to a boot now: the active CA's.
+func (s *Service) Fingerprint() string {
+	if s.CA != nil {
+		return s.CA.Fingerprint()
+	}
+	return s.CAFingerprint
 }

@@ -356,3 +356,26 @@ func TestTerminateAndStopRace(t *testing.T) {
 		check(t, e, in.ID, stopErr, termErr)
 	}
 }
+
+type activeCA string
+
+func (a activeCA) Fingerprint() string { return string(a) }
+
+// A boot after a CA rotation's activate is handed the new CA's
+// fingerprint (fw_cfg, the provider's boot): it is read at each boot.
+func TestBootAfterActivatePinsTheNewCA(t *testing.T) {
+	e := newEnv(t)
+	in := e.running()
+	first, _ := e.fake.Enrollment(in.CloudInstanceID)
+	rotated := "sha256:" + strings.Repeat("07", 32)
+	if first.CAFingerprint == rotated {
+		t.Fatal("the fixture already pins the rotated CA")
+	}
+	e.svc.CA = activeCA(rotated)
+	if _, err := doReboot(e.svc, e, in.ID); err != nil {
+		t.Fatal(err)
+	}
+	if enr, _ := e.fake.Enrollment(in.CloudInstanceID); enr.CAFingerprint != rotated {
+		t.Fatalf("the boot after activate pins %s, want %s", enr.CAFingerprint, rotated)
+	}
+}

@@ -50,7 +50,7 @@ func (s *Service) bootFor(ctx context.Context, q store.Queries, in *store.Instan
 	if err != nil {
 		return providers.Boot{}, err
 	}
-	b.Enrollment = providers.Enrollment{ControlPlaneURL: s.AgentURL, Token: tok, CAFingerprint: s.CAFingerprint, InstanceID: in.ID}
+	b.Enrollment = providers.Enrollment{ControlPlaneURL: s.AgentURL, Token: tok, CAFingerprint: s.Fingerprint(), InstanceID: in.ID}
 	return b, nil
 }
 

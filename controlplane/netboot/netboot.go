@@ -313,7 +313,7 @@ func (s *Server) serveScript(w http.ResponseWriter, r *http.Request, id, bootIF 
 		} else {
 			// A netbooted machine has no static address: the agent asks
 			// DHCP, on the interface it booted from first.
-			body = Script(boot.KernelURL, boot.InitramfsURL, WithSigners(boot.KernelArgs+" ip=dhcp "+bootIF, boot.Signers), s.Instances.AgentURL, tok, id, s.Instances.CAFingerprint)
+			body = Script(boot.KernelURL, boot.InitramfsURL, WithSigners(boot.KernelArgs+" ip=dhcp "+bootIF, boot.Signers), s.Instances.AgentURL, tok, id, s.Instances.Fingerprint())
 		}
 		_, err = events.E{Kind: events.NetbootServed, InstanceID: id,
 			Message: fmt.Sprintf("%s served to %s (instance %s)", what, r.RemoteAddr, st),

@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -336,5 +337,28 @@ func TestRefusedFetchesAreCoalesced(t *testing.T) {
 	}
 	if n := len(refusals()); n != 0 {
 		t.Fatalf("%d events survived retention", n)
+	}
+}
+
+// fingerprint is a CA whose fingerprint a rotation's activate changes.
+type fingerprint struct{ fp atomic.Value }
+
+func (f *fingerprint) Fingerprint() string { return f.fp.Load().(string) }
+
+// After a CA rotation's activate, the next script pins the new CA
+// (design §3.10): the fingerprint is read at each hand-off.
+func TestScriptCarriesTheActiveCA(t *testing.T) {
+	f := setup(t)
+	ca := &fingerprint{}
+	ca.fp.Store("sha256:" + strings.Repeat("01", 32))
+	f.svc.CA = ca
+	in := f.provision(t)
+	if _, body := f.get(t, netboot.ScriptPath(in.ID)); !strings.Contains(body, "tether.ca=sha256:"+strings.Repeat("01", 32)) {
+		t.Fatalf("script before the rotation:\n%s", body)
+	}
+	ca.fp.Store("sha256:" + strings.Repeat("02", 32))
+	next := f.provision(t)
+	if _, body := f.get(t, netboot.ScriptPath(next.ID)); !strings.Contains(body, "tether.ca=sha256:"+strings.Repeat("02", 32)) {
+		t.Fatalf("script after activate:\n%s", body)
 	}
 }

@@ -329,7 +329,9 @@ const (
 
 // Certificate is an issued identity.
 type Certificate struct {
-	Serial       string
+	Serial string
+	// Issuer is the fingerprint of the CA that signed it.
+	Issuer       string
 	InstanceID   string
 	Kind         string
 	Subject      string
@@ -338,6 +340,32 @@ type Certificate struct {
 	RevokedAt    *time.Time
 	RevokeReason string
 	CreatedAt    time.Time
+}
+
+// CA states of a rotation (docs/design.md §3.10), after SPIRE's
+// prepared, active and old keys.
+const (
+	AuthorityPrepared = "prepared"
+	AuthorityActive   = "active"
+	AuthorityOld      = "old"
+	AuthorityRetired  = "retired"
+)
+
+// Authority is one CA of the rotation set.
+type Authority struct {
+	Fingerprint string
+	CertPEM     string
+	// KeySealed is the CA key sealed under the data dir's
+	// credentials.key; empty for the CA `tetherd init` made, whose key is
+	// the data dir's ca/ca.key.
+	KeySealed []byte
+	// CrossPEM is this root signed by the CA that was active when it was
+	// prepared: what lets an agent that trusts that one accept this one.
+	CrossPEM  string
+	State     string
+	NotAfter  time.Time
+	CreatedAt time.Time
+	UpdatedAt time.Time
 }
 
 // CertificateFilter narrows ListCertificates.

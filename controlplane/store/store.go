@@ -61,6 +61,7 @@ const (
 	ChannelEvents      = "tether_events"      // payload: event id
 	ChannelTasks       = "tether_tasks"       // payload: instance id
 	ChannelRevocations = "tether_revocations" // payload: certificate serial
+	ChannelAuthorities = "tether_authorities" // payload: CA fingerprint
 	ChannelInstances   = "tether_instances"   // payload: instance id
 )
 
@@ -204,6 +205,21 @@ type Queries interface {
 	ExpireInstanceTokens(ctx context.Context, instanceID string, now time.Time) (int, error)
 
 	CreateCertificate(ctx context.Context, c *Certificate) error
+	// CountLiveCertificates counts, per issuing CA fingerprint, the
+	// certificates neither revoked nor expired at now.
+	CountLiveCertificates(ctx context.Context, now time.Time) (map[string]int, error)
+	// AssignCertificateIssuer sets issuer on every certificate recorded
+	// without one (before CA rotation existed, one CA signed them all).
+	AssignCertificateIssuer(ctx context.Context, issuer string) (int, error)
+
+	// CreateAuthority records a CA of the rotation set. At most one is
+	// prepared and one active: another is ErrAlreadyExists.
+	CreateAuthority(ctx context.Context, a *Authority) error
+	// ListAuthorities is every CA, oldest first.
+	ListAuthorities(ctx context.Context) ([]*Authority, error)
+	// SetAuthorityState moves a CA from state from to state to;
+	// ErrConflict if it is not in from, ErrNotFound if there is none.
+	SetAuthorityState(ctx context.Context, fingerprint, from, to string, now time.Time) error
 	GetCertificate(ctx context.Context, serial string) (*Certificate, error)
 	ListCertificates(ctx context.Context, f CertificateFilter, p Page) ([]*Certificate, error)
 	RevokeCertificate(ctx context.Context, serial, reason string, now time.Time) (*Certificate, error)

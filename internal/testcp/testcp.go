@@ -10,6 +10,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
+	"errors"
 	"io"
 	"log/slog"
 	"net"
@@ -203,8 +204,32 @@ func (cp *ControlPlane) Restart() {
 func (cp *ControlPlane) Fingerprint() string { return pki.Fingerprint(cp.CA.Raw) }
 
 // TLS returns a client TLS config with an optional client certificate.
+// It verifies tetherd against the data dir's CA and, after a CA
+// rotation's activate, the roots a presented cross certificate chains to
+// it (pki.ServerRoots), as tetherctl does.
 func (cp *ControlPlane) TLS(cert *tls.Certificate) *tls.Config {
-	c := &tls.Config{RootCAs: cp.CAPool, ServerName: "127.0.0.1", MinVersion: tls.VersionTLS13}
+	c := &tls.Config{RootCAs: cp.CAPool, ServerName: "127.0.0.1", MinVersion: tls.VersionTLS13,
+		InsecureSkipVerify: true, //nolint:gosec // verified in VerifyConnection
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			certs := cs.PeerCertificates
+			if len(certs) == 0 {
+				return errors.New("tetherd presented no certificate")
+			}
+			now := time.Now()
+			if cp.opts.Clock != nil { // a test's own time, which tetherd signs by
+				now = cp.opts.Clock.Now()
+			}
+			roots, inter := x509.NewCertPool(), x509.NewCertPool()
+			for _, r := range pki.ServerRoots(certs, map[string]bool{pki.Fingerprint(cp.CA.Raw): true}, []*x509.Certificate{cp.CA}, now) {
+				roots.AddCert(r)
+			}
+			for _, c := range certs[1:] {
+				inter.AddCert(c)
+			}
+			_, err := certs[0].Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter, DNSName: "127.0.0.1", CurrentTime: now,
+				KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
+			return err
+		}}
 	if cert != nil {
 		c.Certificates = []tls.Certificate{*cert}
 	}

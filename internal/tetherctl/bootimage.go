@@ -16,6 +16,7 @@ import (
 
 	"github.com/tetherfleet/tether/internal/uki"
 	"github.com/tetherfleet/tether/pki"
+	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
 
 // bootImage is what `bootimage build` made.
@@ -47,6 +48,9 @@ func (a *App) bootimageCmd() *cobra.Command {
 			"Signing takes the db key and its certificate as PEM files (decrypt the key first) and runs sbsign.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if caFP == "" {
+				caFP = a.activeCA()
+			}
 			if caFP == "" {
 				_, _, caPEM, err := a.readConfig()
 				if err != nil {
@@ -179,4 +183,21 @@ func nodeCmdline(cpURL, caFP string, signers []string, console, handoff, extra s
 	}
 	c := strings.Join(parts, " ")
 	return c, uki.CheckCmdline(c)
+}
+
+// activeCA is the fingerprint of the control plane's active CA, which
+// boots pin from a rotation's activate on (design §3.10), or "" when the
+// control plane cannot say (the client config's CA is used then).
+func (a *App) activeCA() string {
+	resp, err := invoke(a, v1.AdminServiceClient.ListCAs, &v1.ListCAsRequest{})
+	if err != nil {
+		fmt.Fprintf(a.Stderr, "note: could not ask the control plane for its active CA (%v); using the client config's CA\n", err)
+		return ""
+	}
+	for _, c := range resp.Authorities {
+		if c.State == "active" {
+			return c.Fingerprint
+		}
+	}
+	return ""
 }

@@ -3,6 +3,8 @@ package tetherctl
 import (
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/pem"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -14,6 +16,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"gopkg.in/yaml.v3"
 
+	"github.com/tetherfleet/tether/pki"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
 
@@ -73,8 +76,8 @@ func (a *App) dial() (v1.AdminServiceClient, error) {
 	if err != nil {
 		return nil, err
 	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(caPEM) {
+	cas, err := parseCerts(caPEM)
+	if err != nil || len(cas) == 0 {
 		return nil, fmt.Errorf("client config %s: %s holds no PEM certificate", a.cfgSrc, rel(cfg.CA))
 	}
 	cert, err := tls.LoadX509KeyPair(rel(cfg.Cert), rel(cfg.Key))
@@ -96,12 +99,16 @@ func (a *App) dial() (v1.AdminServiceClient, error) {
 		return nil, fmt.Errorf("endpoint %q: want HOST:PORT", a.target)
 	}
 	var warnOnce sync.Once
-	tlsCfg := &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{cert}, ServerName: host, MinVersion: tls.VersionTLS13,
+	tlsCfg := &tls.Config{Certificates: []tls.Certificate{cert}, ServerName: host, MinVersion: tls.VersionTLS13,
+		// Verified in VerifyConnection against the config's CA and the
+		// roots a CA rotation chained to it (pki.ServerRoots).
+		InsecureSkipVerify: true, //nolint:gosec // verified in VerifyConnection
 		VerifyConnection: func(cs tls.ConnectionState) error {
-			if len(cs.PeerCertificates) > 0 {
-				if w := expiryWarning(cs.PeerCertificates[0], time.Now()); w != "" {
-					warnOnce.Do(func() { fmt.Fprintln(a.Stderr, w) })
-				}
+			if err := verifyServer(cs.PeerCertificates, cas, host, time.Now()); err != nil {
+				return err
+			}
+			if w := expiryWarning(cs.PeerCertificates[0], time.Now()); w != "" {
+				warnOnce.Do(func() { fmt.Fprintln(a.Stderr, w) })
 			}
 			return nil
 		}}
@@ -129,4 +136,49 @@ func expiryWarning(leaf *x509.Certificate, now time.Time) string {
 	}
 	return fmt.Sprintf("warning: tetherd's server certificate expires on %s (in %d days): run `tetherd renew-server-cert --data-dir DIR` on the control plane; it is picked up without a restart",
 		leaf.NotAfter.UTC().Format("2006-01-02"), int(left.Hours()/24))
+}
+
+// parseCerts reads every certificate of a PEM file.
+func parseCerts(data []byte) ([]*x509.Certificate, error) {
+	var out []*x509.Certificate
+	for {
+		var b *pem.Block
+		if b, data = pem.Decode(data); b == nil {
+			return out, nil
+		}
+		if b.Type != "CERTIFICATE" {
+			continue
+		}
+		c, err := x509.ParseCertificate(b.Bytes)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, c)
+	}
+}
+
+// verifyServer checks tetherd's chain against the client config's CAs and
+// any root a presented cross certificate chains to them: after a CA
+// rotation's activate the server's leaf is signed by the new CA, and a
+// config written before it still works (design §3.10).
+func verifyServer(presented, cas []*x509.Certificate, host string, now time.Time) error {
+	if len(presented) == 0 {
+		return errors.New("tetherd presented no certificate")
+	}
+	trusted := map[string]bool{}
+	for _, c := range cas {
+		trusted[pki.Fingerprint(c.Raw)] = true
+	}
+	roots, inter := x509.NewCertPool(), x509.NewCertPool()
+	for _, r := range pki.ServerRoots(presented, trusted, cas, now) {
+		roots.AddCert(r)
+	}
+	for _, c := range presented[1:] {
+		inter.AddCert(c)
+	}
+	if _, err := presented[0].Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter, DNSName: host, CurrentTime: now,
+		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil {
+		return fmt.Errorf("tetherd's certificate does not verify against the client config's CA: %w", err)
+	}
+	return nil
 }

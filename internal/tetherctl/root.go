@@ -103,7 +103,7 @@ func (a *App) root() *cobra.Command {
 	pf.StringVarP(&a.Output, "output", "o", "table", "table or json")
 	pf.DurationVar(&a.Timeout, "timeout", 30*time.Second, "deadline for each call (streams excepted)")
 	cmd.AddCommand(a.templateCmd(), a.moduleCmd(), a.nodeCmd(), a.instanceCmd(), a.tokenCmd(), a.taskCmd(),
-		a.poolCmd(), a.certCmd(), a.eventsCmd(), a.dashboardCmd(), a.netbootCmd(), a.signerCmd(), a.identityCmd(), a.auditCmd(), a.credentialCmd(), a.bootimageCmd())
+		a.poolCmd(), a.certCmd(), a.eventsCmd(), a.dashboardCmd(), a.netbootCmd(), a.signerCmd(), a.identityCmd(), a.auditCmd(), a.credentialCmd(), a.bootimageCmd(), a.caCmd())
 	return cmd
 }
 

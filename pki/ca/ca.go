@@ -8,6 +8,7 @@
 package ca
 
 import (
+	"bytes"
 	"context"
 	"crypto"
 	"crypto/ecdsa"
@@ -25,6 +26,8 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -55,18 +58,44 @@ const (
 // ErrExists is returned by Create when a CA is already there.
 var ErrExists = errors.New("a CA already exists")
 
-// CA signs certificates.
+// CA signs certificates. During a rotation (controlplane/carotation) it
+// holds several roots: it signs with the active one and verifies client
+// certificates against all of them; Install swaps the set atomically.
 type CA struct {
-	cert *x509.Certificate
-	key  crypto.Signer
+	cur atomic.Pointer[roster]
+	// changed is closed and replaced by each Install.
+	changedMu sync.Mutex
+	changed   chan struct{}
 	// policy refuses any name outside tether://instance/..., whatever
 	// builds the certificate.
 	policy *policy.Engine
 	clock  clock.Clock
-	pool   *x509.CertPool
 	// signed counts node certificates, to pick which signatures
 	// createCertificate checks.
 	signed atomic.Uint64
+}
+
+// roster is one consistent view of the CA set: the signer and every
+// root trusted for client certificates.
+type roster struct {
+	cert  *x509.Certificate
+	key   crypto.Signer
+	roots []*x509.Certificate
+	pool  *x509.CertPool
+}
+
+func newRoster(cert *x509.Certificate, key crypto.Signer, trusted []*x509.Certificate) *roster {
+	r := &roster{cert: cert, key: key, pool: x509.NewCertPool()}
+	r.roots = append(r.roots, cert)
+	r.pool.AddCert(cert)
+	for _, t := range trusted {
+		if t.Equal(cert) {
+			continue
+		}
+		r.roots = append(r.roots, t)
+		r.pool.AddCert(t)
+	}
+	return r
 }
 
 // KeyType is the CA key's algorithm.
@@ -190,23 +219,69 @@ func New(cert *x509.Certificate, key crypto.Signer, clock clock.Clock) (*CA, err
 	if err != nil {
 		return nil, fmt.Errorf("node name policy: %w", err)
 	}
-	pool := x509.NewCertPool()
-	pool.AddCert(cert)
-	return &CA{cert: cert, key: key, policy: engine, clock: clock, pool: pool}, nil
+	c := &CA{policy: engine, clock: clock, changed: make(chan struct{})}
+	c.cur.Store(newRoster(cert, key, nil))
+	return c, nil
 }
 
-// Certificate is the CA certificate.
-func (c *CA) Certificate() *x509.Certificate { return c.cert }
+// Install makes cert and key the signer and trusts client certificates
+// from every root in trusted as well (the active one is always trusted).
+// Signatures in flight finish with the set they started with.
+func (c *CA) Install(cert *x509.Certificate, key crypto.Signer, trusted []*x509.Certificate) error {
+	if !cert.IsCA || cert.KeyUsage&x509.KeyUsageCertSign == 0 {
+		return fmt.Errorf("install CA %s: not a CA certificate", pki.Fingerprint(cert.Raw))
+	}
+	if !publicKeyEqual(cert.PublicKey, key.Public()) {
+		return fmt.Errorf("install CA %s: the key is not the certificate's", pki.Fingerprint(cert.Raw))
+	}
+	c.cur.Store(newRoster(cert, key, trusted))
+	c.changedMu.Lock()
+	close(c.changed)
+	c.changed = make(chan struct{})
+	c.changedMu.Unlock()
+	return nil
+}
 
-// Pool holds just the CA certificate, for verifying peers.
-func (c *CA) Pool() *x509.CertPool { return c.pool }
+// Changed is closed at the next Install.
+func (c *CA) Changed() <-chan struct{} {
+	c.changedMu.Lock()
+	defer c.changedMu.Unlock()
+	return c.changed
+}
 
-// Fingerprint is the pinned form agents receive.
-func (c *CA) Fingerprint() string { return pki.Fingerprint(c.cert.Raw) }
+func publicKeyEqual(a, b crypto.PublicKey) bool {
+	k, ok := a.(interface{ Equal(crypto.PublicKey) bool })
+	return ok && k.Equal(b)
+}
 
-// CertificatePEM is the CA certificate in PEM.
+// Certificate is the active CA certificate: the one that signs.
+func (c *CA) Certificate() *x509.Certificate { return c.cur.Load().cert }
+
+// Roots are every root trusted for client certificates, the active first.
+func (c *CA) Roots() []*x509.Certificate { return slices.Clone(c.cur.Load().roots) }
+
+// Pool holds every trusted root, for verifying peers.
+func (c *CA) Pool() *x509.CertPool { return c.cur.Load().pool }
+
+// Fingerprint is the pinned form of the active CA that agents receive.
+func (c *CA) Fingerprint() string { return pki.Fingerprint(c.Certificate().Raw) }
+
+// CertificatePEM is the active CA certificate in PEM.
 func (c *CA) CertificatePEM() []byte {
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.cert.Raw})
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Certificate().Raw})
+}
+
+// IssuerOf is the trusted root that issued cert, matched by its
+// authority key id (no signature check: the caller signed it or verified
+// it), or the active root when none matches.
+func (c *CA) IssuerOf(cert *x509.Certificate) *x509.Certificate {
+	r := c.cur.Load()
+	for _, root := range r.roots {
+		if len(cert.AuthorityKeyId) > 0 && bytes.Equal(cert.AuthorityKeyId, root.SubjectKeyId) {
+			return root
+		}
+	}
+	return r.cert
 }
 
 // SignNode signs a node certificate for instanceID. The CSR must carry an
@@ -243,13 +318,14 @@ func (c *CA) SignNode(_ context.Context, csr *x509.CertificateRequest, instanceI
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 		SubjectKeyId: ski[:],
 	}
-	if tpl.NotAfter.After(c.cert.NotAfter) {
-		tpl.NotAfter = c.cert.NotAfter
+	r := c.cur.Load()
+	if tpl.NotAfter.After(r.cert.NotAfter) {
+		tpl.NotAfter = r.cert.NotAfter
 	}
 	if err := c.policy.IsX509CertificateAllowed(tpl); err != nil {
 		return nil, fmt.Errorf("sign node certificate: %w", err)
 	}
-	cert, err := c.createCertificate(tpl, csr.PublicKey)
+	cert, err := c.createCertificate(r, tpl, csr.PublicKey)
 	if err != nil {
 		return nil, fmt.Errorf("sign node certificate: %w", err)
 	}
@@ -339,10 +415,11 @@ func (c *CA) signDirect(tpl *x509.Certificate, pub crypto.PublicKey, lifetime ti
 	now := c.clock.Now()
 	tpl.SerialNumber = randomSerial()
 	tpl.NotBefore, tpl.NotAfter = now.Add(-backdate), now.Add(lifetime)
-	if tpl.NotAfter.After(c.cert.NotAfter) {
-		tpl.NotAfter = c.cert.NotAfter
+	r := c.cur.Load()
+	if tpl.NotAfter.After(r.cert.NotAfter) {
+		tpl.NotAfter = r.cert.NotAfter
 	}
-	cert, err := x509util.CreateCertificate(tpl, c.cert, pub, c.key)
+	cert, err := x509util.CreateCertificate(tpl, r.cert, pub, r.key)
 	if err != nil {
 		return nil, fmt.Errorf("sign certificate for %s: %w", tpl.Subject.CommonName, err)
 	}
@@ -352,7 +429,7 @@ func (c *CA) signDirect(tpl *x509.Certificate, pub crypto.PublicKey, lifetime ti
 // Verify checks a peer certificate against the CA at the clock's time and
 // returns its identity. It does not check revocation.
 func (c *CA) Verify(cert *x509.Certificate, usage x509.ExtKeyUsage) (pki.Identity, error) {
-	if _, err := cert.Verify(x509.VerifyOptions{Roots: c.pool, CurrentTime: c.clock.Now(), KeyUsages: []x509.ExtKeyUsage{usage}}); err != nil {
+	if _, err := cert.Verify(x509.VerifyOptions{Roots: c.Pool(), CurrentTime: c.clock.Now(), KeyUsages: []x509.ExtKeyUsage{usage}}); err != nil {
 		var inv x509.CertificateInvalidError
 		if errors.As(err, &inv) && inv.Reason == x509.Expired {
 			return pki.Identity{}, fmt.Errorf("certificate %s expired at %s", SerialString(cert), cert.NotAfter.UTC().Format(time.RFC3339))
@@ -371,4 +448,86 @@ func randomSerial() *big.Int {
 		panic(fmt.Sprintf("crypto/rand failed: %v", err))
 	}
 	return n
+}
+
+// GenerateRoot makes a new self-signed root in memory (a CA rotation's
+// prepared key; controlplane/carotation stores it). Like the first CA it
+// signs leaves only.
+func GenerateRoot(name string, kt KeyType, now time.Time) (*x509.Certificate, crypto.Signer, error) {
+	key, err := newKey(kt)
+	if err != nil {
+		return nil, nil, fmt.Errorf("generate CA key: %w", err)
+	}
+	tpl := &x509.Certificate{
+		SerialNumber:          randomSerial(),
+		Subject:               pkix.Name{CommonName: name, Organization: []string{"Tether"}},
+		NotBefore:             now.Add(-backdate),
+		NotAfter:              now.Add(caLifetime),
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+		MaxPathLen:            0,
+		MaxPathLenZero:        true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tpl, tpl, key.Public(), key)
+	if err != nil {
+		return nil, nil, fmt.Errorf("self-sign CA: %w", err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, nil, fmt.Errorf("parse the new CA: %w", err)
+	}
+	return cert, key, nil
+}
+
+// CrossSign issues a certificate for subject's name and key, signed by
+// issuer: the same CA seen from another root. It is valid no longer than
+// either and allows no further intermediate below it.
+func CrossSign(issuer *x509.Certificate, issuerKey crypto.Signer, subject *x509.Certificate, now time.Time) (*x509.Certificate, error) {
+	notAfter := subject.NotAfter
+	if issuer.NotAfter.Before(notAfter) {
+		notAfter = issuer.NotAfter
+	}
+	tpl := &x509.Certificate{
+		SerialNumber:          randomSerial(),
+		Subject:               subject.Subject,
+		SubjectKeyId:          subject.SubjectKeyId,
+		NotBefore:             now.Add(-backdate),
+		NotAfter:              notAfter,
+		KeyUsage:              subject.KeyUsage,
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+		MaxPathLen:            0,
+		MaxPathLenZero:        true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tpl, issuer, subject.PublicKey, issuerKey)
+	if err != nil {
+		return nil, fmt.Errorf("cross-sign %s with %s: %w", pki.Fingerprint(subject.Raw), pki.Fingerprint(issuer.Raw), err)
+	}
+	return x509.ParseCertificate(der)
+}
+
+// Key is the active CA's signing key, for the rotation that cross-signs
+// a prepared root with it.
+func (c *CA) Key() crypto.Signer { return c.cur.Load().key }
+
+// ReissueServer signs, with the active CA, a server certificate for the
+// same key and names as leaf (the data dir's server certificate), ending
+// no later than leaf: after a rotation's activate, every replica serves
+// one, so a node pinned to the new CA verifies the server without any
+// certificate of the old one.
+func (c *CA) ReissueServer(leaf *x509.Certificate) (*x509.Certificate, error) {
+	tpl := &x509.Certificate{
+		Subject:     leaf.Subject,
+		URIs:        leaf.URIs,
+		DNSNames:    leaf.DNSNames,
+		IPAddresses: leaf.IPAddresses,
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	cert, err := c.signDirect(tpl, leaf.PublicKey, leaf.NotAfter.Sub(c.clock.Now()))
+	if err != nil {
+		return nil, err
+	}
+	return cert, nil
 }

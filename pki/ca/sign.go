@@ -50,9 +50,9 @@ func (t *tbsCapture) SignMessage(_ io.Reader, msg []byte, opts crypto.SignerOpts
 //
 // It returns the certificate parsed, since SignNode needs it so and the
 // check reads it so.
-func (c *CA) createCertificate(tpl *x509.Certificate, pub crypto.PublicKey) (*x509.Certificate, error) {
-	capture := &tbsCapture{pub: c.key.Public()}
-	_, err := x509.CreateCertificate(rand.Reader, tpl, c.cert, pub, capture)
+func (c *CA) createCertificate(r *roster, tpl *x509.Certificate, pub crypto.PublicKey) (*x509.Certificate, error) {
+	capture := &tbsCapture{pub: r.key.Public()}
+	_, err := x509.CreateCertificate(rand.Reader, tpl, r.cert, pub, capture)
 	if !errors.Is(err, errTBSCaptured) {
 		if err == nil {
 			err = errors.New("crypto/x509 did not ask for a signature")
@@ -63,7 +63,7 @@ func (c *CA) createCertificate(tpl *x509.Certificate, pub crypto.PublicKey) (*x5
 	if err != nil {
 		return nil, err
 	}
-	sig, err := crypto.SignMessage(c.key, rand.Reader, capture.tbs, capture.opts)
+	sig, err := crypto.SignMessage(r.key, rand.Reader, capture.tbs, capture.opts)
 	if err != nil {
 		return nil, fmt.Errorf("sign: %w", err)
 	}
@@ -82,7 +82,7 @@ func (c *CA) createCertificate(tpl *x509.Certificate, pub crypto.PublicKey) (*x5
 		return nil, fmt.Errorf("parse the new certificate: %w", err)
 	}
 	if c.signed.Add(1)%checkEvery == 1 {
-		if err := cert.CheckSignatureFrom(c.cert); err != nil {
+		if err := cert.CheckSignatureFrom(r.cert); err != nil {
 			return nil, fmt.Errorf("the CA key's signature does not verify: %w", err)
 		}
 	}

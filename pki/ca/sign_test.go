@@ -46,11 +46,11 @@ func TestCreateCertificateMatchesCryptoX509(t *testing.T) {
 					ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 					SubjectKeyId: []byte{byte(i), 2, 3},
 				}
-				ours, err := c.createCertificate(tpl, nodePub)
+				ours, err := c.createCertificate(c.cur.Load(), tpl, nodePub)
 				if err != nil {
 					t.Fatalf("certificate %d: %v", i, err)
 				}
-				theirs, err := x509.CreateCertificate(rand.Reader, tpl, c.cert, nodePub, c.key)
+				theirs, err := x509.CreateCertificate(rand.Reader, tpl, c.Certificate(), nodePub, c.cur.Load().key)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -67,7 +67,7 @@ func TestCreateCertificateMatchesCryptoX509(t *testing.T) {
 				if kt == KeyEd25519 && !bytes.Equal(ours.Raw, theirs) {
 					t.Fatalf("certificate %d: DER differs from crypto/x509's", i)
 				}
-				if err := got.CheckSignatureFrom(c.cert); err != nil {
+				if err := got.CheckSignatureFrom(c.Certificate()); err != nil {
 					t.Fatalf("certificate %d: %v", i, err)
 				}
 			}
@@ -101,13 +101,13 @@ func TestCreateCertificateChecksSignatures(t *testing.T) {
 	tpl := &x509.Certificate{SerialNumber: big.NewInt(1), NotBefore: time.Now(), NotAfter: time.Now().Add(time.Hour),
 		URIs: []*url.URL{{Scheme: "tether", Host: "instance", Path: "/i1"}}}
 
-	bad, err := New(base.cert, corrupting{base.key}, clock.NewFake(time.Now()))
+	bad, err := New(base.Certificate(), corrupting{base.cur.Load().key}, clock.NewFake(time.Now()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	var refused []int
 	for i := range 2*checkEvery + 1 {
-		if _, err := bad.createCertificate(tpl, nodePub); err != nil {
+		if _, err := bad.createCertificate(bad.cur.Load(), tpl, nodePub); err != nil {
 			if !strings.Contains(err.Error(), "does not verify") {
 				t.Fatalf("certificate %d: err = %v, want a signature that does not verify", i, err)
 			}
@@ -118,11 +118,11 @@ func TestCreateCertificateChecksSignatures(t *testing.T) {
 		t.Fatalf("refused certificates %v, want %v", refused, want)
 	}
 
-	broken, err := New(base.cert, failing{base.key}, clock.NewFake(time.Now()))
+	broken, err := New(base.Certificate(), failing{base.cur.Load().key}, clock.NewFake(time.Now()))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := broken.createCertificate(tpl, nodePub); err == nil || !strings.Contains(err.Error(), "unplugged") {
+	if _, err := broken.createCertificate(broken.cur.Load(), tpl, nodePub); err == nil || !strings.Contains(err.Error(), "unplugged") {
 		t.Fatalf("err = %v, want the signer's error", err)
 	}
 }

@@ -153,7 +153,7 @@ func NewServices(d Deps) (*Services, error) {
 	nudges := pool.NewNudges()
 	s.Instances = &instances.Service{Store: st, Clock: clk, Log: log, Machines: d.Machines, Pools: nudges,
 		Artifacts: &instances.Artifacts{Blobs: d.Blobs, Kernel: d.Kernel, Initramfs: d.Initramfs, BaseURL: strings.TrimSuffix(d.NetbootURL, "/")},
-		AgentURL:  d.AgentURL, CAFingerprint: d.CA.Fingerprint(), SelfInstanceIDs: d.SelfInstanceIDs,
+		AgentURL:  d.AgentURL, CAFingerprint: d.CA.Fingerprint(), CA: d.CA, SelfInstanceIDs: d.SelfInstanceIDs,
 		Owner: t.Owner, Lease: t.WorkerLease, OpTimeout: t.OpTimeout, ProvisionAttempts: t.ProvisionAttempts, RetryBackoff: t.RetryBackoff}
 	s.Worker = &worker.Worker{Store: st, Clock: clk, Log: log.With("component", "worker"), Owner: t.WorkerOwner,
 		Lease: t.WorkerLease, Poll: t.WorkerPoll, Handlers: s.Instances.Handlers()}

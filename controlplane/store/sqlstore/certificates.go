@@ -9,13 +9,13 @@ import (
 	"github.com/tetherfleet/tether/controlplane/store"
 )
 
-const certCols = `serial, instance_id, kind, subject, not_before, not_after, revoked_at, revoke_reason, created_at`
+const certCols = `serial, instance_id, kind, subject, not_before, not_after, revoked_at, revoke_reason, created_at, issuer`
 
 func scanCert(s scanner) (*store.Certificate, error) {
 	var c store.Certificate
 	var nb, na, created int64
 	var revoked sql.NullInt64
-	if err := s.Scan(&c.Serial, &c.InstanceID, &c.Kind, &c.Subject, &nb, &na, &revoked, &c.RevokeReason, &created); err != nil {
+	if err := s.Scan(&c.Serial, &c.InstanceID, &c.Kind, &c.Subject, &nb, &na, &revoked, &c.RevokeReason, &created, &c.Issuer); err != nil {
 		return nil, err
 	}
 	c.NotBefore, c.NotAfter, c.RevokedAt, c.CreatedAt = fromTS(nb), fromTS(na), fromNTS(revoked), fromTS(created)
@@ -23,8 +23,8 @@ func scanCert(s scanner) (*store.Certificate, error) {
 }
 
 func (q *queries) CreateCertificate(ctx context.Context, c *store.Certificate) error {
-	_, err := q.exec(ctx, `INSERT INTO certificates (`+certCols+`) VALUES (?,?,?,?,?,?,?,?,?)`,
-		c.Serial, c.InstanceID, c.Kind, c.Subject, ts(c.NotBefore), ts(c.NotAfter), nts(c.RevokedAt), c.RevokeReason, ts(c.CreatedAt))
+	_, err := q.exec(ctx, `INSERT INTO certificates (`+certCols+`) VALUES (?,?,?,?,?,?,?,?,?,?)`,
+		c.Serial, c.InstanceID, c.Kind, c.Subject, ts(c.NotBefore), ts(c.NotAfter), nts(c.RevokedAt), c.RevokeReason, ts(c.CreatedAt), c.Issuer)
 	if err != nil {
 		return fmt.Errorf("record certificate %s: %w", c.Serial, err)
 	}

@@ -62,6 +62,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"PruneRecords", testPruneRecords},
 		{"Trust", testTrust},
 		{"Credentials", testCredentials},
+		{"Authorities", testAuthorities},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -1285,5 +1286,66 @@ func testPruneRecords(t *testing.T, s store.Store) {
 	}
 	if _, err := s.GetCertificate(c, "live"); err != nil {
 		t.Fatalf("a live certificate was pruned: %v", err)
+	}
+}
+
+// The CA rotation set: one prepared and one active at most, state moves
+// only from the state named, and live certificates counted per issuer.
+func testAuthorities(t *testing.T, s store.Store) {
+	c := ctx(t)
+	ca := func(fp, state string) *store.Authority {
+		return &store.Authority{Fingerprint: fp, CertPEM: "pem " + fp, State: state, NotAfter: t0.Add(time.Hour), CreatedAt: t0, UpdatedAt: t0}
+	}
+	must(t, s.CreateAuthority(c, ca("a", store.AuthorityActive)))
+	b := ca("b", store.AuthorityPrepared)
+	b.KeySealed, b.CrossPEM, b.CreatedAt = []byte{1, 2, 3}, "cross", t0.Add(time.Second)
+	must(t, s.CreateAuthority(c, b))
+	wantErr(t, s.CreateAuthority(c, ca("c", store.AuthorityPrepared)), store.ErrAlreadyExists)
+	wantErr(t, s.CreateAuthority(c, ca("d", store.AuthorityActive)), store.ErrAlreadyExists)
+	got, err := s.ListAuthorities(c)
+	must(t, err)
+	if len(got) != 2 || got[0].Fingerprint != "a" || got[0].State != store.AuthorityActive || len(got[0].KeySealed) != 0 ||
+		got[1].Fingerprint != "b" || string(got[1].KeySealed) != "\x01\x02\x03" || got[1].CrossPEM != "cross" ||
+		!got[1].NotAfter.Equal(t0.Add(time.Hour)) {
+		t.Fatalf("authorities = %+v", got)
+	}
+	wantErr(t, s.SetAuthorityState(c, "b", store.AuthorityActive, store.AuthorityOld, t0), store.ErrConflict)
+	wantErr(t, s.SetAuthorityState(c, "zz", store.AuthorityActive, store.AuthorityOld, t0), store.ErrNotFound)
+	// Activation in one transaction: the active first, then the prepared.
+	must(t, s.Tx(c, func(q store.Queries) error {
+		if err := q.SetAuthorityState(c, "a", store.AuthorityActive, store.AuthorityOld, t0); err != nil {
+			return err
+		}
+		return q.SetAuthorityState(c, "b", store.AuthorityPrepared, store.AuthorityActive, t0)
+	}))
+	got, err = s.ListAuthorities(c)
+	must(t, err)
+	if got[0].State != store.AuthorityOld || got[1].State != store.AuthorityActive {
+		t.Fatalf("after activation: %s %s", got[0].State, got[1].State)
+	}
+
+	for i, cert := range []store.Certificate{
+		{Serial: "c1", Kind: store.CertKindNode, NotAfter: t0.Add(time.Hour)},
+		{Serial: "c2", Kind: store.CertKindNode, NotAfter: t0.Add(time.Hour), Issuer: "b"},
+		{Serial: "c3", Kind: store.CertKindNode, NotAfter: t0.Add(-time.Hour), Issuer: "b"},
+		{Serial: "c4", Kind: store.CertKindNode, NotAfter: t0.Add(time.Hour), Issuer: "b"},
+	} {
+		cert.NotBefore, cert.CreatedAt = t0.Add(-2*time.Hour), t0.Add(time.Duration(i))
+		must(t, s.CreateCertificate(c, &cert))
+	}
+	_, err = s.RevokeCertificate(c, "c4", "test", t0)
+	must(t, err)
+	n, err := s.AssignCertificateIssuer(c, "a")
+	must(t, err)
+	if n != 1 {
+		t.Fatalf("assigned %d, want 1", n)
+	}
+	counts, err := s.CountLiveCertificates(c, t0)
+	must(t, err)
+	if len(counts) != 2 || counts["a"] != 1 || counts["b"] != 1 {
+		t.Fatalf("live certificates = %v, want a:1 b:1", counts)
+	}
+	if got, err := s.GetCertificate(c, "c2"); err != nil || got.Issuer != "b" {
+		t.Fatalf("c2 = %+v, %v", got, err)
 	}
 }

@@ -2658,6 +2658,323 @@ func (x *ListCertificatesResponse) GetNextPageToken() string {
 	return ""
 }
 
+type CertificateAuthority struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// sha256:HEX over the CA certificate's DER bytes, as nodes pin it.
+	Fingerprint string `protobuf:"bytes,1,opt,name=fingerprint,proto3" json:"fingerprint,omitempty"`
+	// prepared, active, old or retired.
+	State    string                 `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
+	NotAfter *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=not_after,json=notAfter,proto3" json:"not_after,omitempty"`
+	// Certificates it signed that are neither revoked nor expired.
+	LiveCertificates int64                  `protobuf:"varint,4,opt,name=live_certificates,json=liveCertificates,proto3" json:"live_certificates,omitempty"`
+	Subject          string                 `protobuf:"bytes,5,opt,name=subject,proto3" json:"subject,omitempty"`
+	CreatedAt        *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	UpdatedAt        *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
+	CertificatePem   string                 `protobuf:"bytes,8,opt,name=certificate_pem,json=certificatePem,proto3" json:"certificate_pem,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *CertificateAuthority) Reset() {
+	*x = CertificateAuthority{}
+	mi := &file_tether_v1_admin_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CertificateAuthority) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CertificateAuthority) ProtoMessage() {}
+
+func (x *CertificateAuthority) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_admin_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CertificateAuthority.ProtoReflect.Descriptor instead.
+func (*CertificateAuthority) Descriptor() ([]byte, []int) {
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *CertificateAuthority) GetFingerprint() string {
+	if x != nil {
+		return x.Fingerprint
+	}
+	return ""
+}
+
+func (x *CertificateAuthority) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *CertificateAuthority) GetNotAfter() *timestamppb.Timestamp {
+	if x != nil {
+		return x.NotAfter
+	}
+	return nil
+}
+
+func (x *CertificateAuthority) GetLiveCertificates() int64 {
+	if x != nil {
+		return x.LiveCertificates
+	}
+	return 0
+}
+
+func (x *CertificateAuthority) GetSubject() string {
+	if x != nil {
+		return x.Subject
+	}
+	return ""
+}
+
+func (x *CertificateAuthority) GetCreatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAt
+	}
+	return nil
+}
+
+func (x *CertificateAuthority) GetUpdatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.UpdatedAt
+	}
+	return nil
+}
+
+func (x *CertificateAuthority) GetCertificatePem() string {
+	if x != nil {
+		return x.CertificatePem
+	}
+	return ""
+}
+
+type PrepareCARequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// p256 (default) or ed25519.
+	KeyType       string `protobuf:"bytes,1,opt,name=key_type,json=keyType,proto3" json:"key_type,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PrepareCARequest) Reset() {
+	*x = PrepareCARequest{}
+	mi := &file_tether_v1_admin_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PrepareCARequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PrepareCARequest) ProtoMessage() {}
+
+func (x *PrepareCARequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_admin_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PrepareCARequest.ProtoReflect.Descriptor instead.
+func (*PrepareCARequest) Descriptor() ([]byte, []int) {
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *PrepareCARequest) GetKeyType() string {
+	if x != nil {
+		return x.KeyType
+	}
+	return ""
+}
+
+type ActivateCARequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The prepared CA; empty means the one prepared.
+	Fingerprint   string `protobuf:"bytes,1,opt,name=fingerprint,proto3" json:"fingerprint,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ActivateCARequest) Reset() {
+	*x = ActivateCARequest{}
+	mi := &file_tether_v1_admin_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ActivateCARequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ActivateCARequest) ProtoMessage() {}
+
+func (x *ActivateCARequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_admin_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ActivateCARequest.ProtoReflect.Descriptor instead.
+func (*ActivateCARequest) Descriptor() ([]byte, []int) {
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *ActivateCARequest) GetFingerprint() string {
+	if x != nil {
+		return x.Fingerprint
+	}
+	return ""
+}
+
+type RetireCARequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Fingerprint   string                 `protobuf:"bytes,1,opt,name=fingerprint,proto3" json:"fingerprint,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RetireCARequest) Reset() {
+	*x = RetireCARequest{}
+	mi := &file_tether_v1_admin_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RetireCARequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RetireCARequest) ProtoMessage() {}
+
+func (x *RetireCARequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_admin_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RetireCARequest.ProtoReflect.Descriptor instead.
+func (*RetireCARequest) Descriptor() ([]byte, []int) {
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *RetireCARequest) GetFingerprint() string {
+	if x != nil {
+		return x.Fingerprint
+	}
+	return ""
+}
+
+type ListCAsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListCAsRequest) Reset() {
+	*x = ListCAsRequest{}
+	mi := &file_tether_v1_admin_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListCAsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListCAsRequest) ProtoMessage() {}
+
+func (x *ListCAsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_admin_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListCAsRequest.ProtoReflect.Descriptor instead.
+func (*ListCAsRequest) Descriptor() ([]byte, []int) {
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{47}
+}
+
+type ListCAsResponse struct {
+	state         protoimpl.MessageState  `protogen:"open.v1"`
+	Authorities   []*CertificateAuthority `protobuf:"bytes,1,rep,name=authorities,proto3" json:"authorities,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListCAsResponse) Reset() {
+	*x = ListCAsResponse{}
+	mi := &file_tether_v1_admin_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListCAsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListCAsResponse) ProtoMessage() {}
+
+func (x *ListCAsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_admin_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListCAsResponse.ProtoReflect.Descriptor instead.
+func (*ListCAsResponse) Descriptor() ([]byte, []int) {
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{48}
+}
+
+func (x *ListCAsResponse) GetAuthorities() []*CertificateAuthority {
+	if x != nil {
+		return x.Authorities
+	}
+	return nil
+}
+
 type RevokeCertificateRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Serial        string                 `protobuf:"bytes,1,opt,name=serial,proto3" json:"serial,omitempty"`
@@ -2668,7 +2985,7 @@ type RevokeCertificateRequest struct {
 
 func (x *RevokeCertificateRequest) Reset() {
 	*x = RevokeCertificateRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[43]
+	mi := &file_tether_v1_admin_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2680,7 +2997,7 @@ func (x *RevokeCertificateRequest) String() string {
 func (*RevokeCertificateRequest) ProtoMessage() {}
 
 func (x *RevokeCertificateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[43]
+	mi := &file_tether_v1_admin_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2693,7 +3010,7 @@ func (x *RevokeCertificateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeCertificateRequest.ProtoReflect.Descriptor instead.
 func (*RevokeCertificateRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{43}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *RevokeCertificateRequest) GetSerial() string {
@@ -2723,7 +3040,7 @@ type CreateTaskRequest struct {
 
 func (x *CreateTaskRequest) Reset() {
 	*x = CreateTaskRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[44]
+	mi := &file_tether_v1_admin_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2735,7 +3052,7 @@ func (x *CreateTaskRequest) String() string {
 func (*CreateTaskRequest) ProtoMessage() {}
 
 func (x *CreateTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[44]
+	mi := &file_tether_v1_admin_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2748,7 +3065,7 @@ func (x *CreateTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTaskRequest.ProtoReflect.Descriptor instead.
 func (*CreateTaskRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{44}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *CreateTaskRequest) GetInstanceId() string {
@@ -2788,7 +3105,7 @@ type GetTaskRequest struct {
 
 func (x *GetTaskRequest) Reset() {
 	*x = GetTaskRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[45]
+	mi := &file_tether_v1_admin_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2800,7 +3117,7 @@ func (x *GetTaskRequest) String() string {
 func (*GetTaskRequest) ProtoMessage() {}
 
 func (x *GetTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[45]
+	mi := &file_tether_v1_admin_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2813,7 +3130,7 @@ func (x *GetTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTaskRequest.ProtoReflect.Descriptor instead.
 func (*GetTaskRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{45}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *GetTaskRequest) GetId() string {
@@ -2836,7 +3153,7 @@ type ListTasksRequest struct {
 
 func (x *ListTasksRequest) Reset() {
 	*x = ListTasksRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[46]
+	mi := &file_tether_v1_admin_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2848,7 +3165,7 @@ func (x *ListTasksRequest) String() string {
 func (*ListTasksRequest) ProtoMessage() {}
 
 func (x *ListTasksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[46]
+	mi := &file_tether_v1_admin_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2861,7 +3178,7 @@ func (x *ListTasksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTasksRequest.ProtoReflect.Descriptor instead.
 func (*ListTasksRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{46}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ListTasksRequest) GetInstanceId() string {
@@ -2909,7 +3226,7 @@ type ListTasksResponse struct {
 
 func (x *ListTasksResponse) Reset() {
 	*x = ListTasksResponse{}
-	mi := &file_tether_v1_admin_proto_msgTypes[47]
+	mi := &file_tether_v1_admin_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2921,7 +3238,7 @@ func (x *ListTasksResponse) String() string {
 func (*ListTasksResponse) ProtoMessage() {}
 
 func (x *ListTasksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[47]
+	mi := &file_tether_v1_admin_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2934,7 +3251,7 @@ func (x *ListTasksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTasksResponse.ProtoReflect.Descriptor instead.
 func (*ListTasksResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{47}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *ListTasksResponse) GetTasks() []*Task {
@@ -2960,7 +3277,7 @@ type CancelTaskRequest struct {
 
 func (x *CancelTaskRequest) Reset() {
 	*x = CancelTaskRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[48]
+	mi := &file_tether_v1_admin_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2972,7 +3289,7 @@ func (x *CancelTaskRequest) String() string {
 func (*CancelTaskRequest) ProtoMessage() {}
 
 func (x *CancelTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[48]
+	mi := &file_tether_v1_admin_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2985,7 +3302,7 @@ func (x *CancelTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelTaskRequest.ProtoReflect.Descriptor instead.
 func (*CancelTaskRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{48}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *CancelTaskRequest) GetId() string {
@@ -3014,7 +3331,7 @@ type CreatePoolRequest struct {
 
 func (x *CreatePoolRequest) Reset() {
 	*x = CreatePoolRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[49]
+	mi := &file_tether_v1_admin_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3026,7 +3343,7 @@ func (x *CreatePoolRequest) String() string {
 func (*CreatePoolRequest) ProtoMessage() {}
 
 func (x *CreatePoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[49]
+	mi := &file_tether_v1_admin_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3039,7 +3356,7 @@ func (x *CreatePoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreatePoolRequest.ProtoReflect.Descriptor instead.
 func (*CreatePoolRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{49}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *CreatePoolRequest) GetName() string {
@@ -3121,7 +3438,7 @@ type GetPoolRequest struct {
 
 func (x *GetPoolRequest) Reset() {
 	*x = GetPoolRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[50]
+	mi := &file_tether_v1_admin_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3133,7 +3450,7 @@ func (x *GetPoolRequest) String() string {
 func (*GetPoolRequest) ProtoMessage() {}
 
 func (x *GetPoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[50]
+	mi := &file_tether_v1_admin_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3146,7 +3463,7 @@ func (x *GetPoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPoolRequest.ProtoReflect.Descriptor instead.
 func (*GetPoolRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{50}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *GetPoolRequest) GetName() string {
@@ -3166,7 +3483,7 @@ type ListPoolsRequest struct {
 
 func (x *ListPoolsRequest) Reset() {
 	*x = ListPoolsRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[51]
+	mi := &file_tether_v1_admin_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3178,7 +3495,7 @@ func (x *ListPoolsRequest) String() string {
 func (*ListPoolsRequest) ProtoMessage() {}
 
 func (x *ListPoolsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[51]
+	mi := &file_tether_v1_admin_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3191,7 +3508,7 @@ func (x *ListPoolsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoolsRequest.ProtoReflect.Descriptor instead.
 func (*ListPoolsRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{51}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *ListPoolsRequest) GetPageSize() int32 {
@@ -3218,7 +3535,7 @@ type ListPoolsResponse struct {
 
 func (x *ListPoolsResponse) Reset() {
 	*x = ListPoolsResponse{}
-	mi := &file_tether_v1_admin_proto_msgTypes[52]
+	mi := &file_tether_v1_admin_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3230,7 +3547,7 @@ func (x *ListPoolsResponse) String() string {
 func (*ListPoolsResponse) ProtoMessage() {}
 
 func (x *ListPoolsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[52]
+	mi := &file_tether_v1_admin_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3243,7 +3560,7 @@ func (x *ListPoolsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoolsResponse.ProtoReflect.Descriptor instead.
 func (*ListPoolsResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{52}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *ListPoolsResponse) GetPools() []*Pool {
@@ -3275,7 +3592,7 @@ type UpdatePoolRequest struct {
 
 func (x *UpdatePoolRequest) Reset() {
 	*x = UpdatePoolRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[53]
+	mi := &file_tether_v1_admin_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3287,7 +3604,7 @@ func (x *UpdatePoolRequest) String() string {
 func (*UpdatePoolRequest) ProtoMessage() {}
 
 func (x *UpdatePoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[53]
+	mi := &file_tether_v1_admin_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3300,7 +3617,7 @@ func (x *UpdatePoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdatePoolRequest.ProtoReflect.Descriptor instead.
 func (*UpdatePoolRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{53}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *UpdatePoolRequest) GetName() string {
@@ -3361,7 +3678,7 @@ type PoolActionRequest struct {
 
 func (x *PoolActionRequest) Reset() {
 	*x = PoolActionRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[54]
+	mi := &file_tether_v1_admin_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3373,7 +3690,7 @@ func (x *PoolActionRequest) String() string {
 func (*PoolActionRequest) ProtoMessage() {}
 
 func (x *PoolActionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[54]
+	mi := &file_tether_v1_admin_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3386,7 +3703,7 @@ func (x *PoolActionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolActionRequest.ProtoReflect.Descriptor instead.
 func (*PoolActionRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{54}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *PoolActionRequest) GetName() string {
@@ -3409,7 +3726,7 @@ type DrainPoolResponse struct {
 
 func (x *DrainPoolResponse) Reset() {
 	*x = DrainPoolResponse{}
-	mi := &file_tether_v1_admin_proto_msgTypes[55]
+	mi := &file_tether_v1_admin_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3421,7 +3738,7 @@ func (x *DrainPoolResponse) String() string {
 func (*DrainPoolResponse) ProtoMessage() {}
 
 func (x *DrainPoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[55]
+	mi := &file_tether_v1_admin_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3434,7 +3751,7 @@ func (x *DrainPoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainPoolResponse.ProtoReflect.Descriptor instead.
 func (*DrainPoolResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{55}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *DrainPoolResponse) GetPool() *Pool {
@@ -3480,7 +3797,7 @@ type DeletePoolResponse struct {
 
 func (x *DeletePoolResponse) Reset() {
 	*x = DeletePoolResponse{}
-	mi := &file_tether_v1_admin_proto_msgTypes[56]
+	mi := &file_tether_v1_admin_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3492,7 +3809,7 @@ func (x *DeletePoolResponse) String() string {
 func (*DeletePoolResponse) ProtoMessage() {}
 
 func (x *DeletePoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[56]
+	mi := &file_tether_v1_admin_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3505,7 +3822,7 @@ func (x *DeletePoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeletePoolResponse.ProtoReflect.Descriptor instead.
 func (*DeletePoolResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{56}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{62}
 }
 
 type ReplenishPoolResponse struct {
@@ -3519,7 +3836,7 @@ type ReplenishPoolResponse struct {
 
 func (x *ReplenishPoolResponse) Reset() {
 	*x = ReplenishPoolResponse{}
-	mi := &file_tether_v1_admin_proto_msgTypes[57]
+	mi := &file_tether_v1_admin_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3531,7 +3848,7 @@ func (x *ReplenishPoolResponse) String() string {
 func (*ReplenishPoolResponse) ProtoMessage() {}
 
 func (x *ReplenishPoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[57]
+	mi := &file_tether_v1_admin_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3544,7 +3861,7 @@ func (x *ReplenishPoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplenishPoolResponse.ProtoReflect.Descriptor instead.
 func (*ReplenishPoolResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{57}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *ReplenishPoolResponse) GetPool() *Pool {
@@ -3584,7 +3901,7 @@ type RecyclePoolResponse struct {
 
 func (x *RecyclePoolResponse) Reset() {
 	*x = RecyclePoolResponse{}
-	mi := &file_tether_v1_admin_proto_msgTypes[58]
+	mi := &file_tether_v1_admin_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3596,7 +3913,7 @@ func (x *RecyclePoolResponse) String() string {
 func (*RecyclePoolResponse) ProtoMessage() {}
 
 func (x *RecyclePoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[58]
+	mi := &file_tether_v1_admin_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3609,7 +3926,7 @@ func (x *RecyclePoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecyclePoolResponse.ProtoReflect.Descriptor instead.
 func (*RecyclePoolResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{58}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *RecyclePoolResponse) GetPool() *Pool {
@@ -3681,7 +3998,7 @@ type AcquirePoolMemberRequest struct {
 
 func (x *AcquirePoolMemberRequest) Reset() {
 	*x = AcquirePoolMemberRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[59]
+	mi := &file_tether_v1_admin_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3693,7 +4010,7 @@ func (x *AcquirePoolMemberRequest) String() string {
 func (*AcquirePoolMemberRequest) ProtoMessage() {}
 
 func (x *AcquirePoolMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[59]
+	mi := &file_tether_v1_admin_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3706,7 +4023,7 @@ func (x *AcquirePoolMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquirePoolMemberRequest.ProtoReflect.Descriptor instead.
 func (*AcquirePoolMemberRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{59}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *AcquirePoolMemberRequest) GetPoolId() string {
@@ -3756,7 +4073,7 @@ type AcquirePoolMemberResponse struct {
 
 func (x *AcquirePoolMemberResponse) Reset() {
 	*x = AcquirePoolMemberResponse{}
-	mi := &file_tether_v1_admin_proto_msgTypes[60]
+	mi := &file_tether_v1_admin_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3768,7 +4085,7 @@ func (x *AcquirePoolMemberResponse) String() string {
 func (*AcquirePoolMemberResponse) ProtoMessage() {}
 
 func (x *AcquirePoolMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[60]
+	mi := &file_tether_v1_admin_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3781,7 +4098,7 @@ func (x *AcquirePoolMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquirePoolMemberResponse.ProtoReflect.Descriptor instead.
 func (*AcquirePoolMemberResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{60}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *AcquirePoolMemberResponse) GetClaimId() string {
@@ -3821,7 +4138,7 @@ type ReleasePoolMemberRequest struct {
 
 func (x *ReleasePoolMemberRequest) Reset() {
 	*x = ReleasePoolMemberRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[61]
+	mi := &file_tether_v1_admin_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3833,7 +4150,7 @@ func (x *ReleasePoolMemberRequest) String() string {
 func (*ReleasePoolMemberRequest) ProtoMessage() {}
 
 func (x *ReleasePoolMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[61]
+	mi := &file_tether_v1_admin_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3846,7 +4163,7 @@ func (x *ReleasePoolMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleasePoolMemberRequest.ProtoReflect.Descriptor instead.
 func (*ReleasePoolMemberRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{61}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *ReleasePoolMemberRequest) GetInstanceId() string {
@@ -3869,7 +4186,7 @@ type ReleasePoolMemberResponse struct {
 
 func (x *ReleasePoolMemberResponse) Reset() {
 	*x = ReleasePoolMemberResponse{}
-	mi := &file_tether_v1_admin_proto_msgTypes[62]
+	mi := &file_tether_v1_admin_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3881,7 +4198,7 @@ func (x *ReleasePoolMemberResponse) String() string {
 func (*ReleasePoolMemberResponse) ProtoMessage() {}
 
 func (x *ReleasePoolMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[62]
+	mi := &file_tether_v1_admin_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3894,7 +4211,7 @@ func (x *ReleasePoolMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleasePoolMemberResponse.ProtoReflect.Descriptor instead.
 func (*ReleasePoolMemberResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{62}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *ReleasePoolMemberResponse) GetDisposition() string {
@@ -3940,7 +4257,7 @@ type ListEventsRequest struct {
 
 func (x *ListEventsRequest) Reset() {
 	*x = ListEventsRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[63]
+	mi := &file_tether_v1_admin_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3952,7 +4269,7 @@ func (x *ListEventsRequest) String() string {
 func (*ListEventsRequest) ProtoMessage() {}
 
 func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[63]
+	mi := &file_tether_v1_admin_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3965,7 +4282,7 @@ func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsRequest.ProtoReflect.Descriptor instead.
 func (*ListEventsRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{63}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *ListEventsRequest) GetKind() string {
@@ -4028,7 +4345,7 @@ type ListEventsResponse struct {
 
 func (x *ListEventsResponse) Reset() {
 	*x = ListEventsResponse{}
-	mi := &file_tether_v1_admin_proto_msgTypes[64]
+	mi := &file_tether_v1_admin_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4040,7 +4357,7 @@ func (x *ListEventsResponse) String() string {
 func (*ListEventsResponse) ProtoMessage() {}
 
 func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[64]
+	mi := &file_tether_v1_admin_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4053,7 +4370,7 @@ func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsResponse.ProtoReflect.Descriptor instead.
 func (*ListEventsResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{64}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *ListEventsResponse) GetEvents() []*FleetEvent {
@@ -4083,7 +4400,7 @@ type WatchEventsRequest struct {
 
 func (x *WatchEventsRequest) Reset() {
 	*x = WatchEventsRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[65]
+	mi := &file_tether_v1_admin_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4095,7 +4412,7 @@ func (x *WatchEventsRequest) String() string {
 func (*WatchEventsRequest) ProtoMessage() {}
 
 func (x *WatchEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[65]
+	mi := &file_tether_v1_admin_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4108,7 +4425,7 @@ func (x *WatchEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEventsRequest.ProtoReflect.Descriptor instead.
 func (*WatchEventsRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{65}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *WatchEventsRequest) GetKind() string {
@@ -4157,7 +4474,7 @@ type AddSignerRequest struct {
 
 func (x *AddSignerRequest) Reset() {
 	*x = AddSignerRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[66]
+	mi := &file_tether_v1_admin_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4169,7 +4486,7 @@ func (x *AddSignerRequest) String() string {
 func (*AddSignerRequest) ProtoMessage() {}
 
 func (x *AddSignerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[66]
+	mi := &file_tether_v1_admin_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4182,7 +4499,7 @@ func (x *AddSignerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddSignerRequest.ProtoReflect.Descriptor instead.
 func (*AddSignerRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{66}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *AddSignerRequest) GetName() string {
@@ -4207,7 +4524,7 @@ type ListSignersRequest struct {
 
 func (x *ListSignersRequest) Reset() {
 	*x = ListSignersRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[67]
+	mi := &file_tether_v1_admin_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4219,7 +4536,7 @@ func (x *ListSignersRequest) String() string {
 func (*ListSignersRequest) ProtoMessage() {}
 
 func (x *ListSignersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[67]
+	mi := &file_tether_v1_admin_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4232,7 +4549,7 @@ func (x *ListSignersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSignersRequest.ProtoReflect.Descriptor instead.
 func (*ListSignersRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{67}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{73}
 }
 
 type ListSignersResponse struct {
@@ -4244,7 +4561,7 @@ type ListSignersResponse struct {
 
 func (x *ListSignersResponse) Reset() {
 	*x = ListSignersResponse{}
-	mi := &file_tether_v1_admin_proto_msgTypes[68]
+	mi := &file_tether_v1_admin_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4256,7 +4573,7 @@ func (x *ListSignersResponse) String() string {
 func (*ListSignersResponse) ProtoMessage() {}
 
 func (x *ListSignersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[68]
+	mi := &file_tether_v1_admin_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4269,7 +4586,7 @@ func (x *ListSignersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSignersResponse.ProtoReflect.Descriptor instead.
 func (*ListSignersResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{68}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *ListSignersResponse) GetSigners() []*Signer {
@@ -4289,7 +4606,7 @@ type RemoveSignerRequest struct {
 
 func (x *RemoveSignerRequest) Reset() {
 	*x = RemoveSignerRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[69]
+	mi := &file_tether_v1_admin_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4301,7 +4618,7 @@ func (x *RemoveSignerRequest) String() string {
 func (*RemoveSignerRequest) ProtoMessage() {}
 
 func (x *RemoveSignerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[69]
+	mi := &file_tether_v1_admin_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4314,7 +4631,7 @@ func (x *RemoveSignerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveSignerRequest.ProtoReflect.Descriptor instead.
 func (*RemoveSignerRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{69}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *RemoveSignerRequest) GetSigner() string {
@@ -4332,7 +4649,7 @@ type RemoveSignerResponse struct {
 
 func (x *RemoveSignerResponse) Reset() {
 	*x = RemoveSignerResponse{}
-	mi := &file_tether_v1_admin_proto_msgTypes[70]
+	mi := &file_tether_v1_admin_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4344,7 +4661,7 @@ func (x *RemoveSignerResponse) String() string {
 func (*RemoveSignerResponse) ProtoMessage() {}
 
 func (x *RemoveSignerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[70]
+	mi := &file_tether_v1_admin_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4357,7 +4674,7 @@ func (x *RemoveSignerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveSignerResponse.ProtoReflect.Descriptor instead.
 func (*RemoveSignerResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{70}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{76}
 }
 
 type SignModuleRequest struct {
@@ -4371,7 +4688,7 @@ type SignModuleRequest struct {
 
 func (x *SignModuleRequest) Reset() {
 	*x = SignModuleRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[71]
+	mi := &file_tether_v1_admin_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4383,7 +4700,7 @@ func (x *SignModuleRequest) String() string {
 func (*SignModuleRequest) ProtoMessage() {}
 
 func (x *SignModuleRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[71]
+	mi := &file_tether_v1_admin_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4396,7 +4713,7 @@ func (x *SignModuleRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignModuleRequest.ProtoReflect.Descriptor instead.
 func (*SignModuleRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{71}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *SignModuleRequest) GetName() string {
@@ -4434,7 +4751,7 @@ type CreateIdentityRequest struct {
 
 func (x *CreateIdentityRequest) Reset() {
 	*x = CreateIdentityRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[72]
+	mi := &file_tether_v1_admin_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4446,7 +4763,7 @@ func (x *CreateIdentityRequest) String() string {
 func (*CreateIdentityRequest) ProtoMessage() {}
 
 func (x *CreateIdentityRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[72]
+	mi := &file_tether_v1_admin_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4459,7 +4776,7 @@ func (x *CreateIdentityRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateIdentityRequest.ProtoReflect.Descriptor instead.
 func (*CreateIdentityRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{72}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *CreateIdentityRequest) GetName() string {
@@ -4501,7 +4818,7 @@ type IdentityCertificate struct {
 
 func (x *IdentityCertificate) Reset() {
 	*x = IdentityCertificate{}
-	mi := &file_tether_v1_admin_proto_msgTypes[73]
+	mi := &file_tether_v1_admin_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4513,7 +4830,7 @@ func (x *IdentityCertificate) String() string {
 func (*IdentityCertificate) ProtoMessage() {}
 
 func (x *IdentityCertificate) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[73]
+	mi := &file_tether_v1_admin_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4526,7 +4843,7 @@ func (x *IdentityCertificate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IdentityCertificate.ProtoReflect.Descriptor instead.
 func (*IdentityCertificate) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{73}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *IdentityCertificate) GetIdentity() *AdminIdentity {
@@ -4558,7 +4875,7 @@ type ListIdentitiesRequest struct {
 
 func (x *ListIdentitiesRequest) Reset() {
 	*x = ListIdentitiesRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[74]
+	mi := &file_tether_v1_admin_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4570,7 +4887,7 @@ func (x *ListIdentitiesRequest) String() string {
 func (*ListIdentitiesRequest) ProtoMessage() {}
 
 func (x *ListIdentitiesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[74]
+	mi := &file_tether_v1_admin_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4583,7 +4900,7 @@ func (x *ListIdentitiesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListIdentitiesRequest.ProtoReflect.Descriptor instead.
 func (*ListIdentitiesRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{74}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{80}
 }
 
 type ListIdentitiesResponse struct {
@@ -4595,7 +4912,7 @@ type ListIdentitiesResponse struct {
 
 func (x *ListIdentitiesResponse) Reset() {
 	*x = ListIdentitiesResponse{}
-	mi := &file_tether_v1_admin_proto_msgTypes[75]
+	mi := &file_tether_v1_admin_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4607,7 +4924,7 @@ func (x *ListIdentitiesResponse) String() string {
 func (*ListIdentitiesResponse) ProtoMessage() {}
 
 func (x *ListIdentitiesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[75]
+	mi := &file_tether_v1_admin_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4620,7 +4937,7 @@ func (x *ListIdentitiesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListIdentitiesResponse.ProtoReflect.Descriptor instead.
 func (*ListIdentitiesResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{75}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *ListIdentitiesResponse) GetIdentities() []*AdminIdentity {
@@ -4639,7 +4956,7 @@ type RevokeIdentityRequest struct {
 
 func (x *RevokeIdentityRequest) Reset() {
 	*x = RevokeIdentityRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[76]
+	mi := &file_tether_v1_admin_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4651,7 +4968,7 @@ func (x *RevokeIdentityRequest) String() string {
 func (*RevokeIdentityRequest) ProtoMessage() {}
 
 func (x *RevokeIdentityRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[76]
+	mi := &file_tether_v1_admin_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4664,7 +4981,7 @@ func (x *RevokeIdentityRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeIdentityRequest.ProtoReflect.Descriptor instead.
 func (*RevokeIdentityRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{76}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *RevokeIdentityRequest) GetName() string {
@@ -4684,7 +5001,7 @@ type RenewIdentityRequest struct {
 
 func (x *RenewIdentityRequest) Reset() {
 	*x = RenewIdentityRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[77]
+	mi := &file_tether_v1_admin_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4696,7 +5013,7 @@ func (x *RenewIdentityRequest) String() string {
 func (*RenewIdentityRequest) ProtoMessage() {}
 
 func (x *RenewIdentityRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[77]
+	mi := &file_tether_v1_admin_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4709,7 +5026,7 @@ func (x *RenewIdentityRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewIdentityRequest.ProtoReflect.Descriptor instead.
 func (*RenewIdentityRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{77}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *RenewIdentityRequest) GetCsrPem() string {
@@ -4739,7 +5056,7 @@ type ListAuditRequest struct {
 
 func (x *ListAuditRequest) Reset() {
 	*x = ListAuditRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[78]
+	mi := &file_tether_v1_admin_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4751,7 +5068,7 @@ func (x *ListAuditRequest) String() string {
 func (*ListAuditRequest) ProtoMessage() {}
 
 func (x *ListAuditRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[78]
+	mi := &file_tether_v1_admin_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4764,7 +5081,7 @@ func (x *ListAuditRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditRequest.ProtoReflect.Descriptor instead.
 func (*ListAuditRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{78}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *ListAuditRequest) GetIdentity() string {
@@ -4804,7 +5121,7 @@ type ListAuditResponse struct {
 
 func (x *ListAuditResponse) Reset() {
 	*x = ListAuditResponse{}
-	mi := &file_tether_v1_admin_proto_msgTypes[79]
+	mi := &file_tether_v1_admin_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4816,7 +5133,7 @@ func (x *ListAuditResponse) String() string {
 func (*ListAuditResponse) ProtoMessage() {}
 
 func (x *ListAuditResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[79]
+	mi := &file_tether_v1_admin_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4829,7 +5146,7 @@ func (x *ListAuditResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditResponse.ProtoReflect.Descriptor instead.
 func (*ListAuditResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{79}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *ListAuditResponse) GetRecords() []*AuditRecord {
@@ -4851,7 +5168,7 @@ type CreateCredentialRequest struct {
 
 func (x *CreateCredentialRequest) Reset() {
 	*x = CreateCredentialRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[80]
+	mi := &file_tether_v1_admin_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4863,7 +5180,7 @@ func (x *CreateCredentialRequest) String() string {
 func (*CreateCredentialRequest) ProtoMessage() {}
 
 func (x *CreateCredentialRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[80]
+	mi := &file_tether_v1_admin_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4876,7 +5193,7 @@ func (x *CreateCredentialRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateCredentialRequest.ProtoReflect.Descriptor instead.
 func (*CreateCredentialRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{80}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *CreateCredentialRequest) GetName() string {
@@ -4913,7 +5230,7 @@ type UpdateCredentialRequest struct {
 
 func (x *UpdateCredentialRequest) Reset() {
 	*x = UpdateCredentialRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[81]
+	mi := &file_tether_v1_admin_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4925,7 +5242,7 @@ func (x *UpdateCredentialRequest) String() string {
 func (*UpdateCredentialRequest) ProtoMessage() {}
 
 func (x *UpdateCredentialRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[81]
+	mi := &file_tether_v1_admin_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4938,7 +5255,7 @@ func (x *UpdateCredentialRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateCredentialRequest.ProtoReflect.Descriptor instead.
 func (*UpdateCredentialRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{81}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *UpdateCredentialRequest) GetName() string {
@@ -4970,7 +5287,7 @@ type ListCredentialsRequest struct {
 
 func (x *ListCredentialsRequest) Reset() {
 	*x = ListCredentialsRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[82]
+	mi := &file_tether_v1_admin_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4982,7 +5299,7 @@ func (x *ListCredentialsRequest) String() string {
 func (*ListCredentialsRequest) ProtoMessage() {}
 
 func (x *ListCredentialsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[82]
+	mi := &file_tether_v1_admin_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4995,7 +5312,7 @@ func (x *ListCredentialsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCredentialsRequest.ProtoReflect.Descriptor instead.
 func (*ListCredentialsRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{82}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{88}
 }
 
 type ListCredentialsResponse struct {
@@ -5007,7 +5324,7 @@ type ListCredentialsResponse struct {
 
 func (x *ListCredentialsResponse) Reset() {
 	*x = ListCredentialsResponse{}
-	mi := &file_tether_v1_admin_proto_msgTypes[83]
+	mi := &file_tether_v1_admin_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5019,7 +5336,7 @@ func (x *ListCredentialsResponse) String() string {
 func (*ListCredentialsResponse) ProtoMessage() {}
 
 func (x *ListCredentialsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[83]
+	mi := &file_tether_v1_admin_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5032,7 +5349,7 @@ func (x *ListCredentialsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCredentialsResponse.ProtoReflect.Descriptor instead.
 func (*ListCredentialsResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{83}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *ListCredentialsResponse) GetCredentials() []*Credential {
@@ -5051,7 +5368,7 @@ type DeleteCredentialRequest struct {
 
 func (x *DeleteCredentialRequest) Reset() {
 	*x = DeleteCredentialRequest{}
-	mi := &file_tether_v1_admin_proto_msgTypes[84]
+	mi := &file_tether_v1_admin_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5063,7 +5380,7 @@ func (x *DeleteCredentialRequest) String() string {
 func (*DeleteCredentialRequest) ProtoMessage() {}
 
 func (x *DeleteCredentialRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[84]
+	mi := &file_tether_v1_admin_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5076,7 +5393,7 @@ func (x *DeleteCredentialRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteCredentialRequest.ProtoReflect.Descriptor instead.
 func (*DeleteCredentialRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{84}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *DeleteCredentialRequest) GetName() string {
@@ -5094,7 +5411,7 @@ type DeleteCredentialResponse struct {
 
 func (x *DeleteCredentialResponse) Reset() {
 	*x = DeleteCredentialResponse{}
-	mi := &file_tether_v1_admin_proto_msgTypes[85]
+	mi := &file_tether_v1_admin_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5106,7 +5423,7 @@ func (x *DeleteCredentialResponse) String() string {
 func (*DeleteCredentialResponse) ProtoMessage() {}
 
 func (x *DeleteCredentialResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_admin_proto_msgTypes[85]
+	mi := &file_tether_v1_admin_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5119,7 +5436,7 @@ func (x *DeleteCredentialResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteCredentialResponse.ProtoReflect.Descriptor instead.
 func (*DeleteCredentialResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_admin_proto_rawDescGZIP(), []int{85}
+	return file_tether_v1_admin_proto_rawDescGZIP(), []int{91}
 }
 
 var File_tether_v1_admin_proto protoreflect.FileDescriptor
@@ -5320,7 +5637,27 @@ const file_tether_v1_admin_proto_rawDesc = "" +
 	"page_token\x18\x03 \x01(\tR\tpageToken\"~\n" +
 	"\x18ListCertificatesResponse\x12:\n" +
 	"\fcertificates\x18\x01 \x03(\v2\x16.tether.v1.CertificateR\fcertificates\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"J\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xed\x02\n" +
+	"\x14CertificateAuthority\x12 \n" +
+	"\vfingerprint\x18\x01 \x01(\tR\vfingerprint\x12\x14\n" +
+	"\x05state\x18\x02 \x01(\tR\x05state\x127\n" +
+	"\tnot_after\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\bnotAfter\x12+\n" +
+	"\x11live_certificates\x18\x04 \x01(\x03R\x10liveCertificates\x12\x18\n" +
+	"\asubject\x18\x05 \x01(\tR\asubject\x129\n" +
+	"\n" +
+	"created_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x129\n" +
+	"\n" +
+	"updated_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x12'\n" +
+	"\x0fcertificate_pem\x18\b \x01(\tR\x0ecertificatePem\"-\n" +
+	"\x10PrepareCARequest\x12\x19\n" +
+	"\bkey_type\x18\x01 \x01(\tR\akeyType\"5\n" +
+	"\x11ActivateCARequest\x12 \n" +
+	"\vfingerprint\x18\x01 \x01(\tR\vfingerprint\"3\n" +
+	"\x0fRetireCARequest\x12 \n" +
+	"\vfingerprint\x18\x01 \x01(\tR\vfingerprint\"\x10\n" +
+	"\x0eListCAsRequest\"T\n" +
+	"\x0fListCAsResponse\x12A\n" +
+	"\vauthorities\x18\x01 \x03(\v2\x1f.tether.v1.CertificateAuthorityR\vauthorities\"J\n" +
 	"\x18RevokeCertificateRequest\x12\x16\n" +
 	"\x06serial\x18\x01 \x01(\tR\x06serial\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"\xac\x01\n" +
@@ -5495,7 +5832,7 @@ const file_tether_v1_admin_proto_rawDesc = "" +
 	"\vcredentials\x18\x01 \x03(\v2\x15.tether.v1.CredentialR\vcredentials\"-\n" +
 	"\x17DeleteCredentialRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"\x1a\n" +
-	"\x18DeleteCredentialResponse2\x9d%\n" +
+	"\x18DeleteCredentialResponse2\xc0'\n" +
 	"\fAdminService\x12G\n" +
 	"\x0eCreateTemplate\x12 .tether.v1.CreateTemplateRequest\x1a\x13.tether.v1.Template\x12A\n" +
 	"\vGetTemplate\x12\x1d.tether.v1.GetTemplateRequest\x1a\x13.tether.v1.Template\x12R\n" +
@@ -5532,7 +5869,12 @@ const file_tether_v1_admin_proto_rawDesc = "" +
 	"\rCreateSeedISO\x12\x1f.tether.v1.CreateSeedISORequest\x1a .tether.v1.CreateSeedISOResponse\x12g\n" +
 	"\x14CreateBootstrapToken\x12&.tether.v1.CreateBootstrapTokenRequest\x1a'.tether.v1.CreateBootstrapTokenResponse\x12[\n" +
 	"\x10ListCertificates\x12\".tether.v1.ListCertificatesRequest\x1a#.tether.v1.ListCertificatesResponse\x12P\n" +
-	"\x11RevokeCertificate\x12#.tether.v1.RevokeCertificateRequest\x1a\x16.tether.v1.Certificate\x12;\n" +
+	"\x11RevokeCertificate\x12#.tether.v1.RevokeCertificateRequest\x1a\x16.tether.v1.Certificate\x12I\n" +
+	"\tPrepareCA\x12\x1b.tether.v1.PrepareCARequest\x1a\x1f.tether.v1.CertificateAuthority\x12K\n" +
+	"\n" +
+	"ActivateCA\x12\x1c.tether.v1.ActivateCARequest\x1a\x1f.tether.v1.CertificateAuthority\x12G\n" +
+	"\bRetireCA\x12\x1a.tether.v1.RetireCARequest\x1a\x1f.tether.v1.CertificateAuthority\x12@\n" +
+	"\aListCAs\x12\x19.tether.v1.ListCAsRequest\x1a\x1a.tether.v1.ListCAsResponse\x12;\n" +
 	"\n" +
 	"CreateTask\x12\x1c.tether.v1.CreateTaskRequest\x1a\x0f.tether.v1.Task\x125\n" +
 	"\aGetTask\x12\x19.tether.v1.GetTaskRequest\x1a\x0f.tether.v1.Task\x12F\n" +
@@ -5584,7 +5926,7 @@ func file_tether_v1_admin_proto_rawDescGZIP() []byte {
 	return file_tether_v1_admin_proto_rawDescData
 }
 
-var file_tether_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 86)
+var file_tether_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 92)
 var file_tether_v1_admin_proto_goTypes = []any{
 	(*CreateTemplateRequest)(nil),        // 0: tether.v1.CreateTemplateRequest
 	(*GetTemplateRequest)(nil),           // 1: tether.v1.GetTemplateRequest
@@ -5629,255 +5971,273 @@ var file_tether_v1_admin_proto_goTypes = []any{
 	(*CreateBootstrapTokenResponse)(nil), // 40: tether.v1.CreateBootstrapTokenResponse
 	(*ListCertificatesRequest)(nil),      // 41: tether.v1.ListCertificatesRequest
 	(*ListCertificatesResponse)(nil),     // 42: tether.v1.ListCertificatesResponse
-	(*RevokeCertificateRequest)(nil),     // 43: tether.v1.RevokeCertificateRequest
-	(*CreateTaskRequest)(nil),            // 44: tether.v1.CreateTaskRequest
-	(*GetTaskRequest)(nil),               // 45: tether.v1.GetTaskRequest
-	(*ListTasksRequest)(nil),             // 46: tether.v1.ListTasksRequest
-	(*ListTasksResponse)(nil),            // 47: tether.v1.ListTasksResponse
-	(*CancelTaskRequest)(nil),            // 48: tether.v1.CancelTaskRequest
-	(*CreatePoolRequest)(nil),            // 49: tether.v1.CreatePoolRequest
-	(*GetPoolRequest)(nil),               // 50: tether.v1.GetPoolRequest
-	(*ListPoolsRequest)(nil),             // 51: tether.v1.ListPoolsRequest
-	(*ListPoolsResponse)(nil),            // 52: tether.v1.ListPoolsResponse
-	(*UpdatePoolRequest)(nil),            // 53: tether.v1.UpdatePoolRequest
-	(*PoolActionRequest)(nil),            // 54: tether.v1.PoolActionRequest
-	(*DrainPoolResponse)(nil),            // 55: tether.v1.DrainPoolResponse
-	(*DeletePoolResponse)(nil),           // 56: tether.v1.DeletePoolResponse
-	(*ReplenishPoolResponse)(nil),        // 57: tether.v1.ReplenishPoolResponse
-	(*RecyclePoolResponse)(nil),          // 58: tether.v1.RecyclePoolResponse
-	(*AcquirePoolMemberRequest)(nil),     // 59: tether.v1.AcquirePoolMemberRequest
-	(*AcquirePoolMemberResponse)(nil),    // 60: tether.v1.AcquirePoolMemberResponse
-	(*ReleasePoolMemberRequest)(nil),     // 61: tether.v1.ReleasePoolMemberRequest
-	(*ReleasePoolMemberResponse)(nil),    // 62: tether.v1.ReleasePoolMemberResponse
-	(*ListEventsRequest)(nil),            // 63: tether.v1.ListEventsRequest
-	(*ListEventsResponse)(nil),           // 64: tether.v1.ListEventsResponse
-	(*WatchEventsRequest)(nil),           // 65: tether.v1.WatchEventsRequest
-	(*AddSignerRequest)(nil),             // 66: tether.v1.AddSignerRequest
-	(*ListSignersRequest)(nil),           // 67: tether.v1.ListSignersRequest
-	(*ListSignersResponse)(nil),          // 68: tether.v1.ListSignersResponse
-	(*RemoveSignerRequest)(nil),          // 69: tether.v1.RemoveSignerRequest
-	(*RemoveSignerResponse)(nil),         // 70: tether.v1.RemoveSignerResponse
-	(*SignModuleRequest)(nil),            // 71: tether.v1.SignModuleRequest
-	(*CreateIdentityRequest)(nil),        // 72: tether.v1.CreateIdentityRequest
-	(*IdentityCertificate)(nil),          // 73: tether.v1.IdentityCertificate
-	(*ListIdentitiesRequest)(nil),        // 74: tether.v1.ListIdentitiesRequest
-	(*ListIdentitiesResponse)(nil),       // 75: tether.v1.ListIdentitiesResponse
-	(*RevokeIdentityRequest)(nil),        // 76: tether.v1.RevokeIdentityRequest
-	(*RenewIdentityRequest)(nil),         // 77: tether.v1.RenewIdentityRequest
-	(*ListAuditRequest)(nil),             // 78: tether.v1.ListAuditRequest
-	(*ListAuditResponse)(nil),            // 79: tether.v1.ListAuditResponse
-	(*CreateCredentialRequest)(nil),      // 80: tether.v1.CreateCredentialRequest
-	(*UpdateCredentialRequest)(nil),      // 81: tether.v1.UpdateCredentialRequest
-	(*ListCredentialsRequest)(nil),       // 82: tether.v1.ListCredentialsRequest
-	(*ListCredentialsResponse)(nil),      // 83: tether.v1.ListCredentialsResponse
-	(*DeleteCredentialRequest)(nil),      // 84: tether.v1.DeleteCredentialRequest
-	(*DeleteCredentialResponse)(nil),     // 85: tether.v1.DeleteCredentialResponse
-	(*ModuleRef)(nil),                    // 86: tether.v1.ModuleRef
-	(*Template)(nil),                     // 87: tether.v1.Template
-	(*ModuleSignature)(nil),              // 88: tether.v1.ModuleSignature
-	(*Module)(nil),                       // 89: tether.v1.Module
-	(*structpb.Struct)(nil),              // 90: google.protobuf.Struct
-	(*NodeBMC)(nil),                      // 91: tether.v1.NodeBMC
-	(*Node)(nil),                         // 92: tether.v1.Node
-	(*Instance)(nil),                     // 93: tether.v1.Instance
-	(InstanceStatus)(0),                  // 94: tether.v1.InstanceStatus
-	(*timestamppb.Timestamp)(nil),        // 95: google.protobuf.Timestamp
-	(*Certificate)(nil),                  // 96: tether.v1.Certificate
-	(TaskKind)(0),                        // 97: tether.v1.TaskKind
-	(*ExecPayload)(nil),                  // 98: tether.v1.ExecPayload
-	(TaskTarget)(0),                      // 99: tether.v1.TaskTarget
-	(TaskStatus)(0),                      // 100: tether.v1.TaskStatus
-	(*Task)(nil),                         // 101: tether.v1.Task
-	(LifecycleClass)(0),                  // 102: tether.v1.LifecycleClass
-	(*PoolMetadata)(nil),                 // 103: tether.v1.PoolMetadata
-	(*Pool)(nil),                         // 104: tether.v1.Pool
-	(Severity)(0),                        // 105: tether.v1.Severity
-	(*FleetEvent)(nil),                   // 106: tether.v1.FleetEvent
-	(*Signer)(nil),                       // 107: tether.v1.Signer
-	(*AdminIdentity)(nil),                // 108: tether.v1.AdminIdentity
-	(*AuditRecord)(nil),                  // 109: tether.v1.AuditRecord
-	(*Credential)(nil),                   // 110: tether.v1.Credential
+	(*CertificateAuthority)(nil),         // 43: tether.v1.CertificateAuthority
+	(*PrepareCARequest)(nil),             // 44: tether.v1.PrepareCARequest
+	(*ActivateCARequest)(nil),            // 45: tether.v1.ActivateCARequest
+	(*RetireCARequest)(nil),              // 46: tether.v1.RetireCARequest
+	(*ListCAsRequest)(nil),               // 47: tether.v1.ListCAsRequest
+	(*ListCAsResponse)(nil),              // 48: tether.v1.ListCAsResponse
+	(*RevokeCertificateRequest)(nil),     // 49: tether.v1.RevokeCertificateRequest
+	(*CreateTaskRequest)(nil),            // 50: tether.v1.CreateTaskRequest
+	(*GetTaskRequest)(nil),               // 51: tether.v1.GetTaskRequest
+	(*ListTasksRequest)(nil),             // 52: tether.v1.ListTasksRequest
+	(*ListTasksResponse)(nil),            // 53: tether.v1.ListTasksResponse
+	(*CancelTaskRequest)(nil),            // 54: tether.v1.CancelTaskRequest
+	(*CreatePoolRequest)(nil),            // 55: tether.v1.CreatePoolRequest
+	(*GetPoolRequest)(nil),               // 56: tether.v1.GetPoolRequest
+	(*ListPoolsRequest)(nil),             // 57: tether.v1.ListPoolsRequest
+	(*ListPoolsResponse)(nil),            // 58: tether.v1.ListPoolsResponse
+	(*UpdatePoolRequest)(nil),            // 59: tether.v1.UpdatePoolRequest
+	(*PoolActionRequest)(nil),            // 60: tether.v1.PoolActionRequest
+	(*DrainPoolResponse)(nil),            // 61: tether.v1.DrainPoolResponse
+	(*DeletePoolResponse)(nil),           // 62: tether.v1.DeletePoolResponse
+	(*ReplenishPoolResponse)(nil),        // 63: tether.v1.ReplenishPoolResponse
+	(*RecyclePoolResponse)(nil),          // 64: tether.v1.RecyclePoolResponse
+	(*AcquirePoolMemberRequest)(nil),     // 65: tether.v1.AcquirePoolMemberRequest
+	(*AcquirePoolMemberResponse)(nil),    // 66: tether.v1.AcquirePoolMemberResponse
+	(*ReleasePoolMemberRequest)(nil),     // 67: tether.v1.ReleasePoolMemberRequest
+	(*ReleasePoolMemberResponse)(nil),    // 68: tether.v1.ReleasePoolMemberResponse
+	(*ListEventsRequest)(nil),            // 69: tether.v1.ListEventsRequest
+	(*ListEventsResponse)(nil),           // 70: tether.v1.ListEventsResponse
+	(*WatchEventsRequest)(nil),           // 71: tether.v1.WatchEventsRequest
+	(*AddSignerRequest)(nil),             // 72: tether.v1.AddSignerRequest
+	(*ListSignersRequest)(nil),           // 73: tether.v1.ListSignersRequest
+	(*ListSignersResponse)(nil),          // 74: tether.v1.ListSignersResponse
+	(*RemoveSignerRequest)(nil),          // 75: tether.v1.RemoveSignerRequest
+	(*RemoveSignerResponse)(nil),         // 76: tether.v1.RemoveSignerResponse
+	(*SignModuleRequest)(nil),            // 77: tether.v1.SignModuleRequest
+	(*CreateIdentityRequest)(nil),        // 78: tether.v1.CreateIdentityRequest
+	(*IdentityCertificate)(nil),          // 79: tether.v1.IdentityCertificate
+	(*ListIdentitiesRequest)(nil),        // 80: tether.v1.ListIdentitiesRequest
+	(*ListIdentitiesResponse)(nil),       // 81: tether.v1.ListIdentitiesResponse
+	(*RevokeIdentityRequest)(nil),        // 82: tether.v1.RevokeIdentityRequest
+	(*RenewIdentityRequest)(nil),         // 83: tether.v1.RenewIdentityRequest
+	(*ListAuditRequest)(nil),             // 84: tether.v1.ListAuditRequest
+	(*ListAuditResponse)(nil),            // 85: tether.v1.ListAuditResponse
+	(*CreateCredentialRequest)(nil),      // 86: tether.v1.CreateCredentialRequest
+	(*UpdateCredentialRequest)(nil),      // 87: tether.v1.UpdateCredentialRequest
+	(*ListCredentialsRequest)(nil),       // 88: tether.v1.ListCredentialsRequest
+	(*ListCredentialsResponse)(nil),      // 89: tether.v1.ListCredentialsResponse
+	(*DeleteCredentialRequest)(nil),      // 90: tether.v1.DeleteCredentialRequest
+	(*DeleteCredentialResponse)(nil),     // 91: tether.v1.DeleteCredentialResponse
+	(*ModuleRef)(nil),                    // 92: tether.v1.ModuleRef
+	(*Template)(nil),                     // 93: tether.v1.Template
+	(*ModuleSignature)(nil),              // 94: tether.v1.ModuleSignature
+	(*Module)(nil),                       // 95: tether.v1.Module
+	(*structpb.Struct)(nil),              // 96: google.protobuf.Struct
+	(*NodeBMC)(nil),                      // 97: tether.v1.NodeBMC
+	(*Node)(nil),                         // 98: tether.v1.Node
+	(*Instance)(nil),                     // 99: tether.v1.Instance
+	(InstanceStatus)(0),                  // 100: tether.v1.InstanceStatus
+	(*timestamppb.Timestamp)(nil),        // 101: google.protobuf.Timestamp
+	(*Certificate)(nil),                  // 102: tether.v1.Certificate
+	(TaskKind)(0),                        // 103: tether.v1.TaskKind
+	(*ExecPayload)(nil),                  // 104: tether.v1.ExecPayload
+	(TaskTarget)(0),                      // 105: tether.v1.TaskTarget
+	(TaskStatus)(0),                      // 106: tether.v1.TaskStatus
+	(*Task)(nil),                         // 107: tether.v1.Task
+	(LifecycleClass)(0),                  // 108: tether.v1.LifecycleClass
+	(*PoolMetadata)(nil),                 // 109: tether.v1.PoolMetadata
+	(*Pool)(nil),                         // 110: tether.v1.Pool
+	(Severity)(0),                        // 111: tether.v1.Severity
+	(*FleetEvent)(nil),                   // 112: tether.v1.FleetEvent
+	(*Signer)(nil),                       // 113: tether.v1.Signer
+	(*AdminIdentity)(nil),                // 114: tether.v1.AdminIdentity
+	(*AuditRecord)(nil),                  // 115: tether.v1.AuditRecord
+	(*Credential)(nil),                   // 116: tether.v1.Credential
 }
 var file_tether_v1_admin_proto_depIdxs = []int32{
-	86,  // 0: tether.v1.CreateTemplateRequest.root_modules:type_name -> tether.v1.ModuleRef
-	86,  // 1: tether.v1.CreateTemplateRequest.extension_modules:type_name -> tether.v1.ModuleRef
-	87,  // 2: tether.v1.ListTemplatesResponse.templates:type_name -> tether.v1.Template
-	86,  // 3: tether.v1.UpdateTemplateRequest.root_modules:type_name -> tether.v1.ModuleRef
-	86,  // 4: tether.v1.UpdateTemplateRequest.extension_modules:type_name -> tether.v1.ModuleRef
+	92,  // 0: tether.v1.CreateTemplateRequest.root_modules:type_name -> tether.v1.ModuleRef
+	92,  // 1: tether.v1.CreateTemplateRequest.extension_modules:type_name -> tether.v1.ModuleRef
+	93,  // 2: tether.v1.ListTemplatesResponse.templates:type_name -> tether.v1.Template
+	92,  // 3: tether.v1.UpdateTemplateRequest.root_modules:type_name -> tether.v1.ModuleRef
+	92,  // 4: tether.v1.UpdateTemplateRequest.extension_modules:type_name -> tether.v1.ModuleRef
 	8,   // 5: tether.v1.PushModuleRequest.header:type_name -> tether.v1.PushModuleHeader
-	88,  // 6: tether.v1.PushModuleHeader.signatures:type_name -> tether.v1.ModuleSignature
-	89,  // 7: tether.v1.ListModulesResponse.modules:type_name -> tether.v1.Module
-	90,  // 8: tether.v1.CreateNodeRequest.config:type_name -> google.protobuf.Struct
-	91,  // 9: tether.v1.CreateNodeRequest.bmc:type_name -> tether.v1.NodeBMC
-	92,  // 10: tether.v1.ListNodesResponse.nodes:type_name -> tether.v1.Node
-	90,  // 11: tether.v1.UpdateNodeRequest.config:type_name -> google.protobuf.Struct
-	91,  // 12: tether.v1.UpdateNodeRequest.bmc:type_name -> tether.v1.NodeBMC
-	92,  // 13: tether.v1.AdoptNodeResponse.node:type_name -> tether.v1.Node
-	93,  // 14: tether.v1.ProvisionInstanceResponse.instance:type_name -> tether.v1.Instance
-	94,  // 15: tether.v1.ListInstancesRequest.status:type_name -> tether.v1.InstanceStatus
-	93,  // 16: tether.v1.ListInstancesResponse.instances:type_name -> tether.v1.Instance
-	93,  // 17: tether.v1.CordonInstanceResponse.instance:type_name -> tether.v1.Instance
-	93,  // 18: tether.v1.UncordonInstanceResponse.instance:type_name -> tether.v1.Instance
-	93,  // 19: tether.v1.DrainInstanceResponse.instance:type_name -> tether.v1.Instance
-	95,  // 20: tether.v1.CreateBootstrapTokenResponse.expires_at:type_name -> google.protobuf.Timestamp
-	96,  // 21: tether.v1.ListCertificatesResponse.certificates:type_name -> tether.v1.Certificate
-	97,  // 22: tether.v1.CreateTaskRequest.kind:type_name -> tether.v1.TaskKind
-	98,  // 23: tether.v1.CreateTaskRequest.exec:type_name -> tether.v1.ExecPayload
-	99,  // 24: tether.v1.ListTasksRequest.target:type_name -> tether.v1.TaskTarget
-	100, // 25: tether.v1.ListTasksRequest.status:type_name -> tether.v1.TaskStatus
-	101, // 26: tether.v1.ListTasksResponse.tasks:type_name -> tether.v1.Task
-	102, // 27: tether.v1.CreatePoolRequest.lifecycle_class:type_name -> tether.v1.LifecycleClass
-	103, // 28: tether.v1.CreatePoolRequest.metadata:type_name -> tether.v1.PoolMetadata
-	104, // 29: tether.v1.ListPoolsResponse.pools:type_name -> tether.v1.Pool
-	102, // 30: tether.v1.UpdatePoolRequest.lifecycle_class:type_name -> tether.v1.LifecycleClass
-	103, // 31: tether.v1.UpdatePoolRequest.metadata:type_name -> tether.v1.PoolMetadata
-	104, // 32: tether.v1.DrainPoolResponse.pool:type_name -> tether.v1.Pool
-	104, // 33: tether.v1.ReplenishPoolResponse.pool:type_name -> tether.v1.Pool
-	104, // 34: tether.v1.RecyclePoolResponse.pool:type_name -> tether.v1.Pool
-	102, // 35: tether.v1.AcquirePoolMemberRequest.lifecycle_class:type_name -> tether.v1.LifecycleClass
-	93,  // 36: tether.v1.AcquirePoolMemberResponse.instance:type_name -> tether.v1.Instance
-	93,  // 37: tether.v1.ReleasePoolMemberResponse.instance:type_name -> tether.v1.Instance
-	105, // 38: tether.v1.ListEventsRequest.min_severity:type_name -> tether.v1.Severity
-	106, // 39: tether.v1.ListEventsResponse.events:type_name -> tether.v1.FleetEvent
-	105, // 40: tether.v1.WatchEventsRequest.min_severity:type_name -> tether.v1.Severity
-	107, // 41: tether.v1.ListSignersResponse.signers:type_name -> tether.v1.Signer
-	88,  // 42: tether.v1.SignModuleRequest.signature:type_name -> tether.v1.ModuleSignature
-	108, // 43: tether.v1.IdentityCertificate.identity:type_name -> tether.v1.AdminIdentity
-	108, // 44: tether.v1.ListIdentitiesResponse.identities:type_name -> tether.v1.AdminIdentity
-	95,  // 45: tether.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
-	109, // 46: tether.v1.ListAuditResponse.records:type_name -> tether.v1.AuditRecord
-	110, // 47: tether.v1.ListCredentialsResponse.credentials:type_name -> tether.v1.Credential
-	0,   // 48: tether.v1.AdminService.CreateTemplate:input_type -> tether.v1.CreateTemplateRequest
-	1,   // 49: tether.v1.AdminService.GetTemplate:input_type -> tether.v1.GetTemplateRequest
-	2,   // 50: tether.v1.AdminService.ListTemplates:input_type -> tether.v1.ListTemplatesRequest
-	4,   // 51: tether.v1.AdminService.UpdateTemplate:input_type -> tether.v1.UpdateTemplateRequest
-	5,   // 52: tether.v1.AdminService.DeleteTemplate:input_type -> tether.v1.DeleteTemplateRequest
-	7,   // 53: tether.v1.AdminService.PushModule:input_type -> tether.v1.PushModuleRequest
-	9,   // 54: tether.v1.AdminService.GetModule:input_type -> tether.v1.GetModuleRequest
-	10,  // 55: tether.v1.AdminService.ListModules:input_type -> tether.v1.ListModulesRequest
-	12,  // 56: tether.v1.AdminService.DeleteModule:input_type -> tether.v1.DeleteModuleRequest
-	14,  // 57: tether.v1.AdminService.CreateNode:input_type -> tether.v1.CreateNodeRequest
-	15,  // 58: tether.v1.AdminService.GetNode:input_type -> tether.v1.GetNodeRequest
-	16,  // 59: tether.v1.AdminService.ListNodes:input_type -> tether.v1.ListNodesRequest
-	18,  // 60: tether.v1.AdminService.UpdateNode:input_type -> tether.v1.UpdateNodeRequest
-	19,  // 61: tether.v1.AdminService.DeleteNode:input_type -> tether.v1.DeleteNodeRequest
-	20,  // 62: tether.v1.AdminService.AdoptNode:input_type -> tether.v1.AdoptNodeRequest
-	23,  // 63: tether.v1.AdminService.ProvisionInstance:input_type -> tether.v1.ProvisionInstanceRequest
-	25,  // 64: tether.v1.AdminService.GetInstance:input_type -> tether.v1.GetInstanceRequest
-	26,  // 65: tether.v1.AdminService.ListInstances:input_type -> tether.v1.ListInstancesRequest
-	28,  // 66: tether.v1.AdminService.StartInstance:input_type -> tether.v1.InstanceActionRequest
-	28,  // 67: tether.v1.AdminService.StopInstance:input_type -> tether.v1.InstanceActionRequest
-	28,  // 68: tether.v1.AdminService.RebootInstance:input_type -> tether.v1.InstanceActionRequest
-	28,  // 69: tether.v1.AdminService.TerminateInstance:input_type -> tether.v1.InstanceActionRequest
-	29,  // 70: tether.v1.AdminService.HoldInstance:input_type -> tether.v1.HoldInstanceRequest
-	28,  // 71: tether.v1.AdminService.UnholdInstance:input_type -> tether.v1.InstanceActionRequest
-	30,  // 72: tether.v1.AdminService.CordonInstance:input_type -> tether.v1.CordonInstanceRequest
-	28,  // 73: tether.v1.AdminService.UncordonInstance:input_type -> tether.v1.InstanceActionRequest
-	33,  // 74: tether.v1.AdminService.DrainInstance:input_type -> tether.v1.DrainInstanceRequest
-	35,  // 75: tether.v1.AdminService.GetInstanceConsole:input_type -> tether.v1.GetInstanceConsoleRequest
-	37,  // 76: tether.v1.AdminService.CreateSeedISO:input_type -> tether.v1.CreateSeedISORequest
-	39,  // 77: tether.v1.AdminService.CreateBootstrapToken:input_type -> tether.v1.CreateBootstrapTokenRequest
-	41,  // 78: tether.v1.AdminService.ListCertificates:input_type -> tether.v1.ListCertificatesRequest
-	43,  // 79: tether.v1.AdminService.RevokeCertificate:input_type -> tether.v1.RevokeCertificateRequest
-	44,  // 80: tether.v1.AdminService.CreateTask:input_type -> tether.v1.CreateTaskRequest
-	45,  // 81: tether.v1.AdminService.GetTask:input_type -> tether.v1.GetTaskRequest
-	46,  // 82: tether.v1.AdminService.ListTasks:input_type -> tether.v1.ListTasksRequest
-	48,  // 83: tether.v1.AdminService.CancelTask:input_type -> tether.v1.CancelTaskRequest
-	49,  // 84: tether.v1.AdminService.CreatePool:input_type -> tether.v1.CreatePoolRequest
-	50,  // 85: tether.v1.AdminService.GetPool:input_type -> tether.v1.GetPoolRequest
-	51,  // 86: tether.v1.AdminService.ListPools:input_type -> tether.v1.ListPoolsRequest
-	53,  // 87: tether.v1.AdminService.UpdatePool:input_type -> tether.v1.UpdatePoolRequest
-	54,  // 88: tether.v1.AdminService.PausePool:input_type -> tether.v1.PoolActionRequest
-	54,  // 89: tether.v1.AdminService.ActivatePool:input_type -> tether.v1.PoolActionRequest
-	54,  // 90: tether.v1.AdminService.DrainPool:input_type -> tether.v1.PoolActionRequest
-	54,  // 91: tether.v1.AdminService.DeletePool:input_type -> tether.v1.PoolActionRequest
-	54,  // 92: tether.v1.AdminService.ReplenishPool:input_type -> tether.v1.PoolActionRequest
-	54,  // 93: tether.v1.AdminService.RecyclePool:input_type -> tether.v1.PoolActionRequest
-	59,  // 94: tether.v1.AdminService.AcquirePoolMember:input_type -> tether.v1.AcquirePoolMemberRequest
-	61,  // 95: tether.v1.AdminService.ReleasePoolMember:input_type -> tether.v1.ReleasePoolMemberRequest
-	63,  // 96: tether.v1.AdminService.ListEvents:input_type -> tether.v1.ListEventsRequest
-	65,  // 97: tether.v1.AdminService.WatchEvents:input_type -> tether.v1.WatchEventsRequest
-	66,  // 98: tether.v1.AdminService.AddSigner:input_type -> tether.v1.AddSignerRequest
-	67,  // 99: tether.v1.AdminService.ListSigners:input_type -> tether.v1.ListSignersRequest
-	69,  // 100: tether.v1.AdminService.RemoveSigner:input_type -> tether.v1.RemoveSignerRequest
-	71,  // 101: tether.v1.AdminService.SignModule:input_type -> tether.v1.SignModuleRequest
-	72,  // 102: tether.v1.AdminService.CreateIdentity:input_type -> tether.v1.CreateIdentityRequest
-	74,  // 103: tether.v1.AdminService.ListIdentities:input_type -> tether.v1.ListIdentitiesRequest
-	76,  // 104: tether.v1.AdminService.RevokeIdentity:input_type -> tether.v1.RevokeIdentityRequest
-	77,  // 105: tether.v1.AdminService.RenewIdentity:input_type -> tether.v1.RenewIdentityRequest
-	78,  // 106: tether.v1.AdminService.ListAudit:input_type -> tether.v1.ListAuditRequest
-	80,  // 107: tether.v1.AdminService.CreateCredential:input_type -> tether.v1.CreateCredentialRequest
-	82,  // 108: tether.v1.AdminService.ListCredentials:input_type -> tether.v1.ListCredentialsRequest
-	81,  // 109: tether.v1.AdminService.UpdateCredential:input_type -> tether.v1.UpdateCredentialRequest
-	84,  // 110: tether.v1.AdminService.DeleteCredential:input_type -> tether.v1.DeleteCredentialRequest
-	87,  // 111: tether.v1.AdminService.CreateTemplate:output_type -> tether.v1.Template
-	87,  // 112: tether.v1.AdminService.GetTemplate:output_type -> tether.v1.Template
-	3,   // 113: tether.v1.AdminService.ListTemplates:output_type -> tether.v1.ListTemplatesResponse
-	87,  // 114: tether.v1.AdminService.UpdateTemplate:output_type -> tether.v1.Template
-	6,   // 115: tether.v1.AdminService.DeleteTemplate:output_type -> tether.v1.DeleteTemplateResponse
-	89,  // 116: tether.v1.AdminService.PushModule:output_type -> tether.v1.Module
-	89,  // 117: tether.v1.AdminService.GetModule:output_type -> tether.v1.Module
-	11,  // 118: tether.v1.AdminService.ListModules:output_type -> tether.v1.ListModulesResponse
-	13,  // 119: tether.v1.AdminService.DeleteModule:output_type -> tether.v1.DeleteModuleResponse
-	92,  // 120: tether.v1.AdminService.CreateNode:output_type -> tether.v1.Node
-	92,  // 121: tether.v1.AdminService.GetNode:output_type -> tether.v1.Node
-	17,  // 122: tether.v1.AdminService.ListNodes:output_type -> tether.v1.ListNodesResponse
-	92,  // 123: tether.v1.AdminService.UpdateNode:output_type -> tether.v1.Node
-	22,  // 124: tether.v1.AdminService.DeleteNode:output_type -> tether.v1.DeleteNodeResponse
-	21,  // 125: tether.v1.AdminService.AdoptNode:output_type -> tether.v1.AdoptNodeResponse
-	24,  // 126: tether.v1.AdminService.ProvisionInstance:output_type -> tether.v1.ProvisionInstanceResponse
-	93,  // 127: tether.v1.AdminService.GetInstance:output_type -> tether.v1.Instance
-	27,  // 128: tether.v1.AdminService.ListInstances:output_type -> tether.v1.ListInstancesResponse
-	93,  // 129: tether.v1.AdminService.StartInstance:output_type -> tether.v1.Instance
-	93,  // 130: tether.v1.AdminService.StopInstance:output_type -> tether.v1.Instance
-	93,  // 131: tether.v1.AdminService.RebootInstance:output_type -> tether.v1.Instance
-	93,  // 132: tether.v1.AdminService.TerminateInstance:output_type -> tether.v1.Instance
-	93,  // 133: tether.v1.AdminService.HoldInstance:output_type -> tether.v1.Instance
-	93,  // 134: tether.v1.AdminService.UnholdInstance:output_type -> tether.v1.Instance
-	31,  // 135: tether.v1.AdminService.CordonInstance:output_type -> tether.v1.CordonInstanceResponse
-	32,  // 136: tether.v1.AdminService.UncordonInstance:output_type -> tether.v1.UncordonInstanceResponse
-	34,  // 137: tether.v1.AdminService.DrainInstance:output_type -> tether.v1.DrainInstanceResponse
-	36,  // 138: tether.v1.AdminService.GetInstanceConsole:output_type -> tether.v1.ConsoleChunk
-	38,  // 139: tether.v1.AdminService.CreateSeedISO:output_type -> tether.v1.CreateSeedISOResponse
-	40,  // 140: tether.v1.AdminService.CreateBootstrapToken:output_type -> tether.v1.CreateBootstrapTokenResponse
-	42,  // 141: tether.v1.AdminService.ListCertificates:output_type -> tether.v1.ListCertificatesResponse
-	96,  // 142: tether.v1.AdminService.RevokeCertificate:output_type -> tether.v1.Certificate
-	101, // 143: tether.v1.AdminService.CreateTask:output_type -> tether.v1.Task
-	101, // 144: tether.v1.AdminService.GetTask:output_type -> tether.v1.Task
-	47,  // 145: tether.v1.AdminService.ListTasks:output_type -> tether.v1.ListTasksResponse
-	101, // 146: tether.v1.AdminService.CancelTask:output_type -> tether.v1.Task
-	104, // 147: tether.v1.AdminService.CreatePool:output_type -> tether.v1.Pool
-	104, // 148: tether.v1.AdminService.GetPool:output_type -> tether.v1.Pool
-	52,  // 149: tether.v1.AdminService.ListPools:output_type -> tether.v1.ListPoolsResponse
-	104, // 150: tether.v1.AdminService.UpdatePool:output_type -> tether.v1.Pool
-	104, // 151: tether.v1.AdminService.PausePool:output_type -> tether.v1.Pool
-	104, // 152: tether.v1.AdminService.ActivatePool:output_type -> tether.v1.Pool
-	55,  // 153: tether.v1.AdminService.DrainPool:output_type -> tether.v1.DrainPoolResponse
-	56,  // 154: tether.v1.AdminService.DeletePool:output_type -> tether.v1.DeletePoolResponse
-	57,  // 155: tether.v1.AdminService.ReplenishPool:output_type -> tether.v1.ReplenishPoolResponse
-	58,  // 156: tether.v1.AdminService.RecyclePool:output_type -> tether.v1.RecyclePoolResponse
-	60,  // 157: tether.v1.AdminService.AcquirePoolMember:output_type -> tether.v1.AcquirePoolMemberResponse
-	62,  // 158: tether.v1.AdminService.ReleasePoolMember:output_type -> tether.v1.ReleasePoolMemberResponse
-	64,  // 159: tether.v1.AdminService.ListEvents:output_type -> tether.v1.ListEventsResponse
-	106, // 160: tether.v1.AdminService.WatchEvents:output_type -> tether.v1.FleetEvent
-	107, // 161: tether.v1.AdminService.AddSigner:output_type -> tether.v1.Signer
-	68,  // 162: tether.v1.AdminService.ListSigners:output_type -> tether.v1.ListSignersResponse
-	70,  // 163: tether.v1.AdminService.RemoveSigner:output_type -> tether.v1.RemoveSignerResponse
-	89,  // 164: tether.v1.AdminService.SignModule:output_type -> tether.v1.Module
-	73,  // 165: tether.v1.AdminService.CreateIdentity:output_type -> tether.v1.IdentityCertificate
-	75,  // 166: tether.v1.AdminService.ListIdentities:output_type -> tether.v1.ListIdentitiesResponse
-	108, // 167: tether.v1.AdminService.RevokeIdentity:output_type -> tether.v1.AdminIdentity
-	73,  // 168: tether.v1.AdminService.RenewIdentity:output_type -> tether.v1.IdentityCertificate
-	79,  // 169: tether.v1.AdminService.ListAudit:output_type -> tether.v1.ListAuditResponse
-	110, // 170: tether.v1.AdminService.CreateCredential:output_type -> tether.v1.Credential
-	83,  // 171: tether.v1.AdminService.ListCredentials:output_type -> tether.v1.ListCredentialsResponse
-	110, // 172: tether.v1.AdminService.UpdateCredential:output_type -> tether.v1.Credential
-	85,  // 173: tether.v1.AdminService.DeleteCredential:output_type -> tether.v1.DeleteCredentialResponse
-	111, // [111:174] is the sub-list for method output_type
-	48,  // [48:111] is the sub-list for method input_type
-	48,  // [48:48] is the sub-list for extension type_name
-	48,  // [48:48] is the sub-list for extension extendee
-	0,   // [0:48] is the sub-list for field type_name
+	94,  // 6: tether.v1.PushModuleHeader.signatures:type_name -> tether.v1.ModuleSignature
+	95,  // 7: tether.v1.ListModulesResponse.modules:type_name -> tether.v1.Module
+	96,  // 8: tether.v1.CreateNodeRequest.config:type_name -> google.protobuf.Struct
+	97,  // 9: tether.v1.CreateNodeRequest.bmc:type_name -> tether.v1.NodeBMC
+	98,  // 10: tether.v1.ListNodesResponse.nodes:type_name -> tether.v1.Node
+	96,  // 11: tether.v1.UpdateNodeRequest.config:type_name -> google.protobuf.Struct
+	97,  // 12: tether.v1.UpdateNodeRequest.bmc:type_name -> tether.v1.NodeBMC
+	98,  // 13: tether.v1.AdoptNodeResponse.node:type_name -> tether.v1.Node
+	99,  // 14: tether.v1.ProvisionInstanceResponse.instance:type_name -> tether.v1.Instance
+	100, // 15: tether.v1.ListInstancesRequest.status:type_name -> tether.v1.InstanceStatus
+	99,  // 16: tether.v1.ListInstancesResponse.instances:type_name -> tether.v1.Instance
+	99,  // 17: tether.v1.CordonInstanceResponse.instance:type_name -> tether.v1.Instance
+	99,  // 18: tether.v1.UncordonInstanceResponse.instance:type_name -> tether.v1.Instance
+	99,  // 19: tether.v1.DrainInstanceResponse.instance:type_name -> tether.v1.Instance
+	101, // 20: tether.v1.CreateBootstrapTokenResponse.expires_at:type_name -> google.protobuf.Timestamp
+	102, // 21: tether.v1.ListCertificatesResponse.certificates:type_name -> tether.v1.Certificate
+	101, // 22: tether.v1.CertificateAuthority.not_after:type_name -> google.protobuf.Timestamp
+	101, // 23: tether.v1.CertificateAuthority.created_at:type_name -> google.protobuf.Timestamp
+	101, // 24: tether.v1.CertificateAuthority.updated_at:type_name -> google.protobuf.Timestamp
+	43,  // 25: tether.v1.ListCAsResponse.authorities:type_name -> tether.v1.CertificateAuthority
+	103, // 26: tether.v1.CreateTaskRequest.kind:type_name -> tether.v1.TaskKind
+	104, // 27: tether.v1.CreateTaskRequest.exec:type_name -> tether.v1.ExecPayload
+	105, // 28: tether.v1.ListTasksRequest.target:type_name -> tether.v1.TaskTarget
+	106, // 29: tether.v1.ListTasksRequest.status:type_name -> tether.v1.TaskStatus
+	107, // 30: tether.v1.ListTasksResponse.tasks:type_name -> tether.v1.Task
+	108, // 31: tether.v1.CreatePoolRequest.lifecycle_class:type_name -> tether.v1.LifecycleClass
+	109, // 32: tether.v1.CreatePoolRequest.metadata:type_name -> tether.v1.PoolMetadata
+	110, // 33: tether.v1.ListPoolsResponse.pools:type_name -> tether.v1.Pool
+	108, // 34: tether.v1.UpdatePoolRequest.lifecycle_class:type_name -> tether.v1.LifecycleClass
+	109, // 35: tether.v1.UpdatePoolRequest.metadata:type_name -> tether.v1.PoolMetadata
+	110, // 36: tether.v1.DrainPoolResponse.pool:type_name -> tether.v1.Pool
+	110, // 37: tether.v1.ReplenishPoolResponse.pool:type_name -> tether.v1.Pool
+	110, // 38: tether.v1.RecyclePoolResponse.pool:type_name -> tether.v1.Pool
+	108, // 39: tether.v1.AcquirePoolMemberRequest.lifecycle_class:type_name -> tether.v1.LifecycleClass
+	99,  // 40: tether.v1.AcquirePoolMemberResponse.instance:type_name -> tether.v1.Instance
+	99,  // 41: tether.v1.ReleasePoolMemberResponse.instance:type_name -> tether.v1.Instance
+	111, // 42: tether.v1.ListEventsRequest.min_severity:type_name -> tether.v1.Severity
+	112, // 43: tether.v1.ListEventsResponse.events:type_name -> tether.v1.FleetEvent
+	111, // 44: tether.v1.WatchEventsRequest.min_severity:type_name -> tether.v1.Severity
+	113, // 45: tether.v1.ListSignersResponse.signers:type_name -> tether.v1.Signer
+	94,  // 46: tether.v1.SignModuleRequest.signature:type_name -> tether.v1.ModuleSignature
+	114, // 47: tether.v1.IdentityCertificate.identity:type_name -> tether.v1.AdminIdentity
+	114, // 48: tether.v1.ListIdentitiesResponse.identities:type_name -> tether.v1.AdminIdentity
+	101, // 49: tether.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
+	115, // 50: tether.v1.ListAuditResponse.records:type_name -> tether.v1.AuditRecord
+	116, // 51: tether.v1.ListCredentialsResponse.credentials:type_name -> tether.v1.Credential
+	0,   // 52: tether.v1.AdminService.CreateTemplate:input_type -> tether.v1.CreateTemplateRequest
+	1,   // 53: tether.v1.AdminService.GetTemplate:input_type -> tether.v1.GetTemplateRequest
+	2,   // 54: tether.v1.AdminService.ListTemplates:input_type -> tether.v1.ListTemplatesRequest
+	4,   // 55: tether.v1.AdminService.UpdateTemplate:input_type -> tether.v1.UpdateTemplateRequest
+	5,   // 56: tether.v1.AdminService.DeleteTemplate:input_type -> tether.v1.DeleteTemplateRequest
+	7,   // 57: tether.v1.AdminService.PushModule:input_type -> tether.v1.PushModuleRequest
+	9,   // 58: tether.v1.AdminService.GetModule:input_type -> tether.v1.GetModuleRequest
+	10,  // 59: tether.v1.AdminService.ListModules:input_type -> tether.v1.ListModulesRequest
+	12,  // 60: tether.v1.AdminService.DeleteModule:input_type -> tether.v1.DeleteModuleRequest
+	14,  // 61: tether.v1.AdminService.CreateNode:input_type -> tether.v1.CreateNodeRequest
+	15,  // 62: tether.v1.AdminService.GetNode:input_type -> tether.v1.GetNodeRequest
+	16,  // 63: tether.v1.AdminService.ListNodes:input_type -> tether.v1.ListNodesRequest
+	18,  // 64: tether.v1.AdminService.UpdateNode:input_type -> tether.v1.UpdateNodeRequest
+	19,  // 65: tether.v1.AdminService.DeleteNode:input_type -> tether.v1.DeleteNodeRequest
+	20,  // 66: tether.v1.AdminService.AdoptNode:input_type -> tether.v1.AdoptNodeRequest
+	23,  // 67: tether.v1.AdminService.ProvisionInstance:input_type -> tether.v1.ProvisionInstanceRequest
+	25,  // 68: tether.v1.AdminService.GetInstance:input_type -> tether.v1.GetInstanceRequest
+	26,  // 69: tether.v1.AdminService.ListInstances:input_type -> tether.v1.ListInstancesRequest
+	28,  // 70: tether.v1.AdminService.StartInstance:input_type -> tether.v1.InstanceActionRequest
+	28,  // 71: tether.v1.AdminService.StopInstance:input_type -> tether.v1.InstanceActionRequest
+	28,  // 72: tether.v1.AdminService.RebootInstance:input_type -> tether.v1.InstanceActionRequest
+	28,  // 73: tether.v1.AdminService.TerminateInstance:input_type -> tether.v1.InstanceActionRequest
+	29,  // 74: tether.v1.AdminService.HoldInstance:input_type -> tether.v1.HoldInstanceRequest
+	28,  // 75: tether.v1.AdminService.UnholdInstance:input_type -> tether.v1.InstanceActionRequest
+	30,  // 76: tether.v1.AdminService.CordonInstance:input_type -> tether.v1.CordonInstanceRequest
+	28,  // 77: tether.v1.AdminService.UncordonInstance:input_type -> tether.v1.InstanceActionRequest
+	33,  // 78: tether.v1.AdminService.DrainInstance:input_type -> tether.v1.DrainInstanceRequest
+	35,  // 79: tether.v1.AdminService.GetInstanceConsole:input_type -> tether.v1.GetInstanceConsoleRequest
+	37,  // 80: tether.v1.AdminService.CreateSeedISO:input_type -> tether.v1.CreateSeedISORequest
+	39,  // 81: tether.v1.AdminService.CreateBootstrapToken:input_type -> tether.v1.CreateBootstrapTokenRequest
+	41,  // 82: tether.v1.AdminService.ListCertificates:input_type -> tether.v1.ListCertificatesRequest
+	49,  // 83: tether.v1.AdminService.RevokeCertificate:input_type -> tether.v1.RevokeCertificateRequest
+	44,  // 84: tether.v1.AdminService.PrepareCA:input_type -> tether.v1.PrepareCARequest
+	45,  // 85: tether.v1.AdminService.ActivateCA:input_type -> tether.v1.ActivateCARequest
+	46,  // 86: tether.v1.AdminService.RetireCA:input_type -> tether.v1.RetireCARequest
+	47,  // 87: tether.v1.AdminService.ListCAs:input_type -> tether.v1.ListCAsRequest
+	50,  // 88: tether.v1.AdminService.CreateTask:input_type -> tether.v1.CreateTaskRequest
+	51,  // 89: tether.v1.AdminService.GetTask:input_type -> tether.v1.GetTaskRequest
+	52,  // 90: tether.v1.AdminService.ListTasks:input_type -> tether.v1.ListTasksRequest
+	54,  // 91: tether.v1.AdminService.CancelTask:input_type -> tether.v1.CancelTaskRequest
+	55,  // 92: tether.v1.AdminService.CreatePool:input_type -> tether.v1.CreatePoolRequest
+	56,  // 93: tether.v1.AdminService.GetPool:input_type -> tether.v1.GetPoolRequest
+	57,  // 94: tether.v1.AdminService.ListPools:input_type -> tether.v1.ListPoolsRequest
+	59,  // 95: tether.v1.AdminService.UpdatePool:input_type -> tether.v1.UpdatePoolRequest
+	60,  // 96: tether.v1.AdminService.PausePool:input_type -> tether.v1.PoolActionRequest
+	60,  // 97: tether.v1.AdminService.ActivatePool:input_type -> tether.v1.PoolActionRequest
+	60,  // 98: tether.v1.AdminService.DrainPool:input_type -> tether.v1.PoolActionRequest
+	60,  // 99: tether.v1.AdminService.DeletePool:input_type -> tether.v1.PoolActionRequest
+	60,  // 100: tether.v1.AdminService.ReplenishPool:input_type -> tether.v1.PoolActionRequest
+	60,  // 101: tether.v1.AdminService.RecyclePool:input_type -> tether.v1.PoolActionRequest
+	65,  // 102: tether.v1.AdminService.AcquirePoolMember:input_type -> tether.v1.AcquirePoolMemberRequest
+	67,  // 103: tether.v1.AdminService.ReleasePoolMember:input_type -> tether.v1.ReleasePoolMemberRequest
+	69,  // 104: tether.v1.AdminService.ListEvents:input_type -> tether.v1.ListEventsRequest
+	71,  // 105: tether.v1.AdminService.WatchEvents:input_type -> tether.v1.WatchEventsRequest
+	72,  // 106: tether.v1.AdminService.AddSigner:input_type -> tether.v1.AddSignerRequest
+	73,  // 107: tether.v1.AdminService.ListSigners:input_type -> tether.v1.ListSignersRequest
+	75,  // 108: tether.v1.AdminService.RemoveSigner:input_type -> tether.v1.RemoveSignerRequest
+	77,  // 109: tether.v1.AdminService.SignModule:input_type -> tether.v1.SignModuleRequest
+	78,  // 110: tether.v1.AdminService.CreateIdentity:input_type -> tether.v1.CreateIdentityRequest
+	80,  // 111: tether.v1.AdminService.ListIdentities:input_type -> tether.v1.ListIdentitiesRequest
+	82,  // 112: tether.v1.AdminService.RevokeIdentity:input_type -> tether.v1.RevokeIdentityRequest
+	83,  // 113: tether.v1.AdminService.RenewIdentity:input_type -> tether.v1.RenewIdentityRequest
+	84,  // 114: tether.v1.AdminService.ListAudit:input_type -> tether.v1.ListAuditRequest
+	86,  // 115: tether.v1.AdminService.CreateCredential:input_type -> tether.v1.CreateCredentialRequest
+	88,  // 116: tether.v1.AdminService.ListCredentials:input_type -> tether.v1.ListCredentialsRequest
+	87,  // 117: tether.v1.AdminService.UpdateCredential:input_type -> tether.v1.UpdateCredentialRequest
+	90,  // 118: tether.v1.AdminService.DeleteCredential:input_type -> tether.v1.DeleteCredentialRequest
+	93,  // 119: tether.v1.AdminService.CreateTemplate:output_type -> tether.v1.Template
+	93,  // 120: tether.v1.AdminService.GetTemplate:output_type -> tether.v1.Template
+	3,   // 121: tether.v1.AdminService.ListTemplates:output_type -> tether.v1.ListTemplatesResponse
+	93,  // 122: tether.v1.AdminService.UpdateTemplate:output_type -> tether.v1.Template
+	6,   // 123: tether.v1.AdminService.DeleteTemplate:output_type -> tether.v1.DeleteTemplateResponse
+	95,  // 124: tether.v1.AdminService.PushModule:output_type -> tether.v1.Module
+	95,  // 125: tether.v1.AdminService.GetModule:output_type -> tether.v1.Module
+	11,  // 126: tether.v1.AdminService.ListModules:output_type -> tether.v1.ListModulesResponse
+	13,  // 127: tether.v1.AdminService.DeleteModule:output_type -> tether.v1.DeleteModuleResponse
+	98,  // 128: tether.v1.AdminService.CreateNode:output_type -> tether.v1.Node
+	98,  // 129: tether.v1.AdminService.GetNode:output_type -> tether.v1.Node
+	17,  // 130: tether.v1.AdminService.ListNodes:output_type -> tether.v1.ListNodesResponse
+	98,  // 131: tether.v1.AdminService.UpdateNode:output_type -> tether.v1.Node
+	22,  // 132: tether.v1.AdminService.DeleteNode:output_type -> tether.v1.DeleteNodeResponse
+	21,  // 133: tether.v1.AdminService.AdoptNode:output_type -> tether.v1.AdoptNodeResponse
+	24,  // 134: tether.v1.AdminService.ProvisionInstance:output_type -> tether.v1.ProvisionInstanceResponse
+	99,  // 135: tether.v1.AdminService.GetInstance:output_type -> tether.v1.Instance
+	27,  // 136: tether.v1.AdminService.ListInstances:output_type -> tether.v1.ListInstancesResponse
+	99,  // 137: tether.v1.AdminService.StartInstance:output_type -> tether.v1.Instance
+	99,  // 138: tether.v1.AdminService.StopInstance:output_type -> tether.v1.Instance
+	99,  // 139: tether.v1.AdminService.RebootInstance:output_type -> tether.v1.Instance
+	99,  // 140: tether.v1.AdminService.TerminateInstance:output_type -> tether.v1.Instance
+	99,  // 141: tether.v1.AdminService.HoldInstance:output_type -> tether.v1.Instance
+	99,  // 142: tether.v1.AdminService.UnholdInstance:output_type -> tether.v1.Instance
+	31,  // 143: tether.v1.AdminService.CordonInstance:output_type -> tether.v1.CordonInstanceResponse
+	32,  // 144: tether.v1.AdminService.UncordonInstance:output_type -> tether.v1.UncordonInstanceResponse
+	34,  // 145: tether.v1.AdminService.DrainInstance:output_type -> tether.v1.DrainInstanceResponse
+	36,  // 146: tether.v1.AdminService.GetInstanceConsole:output_type -> tether.v1.ConsoleChunk
+	38,  // 147: tether.v1.AdminService.CreateSeedISO:output_type -> tether.v1.CreateSeedISOResponse
+	40,  // 148: tether.v1.AdminService.CreateBootstrapToken:output_type -> tether.v1.CreateBootstrapTokenResponse
+	42,  // 149: tether.v1.AdminService.ListCertificates:output_type -> tether.v1.ListCertificatesResponse
+	102, // 150: tether.v1.AdminService.RevokeCertificate:output_type -> tether.v1.Certificate
+	43,  // 151: tether.v1.AdminService.PrepareCA:output_type -> tether.v1.CertificateAuthority
+	43,  // 152: tether.v1.AdminService.ActivateCA:output_type -> tether.v1.CertificateAuthority
+	43,  // 153: tether.v1.AdminService.RetireCA:output_type -> tether.v1.CertificateAuthority
+	48,  // 154: tether.v1.AdminService.ListCAs:output_type -> tether.v1.ListCAsResponse
+	107, // 155: tether.v1.AdminService.CreateTask:output_type -> tether.v1.Task
+	107, // 156: tether.v1.AdminService.GetTask:output_type -> tether.v1.Task
+	53,  // 157: tether.v1.AdminService.ListTasks:output_type -> tether.v1.ListTasksResponse
+	107, // 158: tether.v1.AdminService.CancelTask:output_type -> tether.v1.Task
+	110, // 159: tether.v1.AdminService.CreatePool:output_type -> tether.v1.Pool
+	110, // 160: tether.v1.AdminService.GetPool:output_type -> tether.v1.Pool
+	58,  // 161: tether.v1.AdminService.ListPools:output_type -> tether.v1.ListPoolsResponse
+	110, // 162: tether.v1.AdminService.UpdatePool:output_type -> tether.v1.Pool
+	110, // 163: tether.v1.AdminService.PausePool:output_type -> tether.v1.Pool
+	110, // 164: tether.v1.AdminService.ActivatePool:output_type -> tether.v1.Pool
+	61,  // 165: tether.v1.AdminService.DrainPool:output_type -> tether.v1.DrainPoolResponse
+	62,  // 166: tether.v1.AdminService.DeletePool:output_type -> tether.v1.DeletePoolResponse
+	63,  // 167: tether.v1.AdminService.ReplenishPool:output_type -> tether.v1.ReplenishPoolResponse
+	64,  // 168: tether.v1.AdminService.RecyclePool:output_type -> tether.v1.RecyclePoolResponse
+	66,  // 169: tether.v1.AdminService.AcquirePoolMember:output_type -> tether.v1.AcquirePoolMemberResponse
+	68,  // 170: tether.v1.AdminService.ReleasePoolMember:output_type -> tether.v1.ReleasePoolMemberResponse
+	70,  // 171: tether.v1.AdminService.ListEvents:output_type -> tether.v1.ListEventsResponse
+	112, // 172: tether.v1.AdminService.WatchEvents:output_type -> tether.v1.FleetEvent
+	113, // 173: tether.v1.AdminService.AddSigner:output_type -> tether.v1.Signer
+	74,  // 174: tether.v1.AdminService.ListSigners:output_type -> tether.v1.ListSignersResponse
+	76,  // 175: tether.v1.AdminService.RemoveSigner:output_type -> tether.v1.RemoveSignerResponse
+	95,  // 176: tether.v1.AdminService.SignModule:output_type -> tether.v1.Module
+	79,  // 177: tether.v1.AdminService.CreateIdentity:output_type -> tether.v1.IdentityCertificate
+	81,  // 178: tether.v1.AdminService.ListIdentities:output_type -> tether.v1.ListIdentitiesResponse
+	114, // 179: tether.v1.AdminService.RevokeIdentity:output_type -> tether.v1.AdminIdentity
+	79,  // 180: tether.v1.AdminService.RenewIdentity:output_type -> tether.v1.IdentityCertificate
+	85,  // 181: tether.v1.AdminService.ListAudit:output_type -> tether.v1.ListAuditResponse
+	116, // 182: tether.v1.AdminService.CreateCredential:output_type -> tether.v1.Credential
+	89,  // 183: tether.v1.AdminService.ListCredentials:output_type -> tether.v1.ListCredentialsResponse
+	116, // 184: tether.v1.AdminService.UpdateCredential:output_type -> tether.v1.Credential
+	91,  // 185: tether.v1.AdminService.DeleteCredential:output_type -> tether.v1.DeleteCredentialResponse
+	119, // [119:186] is the sub-list for method output_type
+	52,  // [52:119] is the sub-list for method input_type
+	52,  // [52:52] is the sub-list for extension type_name
+	52,  // [52:52] is the sub-list for extension extendee
+	0,   // [0:52] is the sub-list for field type_name
 }
 
 func init() { file_tether_v1_admin_proto_init() }
@@ -5891,14 +6251,14 @@ func file_tether_v1_admin_proto_init() {
 		(*PushModuleRequest_Chunk)(nil),
 	}
 	file_tether_v1_admin_proto_msgTypes[14].OneofWrappers = []any{}
-	file_tether_v1_admin_proto_msgTypes[49].OneofWrappers = []any{}
+	file_tether_v1_admin_proto_msgTypes[55].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tether_v1_admin_proto_rawDesc), len(file_tether_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   86,
+			NumMessages:   92,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -51,6 +51,10 @@ const (
 	AdminService_CreateBootstrapToken_FullMethodName = "/tether.v1.AdminService/CreateBootstrapToken"
 	AdminService_ListCertificates_FullMethodName     = "/tether.v1.AdminService/ListCertificates"
 	AdminService_RevokeCertificate_FullMethodName    = "/tether.v1.AdminService/RevokeCertificate"
+	AdminService_PrepareCA_FullMethodName            = "/tether.v1.AdminService/PrepareCA"
+	AdminService_ActivateCA_FullMethodName           = "/tether.v1.AdminService/ActivateCA"
+	AdminService_RetireCA_FullMethodName             = "/tether.v1.AdminService/RetireCA"
+	AdminService_ListCAs_FullMethodName              = "/tether.v1.AdminService/ListCAs"
 	AdminService_CreateTask_FullMethodName           = "/tether.v1.AdminService/CreateTask"
 	AdminService_GetTask_FullMethodName              = "/tether.v1.AdminService/GetTask"
 	AdminService_ListTasks_FullMethodName            = "/tether.v1.AdminService/ListTasks"
@@ -131,6 +135,12 @@ type AdminServiceClient interface {
 	// Certificates.
 	ListCertificates(ctx context.Context, in *ListCertificatesRequest, opts ...grpc.CallOption) (*ListCertificatesResponse, error)
 	RevokeCertificate(ctx context.Context, in *RevokeCertificateRequest, opts ...grpc.CallOption) (*Certificate, error)
+	// CA rotation (design §3.10): prepare a new CA, make it the one that
+	// signs, retire the old one once nothing it signed is live.
+	PrepareCA(ctx context.Context, in *PrepareCARequest, opts ...grpc.CallOption) (*CertificateAuthority, error)
+	ActivateCA(ctx context.Context, in *ActivateCARequest, opts ...grpc.CallOption) (*CertificateAuthority, error)
+	RetireCA(ctx context.Context, in *RetireCARequest, opts ...grpc.CallOption) (*CertificateAuthority, error)
+	ListCAs(ctx context.Context, in *ListCAsRequest, opts ...grpc.CallOption) (*ListCAsResponse, error)
 	// Tasks.
 	CreateTask(ctx context.Context, in *CreateTaskRequest, opts ...grpc.CallOption) (*Task, error)
 	GetTask(ctx context.Context, in *GetTaskRequest, opts ...grpc.CallOption) (*Task, error)
@@ -516,6 +526,46 @@ func (c *adminServiceClient) RevokeCertificate(ctx context.Context, in *RevokeCe
 	return out, nil
 }
 
+func (c *adminServiceClient) PrepareCA(ctx context.Context, in *PrepareCARequest, opts ...grpc.CallOption) (*CertificateAuthority, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CertificateAuthority)
+	err := c.cc.Invoke(ctx, AdminService_PrepareCA_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) ActivateCA(ctx context.Context, in *ActivateCARequest, opts ...grpc.CallOption) (*CertificateAuthority, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CertificateAuthority)
+	err := c.cc.Invoke(ctx, AdminService_ActivateCA_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) RetireCA(ctx context.Context, in *RetireCARequest, opts ...grpc.CallOption) (*CertificateAuthority, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CertificateAuthority)
+	err := c.cc.Invoke(ctx, AdminService_RetireCA_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) ListCAs(ctx context.Context, in *ListCAsRequest, opts ...grpc.CallOption) (*ListCAsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListCAsResponse)
+	err := c.cc.Invoke(ctx, AdminService_ListCAs_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *adminServiceClient) CreateTask(ctx context.Context, in *CreateTaskRequest, opts ...grpc.CallOption) (*Task, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(Task)
@@ -882,6 +932,12 @@ type AdminServiceServer interface {
 	// Certificates.
 	ListCertificates(context.Context, *ListCertificatesRequest) (*ListCertificatesResponse, error)
 	RevokeCertificate(context.Context, *RevokeCertificateRequest) (*Certificate, error)
+	// CA rotation (design §3.10): prepare a new CA, make it the one that
+	// signs, retire the old one once nothing it signed is live.
+	PrepareCA(context.Context, *PrepareCARequest) (*CertificateAuthority, error)
+	ActivateCA(context.Context, *ActivateCARequest) (*CertificateAuthority, error)
+	RetireCA(context.Context, *RetireCARequest) (*CertificateAuthority, error)
+	ListCAs(context.Context, *ListCAsRequest) (*ListCAsResponse, error)
 	// Tasks.
 	CreateTask(context.Context, *CreateTaskRequest) (*Task, error)
 	GetTask(context.Context, *GetTaskRequest) (*Task, error)
@@ -1030,6 +1086,18 @@ func (UnimplementedAdminServiceServer) ListCertificates(context.Context, *ListCe
 }
 func (UnimplementedAdminServiceServer) RevokeCertificate(context.Context, *RevokeCertificateRequest) (*Certificate, error) {
 	return nil, status.Error(codes.Unimplemented, "method RevokeCertificate not implemented")
+}
+func (UnimplementedAdminServiceServer) PrepareCA(context.Context, *PrepareCARequest) (*CertificateAuthority, error) {
+	return nil, status.Error(codes.Unimplemented, "method PrepareCA not implemented")
+}
+func (UnimplementedAdminServiceServer) ActivateCA(context.Context, *ActivateCARequest) (*CertificateAuthority, error) {
+	return nil, status.Error(codes.Unimplemented, "method ActivateCA not implemented")
+}
+func (UnimplementedAdminServiceServer) RetireCA(context.Context, *RetireCARequest) (*CertificateAuthority, error) {
+	return nil, status.Error(codes.Unimplemented, "method RetireCA not implemented")
+}
+func (UnimplementedAdminServiceServer) ListCAs(context.Context, *ListCAsRequest) (*ListCAsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListCAs not implemented")
 }
 func (UnimplementedAdminServiceServer) CreateTask(context.Context, *CreateTaskRequest) (*Task, error) {
 	return nil, status.Error(codes.Unimplemented, "method CreateTask not implemented")
@@ -1699,6 +1767,78 @@ func _AdminService_RevokeCertificate_Handler(srv interface{}, ctx context.Contex
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(AdminServiceServer).RevokeCertificate(ctx, req.(*RevokeCertificateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_PrepareCA_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PrepareCARequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).PrepareCA(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_PrepareCA_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).PrepareCA(ctx, req.(*PrepareCARequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_ActivateCA_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ActivateCARequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ActivateCA(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ActivateCA_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ActivateCA(ctx, req.(*ActivateCARequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_RetireCA_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RetireCARequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).RetireCA(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_RetireCA_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).RetireCA(ctx, req.(*RetireCARequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_ListCAs_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListCAsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ListCAs(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ListCAs_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ListCAs(ctx, req.(*ListCAsRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -2380,6 +2520,22 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RevokeCertificate",
 			Handler:    _AdminService_RevokeCertificate_Handler,
+		},
+		{
+			MethodName: "PrepareCA",
+			Handler:    _AdminService_PrepareCA_Handler,
+		},
+		{
+			MethodName: "ActivateCA",
+			Handler:    _AdminService_ActivateCA_Handler,
+		},
+		{
+			MethodName: "RetireCA",
+			Handler:    _AdminService_RetireCA_Handler,
+		},
+		{
+			MethodName: "ListCAs",
+			Handler:    _AdminService_ListCAs_Handler,
 		},
 		{
 			MethodName: "CreateTask",

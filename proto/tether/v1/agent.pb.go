@@ -69,10 +69,12 @@ func (x *RenewRequest) GetCsrPem() string {
 type RenewResponse struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
 	CertificatePem string                 `protobuf:"bytes,1,opt,name=certificate_pem,json=certificatePem,proto3" json:"certificate_pem,omitempty"`
-	CaPem          string                 `protobuf:"bytes,2,opt,name=ca_pem,json=caPem,proto3" json:"ca_pem,omitempty"`
-	NotAfter       *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=not_after,json=notAfter,proto3" json:"not_after,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The root that signed certificate_pem.
+	CaPem         string                 `protobuf:"bytes,2,opt,name=ca_pem,json=caPem,proto3" json:"ca_pem,omitempty"`
+	NotAfter      *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=not_after,json=notAfter,proto3" json:"not_after,omitempty"`
+	TrustBundle   *TrustBundle           `protobuf:"bytes,4,opt,name=trust_bundle,json=trustBundle,proto3" json:"trust_bundle,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RenewResponse) Reset() {
@@ -122,6 +124,13 @@ func (x *RenewResponse) GetCaPem() string {
 func (x *RenewResponse) GetNotAfter() *timestamppb.Timestamp {
 	if x != nil {
 		return x.NotAfter
+	}
+	return nil
+}
+
+func (x *RenewResponse) GetTrustBundle() *TrustBundle {
+	if x != nil {
+		return x.TrustBundle
 	}
 	return nil
 }
@@ -635,6 +644,7 @@ type ControlMessage struct {
 	//	*ControlMessage_Settings
 	//	*ControlMessage_Task
 	//	*ControlMessage_Cancel
+	//	*ControlMessage_TrustBundle
 	Msg           isControlMessage_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -704,6 +714,15 @@ func (x *ControlMessage) GetCancel() *TaskCancel {
 	return nil
 }
 
+func (x *ControlMessage) GetTrustBundle() *TrustBundle {
+	if x != nil {
+		if x, ok := x.Msg.(*ControlMessage_TrustBundle); ok {
+			return x.TrustBundle
+		}
+	}
+	return nil
+}
+
 type isControlMessage_Msg interface {
 	isControlMessage_Msg()
 }
@@ -720,11 +739,19 @@ type ControlMessage_Cancel struct {
 	Cancel *TaskCancel `protobuf:"bytes,3,opt,name=cancel,proto3,oneof"`
 }
 
+type ControlMessage_TrustBundle struct {
+	// Sent at the start of every stream and whenever the CA set changes;
+	// agents from before CA rotation ignore it.
+	TrustBundle *TrustBundle `protobuf:"bytes,4,opt,name=trust_bundle,json=trustBundle,proto3,oneof"`
+}
+
 func (*ControlMessage_Settings) isControlMessage_Msg() {}
 
 func (*ControlMessage_Task) isControlMessage_Msg() {}
 
 func (*ControlMessage_Cancel) isControlMessage_Msg() {}
+
+func (*ControlMessage_TrustBundle) isControlMessage_Msg() {}
 
 type Settings struct {
 	state                    protoimpl.MessageState `protogen:"open.v1"`
@@ -919,11 +946,12 @@ const file_tether_v1_agent_proto_rawDesc = "" +
 	"\n" +
 	"\x15tether/v1/agent.proto\x12\ttether.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15tether/v1/types.proto\"'\n" +
 	"\fRenewRequest\x12\x17\n" +
-	"\acsr_pem\x18\x01 \x01(\tR\x06csrPem\"\x88\x01\n" +
+	"\acsr_pem\x18\x01 \x01(\tR\x06csrPem\"\xc3\x01\n" +
 	"\rRenewResponse\x12'\n" +
 	"\x0fcertificate_pem\x18\x01 \x01(\tR\x0ecertificatePem\x12\x15\n" +
 	"\x06ca_pem\x18\x02 \x01(\tR\x05caPem\x127\n" +
-	"\tnot_after\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\bnotAfter\"\x16\n" +
+	"\tnot_after\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\bnotAfter\x129\n" +
+	"\ftrust_bundle\x18\x04 \x01(\v2\x16.tether.v1.TrustBundleR\vtrustBundle\"\x16\n" +
 	"\x14GetAssignmentRequest\"\xa7\x02\n" +
 	"\n" +
 	"Assignment\x12\x1f\n" +
@@ -962,11 +990,12 @@ const file_tether_v1_agent_proto_rawDesc = "" +
 	"\x06status\x18\x02 \x01(\x0e2\x15.tether.v1.TaskStatusR\x06status\x12-\n" +
 	"\x06result\x18\x03 \x01(\v2\x15.tether.v1.TaskResultR\x06result\x12#\n" +
 	"\rerror_message\x18\x04 \x01(\tR\ferrorMessage\x12\x1a\n" +
-	"\bprogress\x18\x05 \x01(\tR\bprogress\"\xac\x01\n" +
+	"\bprogress\x18\x05 \x01(\tR\bprogress\"\xe9\x01\n" +
 	"\x0eControlMessage\x121\n" +
 	"\bsettings\x18\x01 \x01(\v2\x13.tether.v1.SettingsH\x00R\bsettings\x12/\n" +
 	"\x04task\x18\x02 \x01(\v2\x19.tether.v1.TaskAssignmentH\x00R\x04task\x12/\n" +
-	"\x06cancel\x18\x03 \x01(\v2\x15.tether.v1.TaskCancelH\x00R\x06cancelB\x05\n" +
+	"\x06cancel\x18\x03 \x01(\v2\x15.tether.v1.TaskCancelH\x00R\x06cancel\x12;\n" +
+	"\ftrust_bundle\x18\x04 \x01(\v2\x16.tether.v1.TrustBundleH\x00R\vtrustBundleB\x05\n" +
 	"\x03msg\"\xd9\x01\n" +
 	"\bSettings\x12<\n" +
 	"\x1aheartbeat_interval_seconds\x18\x01 \x01(\x05R\x18heartbeatIntervalSeconds\x121\n" +
@@ -1015,41 +1044,44 @@ var file_tether_v1_agent_proto_goTypes = []any{
 	(*TaskAssignment)(nil),        // 11: tether.v1.TaskAssignment
 	(*TaskCancel)(nil),            // 12: tether.v1.TaskCancel
 	(*timestamppb.Timestamp)(nil), // 13: google.protobuf.Timestamp
-	(*Module)(nil),                // 14: tether.v1.Module
-	(AgentPhase)(0),               // 15: tether.v1.AgentPhase
-	(TaskStatus)(0),               // 16: tether.v1.TaskStatus
-	(*TaskResult)(nil),            // 17: tether.v1.TaskResult
-	(TaskKind)(0),                 // 18: tether.v1.TaskKind
-	(*ExecPayload)(nil),           // 19: tether.v1.ExecPayload
+	(*TrustBundle)(nil),           // 14: tether.v1.TrustBundle
+	(*Module)(nil),                // 15: tether.v1.Module
+	(AgentPhase)(0),               // 16: tether.v1.AgentPhase
+	(TaskStatus)(0),               // 17: tether.v1.TaskStatus
+	(*TaskResult)(nil),            // 18: tether.v1.TaskResult
+	(TaskKind)(0),                 // 19: tether.v1.TaskKind
+	(*ExecPayload)(nil),           // 20: tether.v1.ExecPayload
 }
 var file_tether_v1_agent_proto_depIdxs = []int32{
 	13, // 0: tether.v1.RenewResponse.not_after:type_name -> google.protobuf.Timestamp
-	14, // 1: tether.v1.Assignment.root_modules:type_name -> tether.v1.Module
-	14, // 2: tether.v1.Assignment.extension_modules:type_name -> tether.v1.Module
-	7,  // 3: tether.v1.AgentMessage.heartbeat:type_name -> tether.v1.Heartbeat
-	8,  // 4: tether.v1.AgentMessage.task_update:type_name -> tether.v1.TaskUpdate
-	15, // 5: tether.v1.Heartbeat.phase:type_name -> tether.v1.AgentPhase
-	16, // 6: tether.v1.TaskUpdate.status:type_name -> tether.v1.TaskStatus
-	17, // 7: tether.v1.TaskUpdate.result:type_name -> tether.v1.TaskResult
-	10, // 8: tether.v1.ControlMessage.settings:type_name -> tether.v1.Settings
-	11, // 9: tether.v1.ControlMessage.task:type_name -> tether.v1.TaskAssignment
-	12, // 10: tether.v1.ControlMessage.cancel:type_name -> tether.v1.TaskCancel
-	18, // 11: tether.v1.TaskAssignment.kind:type_name -> tether.v1.TaskKind
-	19, // 12: tether.v1.TaskAssignment.exec:type_name -> tether.v1.ExecPayload
-	13, // 13: tether.v1.TaskAssignment.lease_expires_at:type_name -> google.protobuf.Timestamp
-	0,  // 14: tether.v1.AgentService.Renew:input_type -> tether.v1.RenewRequest
-	2,  // 15: tether.v1.AgentService.GetAssignment:input_type -> tether.v1.GetAssignmentRequest
-	4,  // 16: tether.v1.AgentService.FetchModule:input_type -> tether.v1.FetchModuleRequest
-	6,  // 17: tether.v1.AgentService.Connect:input_type -> tether.v1.AgentMessage
-	1,  // 18: tether.v1.AgentService.Renew:output_type -> tether.v1.RenewResponse
-	3,  // 19: tether.v1.AgentService.GetAssignment:output_type -> tether.v1.Assignment
-	5,  // 20: tether.v1.AgentService.FetchModule:output_type -> tether.v1.ModuleChunk
-	9,  // 21: tether.v1.AgentService.Connect:output_type -> tether.v1.ControlMessage
-	18, // [18:22] is the sub-list for method output_type
-	14, // [14:18] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	14, // 1: tether.v1.RenewResponse.trust_bundle:type_name -> tether.v1.TrustBundle
+	15, // 2: tether.v1.Assignment.root_modules:type_name -> tether.v1.Module
+	15, // 3: tether.v1.Assignment.extension_modules:type_name -> tether.v1.Module
+	7,  // 4: tether.v1.AgentMessage.heartbeat:type_name -> tether.v1.Heartbeat
+	8,  // 5: tether.v1.AgentMessage.task_update:type_name -> tether.v1.TaskUpdate
+	16, // 6: tether.v1.Heartbeat.phase:type_name -> tether.v1.AgentPhase
+	17, // 7: tether.v1.TaskUpdate.status:type_name -> tether.v1.TaskStatus
+	18, // 8: tether.v1.TaskUpdate.result:type_name -> tether.v1.TaskResult
+	10, // 9: tether.v1.ControlMessage.settings:type_name -> tether.v1.Settings
+	11, // 10: tether.v1.ControlMessage.task:type_name -> tether.v1.TaskAssignment
+	12, // 11: tether.v1.ControlMessage.cancel:type_name -> tether.v1.TaskCancel
+	14, // 12: tether.v1.ControlMessage.trust_bundle:type_name -> tether.v1.TrustBundle
+	19, // 13: tether.v1.TaskAssignment.kind:type_name -> tether.v1.TaskKind
+	20, // 14: tether.v1.TaskAssignment.exec:type_name -> tether.v1.ExecPayload
+	13, // 15: tether.v1.TaskAssignment.lease_expires_at:type_name -> google.protobuf.Timestamp
+	0,  // 16: tether.v1.AgentService.Renew:input_type -> tether.v1.RenewRequest
+	2,  // 17: tether.v1.AgentService.GetAssignment:input_type -> tether.v1.GetAssignmentRequest
+	4,  // 18: tether.v1.AgentService.FetchModule:input_type -> tether.v1.FetchModuleRequest
+	6,  // 19: tether.v1.AgentService.Connect:input_type -> tether.v1.AgentMessage
+	1,  // 20: tether.v1.AgentService.Renew:output_type -> tether.v1.RenewResponse
+	3,  // 21: tether.v1.AgentService.GetAssignment:output_type -> tether.v1.Assignment
+	5,  // 22: tether.v1.AgentService.FetchModule:output_type -> tether.v1.ModuleChunk
+	9,  // 23: tether.v1.AgentService.Connect:output_type -> tether.v1.ControlMessage
+	20, // [20:24] is the sub-list for method output_type
+	16, // [16:20] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_tether_v1_agent_proto_init() }
@@ -1066,6 +1098,7 @@ func file_tether_v1_agent_proto_init() {
 		(*ControlMessage_Settings)(nil),
 		(*ControlMessage_Task)(nil),
 		(*ControlMessage_Cancel)(nil),
+		(*ControlMessage_TrustBundle)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{

@@ -136,8 +136,11 @@ type EnrollResponse struct {
 	InstanceId     string                 `protobuf:"bytes,1,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
 	CertificatePem string                 `protobuf:"bytes,2,opt,name=certificate_pem,json=certificatePem,proto3" json:"certificate_pem,omitempty"`
 	// The CA certificate, so the agent can verify the chain it already pinned.
-	CaPem         string                 `protobuf:"bytes,3,opt,name=ca_pem,json=caPem,proto3" json:"ca_pem,omitempty"`
-	NotAfter      *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=not_after,json=notAfter,proto3" json:"not_after,omitempty"`
+	CaPem    string                 `protobuf:"bytes,3,opt,name=ca_pem,json=caPem,proto3" json:"ca_pem,omitempty"`
+	NotAfter *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=not_after,json=notAfter,proto3" json:"not_after,omitempty"`
+	// Every root the control plane trusts, each chained to the one before:
+	// a node pinned to an older root learns the newer ones here.
+	TrustBundle   *TrustBundle `protobuf:"bytes,5,opt,name=trust_bundle,json=trustBundle,proto3" json:"trust_bundle,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -196,6 +199,13 @@ func (x *EnrollResponse) GetCaPem() string {
 func (x *EnrollResponse) GetNotAfter() *timestamppb.Timestamp {
 	if x != nil {
 		return x.NotAfter
+	}
+	return nil
+}
+
+func (x *EnrollResponse) GetTrustBundle() *TrustBundle {
+	if x != nil {
+		return x.TrustBundle
 	}
 	return nil
 }
@@ -896,16 +906,17 @@ var File_tether_v1_enrollment_proto protoreflect.FileDescriptor
 
 const file_tether_v1_enrollment_proto_rawDesc = "" +
 	"\n" +
-	"\x1atether/v1/enrollment.proto\x12\ttether.v1\x1a\x1fgoogle/protobuf/timestamp.proto\">\n" +
+	"\x1atether/v1/enrollment.proto\x12\ttether.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15tether/v1/types.proto\">\n" +
 	"\rEnrollRequest\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\tR\x05token\x12\x17\n" +
-	"\acsr_pem\x18\x02 \x01(\tR\x06csrPem\"\xaa\x01\n" +
+	"\acsr_pem\x18\x02 \x01(\tR\x06csrPem\"\xe5\x01\n" +
 	"\x0eEnrollResponse\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x12'\n" +
 	"\x0fcertificate_pem\x18\x02 \x01(\tR\x0ecertificatePem\x12\x15\n" +
 	"\x06ca_pem\x18\x03 \x01(\tR\x05caPem\x127\n" +
-	"\tnot_after\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\bnotAfter\"\x7f\n" +
+	"\tnot_after\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\bnotAfter\x129\n" +
+	"\ftrust_bundle\x18\x05 \x01(\v2\x16.tether.v1.TrustBundleR\vtrustBundle\"\x7f\n" +
 	"\x15AttestedEnrollRequest\x12.\n" +
 	"\x05begin\x18\x01 \x01(\v2\x16.tether.v1.AttestBeginH\x00R\x05begin\x12.\n" +
 	"\x05proof\x18\x02 \x01(\v2\x16.tether.v1.AttestProofH\x00R\x05proofB\x06\n" +
@@ -992,26 +1003,28 @@ var file_tether_v1_enrollment_proto_goTypes = []any{
 	(*NetbootAnnounce)(nil),         // 11: tether.v1.NetbootAnnounce
 	(*NetbootAnnounceReply)(nil),    // 12: tether.v1.NetbootAnnounceReply
 	(*timestamppb.Timestamp)(nil),   // 13: google.protobuf.Timestamp
+	(*TrustBundle)(nil),             // 14: tether.v1.TrustBundle
 }
 var file_tether_v1_enrollment_proto_depIdxs = []int32{
 	13, // 0: tether.v1.EnrollResponse.not_after:type_name -> google.protobuf.Timestamp
-	4,  // 1: tether.v1.AttestedEnrollRequest.begin:type_name -> tether.v1.AttestBegin
-	6,  // 2: tether.v1.AttestedEnrollRequest.proof:type_name -> tether.v1.AttestProof
-	5,  // 3: tether.v1.AttestBegin.ak:type_name -> tether.v1.AttestationKey
-	7,  // 4: tether.v1.AttestProof.quotes:type_name -> tether.v1.TPMQuote
-	8,  // 5: tether.v1.AttestProof.pcrs:type_name -> tether.v1.PCRValue
-	10, // 6: tether.v1.AttestedEnrollResponse.challenge:type_name -> tether.v1.AttestChallenge
-	2,  // 7: tether.v1.AttestedEnrollResponse.enrolled:type_name -> tether.v1.EnrollResponse
-	0,  // 8: tether.v1.NetbootAnnounceReply.state:type_name -> tether.v1.NetbootAnnounceReply.State
-	1,  // 9: tether.v1.EnrollmentService.Enroll:input_type -> tether.v1.EnrollRequest
-	3,  // 10: tether.v1.EnrollmentService.EnrollAttested:input_type -> tether.v1.AttestedEnrollRequest
-	2,  // 11: tether.v1.EnrollmentService.Enroll:output_type -> tether.v1.EnrollResponse
-	9,  // 12: tether.v1.EnrollmentService.EnrollAttested:output_type -> tether.v1.AttestedEnrollResponse
-	11, // [11:13] is the sub-list for method output_type
-	9,  // [9:11] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	14, // 1: tether.v1.EnrollResponse.trust_bundle:type_name -> tether.v1.TrustBundle
+	4,  // 2: tether.v1.AttestedEnrollRequest.begin:type_name -> tether.v1.AttestBegin
+	6,  // 3: tether.v1.AttestedEnrollRequest.proof:type_name -> tether.v1.AttestProof
+	5,  // 4: tether.v1.AttestBegin.ak:type_name -> tether.v1.AttestationKey
+	7,  // 5: tether.v1.AttestProof.quotes:type_name -> tether.v1.TPMQuote
+	8,  // 6: tether.v1.AttestProof.pcrs:type_name -> tether.v1.PCRValue
+	10, // 7: tether.v1.AttestedEnrollResponse.challenge:type_name -> tether.v1.AttestChallenge
+	2,  // 8: tether.v1.AttestedEnrollResponse.enrolled:type_name -> tether.v1.EnrollResponse
+	0,  // 9: tether.v1.NetbootAnnounceReply.state:type_name -> tether.v1.NetbootAnnounceReply.State
+	1,  // 10: tether.v1.EnrollmentService.Enroll:input_type -> tether.v1.EnrollRequest
+	3,  // 11: tether.v1.EnrollmentService.EnrollAttested:input_type -> tether.v1.AttestedEnrollRequest
+	2,  // 12: tether.v1.EnrollmentService.Enroll:output_type -> tether.v1.EnrollResponse
+	9,  // 13: tether.v1.EnrollmentService.EnrollAttested:output_type -> tether.v1.AttestedEnrollResponse
+	12, // [12:14] is the sub-list for method output_type
+	10, // [10:12] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_tether_v1_enrollment_proto_init() }
@@ -1019,6 +1032,7 @@ func file_tether_v1_enrollment_proto_init() {
 	if File_tether_v1_enrollment_proto != nil {
 		return
 	}
+	file_tether_v1_types_proto_init()
 	file_tether_v1_enrollment_proto_msgTypes[2].OneofWrappers = []any{
 		(*AttestedEnrollRequest_Begin)(nil),
 		(*AttestedEnrollRequest_Proof)(nil),

@@ -2918,6 +2918,117 @@ func (x *FleetEvent) GetCreatedAt() *timestamppb.Timestamp {
 	return nil
 }
 
+// The roots a node trusts for its control plane during a CA rotation
+// (design §3.10). A node accepts a root only if it is the one it pinned,
+// one it already trusts, or its cross certificate is signed by one it
+// trusts: nothing here widens trust on the channel's word alone.
+type TrustBundle struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Roots []*TrustedRoot         `protobuf:"bytes,1,rep,name=roots,proto3" json:"roots,omitempty"`
+	// The CA that signs renewals from now on.
+	ActiveFingerprint string `protobuf:"bytes,2,opt,name=active_fingerprint,json=activeFingerprint,proto3" json:"active_fingerprint,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *TrustBundle) Reset() {
+	*x = TrustBundle{}
+	mi := &file_tether_v1_types_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TrustBundle) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TrustBundle) ProtoMessage() {}
+
+func (x *TrustBundle) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_types_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TrustBundle.ProtoReflect.Descriptor instead.
+func (*TrustBundle) Descriptor() ([]byte, []int) {
+	return file_tether_v1_types_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *TrustBundle) GetRoots() []*TrustedRoot {
+	if x != nil {
+		return x.Roots
+	}
+	return nil
+}
+
+func (x *TrustBundle) GetActiveFingerprint() string {
+	if x != nil {
+		return x.ActiveFingerprint
+	}
+	return ""
+}
+
+type TrustedRoot struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	CertificatePem string                 `protobuf:"bytes,1,opt,name=certificate_pem,json=certificatePem,proto3" json:"certificate_pem,omitempty"`
+	// The root signed by the CA active when it was prepared; empty for the
+	// first CA.
+	CrossPem      string `protobuf:"bytes,2,opt,name=cross_pem,json=crossPem,proto3" json:"cross_pem,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TrustedRoot) Reset() {
+	*x = TrustedRoot{}
+	mi := &file_tether_v1_types_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TrustedRoot) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TrustedRoot) ProtoMessage() {}
+
+func (x *TrustedRoot) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_types_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TrustedRoot.ProtoReflect.Descriptor instead.
+func (*TrustedRoot) Descriptor() ([]byte, []int) {
+	return file_tether_v1_types_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *TrustedRoot) GetCertificatePem() string {
+	if x != nil {
+		return x.CertificatePem
+	}
+	return ""
+}
+
+func (x *TrustedRoot) GetCrossPem() string {
+	if x != nil {
+		return x.CrossPem
+	}
+	return ""
+}
+
 var File_tether_v1_types_proto protoreflect.FileDescriptor
 
 const file_tether_v1_types_proto_rawDesc = "" +
@@ -3179,7 +3290,13 @@ const file_tether_v1_types_proto_rawDesc = "" +
 	"\amessage\x18\a \x01(\tR\amessage\x121\n" +
 	"\apayload\x18\b \x01(\v2\x17.google.protobuf.StructR\apayload\x129\n" +
 	"\n" +
-	"created_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt*\xc0\x02\n" +
+	"created_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\"j\n" +
+	"\vTrustBundle\x12,\n" +
+	"\x05roots\x18\x01 \x03(\v2\x16.tether.v1.TrustedRootR\x05roots\x12-\n" +
+	"\x12active_fingerprint\x18\x02 \x01(\tR\x11activeFingerprint\"S\n" +
+	"\vTrustedRoot\x12'\n" +
+	"\x0fcertificate_pem\x18\x01 \x01(\tR\x0ecertificatePem\x12\x1b\n" +
+	"\tcross_pem\x18\x02 \x01(\tR\bcrossPem*\xc0\x02\n" +
 	"\x0eInstanceStatus\x12\x1f\n" +
 	"\x1bINSTANCE_STATUS_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17INSTANCE_STATUS_PENDING\x10\x01\x12 \n" +
@@ -3269,7 +3386,7 @@ func file_tether_v1_types_proto_rawDescGZIP() []byte {
 }
 
 var file_tether_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 10)
-var file_tether_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_tether_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_tether_v1_types_proto_goTypes = []any{
 	(InstanceStatus)(0),           // 0: tether.v1.InstanceStatus
 	(AgentPhase)(0),               // 1: tether.v1.AgentPhase
@@ -3303,77 +3420,80 @@ var file_tether_v1_types_proto_goTypes = []any{
 	(*PoolMember)(nil),            // 29: tether.v1.PoolMember
 	(*Pool)(nil),                  // 30: tether.v1.Pool
 	(*FleetEvent)(nil),            // 31: tether.v1.FleetEvent
-	(*timestamppb.Timestamp)(nil), // 32: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),       // 33: google.protobuf.Struct
+	(*TrustBundle)(nil),           // 32: tether.v1.TrustBundle
+	(*TrustedRoot)(nil),           // 33: tether.v1.TrustedRoot
+	(*timestamppb.Timestamp)(nil), // 34: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),       // 35: google.protobuf.Struct
 }
 var file_tether_v1_types_proto_depIdxs = []int32{
 	10, // 0: tether.v1.Template.root_modules:type_name -> tether.v1.ModuleRef
 	10, // 1: tether.v1.Template.extension_modules:type_name -> tether.v1.ModuleRef
-	32, // 2: tether.v1.Template.created_at:type_name -> google.protobuf.Timestamp
-	32, // 3: tether.v1.Template.updated_at:type_name -> google.protobuf.Timestamp
-	32, // 4: tether.v1.Module.created_at:type_name -> google.protobuf.Timestamp
+	34, // 2: tether.v1.Template.created_at:type_name -> google.protobuf.Timestamp
+	34, // 3: tether.v1.Template.updated_at:type_name -> google.protobuf.Timestamp
+	34, // 4: tether.v1.Module.created_at:type_name -> google.protobuf.Timestamp
 	13, // 5: tether.v1.Module.signatures:type_name -> tether.v1.ModuleSignature
-	32, // 6: tether.v1.ModuleSignature.created_at:type_name -> google.protobuf.Timestamp
-	32, // 7: tether.v1.Signer.created_at:type_name -> google.protobuf.Timestamp
-	32, // 8: tether.v1.AdminIdentity.not_after:type_name -> google.protobuf.Timestamp
-	32, // 9: tether.v1.AdminIdentity.created_at:type_name -> google.protobuf.Timestamp
-	32, // 10: tether.v1.AdminIdentity.revoked_at:type_name -> google.protobuf.Timestamp
-	32, // 11: tether.v1.AuditRecord.at:type_name -> google.protobuf.Timestamp
-	33, // 12: tether.v1.Node.config:type_name -> google.protobuf.Struct
-	32, // 13: tether.v1.Node.created_at:type_name -> google.protobuf.Timestamp
-	32, // 14: tether.v1.Node.updated_at:type_name -> google.protobuf.Timestamp
+	34, // 6: tether.v1.ModuleSignature.created_at:type_name -> google.protobuf.Timestamp
+	34, // 7: tether.v1.Signer.created_at:type_name -> google.protobuf.Timestamp
+	34, // 8: tether.v1.AdminIdentity.not_after:type_name -> google.protobuf.Timestamp
+	34, // 9: tether.v1.AdminIdentity.created_at:type_name -> google.protobuf.Timestamp
+	34, // 10: tether.v1.AdminIdentity.revoked_at:type_name -> google.protobuf.Timestamp
+	34, // 11: tether.v1.AuditRecord.at:type_name -> google.protobuf.Timestamp
+	35, // 12: tether.v1.Node.config:type_name -> google.protobuf.Struct
+	34, // 13: tether.v1.Node.created_at:type_name -> google.protobuf.Timestamp
+	34, // 14: tether.v1.Node.updated_at:type_name -> google.protobuf.Timestamp
 	18, // 15: tether.v1.Node.bmc:type_name -> tether.v1.NodeBMC
-	32, // 16: tether.v1.Credential.created_at:type_name -> google.protobuf.Timestamp
-	32, // 17: tether.v1.Credential.updated_at:type_name -> google.protobuf.Timestamp
-	32, // 18: tether.v1.CordonMarker.at:type_name -> google.protobuf.Timestamp
+	34, // 16: tether.v1.Credential.created_at:type_name -> google.protobuf.Timestamp
+	34, // 17: tether.v1.Credential.updated_at:type_name -> google.protobuf.Timestamp
+	34, // 18: tether.v1.CordonMarker.at:type_name -> google.protobuf.Timestamp
 	2,  // 19: tether.v1.CordonMarker.pool_state_before:type_name -> tether.v1.PoolState
 	0,  // 20: tether.v1.Instance.status:type_name -> tether.v1.InstanceStatus
 	2,  // 21: tether.v1.Instance.pool_state:type_name -> tether.v1.PoolState
-	32, // 22: tether.v1.Instance.pool_warming_started_at:type_name -> google.protobuf.Timestamp
-	32, // 23: tether.v1.Instance.pool_ready_at:type_name -> google.protobuf.Timestamp
-	32, // 24: tether.v1.Instance.pool_acquired_at:type_name -> google.protobuf.Timestamp
+	34, // 22: tether.v1.Instance.pool_warming_started_at:type_name -> google.protobuf.Timestamp
+	34, // 23: tether.v1.Instance.pool_ready_at:type_name -> google.protobuf.Timestamp
+	34, // 24: tether.v1.Instance.pool_acquired_at:type_name -> google.protobuf.Timestamp
 	20, // 25: tether.v1.Instance.cordon:type_name -> tether.v1.CordonMarker
-	32, // 26: tether.v1.Instance.last_heartbeat_at:type_name -> google.protobuf.Timestamp
+	34, // 26: tether.v1.Instance.last_heartbeat_at:type_name -> google.protobuf.Timestamp
 	1,  // 27: tether.v1.Instance.agent_phase:type_name -> tether.v1.AgentPhase
-	32, // 28: tether.v1.Instance.created_at:type_name -> google.protobuf.Timestamp
-	32, // 29: tether.v1.Instance.updated_at:type_name -> google.protobuf.Timestamp
-	32, // 30: tether.v1.Instance.terminate_requested_at:type_name -> google.protobuf.Timestamp
-	32, // 31: tether.v1.Instance.silent_since:type_name -> google.protobuf.Timestamp
+	34, // 28: tether.v1.Instance.created_at:type_name -> google.protobuf.Timestamp
+	34, // 29: tether.v1.Instance.updated_at:type_name -> google.protobuf.Timestamp
+	34, // 30: tether.v1.Instance.terminate_requested_at:type_name -> google.protobuf.Timestamp
+	34, // 31: tether.v1.Instance.silent_since:type_name -> google.protobuf.Timestamp
 	22, // 32: tether.v1.Instance.agent_presence:type_name -> tether.v1.AgentPresence
-	32, // 33: tether.v1.AgentPresence.connected_at:type_name -> google.protobuf.Timestamp
-	32, // 34: tether.v1.AgentPresence.lost_at:type_name -> google.protobuf.Timestamp
+	34, // 33: tether.v1.AgentPresence.connected_at:type_name -> google.protobuf.Timestamp
+	34, // 34: tether.v1.AgentPresence.lost_at:type_name -> google.protobuf.Timestamp
 	9,  // 35: tether.v1.Certificate.kind:type_name -> tether.v1.CertificateKind
-	32, // 36: tether.v1.Certificate.not_before:type_name -> google.protobuf.Timestamp
-	32, // 37: tether.v1.Certificate.not_after:type_name -> google.protobuf.Timestamp
-	32, // 38: tether.v1.Certificate.revoked_at:type_name -> google.protobuf.Timestamp
+	34, // 36: tether.v1.Certificate.not_before:type_name -> google.protobuf.Timestamp
+	34, // 37: tether.v1.Certificate.not_after:type_name -> google.protobuf.Timestamp
+	34, // 38: tether.v1.Certificate.revoked_at:type_name -> google.protobuf.Timestamp
 	5,  // 39: tether.v1.Task.target:type_name -> tether.v1.TaskTarget
 	6,  // 40: tether.v1.Task.kind:type_name -> tether.v1.TaskKind
 	24, // 41: tether.v1.Task.exec:type_name -> tether.v1.ExecPayload
 	7,  // 42: tether.v1.Task.status:type_name -> tether.v1.TaskStatus
-	32, // 43: tether.v1.Task.lease_expires_at:type_name -> google.protobuf.Timestamp
+	34, // 43: tether.v1.Task.lease_expires_at:type_name -> google.protobuf.Timestamp
 	25, // 44: tether.v1.Task.result:type_name -> tether.v1.TaskResult
-	32, // 45: tether.v1.Task.created_at:type_name -> google.protobuf.Timestamp
-	32, // 46: tether.v1.Task.updated_at:type_name -> google.protobuf.Timestamp
+	34, // 45: tether.v1.Task.created_at:type_name -> google.protobuf.Timestamp
+	34, // 46: tether.v1.Task.updated_at:type_name -> google.protobuf.Timestamp
 	2,  // 47: tether.v1.PoolMember.pool_state:type_name -> tether.v1.PoolState
 	0,  // 48: tether.v1.PoolMember.status:type_name -> tether.v1.InstanceStatus
-	32, // 49: tether.v1.PoolMember.pool_warming_started_at:type_name -> google.protobuf.Timestamp
-	32, // 50: tether.v1.PoolMember.pool_acquired_at:type_name -> google.protobuf.Timestamp
+	34, // 49: tether.v1.PoolMember.pool_warming_started_at:type_name -> google.protobuf.Timestamp
+	34, // 50: tether.v1.PoolMember.pool_acquired_at:type_name -> google.protobuf.Timestamp
 	4,  // 51: tether.v1.Pool.lifecycle_class:type_name -> tether.v1.LifecycleClass
 	3,  // 52: tether.v1.Pool.status:type_name -> tether.v1.PoolStatus
 	27, // 53: tether.v1.Pool.metadata:type_name -> tether.v1.PoolMetadata
 	28, // 54: tether.v1.Pool.counts:type_name -> tether.v1.PoolCounts
-	32, // 55: tether.v1.Pool.last_replenished_at:type_name -> google.protobuf.Timestamp
+	34, // 55: tether.v1.Pool.last_replenished_at:type_name -> google.protobuf.Timestamp
 	29, // 56: tether.v1.Pool.members:type_name -> tether.v1.PoolMember
-	32, // 57: tether.v1.Pool.created_at:type_name -> google.protobuf.Timestamp
-	32, // 58: tether.v1.Pool.updated_at:type_name -> google.protobuf.Timestamp
+	34, // 57: tether.v1.Pool.created_at:type_name -> google.protobuf.Timestamp
+	34, // 58: tether.v1.Pool.updated_at:type_name -> google.protobuf.Timestamp
 	8,  // 59: tether.v1.FleetEvent.severity:type_name -> tether.v1.Severity
-	33, // 60: tether.v1.FleetEvent.payload:type_name -> google.protobuf.Struct
-	32, // 61: tether.v1.FleetEvent.created_at:type_name -> google.protobuf.Timestamp
-	62, // [62:62] is the sub-list for method output_type
-	62, // [62:62] is the sub-list for method input_type
-	62, // [62:62] is the sub-list for extension type_name
-	62, // [62:62] is the sub-list for extension extendee
-	0,  // [0:62] is the sub-list for field type_name
+	35, // 60: tether.v1.FleetEvent.payload:type_name -> google.protobuf.Struct
+	34, // 61: tether.v1.FleetEvent.created_at:type_name -> google.protobuf.Timestamp
+	33, // 62: tether.v1.TrustBundle.roots:type_name -> tether.v1.TrustedRoot
+	63, // [63:63] is the sub-list for method output_type
+	63, // [63:63] is the sub-list for method input_type
+	63, // [63:63] is the sub-list for extension type_name
+	63, // [63:63] is the sub-list for extension extendee
+	0,  // [0:63] is the sub-list for field type_name
 }
 
 func init() { file_tether_v1_types_proto_init() }
@@ -3388,7 +3508,7 @@ func file_tether_v1_types_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tether_v1_types_proto_rawDesc), len(file_tether_v1_types_proto_rawDesc)),
 			NumEnums:      10,
-			NumMessages:   22,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
