@@ -94,6 +94,57 @@ func benchBoot(b *testing.B, mode string) {
 	}
 }
 
+// BenchmarkBootUKI is issue 29's comparison: power-on to running over
+// OVMF's own UEFI HTTP Boot of a signed unified kernel image under Secure
+// Boot (uki), against OVMF + iPXE fetching the kernel and initramfs
+// (uefi), against a direct kernel boot (direct); three control planes,
+// one boot of each in turn, so the three share every moment of the
+// machine. It reports each mode's median and its phase marks:
+//
+//	TETHER_E2E=1 go test -tags nobadger,nobbolt,nomysql -run '^$' -bench BootUKI -benchtime 5x ./e2e/
+func BenchmarkBootUKI(b *testing.B) {
+	a := requireVM(b)
+	requireFiles(b, map[string]string{ovmfCode: "ovmf", ovmfVars: "ovmf"})
+	u := prepareUKI(b, "127.0.0.1")
+	_, nbPort, _ := net.SplitHostPort(u.netLis.Addr().String())
+	signed := u.build(b, "boot.efi", a.initramfs, nbPort, true)
+	cps := []*bootCP{
+		newBootCP(b, a, "direct", a.rootModule, false),
+		newBootCP(b, a, "uefi", a.rootModule, false),
+		newBootCP(b, a, "uefi-http", a.rootModule, false, testcp.WithDataDir(u.data), testcp.With(func(o *daemon.ServeOptions) {
+			// The image pins this API address, CA and hand-off port.
+			o.Listeners.GRPC, o.Test.NetbootListener = u.apiAddr, u.netLis
+			o.Providers.QEMU.SecureBoot, o.UKIs = true, []string{"boot=" + signed}
+		})),
+	}
+	samples := map[string]map[string][]time.Duration{}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		for _, bc := range cps {
+			running, marks := bc.boot(b, i)
+			if samples[bc.mode] == nil {
+				samples[bc.mode] = map[string][]time.Duration{}
+			}
+			samples[bc.mode]["running"] = append(samples[bc.mode]["running"], running)
+			for phase, at := range marks {
+				samples[bc.mode][phase] = append(samples[bc.mode][phase], at)
+			}
+		}
+	}
+	b.StopTimer()
+	for _, bc := range cps {
+		s := samples[bc.mode]
+		b.ReportMetric(median(s["running"]).Seconds(), "s-running-"+bc.mode)
+		var phases []string
+		for _, m := range bootMarks {
+			if len(s[m.phase]) > 0 {
+				phases = append(phases, fmt.Sprintf("%s %.2fs", m.phase, median(s[m.phase]).Seconds()))
+			}
+		}
+		fmt.Fprintf(os.Stderr, "%s: boot to running over %d boots: %v; median marks: %s\n", bc.mode, len(s["running"]), s["running"], strings.Join(phases, ", "))
+	}
+}
+
 // bootCP is a control plane with the real qemu provider, the example root
 // on a template, and one node to boot again and again.
 type bootCP struct {
@@ -106,7 +157,7 @@ type bootCP struct {
 // newBootCP starts it. With tpm, every VM gets the node's swtpm and the
 // node's EK is bound with attestation required, so each boot enrolls by
 // attestation with no token.
-func newBootCP(b *testing.B, a artifacts, mode, rootModule string, tpm bool) *bootCP {
+func newBootCP(b *testing.B, a artifacts, mode, rootModule string, tpm bool, extra ...testcp.Option) *bootCP {
 	boot := mode
 	if mode == "debian" {
 		boot = "direct"
@@ -120,10 +171,10 @@ func newBootCP(b *testing.B, a artifacts, mode, rootModule string, tpm bool) *bo
 	if err != nil {
 		b.Fatal(err)
 	}
-	cp := testcp.Start(b, testcp.With(func(o *daemon.ServeOptions) {
+	cp := testcp.Start(b, append([]testcp.Option{testcp.With(func(o *daemon.ServeOptions) {
 		o.Providers.QEMU.Mode, o.Providers.QEMU.StateDir, o.Kernel, o.Initramfs = "real", stateDir, a.kernel, a.initramfs
 		o.Providers.QEMU.Boot, o.Test.NetbootListener, o.Providers.QEMU.TPM = boot, netLis, tpm
-	}))
+	})}, extra...)...)
 	ctx := context.Background()
 	data, err := os.ReadFile(rootModule)
 	if err != nil {

@@ -120,7 +120,7 @@ type ukiSetup struct {
 // prepareUKI skips loudly without the firmware, the stub, sbsigntool or
 // openssl, and lays out the data dir and the ports (on host, where the
 // machines reach it: loopback for QEMU's user network).
-func prepareUKI(t *testing.T, host string) *ukiSetup {
+func prepareUKI(t testing.TB, host string) *ukiSetup {
 	t.Helper()
 	u := &ukiSetup{a: requireVM(t)}
 	requireFiles(t, map[string]string{secbootCode: "ovmf", snakeoilVars: "ovmf", snakeoilKey: "ovmf", snakeoilCert: "ovmf", uki.DefaultStub: "systemd-boot-efi"})
@@ -163,7 +163,7 @@ func prepareUKI(t *testing.T, host string) *ukiSetup {
 
 // build makes an image of initramfs whose agent fetches its hand-off at
 // 10.0.2.2:handoffPort, signed with the snakeoil db key if sign.
-func (u *ukiSetup) build(t *testing.T, name, initramfs, handoffPort string, sign bool) string {
+func (u *ukiSetup) build(t testing.TB, name, initramfs, handoffPort string, sign bool) string {
 	t.Helper()
 	_, apiPort, _ := net.SplitHostPort(u.apiAddr)
 	spec := uki.Spec{Kernel: u.a.kernel, Initramfs: initramfs,
