@@ -366,6 +366,61 @@ func TestAttestedEnrollment(t *testing.T) {
 	})
 }
 
+// TestTwoAgentsOfOneTPMRacing: two agents on the machine that holds the
+// node's TPM (a boot restarted mid-enrollment, a second agent started by
+// hand) attest for the same instance at once, each with its own AK and
+// key. Both proofs are genuine, so whatever the interleaving every answer
+// is an issued certificate or a clear refusal, each issued one is recorded
+// with its own enroll.succeeded event, and neither store deadlocks or
+// answers Internal.
+func TestTwoAgentsOfOneTPMRacing(t *testing.T) {
+	m := newTPMMachine(t)
+	stores(t, func(t *testing.T, open func(t *testing.T) store.Store) {
+		ctx := context.Background()
+		e := newAttestEnv(t, open(t), []string{m.hash}, nil)
+		type proved struct {
+			a   *enroll.Attestation
+			s   []byte
+			ev  attestation.Evidence
+			err error
+		}
+		// The TPM is one device: its commands run one at a time, as two
+		// agents' would through the kernel's resource manager.
+		var ps [2]proved
+		for i := range ps {
+			a, c, ak, csr, err := m.begin(t, e.svc, e.inst.ID)
+			must(t, err)
+			ps[i].a = a
+			ps[i].s, ps[i].ev = proof(t, a, c, ak, csr)
+		}
+		done := make(chan error, len(ps))
+		for i := range ps {
+			go func() { _, err := e.svc.FinishAttested(ctx, ps[i].a, ps[i].s, ps[i].ev); done <- err }()
+		}
+		issued := 0
+		for range ps {
+			switch err := <-done; status.Code(fail.From(err)) {
+			case codes.OK:
+				issued++
+			case codes.PermissionDenied, codes.FailedPrecondition, codes.AlreadyExists:
+				t.Logf("refused: %v", err)
+			default:
+				t.Errorf("an answer that is neither a certificate nor a clear refusal: %v", err)
+			}
+		}
+		if issued == 0 {
+			t.Fatal("two genuine proofs of the node's TPM, and neither was issued a certificate")
+		}
+		cs, err := e.st.ListCertificates(ctx, store.CertificateFilter{InstanceID: e.inst.ID}, store.Page{Limit: 100})
+		must(t, err)
+		evs, err := e.st.ListEvents(ctx, store.EventFilter{Kind: events.EnrollSucceeded}, store.Page{Limit: 10})
+		must(t, err)
+		if len(cs) != issued || len(evs) != issued {
+			t.Fatalf("%d issued, %d certificates recorded, %d enroll.succeeded events; want them equal", issued, len(cs), len(evs))
+		}
+	})
+}
+
 // TestTokenRefusedWhenAttestationRequired: a token for an instance whose
 // node or template requires attestation is refused, with one event, and
 // left unspent: once the requirement is lifted the same token enrolls.
