@@ -114,7 +114,6 @@ func alive(pid int) bool {
 	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
 }
 
-
 func mustState(t *testing.T, p *Provider, id string, want providers.MachineState) providers.Machine {
 	t.Helper()
 	m, err := p.Status(context.Background(), id)
