@@ -209,24 +209,13 @@ func (s *Server) recordAnnounce(r *http.Request, mac, ek, issuer string, cert bo
 // flushAnnouncements writes one event per sender (or for every sender
 // together) whose window held announcements back.
 func (s *Server) flushAnnouncements(ctx context.Context, now time.Time, final bool) {
-	for _, sum := range s.announced.flush(now, final) {
-		msg := fmt.Sprintf("%d more netboot announcements from %s between %s and %s were counted, not recorded (past %d distinct machines and keys from one address in a window)",
-			sum.count, sum.source, sum.first.UTC().Format(time.RFC3339), sum.last.UTC().Format(time.RFC3339), perSourceMachines)
-		payload := map[string]any{"remote": sum.source, "count": sum.count, "coalesced": true,
-			"first": sum.first.UTC().Format(time.RFC3339Nano), "last": sum.last.UTC().Format(time.RFC3339Nano)}
-		if sum.allSources {
-			msg = fmt.Sprintf("%d more netboot announcements from many sources between %s and %s were counted, not recorded (past %d in a window over all sources)",
-				sum.count, sum.first.UTC().Format(time.RFC3339), sum.last.UTC().Format(time.RFC3339), allSourcesMachines)
-			delete(payload, "remote")
-			payload["all_sources"] = true
-		}
-		s.Log.Warn("netboot announcements coalesced", "remote", sum.source, "all_sources", sum.allSources, "count", sum.count)
-		err := s.Store.Tx(ctx, func(q store.Queries) error {
-			_, err := events.E{Kind: events.NetbootAnnounced, Severity: events.Medium, Message: msg, Payload: payload}.Write(ctx, q, now)
-			return err
+	s.flushSummaries(ctx, now, s.announced.flush(now, final), events.NetbootAnnounced, "netboot announcements coalesced",
+		func(sum sourceSummary) string {
+			if sum.allSources {
+				return fmt.Sprintf("%d more netboot announcements from many sources between %s and %s were counted, not recorded (past %d in a window over all sources)",
+					sum.count, stamp(sum.first), stamp(sum.last), allSourcesMachines)
+			}
+			return fmt.Sprintf("%d more netboot announcements from %s between %s and %s were counted, not recorded (past %d distinct machines and keys from one address in a window)",
+				sum.count, sum.source, stamp(sum.first), stamp(sum.last), perSourceMachines)
 		})
-		if err != nil {
-			s.Log.Warn("netboot: record coalesced announcements", "remote", sum.source, "err", err)
-		}
-	}
 }

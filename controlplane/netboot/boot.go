@@ -327,24 +327,39 @@ func (rr *recentRefusals) flush(now time.Time, final bool) []sourceSummary {
 // refusals back: the count, and no hardware address (`netboot seen` lists
 // the addresses that have events of their own).
 func (s *Server) flushMachineRefusals(ctx context.Context, now time.Time, final bool) {
-	for _, sum := range s.recent.flush(now, final) {
-		msg := fmt.Sprintf("netboot refused %d more requests from %s between %s and %s (past %d distinct machines in a window, refusals from one address are counted, not recorded one by one)",
-			sum.count, sum.source, sum.first.UTC().Format(time.RFC3339), sum.last.UTC().Format(time.RFC3339), perSourceMachines)
-		payload := map[string]any{"remote": sum.source, "count": sum.count, "coalesced": true,
+	s.flushSummaries(ctx, now, s.recent.flush(now, final), events.NetbootMachineRefused, "netboot machine refusals coalesced",
+		func(sum sourceSummary) string {
+			if sum.allSources {
+				return fmt.Sprintf("netboot refused %d more requests from many sources between %s and %s (past %d distinct machines in a window over all sources, refusals are counted, not recorded one by one)",
+					sum.count, stamp(sum.first), stamp(sum.last), allSourcesMachines)
+			}
+			return fmt.Sprintf("netboot refused %d more requests from %s between %s and %s (past %d distinct machines in a window, refusals from one address are counted, not recorded one by one)",
+				sum.count, sum.source, stamp(sum.first), stamp(sum.last), perSourceMachines)
+		})
+}
+
+// flushSummaries writes one medium event of kind per summary of what a
+// window held back, with the count and the span, and the sender unless
+// it sums every sender.
+func (s *Server) flushSummaries(ctx context.Context, now time.Time, sums []sourceSummary, kind, logMsg string, message func(sourceSummary) string) {
+	for _, sum := range sums {
+		payload := map[string]any{"count": sum.count, "coalesced": true,
 			"first": sum.first.UTC().Format(time.RFC3339Nano), "last": sum.last.UTC().Format(time.RFC3339Nano)}
 		if sum.allSources {
-			msg = fmt.Sprintf("netboot refused %d more requests from many sources between %s and %s (past %d distinct machines in a window over all sources, refusals are counted, not recorded one by one)",
-				sum.count, sum.first.UTC().Format(time.RFC3339), sum.last.UTC().Format(time.RFC3339), allSourcesMachines)
-			delete(payload, "remote")
 			payload["all_sources"] = true
+		} else {
+			payload["remote"] = sum.source
 		}
-		s.Log.Warn("netboot machine refusals coalesced", "remote", sum.source, "all_sources", sum.allSources, "count", sum.count)
+		s.Log.Warn(logMsg, "remote", sum.source, "all_sources", sum.allSources, "count", sum.count)
 		err := s.Store.Tx(ctx, func(q store.Queries) error {
-			_, err := events.E{Kind: events.NetbootMachineRefused, Severity: events.Medium, Message: msg, Payload: payload}.Write(ctx, q, now)
+			_, err := events.E{Kind: kind, Severity: events.Medium, Message: message(sum), Payload: payload}.Write(ctx, q, now)
 			return err
 		})
 		if err != nil {
-			s.Log.Warn("netboot: record coalesced machine refusals", "remote", sum.source, "err", err)
+			s.Log.Warn("netboot: record "+logMsg, "remote", sum.source, "err", err)
 		}
 	}
 }
+
+// stamp is a summary's time as its messages print it.
+func stamp(t time.Time) string { return t.UTC().Format(time.RFC3339) }

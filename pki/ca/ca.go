@@ -147,26 +147,11 @@ func CreateWithKey(dir, name string, clock clock.Clock, kt KeyType) (*CA, error)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("create CA dir: %w", err)
 	}
-	key, err := newKey(kt)
+	cert, key, err := GenerateRoot(name, kt, clock.Now())
 	if err != nil {
-		return nil, fmt.Errorf("generate CA key: %w", err)
+		return nil, err
 	}
-	now := clock.Now()
-	tpl := &x509.Certificate{
-		SerialNumber:          randomSerial(),
-		Subject:               pkix.Name{CommonName: name, Organization: []string{"Tether"}},
-		NotBefore:             now.Add(-backdate),
-		NotAfter:              now.Add(caLifetime),
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
-		BasicConstraintsValid: true,
-		IsCA:                  true,
-		MaxPathLen:            0,
-		MaxPathLenZero:        true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tpl, tpl, key.Public(), key)
-	if err != nil {
-		return nil, fmt.Errorf("self-sign CA: %w", err)
-	}
+	der := cert.Raw
 	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
 	if err != nil {
 		return nil, fmt.Errorf("encode CA key: %w", err)
