@@ -89,7 +89,7 @@ func (h *harness) checkBackup(ctx context.Context, template *daemon) Result {
 	}
 	// Its own copy of the machine list: the restored control plane must
 	// not act on the machines of the run.
-	fakeState := filepath.Join(dir, "fake-machines.json")
+	fakeState := filepath.Join(h.cfg.WorkDir, "fake-machines-restored.json")
 	if raw, err := os.ReadFile(template.fakeState); err == nil {
 		if err := os.WriteFile(fakeState, raw, 0o600); err != nil {
 			r.Violations = append(r.Violations, err.Error())

@@ -232,8 +232,11 @@ func newDaemons(cfg Config) ([]*daemon, error) {
 		if err != nil {
 			return nil, err
 		}
+		// The fake's machine file is the harness's, not tetherd's: it
+		// lives beside the data dir, so a backup of the data dir taken
+		// mid-run (--backup) does not race the harness writing it.
 		d := &daemon{bin: cfg.Tetherd, dataDir: dataDir, listen: addr, store: cfg.Store, extra: extra,
-			logPath: filepath.Join(cfg.WorkDir, "tetherd.log"), fakeState: filepath.Join(dataDir, "fake-machines.json")}
+			logPath: filepath.Join(cfg.WorkDir, "tetherd.log"), fakeState: filepath.Join(cfg.WorkDir, "fake-machines.json")}
 		if n > 1 {
 			d.logPath = filepath.Join(cfg.WorkDir, fmt.Sprintf("tetherd-%d.log", i))
 			d.store = withAppName(cfg.Store, fmt.Sprintf("tetherd-%d", i))
