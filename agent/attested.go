@@ -73,17 +73,8 @@ func (a *agent) enrollAttested(ctx context.Context, mgr *enroll.Manager, disc id
 	}
 	a.setPhase(tetherv1.AgentPhase_AGENT_PHASE_ENROLLING)
 	a.con.Printf("enrolling with %s as instance %s by TPM attestation (%s); no token", disc.URL, disc.Instance, ek)
-	conn, err := mgr.Dial(false)
-	if err != nil {
-		return nil, err
-	}
-	defer conn.Close()
-	client := tetherv1.NewEnrollmentServiceClient(conn)
-	var id *enroll.Identity
-	err = a.retry(ctx, "attested enrollment", func() error {
-		var err error
-		id, err = mgr.EnrollAttested(ctx, client, disc.Instance, t)
-		return err
+	id, err := a.enrollOnce(ctx, mgr, "attested enrollment", func(c tetherv1.EnrollmentServiceClient) (*enroll.Identity, error) {
+		return mgr.EnrollAttested(ctx, c, disc.Instance, t)
 	})
 	var pm *enroll.PinMismatchError
 	switch {

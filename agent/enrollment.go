@@ -69,17 +69,8 @@ func (a *agent) enroll(ctx context.Context, mgr *enroll.Manager, disc identity.D
 	}
 	a.setPhase(tetherv1.AgentPhase_AGENT_PHASE_ENROLLING)
 	a.con.Printf("enrolling with %s", disc.URL)
-	conn, err := mgr.Dial(false)
-	if err != nil {
-		return nil, err
-	}
-	defer conn.Close()
-	client := tetherv1.NewEnrollmentServiceClient(conn)
-	var id *enroll.Identity
-	err = a.retry(ctx, "enrollment", func() error {
-		var err error
-		id, err = mgr.Enroll(ctx, client, disc.Token)
-		return err
+	id, err := a.enrollOnce(ctx, mgr, "enrollment", func(c tetherv1.EnrollmentServiceClient) (*enroll.Identity, error) {
+		return mgr.Enroll(ctx, c, disc.Token)
 	})
 	var pm *enroll.PinMismatchError
 	switch {
@@ -94,6 +85,25 @@ func (a *agent) enroll(ctx context.Context, mgr *enroll.Manager, disc identity.D
 	default:
 		return nil, err
 	}
+}
+
+// enrollOnce dials the enrollment service and runs do until it succeeds
+// or fails with an error waiting will not fix: what the token and the
+// attested enrollment share.
+func (a *agent) enrollOnce(ctx context.Context, mgr *enroll.Manager, what string, do func(tetherv1.EnrollmentServiceClient) (*enroll.Identity, error)) (*enroll.Identity, error) {
+	conn, err := mgr.Dial(false)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	client := tetherv1.NewEnrollmentServiceClient(conn)
+	var id *enroll.Identity
+	err = a.retry(ctx, what, func() error {
+		var err error
+		id, err = do(client)
+		return err
+	})
+	return id, err
 }
 
 // retry runs fn until it succeeds or fails with an error that waiting
