@@ -35,7 +35,7 @@ lint: ## gofmt + go vet + a tidy go.mod + nothing in the repository names a path
 	@# it checks the same go.mod whatever GOFLAGS says.
 	@go mod tidy -diff || { echo "go.mod/go.sum are not tidy: run 'go mod tidy'"; exit 1; }
 	go vet ./...
-	go test -count=1 ./internal/repocheck/
+	go test -count=1 ./internal/testkit/repocheck/
 
 test: lint unit e2e ## Everything: lint, unit and integration tests (both stores), real-VM e2e
 

@@ -20,7 +20,7 @@ import (
 	"github.com/tetherfleet/tether/agent/modules"
 	"github.com/tetherfleet/tether/agent/session"
 	"github.com/tetherfleet/tether/internal/clock"
-	"github.com/tetherfleet/tether/internal/logbuf"
+	"github.com/tetherfleet/tether/internal/testkit/logbuf"
 	tetherv1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
 

@@ -15,8 +15,8 @@ import (
 	"github.com/tetherfleet/tether/controlplane/backup"
 	"github.com/tetherfleet/tether/controlplane/daemon"
 	"github.com/tetherfleet/tether/controlplane/events"
-	"github.com/tetherfleet/tether/internal/bench"
-	"github.com/tetherfleet/tether/internal/testcp"
+	"github.com/tetherfleet/tether/internal/testkit/testcp"
+	"github.com/tetherfleet/tether/internal/tools/bench"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
 

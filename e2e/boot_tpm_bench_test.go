@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tetherfleet/tether/internal/swtpmtest"
+	"github.com/tetherfleet/tether/internal/testkit/swtpmtest"
 )
 
 // BenchmarkBootAttested boots the example root directly (no firmware

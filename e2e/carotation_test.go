@@ -19,7 +19,7 @@ import (
 	"github.com/tetherfleet/tether/agent/enroll"
 	"github.com/tetherfleet/tether/controlplane/daemon"
 	"github.com/tetherfleet/tether/internal/clock"
-	"github.com/tetherfleet/tether/internal/testcp"
+	"github.com/tetherfleet/tether/internal/testkit/testcp"
 	"github.com/tetherfleet/tether/pki"
 	"github.com/tetherfleet/tether/pki/ca"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"

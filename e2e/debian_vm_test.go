@@ -12,7 +12,7 @@ import (
 
 	"github.com/tetherfleet/tether/controlplane/daemon"
 	"github.com/tetherfleet/tether/internal/modulebuild"
-	"github.com/tetherfleet/tether/internal/testcp"
+	"github.com/tetherfleet/tether/internal/testkit/testcp"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
 

@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/tetherfleet/tether/agent"
-	"github.com/tetherfleet/tether/internal/logbuf"
-	"github.com/tetherfleet/tether/internal/testcp"
+	"github.com/tetherfleet/tether/internal/testkit/logbuf"
+	"github.com/tetherfleet/tether/internal/testkit/testcp"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
 

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tetherfleet/tether/internal/bench"
+	"github.com/tetherfleet/tether/internal/tools/bench"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
 

@@ -23,7 +23,7 @@ import (
 	"pack.ag/tftp"
 
 	"github.com/tetherfleet/tether/controlplane/daemon"
-	"github.com/tetherfleet/tether/internal/netnstest"
+	"github.com/tetherfleet/tether/internal/testkit/netnstest"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
 

@@ -13,8 +13,8 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/tetherfleet/tether/controlplane/daemon"
-	"github.com/tetherfleet/tether/internal/logbuf"
-	"github.com/tetherfleet/tether/internal/testcp"
+	"github.com/tetherfleet/tether/internal/testkit/logbuf"
+	"github.com/tetherfleet/tether/internal/testkit/testcp"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 	"github.com/tetherfleet/tether/providers/redfish"
 	"github.com/tetherfleet/tether/providers/redfish/redfishtest"

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tetherfleet/tether/internal/pgtest"
+	"github.com/tetherfleet/tether/internal/testkit/pgtest"
 )
 
 // TestRollingUpgrade is issue 31's rolling upgrade on PostgreSQL, with the

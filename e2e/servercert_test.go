@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/tetherfleet/tether/controlplane/daemon"
-	"github.com/tetherfleet/tether/internal/testcp"
+	"github.com/tetherfleet/tether/internal/testkit/testcp"
 )
 
 // A renewed server certificate is served without a restart once tetherd

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/tetherfleet/tether/controlplane/daemon"
-	"github.com/tetherfleet/tether/internal/testcp"
+	"github.com/tetherfleet/tether/internal/testkit/testcp"
 	"github.com/tetherfleet/tether/internal/uki"
 	"github.com/tetherfleet/tether/pki"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"

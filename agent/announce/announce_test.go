@@ -21,7 +21,7 @@ import (
 	"github.com/tetherfleet/tether/agent/announce"
 	"github.com/tetherfleet/tether/agent/enroll"
 	"github.com/tetherfleet/tether/internal/clock"
-	"github.com/tetherfleet/tether/internal/logbuf"
+	"github.com/tetherfleet/tether/internal/testkit/logbuf"
 	"github.com/tetherfleet/tether/pki/attestation"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 )

@@ -7,7 +7,7 @@ import (
 
 	gattest "github.com/google/go-attestation/attest"
 
-	"github.com/tetherfleet/tether/internal/swtpmtest"
+	"github.com/tetherfleet/tether/internal/testkit/swtpmtest"
 )
 
 // BenchmarkNewAK is what choosing the AK's algorithm costs a boot, on

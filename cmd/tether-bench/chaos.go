@@ -9,8 +9,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/tetherfleet/tether/internal/chaos"
-	"github.com/tetherfleet/tether/internal/pgserver"
+	"github.com/tetherfleet/tether/internal/tools/chaos"
+	"github.com/tetherfleet/tether/internal/tools/pgserver"
 )
 
 // chaosCmd is `make chaos`: kill -9 a real tetherd under load (on

@@ -28,7 +28,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	agentenroll "github.com/tetherfleet/tether/agent/enroll"
-	"github.com/tetherfleet/tether/internal/bench"
+	"github.com/tetherfleet/tether/internal/tools/bench"
 	"github.com/tetherfleet/tether/pki"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 )

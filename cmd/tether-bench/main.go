@@ -29,8 +29,8 @@ import (
 	"google.golang.org/grpc/credentials"
 	"gopkg.in/yaml.v3"
 
-	"github.com/tetherfleet/tether/internal/bench"
-	"github.com/tetherfleet/tether/internal/tinymodule"
+	"github.com/tetherfleet/tether/internal/tools/bench"
+	"github.com/tetherfleet/tether/internal/tools/tinymodule"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
 

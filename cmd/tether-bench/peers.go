@@ -18,7 +18,7 @@ import (
 
 	"google.golang.org/grpc"
 
-	"github.com/tetherfleet/tether/internal/bench"
+	"github.com/tetherfleet/tether/internal/tools/bench"
 )
 
 // peers runs step-ca and tetherd side by side (make bench-peers): one

@@ -7,7 +7,7 @@ import (
 	"image/color"
 	"os"
 
-	"github.com/tetherfleet/tether/internal/plot"
+	"github.com/tetherfleet/tether/internal/tools/plot"
 )
 
 // plotCmd draws a storm series (fleet --series) as a PNG: reconnections

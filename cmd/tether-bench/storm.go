@@ -12,7 +12,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/tetherfleet/tether/internal/bench"
+	"github.com/tetherfleet/tether/internal/tools/bench"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
 

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tetherfleet/tether/internal/bench"
+	"github.com/tetherfleet/tether/internal/tools/bench"
 )
 
 func TestStormFinishAlignsTheAgentsTimelineOnTheSignal(t *testing.T) {

@@ -20,9 +20,9 @@ import (
 
 	"github.com/tetherfleet/tether/controlplane/daemon"
 	"github.com/tetherfleet/tether/internal/clock"
-	"github.com/tetherfleet/tether/internal/logbuf"
 	"github.com/tetherfleet/tether/internal/seediso"
-	"github.com/tetherfleet/tether/internal/testcp"
+	"github.com/tetherfleet/tether/internal/testkit/logbuf"
+	"github.com/tetherfleet/tether/internal/testkit/testcp"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 	"github.com/tetherfleet/tether/providers"
 	"github.com/tetherfleet/tether/providers/external"

@@ -21,8 +21,8 @@ import (
 	"github.com/tetherfleet/tether/agent/announce"
 	agentenroll "github.com/tetherfleet/tether/agent/enroll"
 	"github.com/tetherfleet/tether/controlplane/daemon"
-	"github.com/tetherfleet/tether/internal/logbuf"
-	"github.com/tetherfleet/tether/internal/testcp"
+	"github.com/tetherfleet/tether/internal/testkit/logbuf"
+	"github.com/tetherfleet/tether/internal/testkit/testcp"
 	"github.com/tetherfleet/tether/pki/attestation"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 )

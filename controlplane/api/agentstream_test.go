@@ -7,7 +7,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/tetherfleet/tether/internal/testcp"
+	"github.com/tetherfleet/tether/internal/testkit/testcp"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
 

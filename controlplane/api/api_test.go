@@ -23,7 +23,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/tetherfleet/tether/internal/clock"
-	"github.com/tetherfleet/tether/internal/testcp"
+	"github.com/tetherfleet/tether/internal/testkit/testcp"
 	"github.com/tetherfleet/tether/pki"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 )

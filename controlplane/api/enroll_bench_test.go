@@ -7,8 +7,8 @@ import (
 
 	"google.golang.org/grpc"
 
-	"github.com/tetherfleet/tether/internal/bench"
-	"github.com/tetherfleet/tether/internal/testcp"
+	"github.com/tetherfleet/tether/internal/testkit/testcp"
+	"github.com/tetherfleet/tether/internal/tools/bench"
 )
 
 // BenchmarkEnroll measures enrollment over real TLS on loopback: tokens and

@@ -12,7 +12,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
-	"github.com/tetherfleet/tether/internal/testcp"
+	"github.com/tetherfleet/tether/internal/testkit/testcp"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
 

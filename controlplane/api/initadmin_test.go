@@ -6,7 +6,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/tetherfleet/tether/controlplane/daemon"
-	"github.com/tetherfleet/tether/internal/testcp"
+	"github.com/tetherfleet/tether/internal/testkit/testcp"
 	"github.com/tetherfleet/tether/pki/ca"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 )

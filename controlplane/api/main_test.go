@@ -4,7 +4,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/tetherfleet/tether/internal/pgtest"
+	"github.com/tetherfleet/tether/internal/testkit/pgtest"
 )
 
 // pg is started only by a test that asks for PostgreSQL (bothStores).

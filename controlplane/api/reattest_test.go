@@ -15,9 +15,9 @@ import (
 	agentenroll "github.com/tetherfleet/tether/agent/enroll"
 	"github.com/tetherfleet/tether/agent/tpm"
 	"github.com/tetherfleet/tether/internal/clock"
-	"github.com/tetherfleet/tether/internal/logbuf"
-	"github.com/tetherfleet/tether/internal/swtpmtest"
-	"github.com/tetherfleet/tether/internal/testcp"
+	"github.com/tetherfleet/tether/internal/testkit/logbuf"
+	"github.com/tetherfleet/tether/internal/testkit/swtpmtest"
+	"github.com/tetherfleet/tether/internal/testkit/testcp"
 	"github.com/tetherfleet/tether/pki/attestation"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 )

@@ -18,8 +18,8 @@ import (
 	"google.golang.org/protobuf/types/dynamicpb"
 
 	"github.com/tetherfleet/tether/controlplane/api"
-	"github.com/tetherfleet/tether/internal/logbuf"
-	"github.com/tetherfleet/tether/internal/testcp"
+	"github.com/tetherfleet/tether/internal/testkit/logbuf"
+	"github.com/tetherfleet/tether/internal/testkit/testcp"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
 

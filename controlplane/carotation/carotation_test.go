@@ -21,7 +21,7 @@ import (
 	"github.com/tetherfleet/tether/controlplane/store/postgres"
 	"github.com/tetherfleet/tether/controlplane/store/sqlite"
 	"github.com/tetherfleet/tether/internal/clock"
-	"github.com/tetherfleet/tether/internal/pgtest"
+	"github.com/tetherfleet/tether/internal/testkit/pgtest"
 	"github.com/tetherfleet/tether/pki"
 	"github.com/tetherfleet/tether/pki/ca"
 )

@@ -17,7 +17,7 @@ import (
 	"github.com/tetherfleet/tether/controlplane/enroll"
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/controlplane/store/sqlite"
-	"github.com/tetherfleet/tether/internal/swtpmtest"
+	"github.com/tetherfleet/tether/internal/testkit/swtpmtest"
 	"github.com/tetherfleet/tether/pki"
 	"github.com/tetherfleet/tether/pki/attestation"
 )

@@ -10,11 +10,11 @@ import (
 
 	"github.com/tetherfleet/tether/controlplane/fail"
 	"github.com/tetherfleet/tether/controlplane/instances"
-	"github.com/tetherfleet/tether/controlplane/instances/instancestest"
 	"github.com/tetherfleet/tether/controlplane/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/controlplane/worker"
 	"github.com/tetherfleet/tether/internal/clock"
+	"github.com/tetherfleet/tether/internal/testkit/instancestest"
 	"github.com/tetherfleet/tether/providers/fake"
 )
 

@@ -22,7 +22,7 @@ import (
 	"github.com/tetherfleet/tether/controlplane/netboot"
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/controlplane/throttle"
-	"github.com/tetherfleet/tether/internal/swtpmtest"
+	"github.com/tetherfleet/tether/internal/testkit/swtpmtest"
 	"github.com/tetherfleet/tether/pki/attestation"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 )

@@ -25,7 +25,7 @@ import (
 	"github.com/tetherfleet/tether/controlplane/store/sqlite"
 	"github.com/tetherfleet/tether/controlplane/throttle"
 	"github.com/tetherfleet/tether/internal/clock"
-	"github.com/tetherfleet/tether/internal/logbuf"
+	"github.com/tetherfleet/tether/internal/testkit/logbuf"
 	"github.com/tetherfleet/tether/pki"
 	"github.com/tetherfleet/tether/pki/ca"
 	"github.com/tetherfleet/tether/providers"

@@ -10,10 +10,10 @@ import (
 
 	"github.com/tetherfleet/tether/controlplane/audit"
 	"github.com/tetherfleet/tether/controlplane/fail"
-	"github.com/tetherfleet/tether/controlplane/instances/instancestest"
 	"github.com/tetherfleet/tether/controlplane/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/pool"
 	"github.com/tetherfleet/tether/controlplane/store"
+	"github.com/tetherfleet/tether/internal/testkit/instancestest"
 	"github.com/tetherfleet/tether/providers/fake"
 )
 

@@ -9,10 +9,10 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/tetherfleet/tether/controlplane/fail"
-	"github.com/tetherfleet/tether/controlplane/instances/instancestest"
 	"github.com/tetherfleet/tether/controlplane/pool"
 	"github.com/tetherfleet/tether/controlplane/store"
-	"github.com/tetherfleet/tether/internal/bench"
+	"github.com/tetherfleet/tether/internal/testkit/instancestest"
+	"github.com/tetherfleet/tether/internal/tools/bench"
 )
 
 // BenchmarkAcquire measures claims against a 1,000-member pool: each

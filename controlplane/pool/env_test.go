@@ -13,14 +13,14 @@ import (
 
 	"github.com/tetherfleet/tether/controlplane/fail"
 	"github.com/tetherfleet/tether/controlplane/instances"
-	"github.com/tetherfleet/tether/controlplane/instances/instancestest"
 	"github.com/tetherfleet/tether/controlplane/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/pool"
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/controlplane/store/postgres"
 	"github.com/tetherfleet/tether/controlplane/worker"
 	"github.com/tetherfleet/tether/internal/clock"
-	"github.com/tetherfleet/tether/internal/pgtest"
+	"github.com/tetherfleet/tether/internal/testkit/instancestest"
+	"github.com/tetherfleet/tether/internal/testkit/pgtest"
 	"github.com/tetherfleet/tether/providers/fake"
 )
 

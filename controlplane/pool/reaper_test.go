@@ -5,11 +5,11 @@ import (
 	"time"
 
 	"github.com/tetherfleet/tether/controlplane/events"
-	"github.com/tetherfleet/tether/controlplane/instances/instancestest"
 	"github.com/tetherfleet/tether/controlplane/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/pool"
 	"github.com/tetherfleet/tether/controlplane/pool/claims"
 	"github.com/tetherfleet/tether/controlplane/store"
+	"github.com/tetherfleet/tether/internal/testkit/instancestest"
 	"github.com/tetherfleet/tether/providers"
 	"github.com/tetherfleet/tether/providers/fake"
 )

@@ -7,10 +7,10 @@ import (
 	"time"
 
 	"github.com/tetherfleet/tether/controlplane/instances"
-	"github.com/tetherfleet/tether/controlplane/instances/instancestest"
 	"github.com/tetherfleet/tether/controlplane/pool"
 	"github.com/tetherfleet/tether/controlplane/store"
-	"github.com/tetherfleet/tether/internal/bench"
+	"github.com/tetherfleet/tether/internal/testkit/instancestest"
+	"github.com/tetherfleet/tether/internal/tools/bench"
 )
 
 // BenchmarkRefill measures refill latency: from a successful acquire on a

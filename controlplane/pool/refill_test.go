@@ -4,9 +4,9 @@ import (
 	"github.com/tetherfleet/tether/controlplane/lifecycle"
 	"testing"
 
-	"github.com/tetherfleet/tether/controlplane/instances/instancestest"
 	"github.com/tetherfleet/tether/controlplane/pool"
 	"github.com/tetherfleet/tether/controlplane/store"
+	"github.com/tetherfleet/tether/internal/testkit/instancestest"
 )
 
 // Whatever takes a member out of a pool's counts starts its replacement at

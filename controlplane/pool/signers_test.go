@@ -7,8 +7,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/tetherfleet/tether/controlplane/instances/instancestest"
 	"github.com/tetherfleet/tether/controlplane/store"
+	"github.com/tetherfleet/tether/internal/testkit/instancestest"
 )
 
 // A pool whose template requires signers never warms a member that would

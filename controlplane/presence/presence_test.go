@@ -7,10 +7,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tetherfleet/tether/controlplane/instances/instancestest"
 	"github.com/tetherfleet/tether/controlplane/presence"
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/internal/clock"
+	"github.com/tetherfleet/tether/internal/testkit/instancestest"
 )
 
 func live(t *testing.T, st store.Store, id string, at time.Time) bool {

@@ -8,10 +8,10 @@ import (
 	"time"
 
 	"github.com/tetherfleet/tether/controlplane/events"
-	"github.com/tetherfleet/tether/controlplane/instances/instancestest"
 	"github.com/tetherfleet/tether/controlplane/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/provsync"
 	"github.com/tetherfleet/tether/controlplane/store"
+	"github.com/tetherfleet/tether/internal/testkit/instancestest"
 	"github.com/tetherfleet/tether/providers"
 	"github.com/tetherfleet/tether/providers/external"
 	"github.com/tetherfleet/tether/providers/fake"

@@ -17,7 +17,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/tetherfleet/tether/controlplane/daemon"
-	"github.com/tetherfleet/tether/internal/testcp"
+	"github.com/tetherfleet/tether/internal/testkit/testcp"
 	"github.com/tetherfleet/tether/pki/attestation"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 )

@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/tetherfleet/tether/controlplane/daemon"
-	"github.com/tetherfleet/tether/internal/testcp"
+	"github.com/tetherfleet/tether/internal/testkit/testcp"
 )
 
 // `tetherctl ca`: list as a table and as JSON, prepare, a second prepare

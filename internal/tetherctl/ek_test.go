@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/tetherfleet/tether/controlplane/daemon"
-	"github.com/tetherfleet/tether/internal/testcp"
+	"github.com/tetherfleet/tether/internal/testkit/testcp"
 )
 
 // TestNodeEKFlagsRoundTrip: --ek binds TPMs to a node (shown in the

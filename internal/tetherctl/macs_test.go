@@ -10,7 +10,7 @@ import (
 	"testing"
 
 	"github.com/tetherfleet/tether/controlplane/daemon"
-	"github.com/tetherfleet/tether/internal/testcp"
+	"github.com/tetherfleet/tether/internal/testkit/testcp"
 )
 
 func TestNodeMACs(t *testing.T) {

@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/tetherfleet/tether/controlplane/daemon"
-	"github.com/tetherfleet/tether/internal/testcp"
+	"github.com/tetherfleet/tether/internal/testkit/testcp"
 	"github.com/tetherfleet/tether/internal/tetherctl"
 )
 

@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/tetherfleet/tether/agent/tpm"
-	"github.com/tetherfleet/tether/internal/swtpmtest"
+	"github.com/tetherfleet/tether/internal/testkit/swtpmtest"
 	"github.com/tetherfleet/tether/pki/attestation"
 )
 

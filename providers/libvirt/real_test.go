@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tetherfleet/tether/internal/logbuf"
+	"github.com/tetherfleet/tether/internal/testkit/logbuf"
 	"github.com/tetherfleet/tether/providers"
 	"github.com/tetherfleet/tether/providers/libvirt/libvirttest"
 	"github.com/tetherfleet/tether/providers/qemu/qemutest"

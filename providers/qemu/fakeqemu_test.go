@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tetherfleet/tether/internal/logbuf"
+	"github.com/tetherfleet/tether/internal/testkit/logbuf"
 )
 
 // The test binary doubles as a fake QEMU: when the provider launches it with

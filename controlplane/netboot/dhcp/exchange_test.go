@@ -12,7 +12,7 @@ import (
 	"github.com/insomniacslk/dhcp/dhcpv4/nclient4"
 	"github.com/insomniacslk/dhcp/iana"
 
-	"github.com/tetherfleet/tether/internal/netnstest"
+	"github.com/tetherfleet/tether/internal/testkit/netnstest"
 )
 
 // serveInNS runs h on the namespace's server end and returns a DHCP

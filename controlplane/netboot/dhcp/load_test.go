@@ -14,7 +14,7 @@ import (
 	"github.com/insomniacslk/dhcp/dhcpv4/server4"
 	"github.com/insomniacslk/dhcp/iana"
 
-	"github.com/tetherfleet/tether/internal/netnstest"
+	"github.com/tetherfleet/tether/internal/testkit/netnstest"
 )
 
 // BenchmarkPXEClients is the responder's load measurement: each iteration

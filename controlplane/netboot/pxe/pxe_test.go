@@ -23,7 +23,7 @@ import (
 
 	"github.com/tetherfleet/tether/controlplane/store/sqlite"
 	"github.com/tetherfleet/tether/internal/clock"
-	"github.com/tetherfleet/tether/internal/netnstest"
+	"github.com/tetherfleet/tether/internal/testkit/netnstest"
 )
 
 func TestCheckFlags(t *testing.T) {

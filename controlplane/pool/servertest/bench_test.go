@@ -16,9 +16,9 @@ import (
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/controlplane/store/postgres"
 	"github.com/tetherfleet/tether/controlplane/store/sqlite"
-	"github.com/tetherfleet/tether/internal/bench"
-	"github.com/tetherfleet/tether/internal/pgtest"
-	"github.com/tetherfleet/tether/internal/testcp"
+	"github.com/tetherfleet/tether/internal/testkit/pgtest"
+	"github.com/tetherfleet/tether/internal/testkit/testcp"
+	"github.com/tetherfleet/tether/internal/tools/bench"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
 

@@ -15,7 +15,7 @@ import (
 	"github.com/tetherfleet/tether/controlplane/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/controlplane/store/postgres"
-	"github.com/tetherfleet/tether/internal/testcp"
+	"github.com/tetherfleet/tether/internal/testkit/testcp"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
 

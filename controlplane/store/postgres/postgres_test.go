@@ -9,7 +9,7 @@ import (
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/controlplane/store/postgres"
 	"github.com/tetherfleet/tether/controlplane/store/storetest"
-	"github.com/tetherfleet/tether/internal/pgtest"
+	"github.com/tetherfleet/tether/internal/testkit/pgtest"
 )
 
 // pg is the server this test binary's tests share (fsync off, for speed);

@@ -13,8 +13,8 @@ import (
 
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/controlplane/store/postgres"
-	"github.com/tetherfleet/tether/internal/logbuf"
-	"github.com/tetherfleet/tether/internal/pgtest"
+	"github.com/tetherfleet/tether/internal/testkit/logbuf"
+	"github.com/tetherfleet/tether/internal/testkit/pgtest"
 )
 
 // syncBuffer is a log sink the test can read while the store writes.

@@ -16,7 +16,7 @@ import (
 
 	"github.com/tetherfleet/tether/controlplane/daemon"
 	"github.com/tetherfleet/tether/internal/clock"
-	"github.com/tetherfleet/tether/internal/testcp"
+	"github.com/tetherfleet/tether/internal/testkit/testcp"
 	"github.com/tetherfleet/tether/pki/ca"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 	"google.golang.org/protobuf/types/known/structpb"

@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tetherfleet/tether/internal/testcp"
+	"github.com/tetherfleet/tether/internal/testkit/testcp"
 	"github.com/tetherfleet/tether/pki"
 	"github.com/tetherfleet/tether/pki/ca"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"

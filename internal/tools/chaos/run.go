@@ -27,7 +27,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/tetherfleet/tether/internal/tinymodule"
+	"github.com/tetherfleet/tether/internal/tools/tinymodule"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 	"github.com/tetherfleet/tether/providers"
 	"github.com/tetherfleet/tether/providers/fake"

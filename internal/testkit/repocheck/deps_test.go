@@ -36,7 +36,17 @@ func TestCheckImports(t *testing.T) {
 		{"daemon picks a backend", "controlplane/daemon", []string{m("controlplane/store/sqlite"), m("controlplane/store/postgres")}, 0},
 		{"service imports the SQL layer", "controlplane/pool", []string{m("controlplane/store/sqlstore")}, 1},
 		{"CLI imports a service", "internal/tetherctl", []string{m("controlplane/instances")}, 1},
-		{"anything imports a main", "internal/bench", []string{m("cmd/tetherd")}, 1},
+		{"anything imports a main", "internal/tools/bench", []string{m("cmd/tetherd")}, 1},
+		{"a service imports a test harness", "controlplane/pool", []string{m("internal/testkit/testcp")}, 1},
+		{"the CLI imports a test harness", "internal/tetherctl", []string{m("internal/testkit/logbuf")}, 1},
+		{"a tool imports a test harness", "internal/tools/bench", []string{m("internal/testkit/testcp")}, 1},
+		{"tether-bench imports a test harness", "cmd/tether-bench", []string{m("internal/testkit/pgtest")}, 1},
+		{"a test harness imports another", "internal/testkit/pgtest", []string{m("internal/testkit/logbuf")}, 0},
+		{"the e2e suite imports a test harness", "e2e", []string{m("internal/testkit/testcp")}, 0},
+		{"tetherd imports the tooling", "cmd/tetherd", []string{m("internal/tools/bench")}, 1},
+		{"a service imports the tooling", "controlplane/api", []string{m("internal/tools/tinymodule")}, 1},
+		{"tether-bench imports the tooling", "cmd/tether-bench", []string{m("internal/tools/chaos"), m("internal/tools/plot")}, 0},
+		{"a test harness imports the tooling", "internal/testkit/testcp", []string{m("internal/tools/tinymodule")}, 0},
 		{"two rules at once", "agent", []string{m("controlplane/api"), m("cmd/tetherctl")}, 2},
 		{"outside the module", "github.com/other/x", []string{m("controlplane/api")}, 0},
 	}
@@ -57,11 +67,13 @@ func TestCheckImports(t *testing.T) {
 
 func TestTestHelper(t *testing.T) {
 	for pkg, want := range map[string]bool{
-		Module + "/controlplane/instances/instancestest": true,
-		Module + "/internal/pgtest":                      true,
-		Module + "/controlplane/store/storetest":         true,
-		Module + "/controlplane/instances":               false,
-		Module + "/internal/testcp":                      false,
+		Module + "/internal/testkit/instancestest": true,
+		Module + "/internal/testkit/pgtest":        true,
+		Module + "/internal/testkit/testcp":        true,
+		Module + "/controlplane/store/storetest":   true,
+		Module + "/controlplane/instances":         false,
+		Module + "/internal/tools/bench":           false,
+		Module + "/internal/testkit":               true,
 	} {
 		if got := TestHelper(pkg); got != want {
 			t.Errorf("TestHelper(%s) = %v, want %v", pkg, got, want)
@@ -112,8 +124,8 @@ func TestDependencyDirection(t *testing.T) {
 
 func TestTestCode(t *testing.T) {
 	m := func(rel string) string { return Module + "/" + rel }
-	got := TestCode([]string{"fmt", "testing", "testing/fstest", m("internal/testcp"), m("internal/pgserver"), m("controlplane/store/storetest")})
-	want := []string{"testing", m("internal/testcp"), m("controlplane/store/storetest")}
+	got := TestCode([]string{"fmt", "testing", "testing/fstest", m("internal/testkit/testcp"), m("internal/tools/pgserver"), m("controlplane/store/storetest")})
+	want := []string{"testing", m("internal/testkit/testcp"), m("controlplane/store/storetest")}
 	if strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Fatalf("TestCode = %v, want %v", got, want)
 	}
@@ -126,7 +138,7 @@ func TestShippedBinariesLinkNoTestCode(t *testing.T) {
 	if err != nil {
 		t.Skipf("SKIPPING: the go tool is not on PATH: %v", err)
 	}
-	mains, err := filepath.Glob(filepath.Join("..", "..", "cmd", "*"))
+	mains, err := filepath.Glob(filepath.Join("..", "..", "..", "cmd", "*"))
 	if err != nil || len(mains) == 0 {
 		t.Fatalf("no mains under cmd/ (%v)", err)
 	}

@@ -3,7 +3,7 @@
 // database on it, which is much faster than a cluster per test.
 package pgtest
 
-import "github.com/tetherfleet/tether/internal/pgserver"
+import "github.com/tetherfleet/tether/internal/tools/pgserver"
 
 // The server itself lives in pgserver, which links no testing code; these
 // names keep the tests' spelling.

@@ -11,8 +11,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
-	"github.com/tetherfleet/tether/internal/bench"
-	"github.com/tetherfleet/tether/internal/testcp"
+	"github.com/tetherfleet/tether/internal/testkit/testcp"
+	"github.com/tetherfleet/tether/internal/tools/bench"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
 

@@ -26,7 +26,7 @@ import (
 
 	"github.com/tetherfleet/tether/controlplane/daemon"
 	"github.com/tetherfleet/tether/internal/clock"
-	"github.com/tetherfleet/tether/internal/tinymodule"
+	"github.com/tetherfleet/tether/internal/tools/tinymodule"
 	"github.com/tetherfleet/tether/pki"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 )

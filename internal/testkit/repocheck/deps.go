@@ -27,7 +27,7 @@ type DepRule struct {
 // to non-test code: tests (e2e above all) and test-helper packages (whose
 // name ends in "test", such as instancestest) may reach across layers.
 var DepRules = []DepRule{
-	{From: []string{"agent/..."}, Deny: []string{"controlplane/...", "providers/...", "internal/testcp", "internal/tetherctl"},
+	{From: []string{"agent/..."}, Deny: []string{"controlplane/...", "providers/...", "internal/tetherctl"},
 		Why: "the agent shares only proto, pki and small internal helpers with the control plane"},
 	{From: []string{"providers/..."}, Deny: []string{"controlplane/...", "agent/..."},
 		Why: "a provider knows nothing of the control plane; it is used through its interface"},
@@ -43,7 +43,7 @@ var DepRules = []DepRule{
 	{From: []string{"controlplane/store/..."}, Exempt: []string{"controlplane/store"}, Deny: []string{"controlplane/...", "agent/...", "providers/..."},
 		AllowImports: []string{"controlplane/store/...", "controlplane/lifecycle"},
 		Why:          "backends know the store contract and nothing above it"},
-	{From: []string{"controlplane/..."}, Deny: []string{"agent/...", "internal/tetherctl", "internal/testcp"},
+	{From: []string{"controlplane/..."}, Deny: []string{"agent/...", "internal/tetherctl"},
 		Why: "the control plane and the agent meet only over the API"},
 	{From: []string{"controlplane/..."}, Exempt: []string{"controlplane/daemon"}, Deny: []string{"controlplane/api"},
 		Why: "services sit below the API; only the composition root (daemon) wires it"},
@@ -63,6 +63,11 @@ var DepRules = []DepRule{
 		Why: "the CLI speaks only the admin API"},
 	{From: []string{"..."}, Deny: []string{"cmd/..."},
 		Why: "mains are thin and nothing imports them"},
+	// docs/adr/0046: what ships, what tests and what measures live apart.
+	{From: []string{"..."}, Exempt: []string{"internal/testkit/...", "e2e"}, Deny: []string{"internal/testkit/..."},
+		Why: "test harnesses (internal/testkit) are for tests; shipped code and the tools never link them"},
+	{From: []string{"..."}, Exempt: []string{"internal/tools/...", "internal/testkit/...", "e2e", "cmd/tether-bench"}, Deny: []string{"internal/tools/..."},
+		Why: "the load, chaos and plot tooling (internal/tools) sits apart from the product; only tether-bench and tests use it"},
 }
 
 // under reports whether pkg (module-relative) is matched by pattern.
@@ -76,9 +81,16 @@ func under(pkg, pattern string) bool {
 	return pkg == pattern
 }
 
-// TestHelper reports whether pkg is a test-helper package (instancestest,
-// storetest, pgtest, ...), which the rules treat as test code.
-func TestHelper(pkg string) bool { return strings.HasSuffix(path.Base(pkg), "test") }
+// TestHelper reports whether pkg (an import path or a module-relative
+// one) is a test-helper package: anything under internal/testkit, or a
+// package whose name ends in "test" (storetest, servertest), which the
+// rules treat as test code.
+func TestHelper(pkg string) bool {
+	if rel, ok := relative(pkg); ok {
+		pkg = rel
+	}
+	return under(pkg, "internal/testkit/...") || strings.HasSuffix(path.Base(pkg), "test")
+}
 
 // CheckImports returns the rules pkg breaks by importing imports. Both
 // are import paths; paths outside the module are ignored.
@@ -142,13 +154,12 @@ func FileImports(name string, src []byte) ([]string, error) {
 
 // TestCode reports which of deps (the import paths a shipped binary
 // links, as `go list -deps` prints them) are testing code: the standard
-// testing package or one of this module's test helpers (testcp, the
-// in-process tetherd, is one though its name does not say so). A shipped binary
+// testing package or one of this module's test helpers. A shipped binary
 // that links them carries test flags and harnesses into production.
 func TestCode(deps []string) []string {
 	var out []string
 	for _, d := range deps {
-		if rel, ok := relative(d); d == "testing" || ok && (TestHelper(rel) || rel == "internal/testcp") {
+		if rel, ok := relative(d); d == "testing" || ok && TestHelper(rel) {
 			out = append(out, d)
 		}
 	}

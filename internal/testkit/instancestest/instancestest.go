@@ -19,7 +19,7 @@ import (
 	"github.com/tetherfleet/tether/controlplane/store/sqlite"
 	"github.com/tetherfleet/tether/controlplane/worker"
 	"github.com/tetherfleet/tether/internal/clock"
-	"github.com/tetherfleet/tether/internal/logbuf"
+	"github.com/tetherfleet/tether/internal/testkit/logbuf"
 	"github.com/tetherfleet/tether/pki/ca"
 	"github.com/tetherfleet/tether/providers"
 	"github.com/tetherfleet/tether/providers/external"
