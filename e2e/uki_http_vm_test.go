@@ -165,8 +165,14 @@ func prepareUKI(t testing.TB, host string) *ukiSetup {
 // 10.0.2.2:handoffPort, signed with the snakeoil db key if sign.
 func (u *ukiSetup) build(t testing.TB, name, initramfs, handoffPort string, sign bool) string {
 	t.Helper()
+	return u.buildWith(t, name, initramfs, handoffPort, sign, "")
+}
+
+// buildWith is build with the initramfs stored as compress says.
+func (u *ukiSetup) buildWith(t testing.TB, name, initramfs, handoffPort string, sign bool, compress uki.Compression) string {
+	t.Helper()
 	_, apiPort, _ := net.SplitHostPort(u.apiAddr)
-	spec := uki.Spec{Kernel: u.a.kernel, Initramfs: initramfs,
+	spec := uki.Spec{Kernel: u.a.kernel, Initramfs: initramfs, Compress: compress,
 		Cmdline: "console=ttyS0,115200 panic=-1 tether.url=https://10.0.2.2:" + apiPort + " tether.ca=" + u.caFP +
 			" tether.handoff=http://10.0.2.2:" + handoffPort + " ip=dhcp"}
 	out := filepath.Join(u.dir, name)
