@@ -147,11 +147,3 @@ func checkNodeBMC(ctx context.Context, q store.Queries, n *store.Node) error {
 	}
 	return nil
 }
-
-func nodeBMCProto(b store.NodeBMC) *v1.NodeBMC {
-	if b.Address == "" {
-		return nil
-	}
-	return &v1.NodeBMC{Address: b.Address, Credential: b.Credential, CaPem: b.CAPEM, Fingerprint: b.Fingerprint,
-		InsecureSkipVerify: b.Insecure, BootMode: b.BootMode}
-}

@@ -155,12 +155,12 @@ func (a *adminServer) ListInstances(ctx context.Context, req *v1.ListInstancesRe
 	for _, in := range ins {
 		pi := InstanceProto(in, names[in.NodeID])
 		pi.AgentPresence = presenceProto(present[in.ID], now)
-		if !b.fits(pi) {
+		if !b.Fits(pi) {
 			break
 		}
 		out.Instances = append(out.Instances, pi)
 	}
-	if b.more(len(out.Instances), len(ins), p.Limit) {
+	if b.More(len(out.Instances), len(ins), p.Limit) {
 		out.NextPageToken = ins[len(out.Instances)-1].ID
 	}
 	return out, nil
@@ -194,12 +194,12 @@ func (a *adminServer) ListCertificates(ctx context.Context, req *v1.ListCertific
 	var b budget
 	for _, c := range cs {
 		pc := certProto(c)
-		if !b.fits(pc) {
+		if !b.Fits(pc) {
 			break
 		}
 		out.Certificates = append(out.Certificates, pc)
 	}
-	if b.more(len(out.Certificates), len(cs), p.Limit) {
+	if b.More(len(out.Certificates), len(cs), p.Limit) {
 		out.NextPageToken = cs[len(out.Certificates)-1].Serial
 	}
 	return out, nil
@@ -264,12 +264,12 @@ func (a *adminServer) ListTasks(ctx context.Context, req *v1.ListTasksRequest) (
 	var b budget
 	for _, t := range ts {
 		pt := TaskProto(t)
-		if !b.fits(pt) {
+		if !b.Fits(pt) {
 			break
 		}
 		out.Tasks = append(out.Tasks, pt)
 	}
-	if b.more(len(out.Tasks), len(ts), p.Limit) {
+	if b.More(len(out.Tasks), len(ts), p.Limit) {
 		out.NextPageToken = ts[len(out.Tasks)-1].ID
 	}
 	return out, nil
@@ -317,12 +317,12 @@ func (a *adminServer) ListEvents(ctx context.Context, req *v1.ListEventsRequest)
 	var b budget
 	for _, e := range evs {
 		pe := eventProto(e)
-		if !b.fits(pe) {
+		if !b.Fits(pe) {
 			break
 		}
 		out.Events = append(out.Events, pe)
 	}
-	if b.more(len(out.Events), len(evs), p.Limit) {
+	if b.More(len(out.Events), len(evs), p.Limit) {
 		out.NextPageToken = strconv.FormatInt(evs[len(out.Events)-1].ID, 10)
 	}
 	return out, nil

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tetherfleet/tether/controlplane/api/admin/adminkit"
 	"github.com/tetherfleet/tether/controlplane/certificates"
 	"github.com/tetherfleet/tether/controlplane/events"
 	"github.com/tetherfleet/tether/controlplane/fail"
@@ -87,7 +88,7 @@ func (a *adminServer) CreateIdentity(ctx context.Context, req *v1.CreateIdentity
 	if err := modules.ValidateName("name", req.Name); err != nil {
 		return nil, err
 	}
-	if _, ok := roleRank[req.Role]; !ok {
+	if !adminkit.ValidRole(req.Role) {
 		return nil, fail.Invalid("role", "%q: want viewer, operator or admin", req.Role)
 	}
 	ttl, err := identityTTL("ttl_seconds", req.TtlSeconds)

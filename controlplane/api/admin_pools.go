@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/tetherfleet/tether/controlplane/api/admin/adminkit"
 	"github.com/tetherfleet/tether/controlplane/fail"
 	"github.com/tetherfleet/tether/controlplane/pool"
 	"github.com/tetherfleet/tether/controlplane/store"
@@ -20,17 +21,8 @@ func (a *adminServer) pools() (*pool.Service, error) {
 	return a.Pools, nil
 }
 
-// LifecycleClassName is the stored form of a lifecycle class ("" for
-// unspecified).
-func LifecycleClassName(c v1.LifecycleClass) string { return storedName("LIFECYCLE_CLASS_", c) }
-
-func lifecycleClass(name string) v1.LifecycleClass {
-	return fromStored[v1.LifecycleClass]("LIFECYCLE_CLASS_", name, v1.LifecycleClass_value)
-}
-
-func poolStatus(name string) v1.PoolStatus {
-	return fromStored[v1.PoolStatus]("POOL_STATUS_", name, v1.PoolStatus_value)
-}
+func lifecycleClass(name string) v1.LifecycleClass { return adminkit.LifecycleClass(name) }
+func poolStatus(name string) v1.PoolStatus         { return adminkit.PoolStatus(name) }
 
 func metadataIn(m *v1.PoolMetadata) store.PoolMetadata {
 	if m == nil {
@@ -118,12 +110,12 @@ func (a *adminServer) ListPools(ctx context.Context, req *v1.ListPoolsRequest) (
 	var b budget
 	for _, v := range vs {
 		pp := PoolProto(v)
-		if !b.fits(pp) {
+		if !b.Fits(pp) {
 			break
 		}
 		out.Pools = append(out.Pools, pp)
 	}
-	if b.more(len(out.Pools), len(vs), pg.Limit) {
+	if b.More(len(out.Pools), len(vs), pg.Limit) {
 		out.NextPageToken = vs[len(out.Pools)-1].Pool.Name
 	}
 	return out, nil

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
 
+	"github.com/tetherfleet/tether/controlplane/api/admin/adminkit"
 	"github.com/tetherfleet/tether/controlplane/fail"
 	"github.com/tetherfleet/tether/controlplane/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/modules"
@@ -398,7 +399,7 @@ func (a *agentServer) push(ctx context.Context, id string, stream v1.AgentServic
 		if t == nil {
 			break
 		}
-		msg := &v1.TaskAssignment{TaskId: t.ID, Kind: taskKind(t.Kind), LeaseExpiresAt: ntsp(t.LeaseExpiresAt)}
+		msg := &v1.TaskAssignment{TaskId: t.ID, Kind: adminkit.TaskKind(t.Kind), LeaseExpiresAt: ntsp(t.LeaseExpiresAt)}
 		if p := TaskProto(t); p.Exec != nil {
 			msg.Exec = p.Exec
 		}

@@ -2,7 +2,6 @@ package api
 
 import (
 	"context"
-	"crypto"
 	"crypto/x509"
 	"log/slog"
 	"strings"
@@ -16,6 +15,7 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
+	"github.com/tetherfleet/tether/controlplane/api/admin/adminkit"
 	"github.com/tetherfleet/tether/controlplane/audit"
 	"github.com/tetherfleet/tether/controlplane/fail"
 	"github.com/tetherfleet/tether/controlplane/store"
@@ -23,26 +23,15 @@ import (
 	"github.com/tetherfleet/tether/pki/ca"
 )
 
-// Caller is the authenticated peer of a call.
-type Caller struct {
-	Identity  pki.Identity
-	Serial    string
-	NotAfter  time.Time
-	PublicKey crypto.PublicKey
-}
-
-type callerKey struct{}
+// Caller is the authenticated peer of a call (defined in adminkit, which
+// the resource packages read it from).
+type Caller = adminkit.Caller
 
 // CallerFrom returns the caller put in the context by the auth interceptor.
-func CallerFrom(ctx context.Context) (Caller, bool) {
-	c, ok := ctx.Value(callerKey{}).(Caller)
-	return c, ok
-}
+func CallerFrom(ctx context.Context) (Caller, bool) { return adminkit.CallerFrom(ctx) }
 
 // WithCaller is for tests that call services directly.
-func WithCaller(ctx context.Context, c Caller) context.Context {
-	return context.WithValue(ctx, callerKey{}, c)
-}
+func WithCaller(ctx context.Context, c Caller) context.Context { return adminkit.WithCaller(ctx, c) }
 
 const (
 	enrollmentPrefix = "/tether.v1.EnrollmentService/"
@@ -111,7 +100,7 @@ func (a *Authenticator) authorize(ctx context.Context, method string) (context.C
 		if !ok {
 			return nil, fail.Denied("%s is not in the role table; refused for every role", method)
 		}
-		if roleRank[c.Identity.Role] < roleRank[acc.role] {
+		if !adminkit.AtLeast(c.Identity.Role, acc.role) {
 			return WithCaller(ctx, c), fail.Denied("%s needs role %s; certificate %s has role %s", method, acc.role, c.Identity.Name, c.Identity.Role)
 		}
 		return WithCaller(ctx, c), nil
