@@ -145,7 +145,7 @@ func NewServices(d Deps) (*Services, error) {
 		Presence:     &presence.Tracker{Store: st, Clock: clk, Log: log, Lease: t.PresenceLease, Replica: d.Replica},
 		Enroll:       &enroll.Service{Store: st, CA: d.CA, Clock: clk, Log: log, MeasuredBoot: d.MeasuredBoot},
 		Catalog:      &catalog.Service{Store: st, Clock: clk},
-		Certificates: &certificates.Service{Store: st, Clock: clk},
+		Certificates: &certificates.Service{Store: st, Clock: clk, CA: d.CA},
 		Registry:     &modules.Registry{Store: st, Blobs: d.Blobs, Clock: clk, Log: log, StaticSigners: d.SigningKeys},
 	}
 	// The pool service replenishes on nudges the instance service sends:
