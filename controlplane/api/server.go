@@ -240,7 +240,11 @@ func New(cfg Config) (*Server, error) {
 	s := &Server{GRPC: g, Health: health.NewServer(), Metrics: m, cfg: cfg, streams: streams, endStreams: endStreams}
 	v1.RegisterEnrollmentServiceServer(g, &enrollmentServer{Config: cfg, m: m})
 	v1.RegisterAgentServiceServer(g, &agentServer{Config: cfg, m: m})
-	v1.RegisterAdminServiceServer(g, &adminServer{Config: cfg})
+	admin, err := newAdminServer(cfg)
+	if err != nil {
+		return nil, err
+	}
+	v1.RegisterAdminServiceServer(g, admin)
 	healthpb.RegisterHealthServer(g, s.Health)
 	reflection.Register(g)
 	for _, svc := range []string{"", "tether.v1.EnrollmentService", "tether.v1.AgentService", "tether.v1.AdminService"} {
@@ -282,11 +286,6 @@ func (s *Server) Stop(grace time.Duration) {
 	case <-time.After(grace):
 		s.GRPC.Stop()
 	}
-}
-
-type adminServer struct {
-	v1.UnimplementedAdminServiceServer
-	Config
 }
 
 type enrollmentServer struct {
