@@ -9,11 +9,11 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/tetherfleet/tether/controlplane/api/admin/adminkit"
-	"github.com/tetherfleet/tether/controlplane/api/admin/admintest"
 	adminca "github.com/tetherfleet/tether/controlplane/api/admin/ca"
 	"github.com/tetherfleet/tether/controlplane/carotation"
 	"github.com/tetherfleet/tether/controlplane/credentials"
 	"github.com/tetherfleet/tether/controlplane/fail"
+	"github.com/tetherfleet/tether/internal/testkit/admintest"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
 

@@ -9,10 +9,10 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/tetherfleet/tether/controlplane/api/admin/adminkit"
-	"github.com/tetherfleet/tether/controlplane/api/admin/admintest"
 	"github.com/tetherfleet/tether/controlplane/api/admin/credentials"
 	bmccreds "github.com/tetherfleet/tether/controlplane/credentials"
 	"github.com/tetherfleet/tether/controlplane/fail"
+	"github.com/tetherfleet/tether/internal/testkit/admintest"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
 

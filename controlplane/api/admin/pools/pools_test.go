@@ -9,9 +9,9 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/tetherfleet/tether/controlplane/api/admin/adminkit"
-	"github.com/tetherfleet/tether/controlplane/api/admin/admintest"
 	"github.com/tetherfleet/tether/controlplane/api/admin/pools"
 	"github.com/tetherfleet/tether/controlplane/fail"
+	"github.com/tetherfleet/tether/internal/testkit/admintest"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 	"github.com/tetherfleet/tether/providers/fake"
 )

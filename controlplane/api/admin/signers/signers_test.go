@@ -10,9 +10,9 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/tetherfleet/tether/controlplane/api/admin/adminkit"
-	"github.com/tetherfleet/tether/controlplane/api/admin/admintest"
 	"github.com/tetherfleet/tether/controlplane/api/admin/signers"
 	"github.com/tetherfleet/tether/controlplane/fail"
+	"github.com/tetherfleet/tether/internal/testkit/admintest"
 	"github.com/tetherfleet/tether/pki"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
