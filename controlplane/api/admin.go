@@ -5,9 +5,12 @@ import (
 
 	adminca "github.com/tetherfleet/tether/controlplane/api/admin/ca"
 	"github.com/tetherfleet/tether/controlplane/api/admin/credentials"
+	adminevents "github.com/tetherfleet/tether/controlplane/api/admin/events"
 	"github.com/tetherfleet/tether/controlplane/api/admin/identities"
+	"github.com/tetherfleet/tether/controlplane/api/admin/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/api/admin/pools"
 	"github.com/tetherfleet/tether/controlplane/api/admin/signers"
+	admintasks "github.com/tetherfleet/tether/controlplane/api/admin/tasks"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
 
@@ -27,6 +30,9 @@ type (
 	signersAPI     = signers.Server
 	identitiesAPI  = identities.Server
 	credentialsAPI = credentials.Server
+	lifecycleAPI   = lifecycle.Server
+	tasksAPI       = admintasks.Server
+	eventsAPI      = adminevents.Server
 )
 
 type adminServer struct {
@@ -36,6 +42,9 @@ type adminServer struct {
 	*signersAPI
 	*identitiesAPI
 	*credentialsAPI
+	*lifecycleAPI
+	*tasksAPI
+	*eventsAPI
 	Config
 }
 
@@ -64,6 +73,19 @@ func newAdminServer(cfg Config) (*adminServer, error) {
 		return nil, fmt.Errorf("api: %w", err)
 	}
 	if a.credentialsAPI, err = credentials.New(credentials.Config{Credentials: cfg.Credentials}); err != nil {
+		return nil, fmt.Errorf("api: %w", err)
+	}
+	lc := lifecycle.Config{Instances: cfg.Instances, Reads: cfg.Store, Clock: cfg.Clock}
+	if cfg.Revoked != nil {
+		lc.Revoked = cfg.Revoked
+	}
+	if a.lifecycleAPI, err = lifecycle.New(lc); err != nil {
+		return nil, fmt.Errorf("api: %w", err)
+	}
+	if a.tasksAPI, err = admintasks.New(admintasks.Config{Tasks: cfg.Tasks, Store: cfg.Store}); err != nil {
+		return nil, fmt.Errorf("api: %w", err)
+	}
+	if a.eventsAPI, err = adminevents.New(adminevents.Config{Store: cfg.Store}); err != nil {
 		return nil, fmt.Errorf("api: %w", err)
 	}
 	return a, nil

@@ -11,11 +11,13 @@ import (
 	"io"
 	"log/slog"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/tetherfleet/tether/controlplane/api/admin/adminkit"
 	"github.com/tetherfleet/tether/controlplane/daemon/wire"
+	"github.com/tetherfleet/tether/controlplane/instances"
 	"github.com/tetherfleet/tether/controlplane/modules"
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/controlplane/store/sqlite"
@@ -57,8 +59,17 @@ func New(t *testing.T) *Env {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The default boot artifacts an instance's provisioning names.
+	kernel, _, err := blobs.Ingest(strings.NewReader("a kernel"), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	initrd, _, err := blobs.Ingest(strings.NewReader("an initramfs"), false)
+	if err != nil {
+		t.Fatal(err)
+	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	svc, err := wire.NewServices(wire.Deps{Store: st, Clock: clk, Log: log,
+	svc, err := wire.NewServices(wire.Deps{Store: st, Clock: clk, Log: log, Kernel: kernel, Initramfs: initrd,
 		Machines: map[string]providers.Provider{fake.Name: fake.New(fake.WithClock(clk))},
 		CA:       authority, Blobs: blobs, AgentURL: "https://127.0.0.1:7443", NetbootURL: "http://127.0.0.1:8080/"})
 	if err != nil {
@@ -82,4 +93,21 @@ func (e *Env) Template(t *testing.T, name string) *store.Template {
 		t.Fatal(err)
 	}
 	return tpl
+}
+
+// Instance creates a template, a node over it and an instance of the node
+// on the fake provider (its provisioning left queued for a worker the
+// test does not run).
+func (e *Env) Instance(t *testing.T, node string) *store.Instance {
+	t.Helper()
+	ctx := context.Background()
+	e.Template(t, node+"-tpl")
+	if _, err := e.Services.Catalog.CreateNode(ctx, &store.Node{Name: node, Enabled: true}, node+"-tpl"); err != nil {
+		t.Fatal(err)
+	}
+	res, err := e.Services.Instances.Provision(ctx, instances.ProvisionParams{Node: node, Provider: fake.Name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res.Instance
 }

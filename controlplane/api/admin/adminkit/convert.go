@@ -1,6 +1,7 @@
 package adminkit
 
 import (
+	"context"
 	"encoding/json"
 	"strconv"
 	"strings"
@@ -263,4 +264,26 @@ func LifecycleClass(name string) v1.LifecycleClass {
 // PoolStatus is the proto form of a stored pool status.
 func PoolStatus(name string) v1.PoolStatus {
 	return FromStored[v1.PoolStatus]("POOL_STATUS_", name, v1.PoolStatus_value)
+}
+
+// InstanceReads are the reads InstanceOut makes.
+type InstanceReads interface {
+	GetNodeByID(ctx context.Context, id string) (*store.Node, error)
+	ListPresence(ctx context.Context, ids []string) (map[string]*store.Presence, error)
+}
+
+// InstanceOut converts an instance with its node's name and whether a
+// replica vouches for its agent at now.
+func InstanceOut(ctx context.Context, q InstanceReads, now time.Time, in *store.Instance) (*v1.Instance, error) {
+	n, err := q.GetNodeByID(ctx, in.NodeID)
+	if err != nil {
+		return nil, err
+	}
+	out := InstanceProto(in, n.Name)
+	ps, err := q.ListPresence(ctx, []string{in.ID})
+	if err != nil {
+		return nil, err
+	}
+	out.AgentPresence = PresenceProto(ps[in.ID], now)
+	return out, nil
 }
