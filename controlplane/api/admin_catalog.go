@@ -8,6 +8,7 @@ import (
 	"slices"
 	"unicode"
 
+	"github.com/tetherfleet/tether/controlplane/api/admin/adminkit"
 	"github.com/tetherfleet/tether/controlplane/catalog"
 	"github.com/tetherfleet/tether/controlplane/fail"
 	"github.com/tetherfleet/tether/controlplane/modules"
@@ -146,12 +147,12 @@ func (a *adminServer) ListTemplates(ctx context.Context, req *v1.ListTemplatesRe
 		if err != nil {
 			return nil, err
 		}
-		if !b.fits(pt) {
+		if !b.Fits(pt) {
 			break
 		}
 		out.Templates = append(out.Templates, pt)
 	}
-	if b.more(len(out.Templates), len(ts), p.Limit) {
+	if b.More(len(out.Templates), len(ts), p.Limit) {
 		out.NextPageToken = ts[len(out.Templates)-1].Name
 	}
 	return out, nil
@@ -292,12 +293,12 @@ func (a *adminServer) ListModules(ctx context.Context, req *v1.ListModulesReques
 	var b budget
 	for _, m := range ms {
 		pm := moduleProto(m)
-		if !b.fits(pm) {
+		if !b.Fits(pm) {
 			break
 		}
 		out.Modules = append(out.Modules, pm)
 	}
-	if b.more(len(out.Modules), len(ms), p.Limit) {
+	if b.More(len(out.Modules), len(ms), p.Limit) {
 		out.NextPageToken = store.ModuleCursor(ms[len(out.Modules)-1])
 	}
 	return out, nil
@@ -450,12 +451,12 @@ func (a *adminServer) ListNodes(ctx context.Context, req *v1.ListNodesRequest) (
 		if err != nil {
 			return nil, err
 		}
-		if !b.fits(pn) {
+		if !b.Fits(pn) {
 			break
 		}
 		out.Nodes = append(out.Nodes, pn)
 	}
-	if b.more(len(out.Nodes), len(ns), p.Limit) {
+	if b.More(len(out.Nodes), len(ns), p.Limit) {
 		out.NextPageToken = ns[len(out.Nodes)-1].Name
 	}
 	return out, nil
@@ -571,15 +572,6 @@ func validateConsole(c string) (string, error) {
 	return "", fail.Invalid("console", "%q is not a console device (want e.g. ttyS0, ttyS1,115200n8, tty0, or none)", c)
 }
 
-// templateConsole is what a template's console reads as: rows from before
-// the setting existed have the default.
-func templateConsole(t *store.Template) string {
-	if t.Console == "" {
-		return store.DefaultConsole
-	}
-	return t.Console
-}
-
 // bmcNeedsAdmin refuses a change of a node's BMC (its address, its
 // credential, its TLS trust) to a caller below admin. The BMC fields decide
 // where a stored credential's password is sent: an operator who could set
@@ -587,14 +579,7 @@ func templateConsole(t *store.Template) string {
 // and read the password (ADR 0017). Operators still drive the nodes an
 // admin gave a BMC.
 func bmcNeedsAdmin(ctx context.Context) error {
-	c, ok := CallerFrom(ctx)
-	if !ok {
-		return fail.Denied("setting a node's bmc needs role admin; the call names no caller")
-	}
-	if roleRank[c.Identity.Role] < roleRank[RoleAdmin] {
-		return fail.Denied("setting a node's bmc needs role admin: it decides where a stored credential's password is sent; identity %s has role %s", c.Identity.Name, c.Identity.Role)
-	}
-	return nil
+	return adminkit.NeedsAdmin(ctx, "a node's bmc", "it decides where a stored credential's password is sent")
 }
 
 // validKernelArgs refuses kernel arguments that are too long or hold a

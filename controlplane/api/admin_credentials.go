@@ -1,83 +1,18 @@
 package api
 
+// A node's BMC settings, which the node RPCs take; the credential RPCs
+// themselves are in admin/credentials.
+
 import (
 	"context"
 	"errors"
 	"strings"
 
 	"github.com/tetherfleet/tether/controlplane/fail"
-	"github.com/tetherfleet/tether/controlplane/modules"
 	"github.com/tetherfleet/tether/controlplane/store"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 	"github.com/tetherfleet/tether/providers/redfish"
 )
-
-func (a *adminServer) needCredentials() error {
-	if a.Credentials == nil {
-		return fail.Precondition("this control plane has no credential store configured")
-	}
-	return nil
-}
-
-func credentialProto(c *store.Credential) *v1.Credential {
-	return &v1.Credential{Name: c.Name, Username: c.Username, CreatedAt: tsp(c.CreatedAt), UpdatedAt: tsp(c.UpdatedAt)}
-}
-
-func (a *adminServer) CreateCredential(ctx context.Context, req *v1.CreateCredentialRequest) (*v1.Credential, error) {
-	if err := a.needCredentials(); err != nil {
-		return nil, err
-	}
-	if err := modules.ValidateName("name", req.Name); err != nil {
-		return nil, err
-	}
-	c, err := a.Credentials.Create(ctx, req.Name, req.Username, []byte(req.Password))
-	if err != nil {
-		return nil, err
-	}
-	return credentialProto(c), nil
-}
-
-func (a *adminServer) UpdateCredential(ctx context.Context, req *v1.UpdateCredentialRequest) (*v1.Credential, error) {
-	if err := a.needCredentials(); err != nil {
-		return nil, err
-	}
-	if req.Name == "" {
-		return nil, fail.Invalid("name", "required")
-	}
-	c, err := a.Credentials.Update(ctx, req.Name, req.Username, []byte(req.Password))
-	if err != nil {
-		return nil, err
-	}
-	return credentialProto(c), nil
-}
-
-func (a *adminServer) ListCredentials(ctx context.Context, _ *v1.ListCredentialsRequest) (*v1.ListCredentialsResponse, error) {
-	if err := a.needCredentials(); err != nil {
-		return nil, err
-	}
-	cs, err := a.Credentials.List(ctx)
-	if err != nil {
-		return nil, err
-	}
-	out := &v1.ListCredentialsResponse{}
-	for _, c := range cs {
-		out.Credentials = append(out.Credentials, credentialProto(c))
-	}
-	return out, nil
-}
-
-func (a *adminServer) DeleteCredential(ctx context.Context, req *v1.DeleteCredentialRequest) (*v1.DeleteCredentialResponse, error) {
-	if err := a.needCredentials(); err != nil {
-		return nil, err
-	}
-	if req.Name == "" {
-		return nil, fail.Invalid("name", "required")
-	}
-	if err := a.Credentials.Delete(ctx, req.Name); err != nil {
-		return nil, err
-	}
-	return &v1.DeleteCredentialResponse{}, nil
-}
 
 // maxBMCCA bounds a BMC's CA bundle: a few certificates.
 const maxBMCCA = 64 << 10
@@ -146,12 +81,4 @@ func checkNodeBMC(ctx context.Context, q store.Queries, n *store.Node) error {
 		return err
 	}
 	return nil
-}
-
-func nodeBMCProto(b store.NodeBMC) *v1.NodeBMC {
-	if b.Address == "" {
-		return nil
-	}
-	return &v1.NodeBMC{Address: b.Address, Credential: b.Credential, CaPem: b.CAPEM, Fingerprint: b.Fingerprint,
-		InsecureSkipVerify: b.Insecure, BootMode: b.BootMode}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 
+	"github.com/tetherfleet/tether/controlplane/api/admin/adminkit"
 	"github.com/tetherfleet/tether/controlplane/catalog"
 	"github.com/tetherfleet/tether/controlplane/events"
 	"github.com/tetherfleet/tether/controlplane/fail"
@@ -55,14 +56,7 @@ func parseEKHash(s string) (string, error) { return attestation.ParseEKHash(s) }
 // which machine may become the node without a token, and clearing the
 // requirement makes a stolen token good again (docs/adr/0024).
 func attestationNeedsAdmin(ctx context.Context, field string) error {
-	c, ok := CallerFrom(ctx)
-	if !ok {
-		return fail.Denied("setting %s needs role admin; the call names no caller", field)
-	}
-	if roleRank[c.Identity.Role] < roleRank[RoleAdmin] {
-		return fail.Denied("setting %s needs role admin: it decides which machine may enroll as the node; identity %s has role %s", field, c.Identity.Name, c.Identity.Role)
-	}
-	return nil
+	return adminkit.NeedsAdmin(ctx, field, "it decides which machine may enroll as the node")
 }
 
 // ekConflict answers a node write that names another node's EK: the

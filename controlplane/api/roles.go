@@ -2,16 +2,16 @@ package api
 
 import (
 	"strings"
+
+	"github.com/tetherfleet/tether/controlplane/api/admin/adminkit"
 )
 
 // Roles, weakest first. The role is in the admin certificate.
 const (
-	RoleViewer   = "viewer"
-	RoleOperator = "operator"
-	RoleAdmin    = "admin"
+	RoleViewer   = adminkit.RoleViewer
+	RoleOperator = adminkit.RoleOperator
+	RoleAdmin    = adminkit.RoleAdmin
 )
-
-var roleRank = map[string]int{RoleViewer: 1, RoleOperator: 2, RoleAdmin: 3}
 
 // access is what one admin RPC needs and whether it leaves an audit record.
 type access struct {
