@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	adminca "github.com/tetherfleet/tether/controlplane/api/admin/ca"
+	admincatalog "github.com/tetherfleet/tether/controlplane/api/admin/catalog"
 	"github.com/tetherfleet/tether/controlplane/api/admin/credentials"
 	adminevents "github.com/tetherfleet/tether/controlplane/api/admin/events"
 	"github.com/tetherfleet/tether/controlplane/api/admin/identities"
@@ -33,6 +34,7 @@ type (
 	lifecycleAPI   = lifecycle.Server
 	tasksAPI       = admintasks.Server
 	eventsAPI      = adminevents.Server
+	catalogAPI     = admincatalog.Server
 )
 
 type adminServer struct {
@@ -45,6 +47,7 @@ type adminServer struct {
 	*lifecycleAPI
 	*tasksAPI
 	*eventsAPI
+	*catalogAPI
 	Config
 }
 
@@ -86,6 +89,9 @@ func newAdminServer(cfg Config) (*adminServer, error) {
 		return nil, fmt.Errorf("api: %w", err)
 	}
 	if a.eventsAPI, err = adminevents.New(adminevents.Config{Store: cfg.Store}); err != nil {
+		return nil, fmt.Errorf("api: %w", err)
+	}
+	if a.catalogAPI, err = admincatalog.New(admincatalog.Config{Catalog: cfg.Catalog, Registry: cfg.Registry, Store: cfg.Store, Log: cfg.Log}); err != nil {
 		return nil, fmt.Errorf("api: %w", err)
 	}
 	return a, nil

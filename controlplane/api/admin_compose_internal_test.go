@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/tetherfleet/tether/controlplane/catalog"
 	"github.com/tetherfleet/tether/controlplane/certificates"
 	"github.com/tetherfleet/tether/controlplane/instances"
 	"github.com/tetherfleet/tether/controlplane/modules"
@@ -26,7 +27,7 @@ import (
 // any answer but Unimplemented shows a real handler was reached.
 func TestEveryAdminMethodIsServed(t *testing.T) {
 	var someStore struct{ store.Store } // never reached: each handler fails first
-	a, err := newAdminServer(Config{Store: someStore, Instances: &instances.Service{}, Tasks: &tasks.Service{}, Certificates: &certificates.Service{}, Registry: &modules.Registry{}, Revoked: NewRevocations(),
+	a, err := newAdminServer(Config{Store: someStore, Catalog: &catalog.Service{}, Instances: &instances.Service{}, Tasks: &tasks.Service{}, Certificates: &certificates.Service{}, Registry: &modules.Registry{}, Revoked: NewRevocations(),
 		Clock: clock.NewFake(time.Time{})})
 	if err != nil {
 		t.Fatal(err)

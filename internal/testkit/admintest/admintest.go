@@ -111,3 +111,13 @@ func (e *Env) Instance(t *testing.T, node string) *store.Instance {
 	}
 	return res.Instance
 }
+
+// Module records a module row (no blob: enough for a template to name it).
+func (e *Env) Module(t *testing.T, name, version string) *store.Module {
+	t.Helper()
+	m := &store.Module{Name: name, Version: version, Digest: "sha256:" + strings.Repeat("ab", 32), Size: 4096, CreatedAt: T0}
+	if err := e.Store.CreateModule(context.Background(), m); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}

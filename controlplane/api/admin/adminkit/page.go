@@ -1,6 +1,8 @@
 package adminkit
 
 import (
+	"fmt"
+
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
@@ -70,4 +72,16 @@ func UpdateMask(mask []string, allowed ...string) (map[string]bool, error) {
 		out[m] = true
 	}
 	return out, nil
+}
+
+// maxQuotedInError bounds what QuoteSome quotes.
+const maxQuotedInError = 64
+
+// QuoteSome quotes the start of s for an error message: escaped, so the
+// refusal does not carry what it refuses, and short.
+func QuoteSome(s string) string {
+	if len(s) > maxQuotedInError {
+		return fmt.Sprintf("%q...", s[:maxQuotedInError])
+	}
+	return fmt.Sprintf("%q", s)
 }

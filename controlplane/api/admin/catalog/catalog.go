@@ -1,11 +1,20 @@
-package api
+// Package catalog serves the catalog RPCs of AdminService: templates,
+// modules (push, read, delete), nodes (with their EK bindings and BMC)
+// and adoption (docs/adr/0030). controlplane/catalog and
+// controlplane/modules write; these handlers check the request's shape,
+// the role some fields need (a node's BMC and EK bindings: admin), and
+// convert.
+package catalog
 
 import (
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"regexp"
 	"slices"
+	"strconv"
+	"strings"
 	"unicode"
 
 	"github.com/tetherfleet/tether/controlplane/api/admin/adminkit"
@@ -14,18 +23,52 @@ import (
 	"github.com/tetherfleet/tether/controlplane/modules"
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/internal/macaddr"
+	"github.com/tetherfleet/tether/pki"
+	"github.com/tetherfleet/tether/pki/attestation"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
+	"github.com/tetherfleet/tether/providers/redfish"
 )
+
+// Config is what the catalog RPCs use.
+type Config struct {
+	// Catalog writes templates and nodes (required).
+	Catalog *catalog.Service
+	// Registry stores modules (required).
+	Registry *modules.Registry
+	// Store is read for the answers (required).
+	Store store.Store
+	// Log records an EK conflict event that could not be written (nil:
+	// not logged).
+	Log *slog.Logger
+}
+
+// Server serves the catalog RPCs.
+type Server struct {
+	cfg Config
+}
+
+// New builds the catalog RPCs, naming a missing dependency.
+func New(cfg Config) (*Server, error) {
+	for _, r := range []struct {
+		name    string
+		missing bool
+	}{{"Catalog", cfg.Catalog == nil}, {"Registry", cfg.Registry == nil}, {"Store", cfg.Store == nil}} {
+		if r.missing {
+			return nil, errors.New("catalog: Config." + r.name + " is required")
+		}
+	}
+	return &Server{cfg: cfg}, nil
+}
 
 // Templates, modules and nodes: the catalogue of what boots.
 
 const maxKernelArgs = 4096
 
-func (a *adminServer) resolveModules(ctx context.Context, q store.Queries, field string, refs []*v1.ModuleRef) ([]store.ModuleRef, error) {
+func (a *Server) resolveModules(ctx context.Context, q store.Queries, field string, refs []*v1.ModuleRef) ([]store.ModuleRef, error) {
 	out := make([]store.ModuleRef, 0, len(refs))
 	seen := map[store.ModuleRef]bool{}
 	for i, r := range refs {
-		f := field + "[" + itoa(i) + "]"
+		f := field + "[" + strconv.Itoa(i) + "]"
 		if err := modules.ValidateName(f+".name", r.GetName()); err != nil {
 			return nil, err
 		}
@@ -62,19 +105,19 @@ func validateArtifactDigest(field, d string) error {
 	return nil
 }
 
-func (a *adminServer) templateOut(ctx context.Context, t *store.Template) (*v1.Template, error) {
+func (a *Server) templateOut(ctx context.Context, t *store.Template) (*v1.Template, error) {
 	mods := map[store.ModuleRef]*store.Module{}
 	for _, r := range append(slices.Clone(t.RootModules), t.ExtensionModules...) {
-		m, err := a.Store.GetModule(ctx, r.Name, r.Version)
+		m, err := a.cfg.Store.GetModule(ctx, r.Name, r.Version)
 		if err != nil {
 			return nil, err
 		}
 		mods[r] = m
 	}
-	return templateProto(t, mods), nil
+	return adminkit.TemplateProto(t, mods), nil
 }
 
-func (a *adminServer) CreateTemplate(ctx context.Context, req *v1.CreateTemplateRequest) (*v1.Template, error) {
+func (a *Server) CreateTemplate(ctx context.Context, req *v1.CreateTemplateRequest) (*v1.Template, error) {
 	if err := modules.ValidateName("name", req.Name); err != nil {
 		return nil, err
 	}
@@ -104,7 +147,7 @@ func (a *adminServer) CreateTemplate(ctx context.Context, req *v1.CreateTemplate
 	if t.RequiredSigners, err = parseRequiredSigners(req.RequiredSigners); err != nil {
 		return nil, err
 	}
-	err = a.Catalog.CreateTemplate(ctx, t, func(q store.Queries, t *store.Template) error {
+	err = a.cfg.Catalog.CreateTemplate(ctx, t, func(q store.Queries, t *store.Template) error {
 		var err error
 		if t.RootModules, err = a.resolveModules(ctx, q, "root_modules", req.RootModules); err != nil {
 			return err
@@ -120,28 +163,28 @@ func (a *adminServer) CreateTemplate(ctx context.Context, req *v1.CreateTemplate
 	return a.templateOut(ctx, t)
 }
 
-func (a *adminServer) GetTemplate(ctx context.Context, req *v1.GetTemplateRequest) (*v1.Template, error) {
+func (a *Server) GetTemplate(ctx context.Context, req *v1.GetTemplateRequest) (*v1.Template, error) {
 	if req.Name == "" {
 		return nil, fail.Invalid("name", "required")
 	}
-	t, err := a.Store.GetTemplate(ctx, req.Name)
+	t, err := a.cfg.Store.GetTemplate(ctx, req.Name)
 	if err != nil {
 		return nil, err
 	}
 	return a.templateOut(ctx, t)
 }
 
-func (a *adminServer) ListTemplates(ctx context.Context, req *v1.ListTemplatesRequest) (*v1.ListTemplatesResponse, error) {
-	p, err := page(req.PageSize, req.PageToken)
+func (a *Server) ListTemplates(ctx context.Context, req *v1.ListTemplatesRequest) (*v1.ListTemplatesResponse, error) {
+	p, err := adminkit.Page(req.PageSize, req.PageToken)
 	if err != nil {
 		return nil, err
 	}
-	ts, err := a.Store.ListTemplates(ctx, p)
+	ts, err := a.cfg.Store.ListTemplates(ctx, p)
 	if err != nil {
 		return nil, err
 	}
 	out := &v1.ListTemplatesResponse{}
-	var b budget
+	var b adminkit.Budget
 	for _, t := range ts {
 		pt, err := a.templateOut(ctx, t)
 		if err != nil {
@@ -158,11 +201,11 @@ func (a *adminServer) ListTemplates(ctx context.Context, req *v1.ListTemplatesRe
 	return out, nil
 }
 
-func (a *adminServer) UpdateTemplate(ctx context.Context, req *v1.UpdateTemplateRequest) (*v1.Template, error) {
+func (a *Server) UpdateTemplate(ctx context.Context, req *v1.UpdateTemplateRequest) (*v1.Template, error) {
 	if req.Name == "" {
 		return nil, fail.Invalid("name", "required")
 	}
-	mask, err := updateMask(req.UpdateMask, "root_modules", "extension_modules", "kernel_digest", "initramfs_digest", "kernel_args", "require_signed_modules", "console", "required_signers", "require_attestation")
+	mask, err := adminkit.UpdateMask(req.UpdateMask, "root_modules", "extension_modules", "kernel_digest", "initramfs_digest", "kernel_args", "require_signed_modules", "console", "required_signers", "require_attestation")
 	if err != nil {
 		return nil, err
 	}
@@ -171,7 +214,7 @@ func (a *adminServer) UpdateTemplate(ctx context.Context, req *v1.UpdateTemplate
 			return nil, err
 		}
 	}
-	t, err := a.Catalog.UpdateTemplate(ctx, req.Name, func(q store.Queries, t *store.Template) error {
+	t, err := a.cfg.Catalog.UpdateTemplate(ctx, req.Name, func(q store.Queries, t *store.Template) error {
 		var err error
 		if mask["root_modules"] {
 			if len(req.RootModules) == 0 {
@@ -229,18 +272,18 @@ func (a *adminServer) UpdateTemplate(ctx context.Context, req *v1.UpdateTemplate
 	return a.templateOut(ctx, t)
 }
 
-func (a *adminServer) DeleteTemplate(ctx context.Context, req *v1.DeleteTemplateRequest) (*v1.DeleteTemplateResponse, error) {
+func (a *Server) DeleteTemplate(ctx context.Context, req *v1.DeleteTemplateRequest) (*v1.DeleteTemplateResponse, error) {
 	if req.Name == "" {
 		return nil, fail.Invalid("name", "required")
 	}
-	if err := a.Catalog.DeleteTemplate(ctx, req.Name); err != nil {
+	if err := a.cfg.Catalog.DeleteTemplate(ctx, req.Name); err != nil {
 		return nil, err
 	}
 	return &v1.DeleteTemplateResponse{}, nil
 }
 
 // PushModule receives a header, then chunks.
-func (a *adminServer) PushModule(stream v1.AdminService_PushModuleServer) error {
+func (a *Server) PushModule(stream v1.AdminService_PushModuleServer) error {
 	first, err := stream.Recv()
 	if err != nil {
 		return fail.Invalid("header", "the stream ended before the header: %v", err)
@@ -249,7 +292,7 @@ func (a *adminServer) PushModule(stream v1.AdminService_PushModuleServer) error 
 	if h == nil {
 		return fail.Invalid("header", "the first message must be the header")
 	}
-	m, _, err := a.Registry.Push(stream.Context(), modules.PushHeader{Name: h.Name, Version: h.Version, Digest: h.Digest, Size: h.Size, Signature: h.Signature, Signatures: signaturesIn(h.Signatures)},
+	m, _, err := a.cfg.Registry.Push(stream.Context(), modules.PushHeader{Name: h.Name, Version: h.Version, Digest: h.Digest, Size: h.Size, Signature: h.Signature, Signatures: signaturesIn(h.Signatures)},
 		func() ([]byte, error) {
 			msg, err := stream.Recv()
 			if err != nil {
@@ -263,36 +306,36 @@ func (a *adminServer) PushModule(stream v1.AdminService_PushModuleServer) error 
 	if err != nil {
 		return err
 	}
-	return stream.SendAndClose(moduleProto(m))
+	return stream.SendAndClose(adminkit.ModuleProto(m))
 }
 
-func (a *adminServer) GetModule(ctx context.Context, req *v1.GetModuleRequest) (*v1.Module, error) {
+func (a *Server) GetModule(ctx context.Context, req *v1.GetModuleRequest) (*v1.Module, error) {
 	if req.Name == "" {
 		return nil, fail.Invalid("name", "required")
 	}
 	if req.Version == "" {
 		return nil, fail.Invalid("version", "required")
 	}
-	m, err := a.Store.GetModule(ctx, req.Name, req.Version)
+	m, err := a.cfg.Store.GetModule(ctx, req.Name, req.Version)
 	if err != nil {
 		return nil, err
 	}
-	return moduleProto(m), nil
+	return adminkit.ModuleProto(m), nil
 }
 
-func (a *adminServer) ListModules(ctx context.Context, req *v1.ListModulesRequest) (*v1.ListModulesResponse, error) {
-	p, err := page(req.PageSize, req.PageToken)
+func (a *Server) ListModules(ctx context.Context, req *v1.ListModulesRequest) (*v1.ListModulesResponse, error) {
+	p, err := adminkit.Page(req.PageSize, req.PageToken)
 	if err != nil {
 		return nil, err
 	}
-	ms, err := a.Store.ListModules(ctx, req.Name, p)
+	ms, err := a.cfg.Store.ListModules(ctx, req.Name, p)
 	if err != nil {
 		return nil, err
 	}
 	out := &v1.ListModulesResponse{}
-	var b budget
+	var b adminkit.Budget
 	for _, m := range ms {
-		pm := moduleProto(m)
+		pm := adminkit.ModuleProto(m)
 		if !b.Fits(pm) {
 			break
 		}
@@ -304,14 +347,14 @@ func (a *adminServer) ListModules(ctx context.Context, req *v1.ListModulesReques
 	return out, nil
 }
 
-func (a *adminServer) DeleteModule(ctx context.Context, req *v1.DeleteModuleRequest) (*v1.DeleteModuleResponse, error) {
+func (a *Server) DeleteModule(ctx context.Context, req *v1.DeleteModuleRequest) (*v1.DeleteModuleResponse, error) {
 	if req.Name == "" {
 		return nil, fail.Invalid("name", "required")
 	}
 	if req.Version == "" {
 		return nil, fail.Invalid("version", "required")
 	}
-	if err := a.Registry.Delete(ctx, req.Name, req.Version); err != nil {
+	if err := a.cfg.Registry.Delete(ctx, req.Name, req.Version); err != nil {
 		return nil, err
 	}
 	return &v1.DeleteModuleResponse{}, nil
@@ -352,7 +395,7 @@ func nodeMACs(in []string) ([]string, error) {
 	return out, nil
 }
 
-func (a *adminServer) CreateNode(ctx context.Context, req *v1.CreateNodeRequest) (*v1.Node, error) {
+func (a *Server) CreateNode(ctx context.Context, req *v1.CreateNodeRequest) (*v1.Node, error) {
 	if err := modules.ValidateName("name", req.Name); err != nil {
 		return nil, err
 	}
@@ -397,7 +440,7 @@ func (a *adminServer) CreateNode(ctx context.Context, req *v1.CreateNodeRequest)
 			return nil, err
 		}
 	}
-	tpl, err := a.Catalog.CreateNode(ctx, n, req.Template, func(q store.Queries, n *store.Node) error { return checkNodeBMC(ctx, q, n) })
+	tpl, err := a.cfg.Catalog.CreateNode(ctx, n, req.Template, func(q store.Queries, n *store.Node) error { return checkNodeBMC(ctx, q, n) })
 	var inUse *store.MACInUseError
 	if errors.As(err, &inUse) {
 		return nil, fail.Exists("macs: %v", inUse)
@@ -405,47 +448,47 @@ func (a *adminServer) CreateNode(ctx context.Context, req *v1.CreateNodeRequest)
 	if err != nil {
 		return nil, a.ekConflict(ctx, req.Name, err)
 	}
-	return nodeProto(n, tpl.Name), nil
+	return adminkit.NodeProto(n, tpl.Name), nil
 }
 
-func (a *adminServer) nodeOut(ctx context.Context, n *store.Node) (*v1.Node, error) {
-	tpl, err := a.Store.GetTemplateByID(ctx, n.TemplateID)
+func (a *Server) nodeOut(ctx context.Context, n *store.Node) (*v1.Node, error) {
+	tpl, err := a.cfg.Store.GetTemplateByID(ctx, n.TemplateID)
 	if err != nil {
 		return nil, err
 	}
-	return nodeProto(n, tpl.Name), nil
+	return adminkit.NodeProto(n, tpl.Name), nil
 }
 
-func (a *adminServer) GetNode(ctx context.Context, req *v1.GetNodeRequest) (*v1.Node, error) {
+func (a *Server) GetNode(ctx context.Context, req *v1.GetNodeRequest) (*v1.Node, error) {
 	if req.Name == "" {
 		return nil, fail.Invalid("name", "required")
 	}
-	n, err := a.Store.GetNode(ctx, req.Name)
+	n, err := a.cfg.Store.GetNode(ctx, req.Name)
 	if err != nil {
 		return nil, err
 	}
 	return a.nodeOut(ctx, n)
 }
 
-func (a *adminServer) ListNodes(ctx context.Context, req *v1.ListNodesRequest) (*v1.ListNodesResponse, error) {
-	p, err := page(req.PageSize, req.PageToken)
+func (a *Server) ListNodes(ctx context.Context, req *v1.ListNodesRequest) (*v1.ListNodesResponse, error) {
+	p, err := adminkit.Page(req.PageSize, req.PageToken)
 	if err != nil {
 		return nil, err
 	}
 	var f store.NodeFilter
 	if req.Template != "" {
-		tpl, err := a.Store.GetTemplate(ctx, req.Template)
+		tpl, err := a.cfg.Store.GetTemplate(ctx, req.Template)
 		if err != nil {
 			return nil, err
 		}
 		f.TemplateID = tpl.ID
 	}
-	ns, err := a.Store.ListNodes(ctx, f, p)
+	ns, err := a.cfg.Store.ListNodes(ctx, f, p)
 	if err != nil {
 		return nil, err
 	}
 	out := &v1.ListNodesResponse{}
-	var b budget
+	var b adminkit.Budget
 	for _, n := range ns {
 		pn, err := a.nodeOut(ctx, n)
 		if err != nil {
@@ -462,11 +505,11 @@ func (a *adminServer) ListNodes(ctx context.Context, req *v1.ListNodesRequest) (
 	return out, nil
 }
 
-func (a *adminServer) UpdateNode(ctx context.Context, req *v1.UpdateNodeRequest) (*v1.Node, error) {
+func (a *Server) UpdateNode(ctx context.Context, req *v1.UpdateNodeRequest) (*v1.Node, error) {
 	if req.Name == "" {
 		return nil, fail.Invalid("name", "required")
 	}
-	mask, err := updateMask(req.UpdateMask, "template", "enabled", "config", "public_address", "macs", "bmc", "ek_hashes", "require_attestation")
+	mask, err := adminkit.UpdateMask(req.UpdateMask, "template", "enabled", "config", "public_address", "macs", "bmc", "ek_hashes", "require_attestation")
 	if err != nil {
 		return nil, err
 	}
@@ -499,7 +542,7 @@ func (a *adminServer) UpdateNode(ctx context.Context, req *v1.UpdateNodeRequest)
 			return nil, err
 		}
 	}
-	n, err := a.Catalog.UpdateNode(ctx, req.Name, func(q store.Queries, n *store.Node) error {
+	n, err := a.cfg.Catalog.UpdateNode(ctx, req.Name, func(q store.Queries, n *store.Node) error {
 		var err error
 		if mask["template"] {
 			tpl, err := catalog.TemplateFor(ctx, q, req.Template)
@@ -546,11 +589,11 @@ func (a *adminServer) UpdateNode(ctx context.Context, req *v1.UpdateNodeRequest)
 	return a.nodeOut(ctx, n)
 }
 
-func (a *adminServer) DeleteNode(ctx context.Context, req *v1.DeleteNodeRequest) (*v1.DeleteNodeResponse, error) {
+func (a *Server) DeleteNode(ctx context.Context, req *v1.DeleteNodeRequest) (*v1.DeleteNodeResponse, error) {
 	if req.Name == "" {
 		return nil, fail.Invalid("name", "required")
 	}
-	if err := a.Catalog.DeleteNode(ctx, req.Name); err != nil {
+	if err := a.cfg.Catalog.DeleteNode(ctx, req.Name); err != nil {
 		return nil, err
 	}
 	return &v1.DeleteNodeResponse{}, nil
@@ -596,4 +639,213 @@ func validKernelArgs(args string) error {
 		}
 	}
 	return nil
+}
+
+// maxNodeEKs bounds a node's endorsement keys: a machine has one TPM, and
+// a few hashes cover a replaced board or an RSA and an ECC EK.
+const maxNodeEKs = 8
+
+// ekPrefix is the one algorithm an EK hash names: SHA-256 of the EK
+// public key (docs/design.md §3.8).
+const ekPrefix = "sha256:"
+
+// nodeEKHashes validates a node's EK hashes: sha256: and 64 hex digits.
+// Upper-case hex is accepted and stored lower-case, so a hash copied from
+// a tool that prints upper case names the same key; any other form is
+// refused with the field and the value.
+func nodeEKHashes(in []string) ([]string, error) {
+	if len(in) > maxNodeEKs {
+		return nil, fail.Invalid("ek_hashes", "%d endorsement keys is more than %d", len(in), maxNodeEKs)
+	}
+	out := make([]string, 0, len(in))
+	seen := map[string]bool{}
+	for _, s := range in {
+		h, err := parseEKHash(s)
+		if err != nil {
+			return nil, fail.Invalid("ek_hashes", "%v", err)
+		}
+		if seen[h] {
+			return nil, fail.Invalid("ek_hashes", "endorsement key %s is given twice", h)
+		}
+		seen[h] = true
+		out = append(out, h)
+	}
+	return out, nil
+}
+
+// parseEKHash is the one form of an EK hash, shared with the attested
+// enrollment that computes it.
+func parseEKHash(s string) (string, error) { return attestation.ParseEKHash(s) }
+
+// attestationNeedsAdmin refuses an identity below admin that sets a
+// node's EK hashes or a require_attestation flag: binding a TPM decides
+// which machine may become the node without a token, and clearing the
+// requirement makes a stolen token good again (docs/adr/0024).
+func attestationNeedsAdmin(ctx context.Context, field string) error {
+	return adminkit.NeedsAdmin(ctx, field, "it decides which machine may enroll as the node")
+}
+
+// ekConflict answers a node write that names another node's EK: the
+// write changed nothing, and a high-severity event names the hash and
+// both nodes, because a TPM seen on a second node is either a typo or a
+// machine that moved, and an operator must decide which.
+func (a *Server) ekConflict(ctx context.Context, node string, err error) error {
+	return a.ekConflictBy(ctx, node, "an admin node write", err)
+}
+
+// ekConflictBy is ekConflict for a write described by how.
+func (a *Server) ekConflictBy(ctx context.Context, node, how string, err error) error {
+	answer, lost := a.cfg.Catalog.EKConflict(ctx, node, how, err)
+	if lost != nil && a.cfg.Log != nil {
+		a.cfg.Log.Error("write endorsement key conflict event", "node", node, "err", lost)
+	}
+	return answer
+}
+
+// AdoptNode binds a machine seen netbooting, by its hardware address and
+// the endorsement key it announced, to a node it creates or updates, in
+// one audited transaction (docs/adr/0030). Admin only, as every EK
+// binding is (docs/adr/0024).
+func (a *Server) AdoptNode(ctx context.Context, req *v1.AdoptNodeRequest) (*v1.AdoptNodeResponse, error) {
+	mac, err := macaddr.Normalize(req.Mac)
+	if err != nil {
+		return nil, fail.Invalid("mac", "%v", err)
+	}
+	var ek string
+	if req.EkHash != "" {
+		if ek, err = parseEKHash(req.EkHash); err != nil {
+			return nil, fail.Invalid("ek_hash", "%v", err)
+		}
+	} else if req.Unseen {
+		return nil, fail.Invalid("unseen", "needs ek_hash: --unseen binds a hash given with --ek that no machine announced")
+	}
+	if req.Name != "" {
+		if err := modules.ValidateName("name", req.Name); err != nil {
+			return nil, err
+		}
+	}
+	if req.Template != "" {
+		if err := modules.ValidateName("template", req.Template); err != nil {
+			return nil, err
+		}
+	}
+	if err := attestationNeedsAdmin(ctx, "a node's ek_hashes (by adoption)"); err != nil {
+		return nil, err
+	}
+	res, err := a.cfg.Catalog.AdoptNode(ctx, catalog.Adoption{MAC: mac, EKHash: ek, Name: req.Name, Template: req.Template, Unseen: req.Unseen,
+		MaxMACs: maxNodeMACs, MaxEKs: maxNodeEKs})
+	var inUse *store.MACInUseError
+	if errors.As(err, &inUse) {
+		return nil, fail.Exists("mac: %v", inUse)
+	}
+	if err != nil {
+		name := req.Name
+		if name == "" {
+			name = "(the node of " + mac + ")"
+		}
+		return nil, a.ekConflictBy(ctx, name, "an admin adoption of "+mac, err)
+	}
+	return &v1.AdoptNodeResponse{Node: adminkit.NodeProto(res.Node, res.Template), Created: res.Created, Announced: res.Announced}, nil
+}
+
+// A node's BMC settings, which the node RPCs take; the credential RPCs
+// themselves are in admin/credentials.
+
+// maxBMCCA bounds a BMC's CA bundle: a few certificates.
+const maxBMCCA = 64 << 10
+
+// nodeBMC validates a node's BMC settings; nil means none.
+func nodeBMC(in *v1.NodeBMC) (store.NodeBMC, error) {
+	if in == nil {
+		return store.NodeBMC{}, nil
+	}
+	if in.Address == "" {
+		return store.NodeBMC{}, fail.Invalid("bmc.address", "required (redfish://HOST[:PORT]/redfish/v1/Systems/ID)")
+	}
+	if len(in.Address) > 2048 {
+		return store.NodeBMC{}, fail.Invalid("bmc.address", "longer than 2048 characters")
+	}
+	if _, err := redfish.ParseEndpoint(in.Address); err != nil {
+		return store.NodeBMC{}, fail.Invalid("bmc.address", "%v", err)
+	}
+	if in.Credential == "" {
+		return store.NodeBMC{}, fail.Invalid("bmc.credential", "required: the name of a credential (tetherctl credential create)")
+	}
+	out := store.NodeBMC{Address: in.Address, Credential: in.Credential, Insecure: in.InsecureSkipVerify}
+	if in.CaPem != "" {
+		if len(in.CaPem) > maxBMCCA {
+			return store.NodeBMC{}, fail.Invalid("bmc.ca_pem", "%d bytes is more than %d", len(in.CaPem), maxBMCCA)
+		}
+		if _, err := redfish.ParseCA([]byte(in.CaPem)); err != nil {
+			return store.NodeBMC{}, fail.Invalid("bmc.ca_pem", "%v", err)
+		}
+		out.CAPEM = in.CaPem
+	}
+	if in.Fingerprint != "" {
+		fp, err := redfish.ParseFingerprint(in.Fingerprint)
+		if err != nil {
+			return store.NodeBMC{}, fail.Invalid("bmc.fingerprint", "%v", err)
+		}
+		out.Fingerprint = fp
+	}
+	if out.Insecure && (out.CAPEM != "" || out.Fingerprint != "") {
+		return store.NodeBMC{}, fail.Invalid("bmc.insecure_skip_verify", "contradicts bmc.ca_pem and bmc.fingerprint: verify the BMC or skip verification, not both")
+	}
+	switch strings.ToLower(in.BootMode) {
+	case "":
+	case "uefi":
+		out.BootMode = redfish.ModeUEFI
+	case "legacy", "bios":
+		out.BootMode = redfish.ModeLegacy
+	default:
+		return store.NodeBMC{}, fail.Invalid("bmc.boot_mode", "%s is not UEFI or Legacy", adminkit.QuoteSome(in.BootMode))
+	}
+	return out, nil
+}
+
+// checkNodeBMC refuses a BMC whose credential does not exist, or a BMC on
+// a node without a hardware address (its machine netboots by MAC).
+func checkNodeBMC(ctx context.Context, q store.Queries, n *store.Node) error {
+	if n.BMC.Address == "" {
+		return nil
+	}
+	if len(n.MACs) == 0 {
+		return fail.Invalid("macs", "node %s has a BMC but no hardware address: its machine netboots by its NIC's MAC (--mac)", n.Name)
+	}
+	if _, err := q.GetCredential(ctx, n.BMC.Credential); errors.Is(err, store.ErrNotFound) {
+		return fail.Invalid("bmc.credential", "credential %q does not exist (tetherctl credential create %s --username U --password-file F)", n.BMC.Credential, n.BMC.Credential)
+	} else if err != nil {
+		return err
+	}
+	return nil
+}
+
+// What templates and module pushes share with signing; the signer RPCs
+// themselves are in admin/signers.
+
+func signaturesIn(in []*v1.ModuleSignature) []modules.SignatureIn {
+	var out []modules.SignatureIn
+	for _, s := range in {
+		out = append(out, modules.SignatureIn{PublicKey: s.GetPublicKey(), Signature: s.GetSignature()})
+	}
+	return out
+}
+
+func parseRequiredSigners(in []string) ([]string, error) {
+	var out []string
+	seen := map[string]bool{}
+	for i, s := range in {
+		fp, err := pki.ParseSignerFingerprint(s)
+		if err != nil {
+			return nil, fail.Invalid("required_signers", "[%d]: %v", i, err)
+		}
+		if !seen[fp] {
+			seen[fp], out = true, append(out, fp)
+		}
+	}
+	return out, nil
+}
+
+func checkTemplateSigners(ctx context.Context, q store.Queries, t *store.Template) error {
+	return modules.CheckTemplateSigners(ctx, q, t)
 }
