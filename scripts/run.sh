@@ -207,7 +207,9 @@ id=$(ctl instance provision --node "$node" --provider qemu -o json | grep -o '"i
 say "booting instance $id (serial console: agent phases; then the control plane's view)"
 (ctl instance console "$id" --follow 2>/dev/null | grep --line-buffered -E "tether-agent: (phase|enrolled|pulled|FAILED)" | sed -u 's/^/  console  /') &
 follower=$!
-stop_follower() { pkill -P "$follower" 2>/dev/null || true; kill "$follower" 2>/dev/null || true; }
+# Reaped here, so bash does not print "Terminated" for the follower in the
+# middle of the instructions below.
+stop_follower() { pkill -P "$follower" 2>/dev/null || true; kill "$follower" 2>/dev/null || true; wait "$follower" 2>/dev/null || true; }
 ctl instance wait "$id" | sed -u 's/^/  tetherd /' || { stop_follower; die "the boot did not finish; console: bin/tetherctl instance console $id"; }
 sleep 0.5
 stop_follower
