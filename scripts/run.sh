@@ -205,10 +205,11 @@ id=$(ctl instance provision --node "$node" --provider qemu -o json | grep -o '"i
 # The agent prints one line per phase on the serial console; heartbeats
 # reach the control plane in batches, so the console is the finer view.
 say "booting instance $id (serial console: agent phases; then the control plane's view)"
-(ctl instance console "$id" --follow 2>/dev/null | grep --line-buffered -E "tether-agent: (phase|enrolled|pulled|FAILED)" | sed -u 's/^/  console  /') &
+(ctl instance console "$id" --follow 2>/dev/null | grep --line-buffered -E "tether-agent: (phase|enrolled|pulled|FAILED)" | sed -u 's/^/  console  /') 2>/dev/null &
 follower=$!
-# Reaped here, so bash does not print "Terminated" for the follower in the
-# middle of the instructions below.
+# Its stderr is dropped and it is reaped here: the subshell says
+# "Terminated" when its pipeline is killed, in the middle of the
+# instructions below.
 stop_follower() { pkill -P "$follower" 2>/dev/null || true; kill "$follower" 2>/dev/null || true; wait "$follower" 2>/dev/null || true; }
 ctl instance wait "$id" | sed -u 's/^/  tetherd /' || { stop_follower; die "the boot did not finish; console: bin/tetherctl instance console $id"; }
 sleep 0.5
