@@ -226,7 +226,10 @@ type Cordon struct {
 	PoolStateBefore lifecycle.PoolState
 }
 
-// Instance is one machine incarnation of a node.
+// Instance is one machine incarnation of a node. Its row carries four
+// kinds of data besides the machine's own; each is an embedded part, so
+// that a reader sees which fields move together while inst.PoolID and the
+// like still read as before.
 type Instance struct {
 	ID              string
 	NodeID          string
@@ -237,6 +240,19 @@ type Instance struct {
 	CloudInstanceID string
 	OperationID     string
 
+	PoolMember
+	Holds
+	AgentReport
+	Termination
+
+	ErrorMessage string
+	CreatedAt    time.Time
+	UpdatedAt    time.Time
+}
+
+// PoolMember is an instance's place in a pool (docs/design.md §4); zero
+// for an instance of no pool.
+type PoolMember struct {
 	PoolID               string
 	PoolState            lifecycle.PoolState
 	PoolWarmingStartedAt *time.Time
@@ -246,17 +262,22 @@ type Instance struct {
 	ClaimID        string
 	AcquiredBy     string
 	AcquiredFor    string
-	// The errored-member terminate ladder.
-	PoolTerminateAttempts int
-	PoolNextTerminateAt   *time.Time
 	// Flags so that stale-claim events fire once per claim.
 	ClaimedStaleFlagged   bool
 	HeartbeatStaleFlagged bool
+}
 
+// Holds are what an operator sets to keep an instance from use: a hold
+// and a cordon (docs/design.md §2.9).
+type Holds struct {
 	Hold       bool
 	HoldReason string
 	Cordon     *Cordon
+}
 
+// AgentReport is what the instance's agent last said (the coalesced
+// heartbeats), and whether its silence was raised.
+type AgentReport struct {
 	LastHeartbeatAt *time.Time
 	AgentPhase      string
 	AgentVersion    string
@@ -267,12 +288,16 @@ type Instance struct {
 	// SilentSince is set when instance.silent was raised, and cleared by the
 	// next heartbeat, so the event fires once per silence.
 	SilentSince *time.Time
+}
 
-	ErrorMessage string
+// Termination is the way out: the recorded intent of a two-phase
+// terminate, and the errored pool member's terminate ladder.
+type Termination struct {
 	// TerminateRequestedAt is the recorded intent of a two-phase terminate.
 	TerminateRequestedAt *time.Time
-	CreatedAt            time.Time
-	UpdatedAt            time.Time
+	// The errored-member terminate ladder.
+	PoolTerminateAttempts int
+	PoolNextTerminateAt   *time.Time
 }
 
 // InstanceFilter narrows ListInstances and CountInstances. Zero fields

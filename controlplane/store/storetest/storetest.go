@@ -383,9 +383,9 @@ func testInstances(t *testing.T, s store.Store) {
 	hb := t0.Add(time.Minute)
 	in := &store.Instance{
 		NodeID: n.ID, Status: lifecycle.Pending, Provider: "qemu", Region: "local", InstanceType: "small", OperationID: "op-1",
-		Hold: true, HoldReason: "ops", Cordon: &store.Cordon{By: "alice", Reason: "disk", At: t0, PoolStateBefore: lifecycle.PoolReady},
-		LastHeartbeatAt: &hb, AgentPhase: "pulling", RunningModules: []string{"sha256:aa", "sha256:bb"}, Addresses: []string{"10.0.2.15"},
 		CreatedAt: t0, UpdatedAt: t0,
+		Holds:       store.Holds{Hold: true, HoldReason: "ops", Cordon: &store.Cordon{By: "alice", Reason: "disk", At: t0, PoolStateBefore: lifecycle.PoolReady}},
+		AgentReport: store.AgentReport{LastHeartbeatAt: &hb, AgentPhase: "pulling", RunningModules: []string{"sha256:aa", "sha256:bb"}, Addresses: []string{"10.0.2.15"}},
 	}
 	must(t, s.CreateInstance(c, in))
 	got, err := s.GetInstance(c, in.ID)
