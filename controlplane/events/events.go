@@ -117,7 +117,7 @@ type E struct {
 
 // Write appends e through q (so it commits or rolls back with the caller's
 // transaction) and returns the stored event.
-func (e E) Write(ctx context.Context, q store.Queries, now time.Time) (*store.Event, error) {
+func (e E) Write(ctx context.Context, q store.EventQueries, now time.Time) (*store.Event, error) {
 	ev, err := e.event(now)
 	if err != nil {
 		return nil, err
@@ -147,7 +147,7 @@ func (e E) event(now time.Time) (*store.Event, error) {
 
 // WriteAll appends es through q in order with one notification (see
 // store.Queries.AppendEvents) and returns the stored events.
-func WriteAll(ctx context.Context, q store.Queries, now time.Time, es ...E) ([]*store.Event, error) {
+func WriteAll(ctx context.Context, q store.EventQueries, now time.Time, es ...E) ([]*store.Event, error) {
 	out := make([]*store.Event, 0, len(es))
 	for _, e := range es {
 		ev, err := e.event(now)
