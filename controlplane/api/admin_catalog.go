@@ -591,7 +591,7 @@ func bmcNeedsAdmin(ctx context.Context) error {
 	if !ok {
 		return fail.Denied("setting a node's bmc needs role admin; the call names no caller")
 	}
-	if roleRank[c.Identity.Role] < roleRank[RoleAdmin] {
+	if !store.Role(c.Identity.Role).AtLeast(RoleAdmin) {
 		return fail.Denied("setting a node's bmc needs role admin: it decides where a stored credential's password is sent; identity %s has role %s", c.Identity.Name, c.Identity.Role)
 	}
 	return nil

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/tetherfleet/tether/controlplane/api/protoconv"
 	"github.com/tetherfleet/tether/controlplane/events"
 	"github.com/tetherfleet/tether/controlplane/fail"
 	"github.com/tetherfleet/tether/controlplane/instances"
@@ -229,7 +230,11 @@ func (a *adminServer) CreateTask(ctx context.Context, req *v1.CreateTaskRequest)
 	if req.Kind == v1.TaskKind_TASK_KIND_UNSPECIFIED {
 		return nil, fail.Invalid("kind", "required")
 	}
-	t, err := a.Tasks.CreateAgentTask(ctx, req.InstanceId, TaskKindName(req.Kind), exec, int(req.MaxAttempts))
+	kind, err := protoconv.TaskKindFrom(req.Kind)
+	if err != nil {
+		return nil, fail.Invalid("kind", "%v", err)
+	}
+	t, err := a.Tasks.CreateAgentTask(ctx, req.InstanceId, kind, exec, int(req.MaxAttempts))
 	if err != nil {
 		return nil, err
 	}
@@ -252,9 +257,17 @@ func (a *adminServer) ListTasks(ctx context.Context, req *v1.ListTasksRequest) (
 	if err != nil {
 		return nil, err
 	}
-	f := store.TaskFilter{InstanceID: req.InstanceId, Target: TaskTargetName(req.Target)}
-	if req.Status != v1.TaskStatus_TASK_STATUS_UNSPECIFIED {
-		f.Statuses = []string{TaskStatusName(req.Status)}
+	target, err := protoconv.TaskTargetFrom(req.Target)
+	if err != nil {
+		return nil, fail.Invalid("target", "%v", err)
+	}
+	status, err := protoconv.TaskStatusFrom(req.Status)
+	if err != nil {
+		return nil, fail.Invalid("status", "%v", err)
+	}
+	f := store.TaskFilter{InstanceID: req.InstanceId, Target: target}
+	if status != "" {
+		f.Statuses = []store.TaskStatus{status}
 	}
 	ts, err := a.Store.ListTasks(ctx, f, p)
 	if err != nil {
@@ -292,7 +305,13 @@ func eventFilter(kind, instance, pool, corr string, sev v1.Severity) (store.Even
 			return store.EventFilter{}, fail.Invalid(f.name, "longer than 256 characters")
 		}
 	}
-	return store.EventFilter{Kind: kind, InstanceID: instance, PoolID: pool, CorrelationID: corr, MinSeverity: int(sev)}, nil
+	min, err := protoconv.SeverityFrom(sev)
+	if err != nil {
+		return store.EventFilter{}, fail.Invalid("min_severity", "%v", err)
+	}
+	// The kind is not checked against the vocabulary: the log keeps the
+	// kinds of every version that wrote it (docs/adr/0050).
+	return store.EventFilter{Kind: store.EventKind(kind), InstanceID: instance, PoolID: pool, CorrelationID: corr, MinSeverity: min}, nil
 }
 
 func (a *adminServer) ListEvents(ctx context.Context, req *v1.ListEventsRequest) (*v1.ListEventsResponse, error) {

@@ -43,8 +43,8 @@ func identityCSR(field, pemText string) (*x509.CertificateRequest, error) {
 
 // issueIdentity signs an admin certificate and records it and the identity
 // in one transaction.
-func (a *adminServer) issueIdentity(ctx context.Context, name, role string, csr *x509.CertificateRequest, ttl time.Duration, create bool) (*v1.IdentityCertificate, error) {
-	cert, err := a.CA.SignAdmin(name, role, csr.PublicKey, ttl)
+func (a *adminServer) issueIdentity(ctx context.Context, name string, role store.Role, csr *x509.CertificateRequest, ttl time.Duration, create bool) (*v1.IdentityCertificate, error) {
+	cert, err := a.CA.SignAdmin(name, role.String(), csr.PublicKey, ttl)
 	if err != nil {
 		return nil, fail.Internal("sign identity %s: %v", name, err)
 	}
@@ -64,7 +64,7 @@ func (a *adminServer) issueIdentity(ctx context.Context, name, role string, csr 
 		case !errors.Is(err, store.ErrNotFound):
 			return err
 		}
-		subject := pki.Identity{Kind: pki.KindAdmin, Name: name, Role: role}.String()
+		subject := pki.Identity{Kind: pki.KindAdmin, Name: name, Role: role.String()}.String()
 		if err := q.CreateCertificate(ctx, &store.Certificate{Serial: serial, Kind: pki.KindAdmin, Subject: subject,
 			Issuer: pki.Fingerprint(a.CA.IssuerOf(cert).Raw), NotBefore: cert.NotBefore, NotAfter: cert.NotAfter, CreatedAt: now}); err != nil {
 			return err
@@ -73,7 +73,7 @@ func (a *adminServer) issueIdentity(ctx context.Context, name, role string, csr 
 			return err
 		}
 		caller, _ := CallerFrom(ctx)
-		_, err = events.E{Kind: events.CertIssued, Message: "admin identity " + name + " (" + role + ") certificate " + serial + " issued",
+		_, err = events.E{Kind: events.CertIssued, Message: "admin identity " + name + " (" + role.String() + ") certificate " + serial + " issued",
 			Payload: map[string]any{"identity": name, "role": role, "serial": serial, "by": caller.Identity.Name}}.Write(ctx, q, now)
 		return err
 	})
@@ -87,7 +87,8 @@ func (a *adminServer) CreateIdentity(ctx context.Context, req *v1.CreateIdentity
 	if err := modules.ValidateName("name", req.Name); err != nil {
 		return nil, err
 	}
-	if _, ok := roleRank[req.Role]; !ok {
+	role, err := store.ParseRole(req.Role)
+	if err != nil {
 		return nil, fail.Invalid("role", "%q: want viewer, operator or admin", req.Role)
 	}
 	ttl, err := identityTTL("ttl_seconds", req.TtlSeconds)
@@ -98,7 +99,7 @@ func (a *adminServer) CreateIdentity(ctx context.Context, req *v1.CreateIdentity
 	if err != nil {
 		return nil, err
 	}
-	return a.issueIdentity(ctx, req.Name, req.Role, csr, ttl, true)
+	return a.issueIdentity(ctx, req.Name, role, csr, ttl, true)
 }
 
 // RenewIdentity issues the caller a fresh certificate with the same name
@@ -129,7 +130,7 @@ func (a *adminServer) RenewIdentity(ctx context.Context, req *v1.RenewIdentityRe
 		return nil, fail.Precondition("identity %q was granted until %s; only an admin can mint it a new identity", c.Identity.Name, c.NotAfter.UTC().Format(time.RFC3339))
 	}
 	ttl = min(ttl, granted)
-	return a.issueIdentity(ctx, c.Identity.Name, c.Identity.Role, csr, ttl, false)
+	return a.issueIdentity(ctx, c.Identity.Name, store.Role(c.Identity.Role), csr, ttl, false)
 }
 
 func (a *adminServer) ListIdentities(ctx context.Context, _ *v1.ListIdentitiesRequest) (*v1.ListIdentitiesResponse, error) {
@@ -207,14 +208,14 @@ func (a *adminServer) ListAudit(ctx context.Context, req *v1.ListAuditRequest) (
 	}
 	out := &v1.ListAuditResponse{}
 	for _, r := range rs {
-		out.Records = append(out.Records, &v1.AuditRecord{Id: r.ID, At: tsp(r.At), Identity: r.Identity, Role: r.Role, Serial: r.Serial,
+		out.Records = append(out.Records, &v1.AuditRecord{Id: r.ID, At: tsp(r.At), Identity: r.Identity, Role: r.Role.String(), Serial: r.Serial,
 			Method: r.Method, Target: r.Target, Code: r.Code})
 	}
 	return out, nil
 }
 
 func identityProto(id *store.AdminIdentity) *v1.AdminIdentity {
-	out := &v1.AdminIdentity{Name: id.Name, Role: id.Role, Serial: id.Serial, NotAfter: tsp(id.NotAfter), CreatedAt: tsp(id.CreatedAt)}
+	out := &v1.AdminIdentity{Name: id.Name, Role: id.Role.String(), Serial: id.Serial, NotAfter: tsp(id.NotAfter), CreatedAt: tsp(id.CreatedAt)}
 	if !id.RevokedAt.IsZero() {
 		out.RevokedAt = tsp(id.RevokedAt)
 	}

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
 
+	"github.com/tetherfleet/tether/controlplane/api/protoconv"
 	"github.com/tetherfleet/tether/controlplane/fail"
 	"github.com/tetherfleet/tether/controlplane/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/modules"
@@ -398,7 +399,7 @@ func (a *agentServer) push(ctx context.Context, id string, stream v1.AgentServic
 		if t == nil {
 			break
 		}
-		msg := &v1.TaskAssignment{TaskId: t.ID, Kind: taskKind(t.Kind), LeaseExpiresAt: ntsp(t.LeaseExpiresAt)}
+		msg := &v1.TaskAssignment{TaskId: t.ID, Kind: protoconv.TaskKind(t.Kind), LeaseExpiresAt: ntsp(t.LeaseExpiresAt)}
 		if p := TaskProto(t); p.Exec != nil {
 			msg.Exec = p.Exec
 		}
@@ -477,7 +478,11 @@ func (a *agentServer) receive(ctx context.Context, opened *store.Instance, strea
 			if err := validTaskUpdate(u); err != nil {
 				return err
 			}
-			up := tasks.Update{TaskID: u.TaskId, Status: TaskStatusName(u.Status), ErrorMessage: u.ErrorMessage, Progress: u.Progress}
+			st, err := protoconv.TaskStatusFrom(u.Status)
+			if err != nil {
+				return fail.Invalid("task_update.status", "%v", err)
+			}
+			up := tasks.Update{TaskID: u.TaskId, Status: st, ErrorMessage: u.ErrorMessage, Progress: u.Progress}
 			if r := u.Result; r != nil {
 				code := int(r.ExitCode)
 				up.ExitCode, up.Output, up.OutputTruncated = &code, r.Output, r.OutputTruncated

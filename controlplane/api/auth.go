@@ -111,7 +111,7 @@ func (a *Authenticator) authorize(ctx context.Context, method string) (context.C
 		if !ok {
 			return nil, fail.Denied("%s is not in the role table; refused for every role", method)
 		}
-		if roleRank[c.Identity.Role] < roleRank[acc.role] {
+		if !store.Role(c.Identity.Role).AtLeast(acc.role) {
 			return WithCaller(ctx, c), fail.Denied("%s needs role %s; certificate %s has role %s", method, acc.role, c.Identity.Name, c.Identity.Role)
 		}
 		return WithCaller(ctx, c), nil
@@ -183,7 +183,7 @@ func (a *Authenticator) auditEntry(ctx context.Context, method string, req any) 
 	if !ok || c.Identity.Kind != pki.KindAdmin {
 		return nil
 	}
-	return audit.NewEntry(store.AuditRecord{At: a.Clock.Now(), Identity: c.Identity.Name, Role: c.Identity.Role, Serial: c.Serial,
+	return audit.NewEntry(store.AuditRecord{At: a.Clock.Now(), Identity: c.Identity.Name, Role: store.Role(c.Identity.Role), Serial: c.Serial,
 		Method: method[strings.LastIndex(method, "/")+1:], Target: audit.Target(req)})
 }
 

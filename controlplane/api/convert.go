@@ -9,6 +9,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/tetherfleet/tether/controlplane/api/protoconv"
 	"github.com/tetherfleet/tether/controlplane/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/controlplane/tasks"
@@ -65,15 +66,6 @@ func PoolStateName(s v1.PoolState) lifecycle.PoolState {
 	return lifecycle.PoolState(storedName("POOL_STATE_", s))
 }
 
-// TaskKindName is the stored form of a task kind.
-func TaskKindName(k v1.TaskKind) string { return storedName("TASK_KIND_", k) }
-
-// TaskStatusName is the stored form of a task status.
-func TaskStatusName(s v1.TaskStatus) string { return storedName("TASK_STATUS_", s) }
-
-// TaskTargetName is the stored form of a task target.
-func TaskTargetName(t v1.TaskTarget) string { return storedName("TASK_TARGET_", t) }
-
 func instanceStatus(s lifecycle.State) v1.InstanceStatus {
 	return fromStored[v1.InstanceStatus]("INSTANCE_STATUS_", string(s), v1.InstanceStatus_value)
 }
@@ -84,18 +76,6 @@ func agentPhase(name string) v1.AgentPhase {
 
 func poolState(s lifecycle.PoolState) v1.PoolState {
 	return fromStored[v1.PoolState]("POOL_STATE_", string(s), v1.PoolState_value)
-}
-
-func taskKind(name string) v1.TaskKind {
-	return fromStored[v1.TaskKind]("TASK_KIND_", name, v1.TaskKind_value)
-}
-
-func taskStatus(name string) v1.TaskStatus {
-	return fromStored[v1.TaskStatus]("TASK_STATUS_", name, v1.TaskStatus_value)
-}
-
-func taskTarget(name string) v1.TaskTarget {
-	return fromStored[v1.TaskTarget]("TASK_TARGET_", name, v1.TaskTarget_value)
 }
 
 func jsonStruct(raw json.RawMessage) *structpb.Struct {
@@ -181,25 +161,18 @@ func presenceProto(p *store.Presence, now time.Time) *v1.AgentPresence {
 }
 
 func certProto(c *store.Certificate) *v1.Certificate {
-	kind := v1.CertificateKind_CERTIFICATE_KIND_NODE
-	switch c.Kind {
-	case store.CertKindAdmin:
-		kind = v1.CertificateKind_CERTIFICATE_KIND_ADMIN
-	case store.CertKindServer:
-		kind = v1.CertificateKind_CERTIFICATE_KIND_SERVER
-	}
-	return &v1.Certificate{Serial: c.Serial, InstanceId: c.InstanceID, Kind: kind, Subject: c.Subject,
+	return &v1.Certificate{Serial: c.Serial, InstanceId: c.InstanceID, Kind: protoconv.CertKind(c.Kind), Subject: c.Subject,
 		NotBefore: tsp(c.NotBefore), NotAfter: tsp(c.NotAfter), RevokedAt: ntsp(c.RevokedAt), RevokeReason: c.RevokeReason}
 }
 
 // TaskProto converts a task.
 func TaskProto(t *store.Task) *v1.Task {
 	p := &v1.Task{
-		Id: t.ID, Target: taskTarget(t.Target), InstanceId: t.InstanceID, Kind: taskKind(t.Kind), Status: taskStatus(t.Status),
+		Id: t.ID, Target: protoconv.TaskTarget(t.Target), InstanceId: t.InstanceID, Kind: protoconv.TaskKind(t.Kind), Status: protoconv.TaskStatus(t.Status),
 		LeaseOwner: t.LeaseOwner, LeaseExpiresAt: ntsp(t.LeaseExpiresAt), Attempts: int32(t.Attempts), MaxAttempts: int32(t.MaxAttempts),
 		ErrorMessage: t.ErrorMessage, Progress: t.Progress, CreatedAt: tsp(t.CreatedAt), UpdatedAt: tsp(t.UpdatedAt),
 	}
-	if t.Kind == "exec" {
+	if t.Kind == store.TaskKindExec {
 		var e tasks.Exec
 		if json.Unmarshal(t.Payload, &e) == nil {
 			p.Exec = &v1.ExecPayload{Argv: e.Argv, TimeoutSeconds: e.TimeoutSeconds}
@@ -216,6 +189,6 @@ func TaskProto(t *store.Task) *v1.Task {
 }
 
 func eventProto(e *store.Event) *v1.FleetEvent {
-	return &v1.FleetEvent{Id: strconv.FormatInt(e.ID, 10), Kind: e.Kind, Severity: v1.Severity(e.Severity), InstanceId: e.InstanceID,
+	return &v1.FleetEvent{Id: strconv.FormatInt(e.ID, 10), Kind: e.Kind.String(), Severity: protoconv.Severity(e.Severity), InstanceId: e.InstanceID,
 		PoolId: e.PoolID, CorrelationId: e.CorrelationID, Message: e.Message, Payload: jsonStruct(e.Payload), CreatedAt: tsp(e.CreatedAt)}
 }

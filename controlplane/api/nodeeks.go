@@ -59,7 +59,7 @@ func attestationNeedsAdmin(ctx context.Context, field string) error {
 	if !ok {
 		return fail.Denied("setting %s needs role admin; the call names no caller", field)
 	}
-	if roleRank[c.Identity.Role] < roleRank[RoleAdmin] {
+	if !store.Role(c.Identity.Role).AtLeast(RoleAdmin) {
 		return fail.Denied("setting %s needs role admin: it decides which machine may enroll as the node; identity %s has role %s", field, c.Identity.Name, c.Identity.Role)
 	}
 	return nil

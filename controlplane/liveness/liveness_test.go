@@ -93,7 +93,7 @@ func (f *fixture) tick(t *testing.T) liveness.Result {
 	return res
 }
 
-func (f *fixture) count(t *testing.T, id, kind string) int {
+func (f *fixture) count(t *testing.T, id string, kind store.EventKind) int {
 	t.Helper()
 	evs, err := f.st.ListEvents(f.ctx, store.EventFilter{InstanceID: id, Kind: kind}, store.Page{Limit: 100})
 	if err != nil {

@@ -206,7 +206,7 @@ func (e *env) get(id string) *store.Instance {
 }
 
 // events lists events of a kind (all if ""), oldest first.
-func (e *env) events(kind string, f store.EventFilter) []*store.Event {
+func (e *env) events(kind store.EventKind, f store.EventFilter) []*store.Event {
 	e.t.Helper()
 	f.Kind = kind
 	evs, err := e.st.ListEvents(e.ctx, f, store.Page{Limit: store.MaxPageSize})

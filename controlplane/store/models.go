@@ -89,7 +89,7 @@ type Signer struct {
 // AdminIdentity is an operator identity minted by the control plane.
 type AdminIdentity struct {
 	Name      string
-	Role      string
+	Role      Role
 	Serial    string // the current certificate
 	NotAfter  time.Time
 	CreatedAt time.Time
@@ -101,7 +101,7 @@ type AuditRecord struct {
 	ID       int64
 	At       time.Time
 	Identity string
-	Role     string
+	Role     Role
 	Serial   string
 	Method   string
 	Target   string
@@ -345,20 +345,13 @@ type Token struct {
 	CreatedAt  time.Time
 }
 
-// Certificate kinds.
-const (
-	CertKindNode   = "node"
-	CertKindAdmin  = "admin"
-	CertKindServer = "server"
-)
-
 // Certificate is an issued identity.
 type Certificate struct {
 	Serial string
 	// Issuer is the fingerprint of the CA that signed it.
 	Issuer       string
 	InstanceID   string
-	Kind         string
+	Kind         CertKind
 	Subject      string
 	NotBefore    time.Time
 	NotAfter     time.Time
@@ -401,28 +394,15 @@ type CertificateFilter struct {
 	Subject string
 }
 
-// Task targets, kinds and statuses as stored.
-const (
-	TaskTargetAgent  = "agent"
-	TaskTargetWorker = "worker"
-
-	TaskPending   = "pending"
-	TaskLeased    = "leased"
-	TaskRunning   = "running"
-	TaskSucceeded = "succeeded"
-	TaskFailed    = "failed"
-	TaskCancelled = "cancelled"
-)
-
 // Task is a unit of work for an agent or a control-plane worker.
 type Task struct {
 	ID         string
-	Target     string
+	Target     TaskTarget
 	InstanceID string
-	Kind       string
+	Kind       TaskKind
 	// Payload is kind-specific JSON (exec: {"argv": [...], "timeout_seconds": N}).
 	Payload         json.RawMessage
-	Status          string
+	Status          TaskStatus
 	LeaseOwner      string
 	LeaseExpiresAt  *time.Time
 	Attempts        int
@@ -440,19 +420,19 @@ type Task struct {
 
 // Terminal reports whether the task has ended.
 func (t *Task) Terminal() bool {
-	return t.Status == TaskSucceeded || t.Status == TaskFailed || t.Status == TaskCancelled
+	return t.Status.Terminal()
 }
 
 // TaskFilter narrows ListTasks.
 type TaskFilter struct {
 	InstanceID string
-	Target     string
-	Statuses   []string
+	Target     TaskTarget
+	Statuses   []TaskStatus
 }
 
 // TaskClaim asks for one pending task.
 type TaskClaim struct {
-	Target string
+	Target TaskTarget
 	// InstanceID narrows to one instance's tasks (agents); empty means any.
 	InstanceID string
 	// TaskID narrows to one task (the push path leases the task it announces).
@@ -462,19 +442,11 @@ type TaskClaim struct {
 	LeaseUntil time.Time
 }
 
-// Severities as stored; the order matters for min-severity filters.
-const (
-	SeverityLow      = 1
-	SeverityMedium   = 2
-	SeverityHigh     = 3
-	SeverityCritical = 4
-)
-
 // Event is an append-only fleet event.
 type Event struct {
 	ID            int64
-	Kind          string
-	Severity      int
+	Kind          EventKind
+	Severity      Severity
 	InstanceID    string
 	PoolID        string
 	CorrelationID string
@@ -485,9 +457,9 @@ type Event struct {
 
 // EventFilter narrows event reads.
 type EventFilter struct {
-	Kind          string
+	Kind          EventKind
 	InstanceID    string
 	PoolID        string
 	CorrelationID string
-	MinSeverity   int
+	MinSeverity   Severity
 }

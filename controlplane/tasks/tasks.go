@@ -33,15 +33,15 @@ const (
 
 // Agent task kinds.
 const (
-	KindExec             = "exec"
-	KindReboot           = "reboot"
-	KindPoweroff         = "poweroff"
-	KindModuleSync       = "module_sync"
-	KindRenewCertificate = "renew_certificate"
+	KindExec             = store.TaskKindExec
+	KindReboot           = store.TaskKindReboot
+	KindPoweroff         = store.TaskKindPoweroff
+	KindModuleSync       = store.TaskKindModuleSync
+	KindRenewCertificate = store.TaskKindRenewCertificate
 )
 
 // AgentKinds are the kinds an agent executes.
-var AgentKinds = []string{KindExec, KindReboot, KindPoweroff, KindModuleSync, KindRenewCertificate}
+var AgentKinds = []store.TaskKind{KindExec, KindReboot, KindPoweroff, KindModuleSync, KindRenewCertificate}
 
 // Service manages tasks.
 type Service struct {
@@ -78,7 +78,7 @@ func (s *Service) LeaseDuration() time.Duration { return s.lease() }
 
 // CreateAgentTask queues a task for an instance's agent and wakes the
 // replica holding its stream.
-func (s *Service) CreateAgentTask(ctx context.Context, instanceID, kind string, exec *Exec, maxAttempts int) (*store.Task, error) {
+func (s *Service) CreateAgentTask(ctx context.Context, instanceID string, kind store.TaskKind, exec *Exec, maxAttempts int) (*store.Task, error) {
 	if instanceID == "" {
 		return nil, fail.Invalid("instance_id", "required")
 	}
@@ -235,7 +235,7 @@ func (s *Service) Open(ctx context.Context, instanceID string) (pending bool, ca
 // Update is an executor's report.
 type Update struct {
 	TaskID          string
-	Status          string // running, succeeded, failed or cancelled
+	Status          store.TaskStatus // running, succeeded, failed or cancelled
 	ExitCode        *int
 	Output          []byte
 	OutputTruncated bool

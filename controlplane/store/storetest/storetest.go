@@ -704,7 +704,7 @@ func testCertificates(t *testing.T, s store.Store) {
 	}
 }
 
-func newTask(instanceID, target string, at time.Time) *store.Task {
+func newTask(instanceID string, target store.TaskTarget, at time.Time) *store.Task {
 	return &store.Task{Target: target, InstanceID: instanceID, Kind: "exec", Payload: []byte(`{"argv":["true"]}`),
 		Status: store.TaskPending, MaxAttempts: 3, CreatedAt: at, UpdatedAt: at}
 }
@@ -748,7 +748,7 @@ func testTasks(t *testing.T, s store.Store) {
 	if len(list) != 2 {
 		t.Fatalf("ListTasks = %d", len(list))
 	}
-	list, err = s.ListTasks(c, store.TaskFilter{Statuses: []string{store.TaskPending}}, store.Page{})
+	list, err = s.ListTasks(c, store.TaskFilter{Statuses: []store.TaskStatus{store.TaskPending}}, store.Page{})
 	must(t, err)
 	if len(list) != 2 {
 		t.Fatalf("ListTasks(pending) = %d", len(list))
@@ -759,7 +759,7 @@ func testTasks(t *testing.T, s store.Store) {
 // agent task or a cancellation to relay, once, and nothing else.
 func testInstancesWithAgentWork(t *testing.T, s store.Store) {
 	c := ctx(t)
-	add := func(instance, target, status string, cancel bool) {
+	add := func(instance string, target store.TaskTarget, status store.TaskStatus, cancel bool) {
 		tk := newTask(instance, target, t0)
 		tk.Status, tk.CancelRequested = status, cancel
 		if status == store.TaskLeased || status == store.TaskRunning {
@@ -901,8 +901,8 @@ func testTaskLeaseExpiry(t *testing.T, s store.Store) {
 func testEvents(t *testing.T, s store.Store) {
 	c := ctx(t)
 	kinds := []struct {
-		kind     string
-		sev      int
+		kind     store.EventKind
+		sev      store.Severity
 		instance string
 		pool     string
 		corr     string
@@ -976,8 +976,8 @@ func testEvents(t *testing.T, s store.Store) {
 	}
 }
 
-func kindsOf(es []*store.Event) []string {
-	var out []string
+func kindsOf(es []*store.Event) []store.EventKind {
+	var out []store.EventKind
 	for _, e := range es {
 		out = append(out, e.Kind)
 	}
