@@ -41,7 +41,7 @@ func (a *adminServer) ProvisionInstance(ctx context.Context, req *v1.ProvisionIn
 		return nil, err
 	}
 	return &v1.ProvisionInstanceResponse{
-		Instance: InstanceProto(res.Instance, res.Node.Name), TaskId: res.TaskID, BootstrapToken: res.Token,
+		Instance: InstanceProto(res.Instance, res.Node.Name), TaskId: res.TaskID.String(), BootstrapToken: res.Token,
 		CaFingerprint: a.CA.Fingerprint(), ControlPlaneUrl: a.AgentURL, Existing: res.Existed,
 	}, nil
 }
@@ -245,7 +245,7 @@ func (a *adminServer) GetTask(ctx context.Context, req *v1.GetTaskRequest) (*v1.
 	if req.Id == "" {
 		return nil, fail.Invalid("id", "required")
 	}
-	t, err := a.Store.GetTask(ctx, req.Id)
+	t, err := a.Store.GetTask(ctx, store.TaskID(req.Id))
 	if err != nil {
 		return nil, err
 	}
@@ -283,7 +283,7 @@ func (a *adminServer) ListTasks(ctx context.Context, req *v1.ListTasksRequest) (
 		out.Tasks = append(out.Tasks, pt)
 	}
 	if b.more(len(out.Tasks), len(ts), p.Limit) {
-		out.NextPageToken = ts[len(out.Tasks)-1].ID
+		out.NextPageToken = ts[len(out.Tasks)-1].ID.String()
 	}
 	return out, nil
 }
@@ -292,7 +292,7 @@ func (a *adminServer) CancelTask(ctx context.Context, req *v1.CancelTaskRequest)
 	if req.Id == "" {
 		return nil, fail.Invalid("id", "required")
 	}
-	t, err := a.Tasks.Cancel(ctx, req.Id)
+	t, err := a.Tasks.Cancel(ctx, store.TaskID(req.Id))
 	if err != nil {
 		return nil, err
 	}

@@ -168,7 +168,7 @@ func certProto(c *store.Certificate) *v1.Certificate {
 // TaskProto converts a task.
 func TaskProto(t *store.Task) *v1.Task {
 	p := &v1.Task{
-		Id: t.ID, Target: protoconv.TaskTarget(t.Target), InstanceId: t.InstanceID, Kind: protoconv.TaskKind(t.Kind), Status: protoconv.TaskStatus(t.Status),
+		Id: t.ID.String(), Target: protoconv.TaskTarget(t.Target), InstanceId: t.InstanceID, Kind: protoconv.TaskKind(t.Kind), Status: protoconv.TaskStatus(t.Status),
 		LeaseOwner: t.LeaseOwner, LeaseExpiresAt: ntsp(t.LeaseExpiresAt), Attempts: int32(t.Attempts), MaxAttempts: int32(t.MaxAttempts),
 		ErrorMessage: t.ErrorMessage, Progress: t.Progress, CreatedAt: tsp(t.CreatedAt), UpdatedAt: tsp(t.UpdatedAt),
 	}

@@ -396,7 +396,7 @@ type CertificateFilter struct {
 
 // Task is a unit of work for an agent or a control-plane worker.
 type Task struct {
-	ID         string
+	ID         TaskID
 	Target     TaskTarget
 	InstanceID string
 	Kind       TaskKind
@@ -436,7 +436,7 @@ type TaskClaim struct {
 	// InstanceID narrows to one instance's tasks (agents); empty means any.
 	InstanceID string
 	// TaskID narrows to one task (the push path leases the task it announces).
-	TaskID     string
+	TaskID     TaskID
 	Owner      string
 	Now        time.Time
 	LeaseUntil time.Time

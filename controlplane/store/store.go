@@ -286,8 +286,8 @@ type AuthorityQueries interface {
 // TaskQueries keep the tasks and their leases.
 type TaskQueries interface {
 	CreateTask(ctx context.Context, t *Task) error
-	GetTask(ctx context.Context, id string) (*Task, error)
-	LockTask(ctx context.Context, id string) (*Task, error)
+	GetTask(ctx context.Context, id TaskID) (*Task, error)
+	LockTask(ctx context.Context, id TaskID) (*Task, error)
 	ListTasks(ctx context.Context, f TaskFilter, p Page) ([]*Task, error)
 	UpdateTask(ctx context.Context, t *Task) error
 	// ClaimTask leases the oldest pending task matching c to c.Owner

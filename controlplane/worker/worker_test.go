@@ -65,7 +65,7 @@ func (f fixture) enqueue(t *testing.T, kind string) *store.Task {
 	return task
 }
 
-func (f fixture) task(t *testing.T, id string) *store.Task {
+func (f fixture) task(t *testing.T, id store.TaskID) *store.Task {
 	t.Helper()
 	task, err := f.st.GetTask(f.ctx, id)
 	if err != nil {
@@ -221,7 +221,7 @@ func (s *txSignal) Tx(ctx context.Context, fn func(store.Queries) error) error {
 // the poll.
 func TestRunWakesOnEnqueue(t *testing.T) {
 	f := setup(t, clock.Real{})
-	done := make(chan string, 1)
+	done := make(chan store.TaskID, 1)
 	// Run's first claim ends (finding nothing) after it has subscribed;
 	// a task enqueued after that can only be found through the wake.
 	claimed := &txSignal{Store: f.st, done: make(chan struct{}, 1)}
@@ -263,7 +263,7 @@ func TestRunPollsOnTheClock(t *testing.T) {
 	const poll = 7 * time.Second
 	claimed := &txSignal{Store: f.st, done: make(chan struct{}, 1)}
 	claimed.armed.Store(true)
-	done := make(chan string, 1)
+	done := make(chan store.TaskID, 1)
 	w := &worker.Worker{Store: deaf{claimed}, Clock: clk, Log: discard(), Owner: "w", Poll: poll, Handlers: map[store.TaskKind]worker.Handler{
 		"ping": func(_ context.Context, t2 *store.Task) error { done <- t2.ID; return nil }}}
 	ctx, stop := context.WithCancel(f.ctx)

@@ -45,7 +45,7 @@ func TestReplicasTaskClaimRace(t *testing.T) {
 		}
 	}
 	var mu sync.Mutex
-	seen := map[string]string{}
+	seen := map[store.TaskID]string{}
 	perReplica := [2]int{}
 	var wg sync.WaitGroup
 	for w := 0; w < claimers; w++ {

@@ -57,13 +57,13 @@ func taskArgs(t *store.Task) ([]any, error) {
 	if out == nil {
 		out = []byte{}
 	}
-	return []any{t.ID, target, t.InstanceID, string(t.Kind), jsonObject(t.Payload), status, t.LeaseOwner, nts(t.LeaseExpiresAt), t.Attempts, t.MaxAttempts,
+	return []any{string(t.ID), target, t.InstanceID, string(t.Kind), jsonObject(t.Payload), status, t.LeaseOwner, nts(t.LeaseExpiresAt), t.Attempts, t.MaxAttempts,
 		exit, out, t.OutputTruncated, t.ErrorMessage, t.Progress, t.CancelRequested, ts(t.CreatedAt), ts(t.UpdatedAt)}, nil
 }
 
 func (q *queries) CreateTask(ctx context.Context, t *store.Task) error {
 	if t.ID == "" {
-		t.ID = newID()
+		t.ID = store.TaskID(newID())
 	}
 	args, err := taskArgs(t)
 	if err != nil {
@@ -75,19 +75,19 @@ func (q *queries) CreateTask(ctx context.Context, t *store.Task) error {
 	return nil
 }
 
-func (q *queries) getTask(ctx context.Context, suffix, id string) (*store.Task, error) {
-	t, err := scanTask(q.row(ctx, `SELECT `+taskCols+` FROM tasks WHERE id = ?`+suffix, id))
+func (q *queries) getTask(ctx context.Context, suffix string, id store.TaskID) (*store.Task, error) {
+	t, err := scanTask(q.row(ctx, `SELECT `+taskCols+` FROM tasks WHERE id = ?`+suffix, string(id)))
 	if err != nil {
-		return nil, notFound(q.db.classify(err), "task", id)
+		return nil, notFound(q.db.classify(err), "task", id.String())
 	}
 	return t, nil
 }
 
-func (q *queries) GetTask(ctx context.Context, id string) (*store.Task, error) {
+func (q *queries) GetTask(ctx context.Context, id store.TaskID) (*store.Task, error) {
 	return q.getTask(ctx, "", id)
 }
 
-func (q *queries) LockTask(ctx context.Context, id string) (*store.Task, error) {
+func (q *queries) LockTask(ctx context.Context, id store.TaskID) (*store.Task, error) {
 	return q.getTask(ctx, q.db.dialect.LockRow(), id)
 }
 
@@ -121,7 +121,7 @@ func (q *queries) UpdateTask(ctx context.Context, t *store.Task) error {
 	}
 	res, err := q.exec(ctx, `UPDATE tasks SET target = ?, instance_id = ?, kind = ?, payload = ?, status = ?, lease_owner = ?, lease_expires_at = ?,
 		attempts = ?, max_attempts = ?, exit_code = ?, output = ?, output_truncated = ?, error_message = ?, progress = ?, cancel_requested = ?,
-		updated_at = ? WHERE id = ?`, append(append(args[1:16:16], args[17]), t.ID)...)
+		updated_at = ? WHERE id = ?`, append(append(args[1:16:16], args[17]), string(t.ID))...)
 	return mustAffect(res, err, "task", t.ID)
 }
 
@@ -131,7 +131,7 @@ func (q *queries) ClaimTask(ctx context.Context, c store.TaskClaim) (*store.Task
 		conds, args = append(conds, "instance_id = ?"), append(args, c.InstanceID)
 	}
 	if c.TaskID != "" {
-		conds, args = append(conds, "id = ?"), append(args, c.TaskID)
+		conds, args = append(conds, "id = ?"), append(args, string(c.TaskID))
 	}
 	// The inner SELECT locks the row it picks (SKIP LOCKED on PostgreSQL,
 	// so a concurrent claimer moves on to the next task); the outer UPDATE
@@ -142,7 +142,7 @@ func (q *queries) ClaimTask(ctx context.Context, c store.TaskClaim) (*store.Task
 		WHERE id = (`+pick+`) AND status = 'pending' RETURNING `+taskCols,
 		append([]any{c.Owner, ts(c.LeaseUntil), ts(c.Now)}, args...)...))
 	if err != nil {
-		return nil, notFound(q.db.classify(err), "pending task for", string(c.Target)+"/"+c.InstanceID+c.TaskID)
+		return nil, notFound(q.db.classify(err), "pending task for", string(c.Target)+"/"+c.InstanceID+c.TaskID.String())
 	}
 	return t, nil
 }

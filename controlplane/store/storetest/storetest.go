@@ -830,7 +830,7 @@ func testTaskClaimRace(t *testing.T, s store.Store) {
 	for i := 0; i < tasks; i++ {
 		must(t, s.CreateTask(c, newTask("i1", store.TaskTargetWorker, t0.Add(time.Duration(i)*time.Millisecond))))
 	}
-	seen := map[string]string{}
+	seen := map[store.TaskID]string{}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for w := 0; w < claimers; w++ {
@@ -1271,12 +1271,12 @@ func testPruneRecords(t *testing.T, s store.Store) {
 			t.Fatalf("PruneRecords(limit %d) = %+v, want %+v", b.limit, p, b.want)
 		}
 	}
-	for _, id := range []string{done.ID, done2.ID} {
+	for _, id := range []store.TaskID{done.ID, done2.ID} {
 		if _, err := s.GetTask(c, id); !errors.Is(err, store.ErrNotFound) {
 			t.Fatalf("old finished task %s survived", id)
 		}
 	}
-	for _, id := range []string{running.ID, fresh.ID} {
+	for _, id := range []store.TaskID{running.ID, fresh.ID} {
 		if _, err := s.GetTask(c, id); err != nil {
 			t.Fatalf("task %s must stay (unfinished or recent): %v", id, err)
 		}
