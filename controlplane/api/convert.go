@@ -106,7 +106,7 @@ func templateProto(t *store.Template, modules map[store.ModuleRef]*store.Module)
 		return out
 	}
 	return &v1.Template{
-		Id: t.ID, Name: t.Name, RootModules: refs(t.RootModules), ExtensionModules: refs(t.ExtensionModules),
+		Id: t.ID.String(), Name: t.Name, RootModules: refs(t.RootModules), ExtensionModules: refs(t.ExtensionModules),
 		KernelDigest: t.KernelDigest, InitramfsDigest: t.InitramfsDigest, KernelArgs: t.KernelArgs,
 		Console: templateConsole(t), RequireSignedModules: t.RequireSignedModules, CreatedAt: tsp(t.CreatedAt), UpdatedAt: tsp(t.UpdatedAt),
 		RequiredSigners: t.RequiredSigners, RequireAttestation: t.RequireAttestation,
@@ -123,7 +123,7 @@ func moduleProto(m *store.Module) *v1.Module {
 }
 
 func nodeProto(n *store.Node, templateName string) *v1.Node {
-	return &v1.Node{Id: n.ID, Name: n.Name, TemplateId: n.TemplateID, TemplateName: templateName, Enabled: n.Enabled,
+	return &v1.Node{Id: n.ID, Name: n.Name, TemplateId: n.TemplateID.String(), TemplateName: templateName, Enabled: n.Enabled,
 		Config: jsonStruct(n.Config), PublicAddress: n.PublicAddress, Macs: n.MACs, EkHashes: n.EKHashes, RequireAttestation: n.RequireAttestation, Bmc: nodeBMCProto(n.BMC), CreatedAt: tsp(n.CreatedAt), UpdatedAt: tsp(n.UpdatedAt)}
 }
 

@@ -342,7 +342,7 @@ func (g *guardedStore) GetTemplate(a0 context.Context, a1 string) (*store.Templa
 	return g.Store.GetTemplate(a0, a1)
 }
 
-func (g *guardedStore) GetTemplateByID(a0 context.Context, a1 string) (*store.Template, error) {
+func (g *guardedStore) GetTemplateByID(a0 context.Context, a1 store.TemplateID) (*store.Template, error) {
 	g.use("GetTemplateByID")
 	return g.Store.GetTemplateByID(a0, a1)
 }

@@ -23,7 +23,7 @@ type fixture struct {
 	fake   *fake.Provider
 	syncer *provsync.Syncer
 	nodeID string
-	tplID  string
+	tplID  store.TemplateID
 }
 
 var t0 = instancestest.T0

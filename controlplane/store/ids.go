@@ -5,6 +5,11 @@ package store
 // kind of id cannot be passed where another is wanted (docs/adr/0050).
 // They are the ids the backends generate (UUIDv7 text), stored as text.
 
+// TemplateID names a template by its id (a node or pool names it so).
+type TemplateID string
+
+func (id TemplateID) String() string { return string(id) }
+
 // TaskID names a task.
 type TaskID string
 

@@ -10,7 +10,7 @@ import (
 
 // Template is what a node boots.
 type Template struct {
-	ID   string
+	ID   TemplateID
 	Name string
 	// RootModules are bottom first.
 	RootModules      []ModuleRef
@@ -120,7 +120,7 @@ type AuditFilter struct {
 type Node struct {
 	ID            string
 	Name          string
-	TemplateID    string
+	TemplateID    TemplateID
 	Enabled       bool
 	Config        json.RawMessage // a JSON object
 	PublicAddress string
@@ -213,7 +213,7 @@ type DHCPLease struct {
 
 // NodeFilter narrows ListNodes.
 type NodeFilter struct {
-	TemplateID string
+	TemplateID TemplateID
 	// HasBMC matches nodes with a BMC address.
 	HasBMC bool
 }

@@ -126,7 +126,7 @@ type Queries interface {
 type TemplateQueries interface {
 	CreateTemplate(ctx context.Context, t *Template) error
 	GetTemplate(ctx context.Context, name string) (*Template, error)
-	GetTemplateByID(ctx context.Context, id string) (*Template, error)
+	GetTemplateByID(ctx context.Context, id TemplateID) (*Template, error)
 	ListTemplates(ctx context.Context, p Page) ([]*Template, error)
 	UpdateTemplate(ctx context.Context, t *Template) error
 	// DeleteTemplate refuses (ErrConflict) while a node or pool uses it.

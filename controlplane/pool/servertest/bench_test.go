@@ -127,7 +127,7 @@ func seedBench(b *testing.B, ctx context.Context, st store.Store, p *v1.Pool, n 
 	for start := 0; start < n; start += 250 {
 		err := st.Tx(ctx, func(q store.Queries) error {
 			for i := start; i < min(n, start+250); i++ {
-				node := &store.Node{Name: fmt.Sprintf("%s-seed-%05d", p.Name, i), TemplateID: p.TemplateId, Enabled: true,
+				node := &store.Node{Name: fmt.Sprintf("%s-seed-%05d", p.Name, i), TemplateID: store.TemplateID(p.TemplateId), Enabled: true,
 					Config: []byte("{}"), CreatedAt: t0, UpdatedAt: t0}
 				if err := q.CreateNode(ctx, node); err != nil {
 					return err

@@ -37,7 +37,7 @@ func seedReady(t *testing.T, ctx context.Context, st store.Store, p *v1.Pool, n 
 	t.Helper()
 	err := st.Tx(ctx, func(q store.Queries) error {
 		for i := 0; i < n; i++ {
-			node := &store.Node{Name: fmt.Sprintf("%s-seed-%03d", p.Name, i), TemplateID: p.TemplateId, Enabled: true,
+			node := &store.Node{Name: fmt.Sprintf("%s-seed-%03d", p.Name, i), TemplateID: store.TemplateID(p.TemplateId), Enabled: true,
 				Config: []byte("{}"), CreatedAt: t0, UpdatedAt: t0}
 			if err := q.CreateNode(ctx, node); err != nil {
 				return err

@@ -46,7 +46,7 @@ func BenchmarkFleetPage(b *testing.B) {
 		}
 		err = st.Tx(ctx, func(q store.Queries) error {
 			for i := 0; i < perPool; i++ {
-				node := &store.Node{Name: fmt.Sprintf("%s-%03d", pool.Name, i), TemplateID: pool.TemplateId, Enabled: true,
+				node := &store.Node{Name: fmt.Sprintf("%s-%03d", pool.Name, i), TemplateID: store.TemplateID(pool.TemplateId), Enabled: true,
 					Config: []byte("{}"), CreatedAt: t0, UpdatedAt: t0}
 				if err := q.CreateNode(ctx, node); err != nil {
 					return err
