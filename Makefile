@@ -51,8 +51,9 @@ bench: ## Benchmarks recorded in docs/benchmarks.md
 
 BOOT_PAIRS ?= 5
 BOOT_ROOT  ?= example
-bench-boot: initramfs modules ## Boot to running against the bare-netboot floor, alternated (docs/benchmarks.md); BOOT_PAIRS=5, BOOT_ROOT=example|debian
-	scripts/bench-boot.sh $(BOOT_PAIRS) $(BOOT_ROOT)
+BOOT_MODE  ?= direct
+bench-boot: initramfs modules ## Boot to running against the bare-netboot floor, alternated (docs/benchmarks.md); BOOT_PAIRS=5, BOOT_ROOT=example|debian, BOOT_MODE=direct|bios|uefi
+	scripts/bench-boot.sh $(BOOT_PAIRS) $(BOOT_ROOT) $(BOOT_MODE)
 # The peer of `tether-bench peers`, built once into the repository's cache
 # folder. Its own build tags (GOFLAGS cleared): step-ca's default database
 # is badger, which Tether's tags leave out.

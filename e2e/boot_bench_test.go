@@ -17,6 +17,7 @@ import (
 
 	"github.com/tetherfleet/tether/controlplane/daemon"
 	"github.com/tetherfleet/tether/internal/testkit/testcp"
+	"github.com/tetherfleet/tether/internal/uki"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 	"github.com/tetherfleet/tether/providers/qemu"
 )
@@ -29,6 +30,8 @@ var bootMarks = []struct{ phase, line string }{
 	{"qemu", "SeaBIOS (version "},                    // provision call, worker, QEMU until its firmware's first line
 	{"firmware+DHCP", "Filename: "},                  // QEMU, firmware, iPXE start and its DHCP
 	{"loader", " bytes [script]"},                    // the per-boot iPXE script fetched
+	{"HTTP Boot DHCP", "  URI: http"},                // OVMF's own HTTP Boot: firmware and its DHCP, the image's URL known
+	{"image transfer", "Downloading...100%"},         // OVMF downloaded the whole UKI
 	{"kernel+initramfs transfer", "Probing EDD"},     // both fetched over HTTP; iPXE starts the kernel
 	{"kernel start", "Linux version "},               // firmware loaded kernel and initramfs
 	{"kernel", "tether-agent dev starting as pid 1"}, // QEMU (+ firmware) + kernel until /init runs
@@ -41,7 +44,7 @@ var bootMarks = []struct{ phase, line string }{
 }
 
 // netbootOnly are the marks that end a phase only in a firmware netboot.
-var netbootOnly = map[string]bool{"firmware+DHCP": true, "loader": true, "kernel+initramfs transfer": true}
+var netbootOnly = map[string]bool{"firmware+DHCP": true, "loader": true, "kernel+initramfs transfer": true, "HTTP Boot DHCP": true, "image transfer": true}
 
 // BenchmarkBootToRunning boots the example root in QEMU through tetherd,
 // one VM at a time, for each boot mode of the qemu provider (direct
@@ -99,7 +102,10 @@ func benchBoot(b *testing.B, mode string) {
 // Boot (uki), against OVMF + iPXE fetching the kernel and initramfs
 // (uefi), against a direct kernel boot (direct); three control planes,
 // one boot of each in turn, so the three share every moment of the
-// machine. It reports each mode's median and its phase marks:
+// machine. A fourth boots the same image with its initramfs stored as
+// given (uefi-http-raw), to show what the LZ4 initramfs saves. It reports
+// each mode's median and its phase marks; from "image transfer" to
+// "kernel start" is the Secure Boot check and the stub:
 //
 //	TETHER_E2E=1 go test -tags nobadger,nobbolt,nomysql -run '^$' -bench BootUKI -benchtime 5x ./e2e/
 func BenchmarkBootUKI(b *testing.B) {
@@ -108,15 +114,19 @@ func BenchmarkBootUKI(b *testing.B) {
 	u := prepareUKI(b, "127.0.0.1")
 	_, nbPort, _ := net.SplitHostPort(u.netLis.Addr().String())
 	signed := u.build(b, "boot.efi", a.initramfs, nbPort, true)
+	raw := u.buildWith(b, "raw.efi", a.initramfs, nbPort, true, uki.CompressNone)
 	cps := []*bootCP{
 		newBootCP(b, a, "direct", a.rootModule, false),
 		newBootCP(b, a, "uefi", a.rootModule, false),
 		newBootCP(b, a, "uefi-http", a.rootModule, false, testcp.WithDataDir(u.data), testcp.With(func(o *daemon.ServeOptions) {
 			// The image pins this API address, CA and hand-off port.
 			o.Listeners.GRPC, o.Test.NetbootListener = u.apiAddr, u.netLis
-			o.Providers.QEMU.SecureBoot, o.UKIs = true, []string{"boot=" + signed}
+			o.Providers.QEMU.SecureBoot, o.UKIs = true, []string{"boot=" + signed, "raw=" + raw}
 		})),
 	}
+	// The raw image is another template and node on the same control
+	// plane: an image pins its control plane's address and CA.
+	cps = append(cps, cps[2].withNode(b, "uefi-http-raw", "raw", "52:54:00:be:0e:02"))
 	samples := map[string]map[string][]time.Duration{}
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
@@ -152,6 +162,22 @@ type bootCP struct {
 	stateDir string
 	netboot  string
 	mode     string
+	node     string // "boot" unless withNode gave another
+}
+
+// withNode is the same control plane booting another node, of a template
+// named like it with the same root, reported as mode.
+func (bc *bootCP) withNode(b *testing.B, mode, name, mac string) *bootCP {
+	ctx := context.Background()
+	if _, err := bc.cp.Admin.CreateTemplate(ctx, &v1.CreateTemplateRequest{Name: name, RootModules: []*v1.ModuleRef{{Name: "example", Version: "1"}}}); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := bc.cp.Admin.CreateNode(ctx, &v1.CreateNodeRequest{Name: name, Template: name, Macs: []string{mac}}); err != nil {
+		b.Fatal(err)
+	}
+	other := *bc
+	other.mode, other.node = mode, name
+	return &other
 }
 
 // newBootCP starts it. With tpm, every VM gets the node's swtpm and the
@@ -204,7 +230,11 @@ func newBootCP(b *testing.B, a artifacts, mode, rootModule string, tpm bool, ext
 func (bc *bootCP) boot(b *testing.B, i int) (time.Duration, map[string]time.Duration) {
 	ctx := context.Background()
 	start := time.Now()
-	resp, err := bc.cp.Admin.ProvisionInstance(ctx, &v1.ProvisionInstanceRequest{Node: "boot", Provider: "qemu"})
+	node := bc.node
+	if node == "" {
+		node = "boot"
+	}
+	resp, err := bc.cp.Admin.ProvisionInstance(ctx, &v1.ProvisionInstanceRequest{Node: node, Provider: "qemu"})
 	if err != nil {
 		b.Fatal(err)
 	}

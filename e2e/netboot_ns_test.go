@@ -156,9 +156,11 @@ func netbootNamespaceChild(t *testing.T) {
 
 		// BIOS PXE: DHCP and TFTP (undionly.kpxe) from tetherd, then iPXE's
 		// DHCP gets the boot route, and the agent's DHCP its address.
+		start := time.Now()
 		id := env.provision(t, ctx)
 		env.waitRunning(t, ctx, id, nil)
 		console := env.console(ctx, id)
+		logBootTime(t, "full DHCP", start, console)
 		checkNetbootConsole(t, console, mac)
 		// QEMU's NIC ROM is iPXE already: tetherd's DHCP hands it the boot
 		// route at once (no undionly.kpxe over TFTP), and the agent's
@@ -321,11 +323,29 @@ func netbootNamespaceChild(t *testing.T) {
 		const mac = "52:54:00:0e:2e:12"
 		env.setMAC(t, mac)
 		ctx := vmCtx(t)
+		start := time.Now()
 		id := env.provision(t, ctx)
 		env.waitRunning(t, ctx, id, nil)
-		checkNetbootConsole(t, env.console(ctx, id), mac)
+		console := env.console(ctx, id)
+		logBootTime(t, "proxyDHCP", start, console)
+		checkNetbootConsole(t, console, mac)
 		if t.Failed() {
 			t.Logf("dnsmasq:\n%s", dlog.String())
 		}
 	})
+}
+
+// logBootTime records how long a namespace boot took to running and what
+// its iPXE said while it configured the network (issue 30 compares the
+// DHCP modes: a wait for a proxy offer or an IPv6 router would show here).
+func logBootTime(t *testing.T, mode string, start time.Time, console string) {
+	t.Helper()
+	var net []string
+	for _, l := range strings.Split(console, "\n") {
+		l = strings.TrimSpace(strings.ReplaceAll(l, "\r", ""))
+		if strings.HasPrefix(l, "Configuring (") || strings.HasPrefix(l, "net0:") || strings.HasPrefix(l, "Filename:") || strings.Contains(l, "DHCP took") {
+			net = append(net, l)
+		}
+	}
+	t.Logf("%s: provision to running in %s; network lines:\n%s", mode, time.Since(start).Round(10*time.Millisecond), strings.Join(net, "\n"))
 }

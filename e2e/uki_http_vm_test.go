@@ -165,8 +165,14 @@ func prepareUKI(t testing.TB, host string) *ukiSetup {
 // 10.0.2.2:handoffPort, signed with the snakeoil db key if sign.
 func (u *ukiSetup) build(t testing.TB, name, initramfs, handoffPort string, sign bool) string {
 	t.Helper()
+	return u.buildWith(t, name, initramfs, handoffPort, sign, "")
+}
+
+// buildWith is build with the initramfs stored as compress says.
+func (u *ukiSetup) buildWith(t testing.TB, name, initramfs, handoffPort string, sign bool, compress uki.Compression) string {
+	t.Helper()
 	_, apiPort, _ := net.SplitHostPort(u.apiAddr)
-	spec := uki.Spec{Kernel: u.a.kernel, Initramfs: initramfs,
+	spec := uki.Spec{Kernel: u.a.kernel, Initramfs: initramfs, Compress: compress,
 		Cmdline: "console=ttyS0,115200 panic=-1 tether.url=https://10.0.2.2:" + apiPort + " tether.ca=" + u.caFP +
 			" tether.handoff=http://10.0.2.2:" + handoffPort + " ip=dhcp"}
 	out := filepath.Join(u.dir, name)
@@ -183,4 +189,38 @@ func (u *ukiSetup) build(t testing.TB, name, initramfs, handoffPort string, sign
 		}
 	}
 	return out
+}
+
+// TestUKIChainedFromIPXE: a machine whose firmware runs iPXE (OVMF with
+// the NIC's iPXE ROM, --qemu-boot uefi, no Secure Boot) asks the iPXE boot
+// route, is chained to its template's UKI, and reaches running from the
+// image's own command line and the per-boot hand-off. Before the chain
+// script passed that command line, iPXE's load options replaced it and
+// the kernel started with no console and no control plane.
+func TestUKIChainedFromIPXE(t *testing.T) {
+	u := prepareUKI(t, "127.0.0.1")
+	_, nbPort, _ := net.SplitHostPort(u.netLis.Addr().String())
+	image := u.build(t, "chained.efi", u.a.initramfs, nbPort, true)
+	apiAddr, netLis, data := u.apiAddr, u.netLis, u.data
+	good := strings.ToLower(t.Name())
+	env := newVMEnv(t, testcp.WithDataDir(data), testcp.With(func(o *daemon.ServeOptions) {
+		o.Listeners.GRPC = apiAddr
+		o.Test.NetbootListener = netLis
+		o.Providers.QEMU.Boot = "uefi"
+		o.UKIs = []string{good + "=" + image}
+	}))
+	vctx := vmCtx(t)
+	id := env.provision(t, vctx)
+	env.waitRunning(t, vctx, id, nil)
+	console := env.console(vctx, id)
+	// iPXE prints the URL without its query; the kernel's command line is
+	// the image's, after the image name iPXE puts first.
+	for _, want := range []string{"iPXE", "/uki/boot...", "Command line: boot console=ttyS0", "from netboot hand-off"} {
+		if !strings.Contains(console, want) {
+			t.Errorf("the chained node's console lacks %q:\n%s", want, console[:min(len(console), 6000)])
+		}
+	}
+	if evs := env.events(t, vctx, "netboot.uki_served", id); len(evs) != 1 {
+		t.Errorf("%d netboot.uki_served events, want 1", len(evs))
+	}
 }

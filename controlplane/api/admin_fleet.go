@@ -4,34 +4,21 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/tetherfleet/tether/controlplane/api/admin/adminkit"
 	"github.com/tetherfleet/tether/providers"
-	"strconv"
 	"time"
 
-	"github.com/tetherfleet/tether/controlplane/api/protoconv"
-	"github.com/tetherfleet/tether/controlplane/events"
 	"github.com/tetherfleet/tether/controlplane/fail"
 	"github.com/tetherfleet/tether/controlplane/instances"
 	"github.com/tetherfleet/tether/controlplane/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/store"
-	"github.com/tetherfleet/tether/controlplane/tasks"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
 
 // Instances, tokens, certificates, tasks and events.
 
 func (a *adminServer) instanceOut(ctx context.Context, in *store.Instance) (*v1.Instance, error) {
-	n, err := a.Store.GetNodeByID(ctx, in.NodeID)
-	if err != nil {
-		return nil, err
-	}
-	out := InstanceProto(in, n.Name)
-	ps, err := a.Store.ListPresence(ctx, []string{in.ID})
-	if err != nil {
-		return nil, err
-	}
-	out.AgentPresence = presenceProto(ps[in.ID], a.Clock.Now())
-	return out, nil
+	return adminkit.InstanceOut(ctx, a.Store, a.Clock.Now(), in)
 }
 
 func (a *adminServer) ProvisionInstance(ctx context.Context, req *v1.ProvisionInstanceRequest) (*v1.ProvisionInstanceResponse, error) {
@@ -156,12 +143,12 @@ func (a *adminServer) ListInstances(ctx context.Context, req *v1.ListInstancesRe
 	for _, in := range ins {
 		pi := InstanceProto(in, names[in.NodeID])
 		pi.AgentPresence = presenceProto(present[in.ID], now)
-		if !b.fits(pi) {
+		if !b.Fits(pi) {
 			break
 		}
 		out.Instances = append(out.Instances, pi)
 	}
-	if b.more(len(out.Instances), len(ins), p.Limit) {
+	if b.More(len(out.Instances), len(ins), p.Limit) {
 		out.NextPageToken = ins[len(out.Instances)-1].ID
 	}
 	return out, nil
@@ -195,12 +182,12 @@ func (a *adminServer) ListCertificates(ctx context.Context, req *v1.ListCertific
 	var b budget
 	for _, c := range cs {
 		pc := certProto(c)
-		if !b.fits(pc) {
+		if !b.Fits(pc) {
 			break
 		}
 		out.Certificates = append(out.Certificates, pc)
 	}
-	if b.more(len(out.Certificates), len(cs), p.Limit) {
+	if b.More(len(out.Certificates), len(cs), p.Limit) {
 		out.NextPageToken = cs[len(out.Certificates)-1].Serial
 	}
 	return out, nil
@@ -220,147 +207,4 @@ func (a *adminServer) RevokeCertificate(ctx context.Context, req *v1.RevokeCerti
 	}
 	a.Revoked.Add(c.Serial)
 	return certProto(c), nil
-}
-
-func (a *adminServer) CreateTask(ctx context.Context, req *v1.CreateTaskRequest) (*v1.Task, error) {
-	var exec *tasks.Exec
-	if req.Exec != nil {
-		exec = &tasks.Exec{Argv: req.Exec.Argv, TimeoutSeconds: req.Exec.TimeoutSeconds}
-	}
-	if req.Kind == v1.TaskKind_TASK_KIND_UNSPECIFIED {
-		return nil, fail.Invalid("kind", "required")
-	}
-	kind, err := protoconv.TaskKindFrom(req.Kind)
-	if err != nil {
-		return nil, fail.Invalid("kind", "%v", err)
-	}
-	t, err := a.Tasks.CreateAgentTask(ctx, req.InstanceId, kind, exec, int(req.MaxAttempts))
-	if err != nil {
-		return nil, err
-	}
-	return TaskProto(t), nil
-}
-
-func (a *adminServer) GetTask(ctx context.Context, req *v1.GetTaskRequest) (*v1.Task, error) {
-	if req.Id == "" {
-		return nil, fail.Invalid("id", "required")
-	}
-	t, err := a.Store.GetTask(ctx, store.TaskID(req.Id))
-	if err != nil {
-		return nil, err
-	}
-	return TaskProto(t), nil
-}
-
-func (a *adminServer) ListTasks(ctx context.Context, req *v1.ListTasksRequest) (*v1.ListTasksResponse, error) {
-	p, err := page(req.PageSize, req.PageToken)
-	if err != nil {
-		return nil, err
-	}
-	target, err := protoconv.TaskTargetFrom(req.Target)
-	if err != nil {
-		return nil, fail.Invalid("target", "%v", err)
-	}
-	status, err := protoconv.TaskStatusFrom(req.Status)
-	if err != nil {
-		return nil, fail.Invalid("status", "%v", err)
-	}
-	f := store.TaskFilter{InstanceID: req.InstanceId, Target: target}
-	if status != "" {
-		f.Statuses = []store.TaskStatus{status}
-	}
-	ts, err := a.Store.ListTasks(ctx, f, p)
-	if err != nil {
-		return nil, err
-	}
-	out := &v1.ListTasksResponse{}
-	var b budget
-	for _, t := range ts {
-		pt := TaskProto(t)
-		if !b.fits(pt) {
-			break
-		}
-		out.Tasks = append(out.Tasks, pt)
-	}
-	if b.more(len(out.Tasks), len(ts), p.Limit) {
-		out.NextPageToken = ts[len(out.Tasks)-1].ID.String()
-	}
-	return out, nil
-}
-
-func (a *adminServer) CancelTask(ctx context.Context, req *v1.CancelTaskRequest) (*v1.Task, error) {
-	if req.Id == "" {
-		return nil, fail.Invalid("id", "required")
-	}
-	t, err := a.Tasks.Cancel(ctx, store.TaskID(req.Id))
-	if err != nil {
-		return nil, err
-	}
-	return TaskProto(t), nil
-}
-
-func eventFilter(kind, instance, pool, corr string, sev v1.Severity) (store.EventFilter, error) {
-	for _, f := range []struct{ name, v string }{{"kind", kind}, {"instance_id", instance}, {"pool_id", pool}, {"correlation_id", corr}} {
-		if len(f.v) > 256 {
-			return store.EventFilter{}, fail.Invalid(f.name, "longer than 256 characters")
-		}
-	}
-	min, err := protoconv.SeverityFrom(sev)
-	if err != nil {
-		return store.EventFilter{}, fail.Invalid("min_severity", "%v", err)
-	}
-	// The kind is not checked against the vocabulary: the log keeps the
-	// kinds of every version that wrote it (docs/adr/0050).
-	return store.EventFilter{Kind: store.EventKind(kind), InstanceID: instance, PoolID: pool, CorrelationID: corr, MinSeverity: min}, nil
-}
-
-func (a *adminServer) ListEvents(ctx context.Context, req *v1.ListEventsRequest) (*v1.ListEventsResponse, error) {
-	p, err := page(req.PageSize, req.PageToken)
-	if err != nil {
-		return nil, err
-	}
-	if p.After != "" {
-		if _, err := strconv.ParseInt(p.After, 10, 64); err != nil {
-			return nil, fail.Invalid("page_token", "not a token this server issued")
-		}
-	}
-	f, err := eventFilter(req.Kind, req.InstanceId, req.PoolId, req.CorrelationId, req.MinSeverity)
-	if err != nil {
-		return nil, err
-	}
-	evs, err := a.Store.ListEvents(ctx, f, p)
-	if err != nil {
-		return nil, err
-	}
-	out := &v1.ListEventsResponse{}
-	var b budget
-	for _, e := range evs {
-		pe := eventProto(e)
-		if !b.fits(pe) {
-			break
-		}
-		out.Events = append(out.Events, pe)
-	}
-	if b.more(len(out.Events), len(evs), p.Limit) {
-		out.NextPageToken = strconv.FormatInt(evs[len(out.Events)-1].ID, 10)
-	}
-	return out, nil
-}
-
-// WatchEvents streams new events from now on.
-func (a *adminServer) WatchEvents(req *v1.WatchEventsRequest, stream v1.AdminService_WatchEventsServer) error {
-	f, err := eventFilter(req.Kind, req.InstanceId, req.PoolId, req.CorrelationId, req.MinSeverity)
-	if err != nil {
-		return err
-	}
-	ctx := stream.Context()
-	from, err := a.Store.LatestEventID(ctx)
-	if err != nil {
-		return err
-	}
-	err = events.Watch(ctx, a.Store, f, from, 2*time.Second, func(e *store.Event) error { return stream.Send(eventProto(e)) })
-	if errors.Is(err, context.Canceled) {
-		return nil
-	}
-	return err
 }

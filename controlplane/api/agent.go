@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/bits"
 	"math/rand/v2"
 	"os"
 	"sync/atomic"
@@ -15,6 +14,7 @@ import (
 	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
 
+	"github.com/tetherfleet/tether/controlplane/agenthub"
 	"github.com/tetherfleet/tether/controlplane/api/protoconv"
 	"github.com/tetherfleet/tether/controlplane/fail"
 	"github.com/tetherfleet/tether/controlplane/lifecycle"
@@ -218,7 +218,7 @@ func (a *agentServer) Connect(stream v1.AgentService_ConnectServer) error {
 	}
 	wake := make(chan struct{}, 1)
 	var replaced atomic.Bool
-	conn := a.Agents.register(id, func() {
+	conn := a.Agents.Register(id, func() {
 		select {
 		case wake <- struct{}{}:
 		default:
@@ -227,7 +227,7 @@ func (a *agentServer) Connect(stream v1.AgentService_ConnectServer) error {
 		replaced.Store(true)
 		end(fail.Unavailable("a newer stream from instance %s replaced this one", id))
 	})
-	defer a.Agents.unregister(id, conn)
+	defer a.Agents.Unregister(id, conn)
 	var ps presence.Stream
 	if a.Presence != nil {
 		// Presence is what makes a pool member claimable (design §2.10).
@@ -459,10 +459,10 @@ func (a *agentServer) receive(ctx context.Context, opened *store.Instance, strea
 			if phase == "ready" && lastPhase != "ready" {
 				var err error
 				if opened != nil {
-					err = a.Instances.AgentReadyAsSeen(ctx, opened, a.ReadyHooks...)
+					err = a.Ready.AgentReadyAsSeen(ctx, opened)
 					opened = nil // later reports read afresh
 				} else {
-					err = a.Instances.AgentReady(ctx, id, a.ReadyHooks...)
+					err = a.Ready.AgentReady(ctx, id)
 				}
 				if err != nil {
 					// Not marked running: forget this ready so the agent's next
@@ -502,48 +502,19 @@ func (a *agentServer) receive(ctx context.Context, opened *store.Instance, strea
 	}
 }
 
-// HeartbeatInterval stretches the 30 s heartbeat with fleet size so that
-// the control plane sees at most MaxHeartbeatsPerSecond (docs/design.md §2.8, Nomad's
-// rule).
-func HeartbeatInterval(connected int) time.Duration {
-	d := BaseHeartbeatInterval
-	if scaled := time.Duration(float64(connected) / MaxHeartbeatsPerSecond * float64(time.Second)); scaled > d {
-		d = scaled
-	}
-	return d
-}
+// The heartbeat and reconnection rates are the hub's (controlplane/agenthub);
+// these names are the agent API's, which its settings carry.
 
-// ReconnectSpread is the window over which this replica's agents spread
-// their reconnections after losing it: long enough that they arrive at
-// most MaxReconnectsPerSecond, at most MaxReconnectSpread. A small fleet
-// gets a few milliseconds and comes straight back; 19,000 agents spread
-// over 38 s. Without it every agent's back-off started at the same
-// 500 ms, 19,000 TLS handshakes landed in one second on a tetherd that
-// had just restarted, most missed the handshake deadline, and their
-// retries kept the CPU starved (docs/reliability.md, reconnect storm).
-func ReconnectSpread(connected int) time.Duration {
-	d := time.Duration(float64(connected) / MaxReconnectsPerSecond * float64(time.Second))
-	return min(d, MaxReconnectSpread)
-}
+// HeartbeatInterval is agenthub.HeartbeatInterval.
+func HeartbeatInterval(connected int) time.Duration { return agenthub.HeartbeatInterval(connected) }
 
-// settingsTier grows by one each time the connected fleet doubles past
-// one second's worth of reconnections. A replica resends its settings to
-// every stream when the tier rises, so the agents that connected while
-// the fleet was small learn the longer reconnection window too: told only
-// at connect time, the first agents kept windows of a second or two and
-// a restart brought them all back in its first second.
-func settingsTier(connected int) int {
-	return bits.Len(uint(connected / int(MaxReconnectsPerSecond)))
-}
+// ReconnectSpread is agenthub.ReconnectSpread.
+func ReconnectSpread(connected int) time.Duration { return agenthub.ReconnectSpread(connected) }
 
-// Heartbeat and reconnection rate limits. MaxReconnectsPerSecond is a
-// fraction of what one tetherd admitted on two shared cores (bursts of
-// 1,700 new streams a second): a reconnection costs a TLS handshake and
-// a stream, far more than a heartbeat. MaxReconnectSpread stays well
-// inside liveness' 3-minute silent threshold.
+// Heartbeat and reconnection rate limits (see agenthub).
 const (
-	BaseHeartbeatInterval  = 30 * time.Second
-	MaxHeartbeatsPerSecond = 2000.0
-	MaxReconnectsPerSecond = 500.0
-	MaxReconnectSpread     = 60 * time.Second
+	BaseHeartbeatInterval  = agenthub.BaseHeartbeatInterval
+	MaxHeartbeatsPerSecond = agenthub.MaxHeartbeatsPerSecond
+	MaxReconnectsPerSecond = agenthub.MaxReconnectsPerSecond
+	MaxReconnectSpread     = agenthub.MaxReconnectSpread
 )

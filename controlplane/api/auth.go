@@ -2,11 +2,9 @@ package api
 
 import (
 	"context"
-	"crypto"
 	"crypto/x509"
 	"log/slog"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -16,33 +14,24 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
+	"github.com/tetherfleet/tether/controlplane/api/admin/adminkit"
 	"github.com/tetherfleet/tether/controlplane/audit"
 	"github.com/tetherfleet/tether/controlplane/fail"
+	"github.com/tetherfleet/tether/controlplane/revocation"
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/pki"
 	"github.com/tetherfleet/tether/pki/ca"
 )
 
-// Caller is the authenticated peer of a call.
-type Caller struct {
-	Identity  pki.Identity
-	Serial    string
-	NotAfter  time.Time
-	PublicKey crypto.PublicKey
-}
-
-type callerKey struct{}
+// Caller is the authenticated peer of a call (defined in adminkit, which
+// the resource packages read it from).
+type Caller = adminkit.Caller
 
 // CallerFrom returns the caller put in the context by the auth interceptor.
-func CallerFrom(ctx context.Context) (Caller, bool) {
-	c, ok := ctx.Value(callerKey{}).(Caller)
-	return c, ok
-}
+func CallerFrom(ctx context.Context) (Caller, bool) { return adminkit.CallerFrom(ctx) }
 
 // WithCaller is for tests that call services directly.
-func WithCaller(ctx context.Context, c Caller) context.Context {
-	return context.WithValue(ctx, callerKey{}, c)
-}
+func WithCaller(ctx context.Context, c Caller) context.Context { return adminkit.WithCaller(ctx, c) }
 
 const (
 	enrollmentPrefix = "/tether.v1.EnrollmentService/"
@@ -80,7 +69,7 @@ func (a *Authenticator) authenticate(ctx context.Context) (Caller, error) {
 		return Caller{}, fail.Unauthenticated("client certificate refused: %v", err)
 	}
 	serial := ca.SerialString(cert)
-	if err := a.Revoked.check(serial); err != nil {
+	if err := a.Revoked.Check(serial); err != nil {
 		return Caller{}, err
 	}
 	return Caller{Identity: id, Serial: serial, NotAfter: cert.NotAfter, PublicKey: cert.PublicKey}, nil
@@ -111,7 +100,7 @@ func (a *Authenticator) authorize(ctx context.Context, method string) (context.C
 		if !ok {
 			return nil, fail.Denied("%s is not in the role table; refused for every role", method)
 		}
-		if !store.Role(c.Identity.Role).AtLeast(acc.role) {
+		if !adminkit.AtLeast(c.Identity.Role, acc.role) {
 			return WithCaller(ctx, c), fail.Denied("%s needs role %s; certificate %s has role %s", method, acc.role, c.Identity.Name, c.Identity.Role)
 		}
 		return WithCaller(ctx, c), nil
@@ -203,192 +192,19 @@ type ctxStream struct {
 
 func (s *ctxStream) Context() context.Context { return s.ctx }
 
-// Revocations is the in-memory set of revoked, unexpired certificate
-// serials that every authenticated call checks. It is loaded from the
-// store, follows revocations from any replica through notifications, and
-// is reloaded periodically in case a notification was missed.
-type Revocations struct {
-	mu     sync.RWMutex
-	serial map[string]struct{}
-	// onRevoke holds, per serial, the callbacks of the open streams
-	// authenticated with it: a revocation reaches its streams without a
-	// goroutine per stream or a broadcast to all of them.
-	onRevoke map[string]map[*func()]struct{}
-
-	// What Follow keeps, under mu: when the set last loaded, and how many
-	// periodic reloads in a row have failed since. Counting reloads rather
-	// than reading a clock keeps the bound the same whatever clock the
-	// control plane runs on.
-	loadedAt time.Time
-	failed   int
-}
+// Revocations is the in-memory set of revoked serials every authenticated
+// call checks (controlplane/revocation).
+type Revocations = revocation.Set
 
 // StaleAfterReloads is how many periodic reloads in a row may fail before
 // the set is stale and certificates are refused.
-const StaleAfterReloads = 10
-
-var reloadFailuresOpts = prometheus.CounterOpts{Name: "tether_revocation_reload_failures_total",
-	Help: "Periodic reloads of the certificate revocation list that failed (past StaleAfterReloads in a row, certificates are refused)."}
+const StaleAfterReloads = revocation.StaleAfterReloads
 
 // NewRevocations returns an empty set.
-func NewRevocations() *Revocations {
-	return &Revocations{serial: map[string]struct{}{}, onRevoke: map[string]map[*func()]struct{}{}}
-}
+func NewRevocations() *Revocations { return revocation.NewSet() }
 
-// check refuses a revoked serial, and every serial once the set is
-// stale: a revocation list that stopped reloading may be missing a
-// revocation, and a revoked certificate must not get in (fail closed).
-func (r *Revocations) check(serial string) error {
-	if loaded, stale := r.Stale(); stale {
-		return fail.Unavailable("the certificate revocation list has failed to reload %d times in a row (last loaded %s; see the tetherd log): certificates are refused until it reloads",
-			StaleAfterReloads, loaded.UTC().Format(time.RFC3339))
-	}
-	if r.IsRevoked(serial) {
-		return fail.Unauthenticated("client certificate %s is revoked", serial)
-	}
-	return nil
-}
-
-// Stale reports whether StaleAfterReloads periodic reloads in a row have
-// failed, and when the set last loaded.
-func (r *Revocations) Stale() (time.Time, bool) {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	return r.loadedAt, r.failed >= StaleAfterReloads
-}
-
-// IsRevoked reports whether serial is revoked.
-func (r *Revocations) IsRevoked(serial string) bool {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	_, ok := r.serial[serial]
-	return ok
-}
-
-// Add marks serials revoked and ends the open streams authenticated with
-// them.
-func (r *Revocations) Add(serials ...string) {
-	var ends []func()
-	r.mu.Lock()
-	for _, s := range serials {
-		if _, ok := r.serial[s]; ok {
-			continue
-		}
-		r.serial[s] = struct{}{}
-		for f := range r.onRevoke[s] {
-			ends = append(ends, *f)
-		}
-	}
-	r.mu.Unlock()
-	for _, end := range ends {
-		end()
-	}
-}
-
-// OnRevoke calls end (which must not block) once serial is revoked, at
-// once if it already is; stop forgets it.
-func (r *Revocations) OnRevoke(serial string, end func()) (stop func()) {
-	f := &end
-	r.mu.Lock()
-	_, revoked := r.serial[serial]
-	if !revoked {
-		if r.onRevoke[serial] == nil {
-			r.onRevoke[serial] = map[*func()]struct{}{}
-		}
-		r.onRevoke[serial][f] = struct{}{}
-	}
-	r.mu.Unlock()
-	if revoked {
-		end()
-		return func() {}
-	}
-	return func() {
-		r.mu.Lock()
-		delete(r.onRevoke[serial], f)
-		if len(r.onRevoke[serial]) == 0 {
-			delete(r.onRevoke, serial)
-		}
-		r.mu.Unlock()
-	}
-}
-
-// Load replaces the set from the store.
-func (r *Revocations) Load(ctx context.Context, s store.Store, now time.Time) error {
-	serials, err := s.ListRevokedSerials(ctx, now)
-	if err != nil {
-		return err
-	}
-	fresh := make(map[string]struct{}, len(serials))
-	for _, x := range serials {
-		fresh[x] = struct{}{}
-	}
-	r.mu.Lock()
-	old := r.serial
-	r.serial, r.loadedAt, r.failed = fresh, now, 0
-	r.mu.Unlock()
-	var added []string
-	for x := range fresh {
-		if _, ok := old[x]; !ok {
-			added = append(added, x)
-		}
-	}
-	if len(added) > 0 {
-		// Re-add through Add so watchers hear about ones a missed
-		// notification would have announced.
-		r.mu.Lock()
-		for _, x := range added {
-			delete(r.serial, x)
-		}
-		r.mu.Unlock()
-		r.Add(added...)
-	}
-	return nil
-}
-
-// Follow keeps the set current until ctx ends: notifications add
-// serials as they come, and a reload every period catches any that were
-// missed. A failed reload is logged and counted in failures (may be nil);
-// after StaleAfterReloads failures in a row the set is stale and
-// authentication refuses every certificate until a reload succeeds.
-func (r *Revocations) Follow(ctx context.Context, s store.Store, clock interface{ Now() time.Time }, every time.Duration, log *slog.Logger, failures prometheus.Counter) {
-	ch, stop := s.Subscribe(store.ChannelRevocations)
-	defer stop()
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case serial := <-ch:
-			r.Add(serial)
-		case <-t.C:
-			r.reload(ctx, s, clock.Now(), log, failures)
-		}
-	}
-}
-
-// reload is one periodic reload of Follow.
-func (r *Revocations) reload(ctx context.Context, s store.Store, now time.Time, log *slog.Logger, failures prometheus.Counter) {
-	err := r.Load(ctx, s, now)
-	if err == nil || ctx.Err() != nil {
-		return
-	}
-	if failures != nil {
-		failures.Inc()
-	}
-	r.mu.Lock()
-	r.failed++
-	r.mu.Unlock()
-	loaded, stale := r.Stale()
-	log.Error("certificate revocation list reload failed", "err", err, "last_loaded", loaded, "refusing_certificates", stale)
-}
-
-// NewReloadFailures is the counter Follow's failures go to, registered
-// with reg when it is not nil.
+// NewReloadFailures is the counter the set's failed reloads go to,
+// registered with reg when it is not nil.
 func NewReloadFailures(reg prometheus.Registerer) prometheus.Counter {
-	c := prometheus.NewCounter(reloadFailuresOpts)
-	if reg != nil {
-		reg.MustRegister(c)
-	}
-	return c
+	return revocation.NewReloadFailures(reg)
 }

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"unicode/utf8"
 
+	"github.com/tetherfleet/tether/controlplane/api/admin/adminkit"
 	"github.com/tetherfleet/tether/controlplane/fail"
 	"github.com/tetherfleet/tether/controlplane/modules"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
@@ -15,15 +16,14 @@ import (
 // and printed on an operator's terminal, so every field is bounded and
 // typed here, before anything is stored.
 const (
-	maxAgentVersion  = 128
-	maxAgentError    = 4096
-	maxBootID        = 64
-	maxAddress       = 64 // an IPv6 address with a zone fits
-	maxAddresses     = 64
-	maxDigests       = 256
-	maxTaskError     = 4096
-	maxTaskProgress  = 1024
-	maxQuotedInError = 64
+	maxAgentVersion = 128
+	maxAgentError   = 4096
+	maxBootID       = 64
+	maxAddress      = 64 // an IPv6 address with a zone fits
+	maxAddresses    = 64
+	maxDigests      = 256
+	maxTaskError    = 4096
+	maxTaskProgress = 1024
 )
 
 func validHeartbeat(hb *v1.Heartbeat) error {
@@ -104,11 +104,5 @@ func isControl(r rune) bool {
 	return r < 0x20 || r == 0x7f || (r >= 0x80 && r <= 0x9f) || r == 0x2028 || r == 0x2029
 }
 
-// quoteSome quotes the start of s for an error message: escaped, so the
-// refusal does not carry what it refuses, and short.
-func quoteSome(s string) string {
-	if len(s) > maxQuotedInError {
-		return fmt.Sprintf("%q...", s[:maxQuotedInError])
-	}
-	return fmt.Sprintf("%q", s)
-}
+// quoteSome is adminkit.QuoteSome.
+func quoteSome(s string) string { return adminkit.QuoteSome(s) }

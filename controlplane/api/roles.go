@@ -3,14 +3,15 @@ package api
 import (
 	"strings"
 
+	"github.com/tetherfleet/tether/controlplane/api/admin/adminkit"
 	"github.com/tetherfleet/tether/controlplane/store"
 )
 
 // Roles, weakest first (store.Role). The role is in the admin certificate.
 const (
-	RoleViewer   = store.RoleViewer
-	RoleOperator = store.RoleOperator
-	RoleAdmin    = store.RoleAdmin
+	RoleViewer   = adminkit.RoleViewer
+	RoleOperator = adminkit.RoleOperator
+	RoleAdmin    = adminkit.RoleAdmin
 )
 
 // access is what one admin RPC needs and whether it leaves an audit record.

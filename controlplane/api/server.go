@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/reflection"
 
+	"github.com/tetherfleet/tether/controlplane/agenthub"
 	"github.com/tetherfleet/tether/controlplane/carotation"
 	"github.com/tetherfleet/tether/controlplane/catalog"
 	"github.com/tetherfleet/tether/controlplane/certificates"
@@ -74,14 +75,16 @@ type Config struct {
 	Tasks     *tasks.Service
 	Registry  *modules.Registry
 	Revoked   *Revocations
-	Agents    *AgentHub
+	Agents    *agenthub.Hub
 
 	// AgentURL is the control plane address handed to agents.
 	AgentURL string
 	// SigningKeys are the Ed25519 keys module signatures may verify with.
 	SigningKeys [][]byte
-	// ReadyHooks run when an agent first reports ready (pool membership).
-	ReadyHooks []instances.ReadyHook
+	// Ready records an agent's first ready report, with what else a ready
+	// agent changes (pool membership): the composition root decides what
+	// (wire.Services.Ready), so no pool type passes through the API.
+	Ready Readiness
 	// Pools serves the pool RPCs.
 	Pools *pool.Service
 	// Limits bound the connections the gRPC port holds.
@@ -110,6 +113,12 @@ type Config struct {
 	// than by a newer stream replacing it: tetherd asks the provider for
 	// the machine at once (provsync.Checks). It must not block.
 	StreamLost func(instanceID string)
+}
+
+// Readiness records an agent's ready report (instances.Readiness).
+type Readiness interface {
+	AgentReady(ctx context.Context, instanceID string) error
+	AgentReadyAsSeen(ctx context.Context, seen *store.Instance) error
 }
 
 // trustBundle is what agents are sent: nil without a rotation set.
@@ -169,10 +178,16 @@ func New(cfg Config) (*Server, error) {
 		missing bool
 	}{{"Store", cfg.Store == nil}, {"CA", cfg.CA == nil}, {"Catalog", cfg.Catalog == nil},
 		{"Certificates", cfg.Certificates == nil}, {"Instances", cfg.Instances == nil}, {"Enrollment", cfg.Enrollment == nil},
-		{"Metrics", cfg.Metrics == nil}} {
+		{"Metrics", cfg.Metrics == nil}, {"Ready", cfg.Ready == nil}} {
 		if r.missing {
 			return nil, fmt.Errorf("api: Config.%s is required", r.name)
 		}
+	}
+	// The resource servers first: one that refuses its config leaves
+	// nothing half-built behind.
+	admin, err := newAdminServer(cfg)
+	if err != nil {
+		return nil, err
 	}
 	streams, endStreams := context.WithCancel(context.Background())
 	m := cfg.Metrics
@@ -240,7 +255,7 @@ func New(cfg Config) (*Server, error) {
 	s := &Server{GRPC: g, Health: health.NewServer(), Metrics: m, cfg: cfg, streams: streams, endStreams: endStreams}
 	v1.RegisterEnrollmentServiceServer(g, &enrollmentServer{Config: cfg, m: m})
 	v1.RegisterAgentServiceServer(g, &agentServer{Config: cfg, m: m})
-	v1.RegisterAdminServiceServer(g, &adminServer{Config: cfg})
+	v1.RegisterAdminServiceServer(g, admin)
 	healthpb.RegisterHealthServer(g, s.Health)
 	reflection.Register(g)
 	for _, svc := range []string{"", "tether.v1.EnrollmentService", "tether.v1.AgentService", "tether.v1.AdminService"} {
@@ -282,11 +297,6 @@ func (s *Server) Stop(grace time.Duration) {
 	case <-time.After(grace):
 		s.GRPC.Stop()
 	}
-}
-
-type adminServer struct {
-	v1.UnimplementedAdminServiceServer
-	Config
 }
 
 type enrollmentServer struct {

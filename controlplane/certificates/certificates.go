@@ -1,6 +1,6 @@
-// Package certificates writes certificate revocations: the revoked mark,
-// its event and the notification that tells every replica, in one
-// transaction.
+// Package certificates writes certificates' records: a revocation's mark,
+// its event and the notification that tells every replica, and an admin
+// identity's certificate, identity row and event, each in one transaction.
 package certificates
 
 import (
@@ -13,12 +13,16 @@ import (
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/internal/clock"
 	"github.com/tetherfleet/tether/pki"
+	"github.com/tetherfleet/tether/pki/ca"
 )
 
-// Service revokes certificates.
+// Service revokes certificates and issues admin identities.
 type Service struct {
 	Store store.Store
 	Clock clock.Clock
+	// CA signs admin identities' certificates (IssueIdentity refuses
+	// without it).
+	CA *ca.CA
 }
 
 // DefaultReason is recorded when an operator gives none.

@@ -7,11 +7,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/tetherfleet/tether/controlplane/agenthub"
 	"github.com/tetherfleet/tether/controlplane/api"
-	"github.com/tetherfleet/tether/controlplane/instances"
 	"github.com/tetherfleet/tether/controlplane/netboot"
 	"github.com/tetherfleet/tether/controlplane/netboot/dhcp"
 	"github.com/tetherfleet/tether/controlplane/provsync"
+	"github.com/tetherfleet/tether/controlplane/revocation"
 	"github.com/tetherfleet/tether/controlplane/throttle"
 	"github.com/tetherfleet/tether/internal/guard"
 )
@@ -25,15 +26,15 @@ func (d *daemon) buildFronts(ctx context.Context) error {
 	d.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	// Every listener that serves untrusted input recovers its panics here.
 	d.panics = guard.New(d.reg, log)
-	d.revoked = api.NewRevocations()
+	d.revoked = revocation.NewSet()
 	if err := d.revoked.Load(ctx, st, o.Clock.Now()); err != nil {
 		return fmt.Errorf("serve: load revocations: %w", err)
 	}
-	d.reloadFailures = api.NewReloadFailures(d.reg)
+	d.reloadFailures = revocation.NewReloadFailures(d.reg)
 	// The server and the hub count into the same instruments, made before
 	// both.
 	metrics := api.NewMetrics(d.reg)
-	d.hub = api.NewAgentHub(api.AgentHubConfig{Store: st, Log: log, Flush: o.Liveness.HeartbeatFlush, Sweep: o.Liveness.AgentSweep, Metrics: metrics})
+	d.hub = agenthub.New(agenthub.Config{Store: st, Log: log, Flush: o.Liveness.HeartbeatFlush, Sweep: o.Liveness.AgentSweep, Metrics: metrics.Hub()})
 	var err error
 	d.srv, err = api.New(api.Config{
 		Store: st, CA: d.authority, CAs: d.cas, GetServerCert: d.cas.ServerCertificate(d.serverCert.GetCertificate), Clock: o.Clock, Log: log, Metrics: metrics,
@@ -41,7 +42,7 @@ func (d *daemon) buildFronts(ctx context.Context) error {
 		Enrollment: svc.Enroll, EnrollLimiter: o.unauthenticatedLimiter(),
 		Instances: svc.Instances, Tasks: svc.Tasks, Registry: svc.Registry,
 		Revoked: d.revoked, Agents: d.hub, AgentURL: o.Listeners.AgentURL, SigningKeys: d.signingKeys,
-		ReadyHooks: []instances.ReadyHook{svc.Pools.ReadyHook}, Pools: svc.Pools, DisableAudit: o.Test.DisableAudit, Credentials: d.creds, Panics: d.panics,
+		Ready: svc.Ready, Pools: svc.Pools, DisableAudit: o.Test.DisableAudit, Credentials: d.creds, Panics: d.panics,
 		Presence: svc.Presence, StreamLost: func(id string) { svc.Checks.Signal(id, provsync.SourceStreamLost) },
 		Limits: api.Limits{MaxConnections: max(o.Limits.MaxAgentConnections, 0), MaxUnauthenticatedPerSource: max(o.Limits.MaxUnauthenticatedPerSource, 0),
 			HandshakeTimeout: o.Limits.HandshakeTimeout, UnauthenticatedAge: o.Limits.UnauthenticatedAge},

@@ -132,7 +132,7 @@ type LivenessOptions struct {
 	// (default 1 s).
 	HeartbeatFlush time.Duration
 	// AgentSweep is how often one query looks for agent work whose
-	// notification was lost (default api.DefaultSweep).
+	// notification was lost (default agenthub.DefaultSweep).
 	AgentSweep time.Duration
 	// SilentAfter and PresumedDeadAfter are the liveness thresholds for a
 	// small fleet (defaults 3 and 10 minutes); both stretch with its size.

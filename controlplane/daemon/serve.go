@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tetherfleet/tether/controlplane/agenthub"
 	"github.com/tetherfleet/tether/controlplane/api"
 	"github.com/tetherfleet/tether/controlplane/carotation"
 	"github.com/tetherfleet/tether/controlplane/certreload"
@@ -17,6 +18,7 @@ import (
 	"github.com/tetherfleet/tether/controlplane/modules"
 	"github.com/tetherfleet/tether/controlplane/netboot"
 	"github.com/tetherfleet/tether/controlplane/netboot/pxe"
+	"github.com/tetherfleet/tether/controlplane/revocation"
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/internal/guard"
 	"github.com/tetherfleet/tether/pki/ca"
@@ -72,9 +74,9 @@ type daemon struct {
 	// What the listeners serve (buildFronts).
 	reg            *prometheus.Registry
 	panics         *guard.Panics
-	revoked        *api.Revocations
+	revoked        *revocation.Set
 	reloadFailures prometheus.Counter
-	hub            *api.AgentHub
+	hub            *agenthub.Hub
 	srv            *api.Server
 	netboot        *netboot.Server
 	pxe            *pxe.Service

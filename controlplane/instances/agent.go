@@ -140,3 +140,21 @@ func (s *Service) AgentGaveUp(ctx context.Context, instanceID, phase, msg string
 		return err
 	})
 }
+
+// Readiness is what the agent API calls on an agent's ready report: the
+// instance service with the hooks the composition root chose (pool
+// membership), so the API holds no pool type and no list of hooks.
+type Readiness struct {
+	Instances *Service
+	Hooks     []ReadyHook
+}
+
+// AgentReady is Service.AgentReady with r's hooks.
+func (r Readiness) AgentReady(ctx context.Context, instanceID string) error {
+	return r.Instances.AgentReady(ctx, instanceID, r.Hooks...)
+}
+
+// AgentReadyAsSeen is Service.AgentReadyAsSeen with r's hooks.
+func (r Readiness) AgentReadyAsSeen(ctx context.Context, seen *store.Instance) error {
+	return r.Instances.AgentReadyAsSeen(ctx, seen, r.Hooks...)
+}

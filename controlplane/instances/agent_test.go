@@ -2,9 +2,11 @@ package instances_test
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 	"testing"
 
+	"github.com/tetherfleet/tether/controlplane/instances"
 	"github.com/tetherfleet/tether/controlplane/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/providers/fake"
@@ -81,6 +83,41 @@ func TestAgentReadyWritesOnlyWhenItMatters(t *testing.T) {
 			}
 			if hooked != tc.wantHooked {
 				t.Errorf("hook ran = %v, want %v", hooked, tc.wantHooked)
+			}
+		})
+	}
+}
+
+// Readiness is the service with the composition root's hooks: both of its
+// calls run them, and a hook's error undoes the ready report.
+func TestReadinessRunsItsHooks(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		asSeen     bool
+		hookErr    error
+		wantStatus lifecycle.State
+	}{
+		{"by id", false, nil, lifecycle.Running},
+		{"as seen", true, nil, lifecycle.Running},
+		{"a hook that fails", false, errors.New("pool refused"), lifecycle.Provisioning},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			in := e.provision()
+			hooked := 0
+			r := instances.Readiness{Instances: e.svc, Hooks: []instances.ReadyHook{
+				func(context.Context, store.Queries, *store.Instance) error { hooked++; return tc.hookErr }}}
+			var err error
+			if tc.asSeen {
+				err = r.AgentReadyAsSeen(e.ctx, in)
+			} else {
+				err = r.AgentReady(e.ctx, in.ID)
+			}
+			if !errors.Is(err, tc.hookErr) || hooked != 1 {
+				t.Fatalf("err = %v, hook ran %d times; want %v and once", err, hooked, tc.hookErr)
+			}
+			if got := e.get(in.ID).Status; got != tc.wantStatus {
+				t.Fatalf("status = %s, want %s", got, tc.wantStatus)
 			}
 		})
 	}

@@ -3,6 +3,7 @@ package modules
 import (
 	"context"
 	"crypto/ed25519"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -22,6 +23,27 @@ import (
 type SignatureIn struct {
 	PublicKey []byte
 	Signature []byte
+}
+
+// AddSigner registers an Ed25519 public key under name. The caller checks
+// the shapes (a valid name, a key of ed25519.PublicKeySize bytes); a
+// second signer with the same name or key is refused with AlreadyExists.
+func (r *Registry) AddSigner(ctx context.Context, name string, publicKey ed25519.PublicKey) (*store.Signer, error) {
+	s := &store.Signer{Name: name, Fingerprint: pki.SignerFingerprint(publicKey), PublicKey: publicKey, CreatedAt: r.Clock.Now()}
+	err := r.Store.Tx(ctx, func(q store.Queries) error { return q.CreateSigner(ctx, s) })
+	if errors.Is(err, store.ErrAlreadyExists) {
+		return nil, fail.Exists("a signer named %q or with fingerprint %s is already registered", s.Name, s.Fingerprint)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// RemoveSigner forgets a registered signer, named by its name or its
+// sha256: fingerprint.
+func (r *Registry) RemoveSigner(ctx context.Context, signer string) error {
+	return r.Store.Tx(ctx, func(q store.Queries) error { return q.DeleteSigner(ctx, signer) })
 }
 
 // Signers returns every signer signatures may verify with: the registered

@@ -81,7 +81,7 @@ func (s *Server) boot(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if len(s.UKIs) > 0 {
-		_, ukiRef, err := s.ukiFor(r.Context(), id)
+		img, ukiRef, err := s.ukiFor(r.Context(), id)
 		if err != nil {
 			s.Log.Error("netboot boot route", "mac", mac, "err", err)
 			http.Error(w, "internal error", http.StatusInternalServerError)
@@ -92,7 +92,7 @@ func (s *Server) boot(w http.ResponseWriter, r *http.Request) {
 			// the per-boot data reaches the node outside it (ADR 0035).
 			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 			w.Header().Set("Cache-Control", "no-store")
-			_, _ = io.WriteString(w, ukiChain(s.Instances.Artifacts.BaseURL, mac))
+			_, _ = io.WriteString(w, ukiChain(s.Instances.Artifacts.BaseURL, mac, img.Cmdline))
 			return
 		}
 	}

@@ -111,6 +111,9 @@ func inspectUKI(file string) (UKI, error) {
 	if strings.Contains(img.Cmdline, "tether.token=") {
 		return UKI{}, errors.New("its command line carries a tether.token: a token is a per-boot secret and must not be in a public image")
 	}
+	if i := strings.IndexAny(img.Cmdline, ipxeUnsafe); i >= 0 {
+		return UKI{}, fmt.Errorf("its command line holds %q at byte %d, which an iPXE script expands or splits on: iPXE machines could not be chained to it", img.Cmdline[i], i)
+	}
 	if strings.Contains(img.Cmdline, "tether.instance=") {
 		return UKI{}, errors.New("its command line names an instance: the image is the template's, and the instance comes per boot (tetherctl bootimage build --handoff)")
 	}
@@ -310,6 +313,17 @@ func (s *Server) ukiHandoff(w http.ResponseWriter, r *http.Request) {
 // ukiChain is the iPXE script that chains a machine to its UKI: the same
 // image UEFI HTTP Boot loads, so an iPXE setup boots it too (iPXE for
 // UEFI hands it to the firmware's loader, which checks its signature).
-func ukiChain(base, mac string) string {
-	return "#!ipxe\nchain " + base + UKIBootPath(mac) + "\n"
+//
+// The script passes the image's own command line. iPXE always gives the
+// image load options (at least the image's name), and without Secure
+// Boot systemd's stub takes load options in place of its .cmdline: the
+// kernel booted with no console, no tether.url and no CA. Under Secure
+// Boot the stub ignores them and the signed .cmdline holds.
+func ukiChain(base, mac, cmdline string) string {
+	return "#!ipxe\nchain " + base + UKIBootPath(mac) + " " + cmdline + "\n"
 }
+
+// ipxeUnsafe are the characters an iPXE script line expands or splits on
+// (settings, quoting, comments, command separators); a command line
+// holding one cannot be passed through ukiChain as it is.
+const ipxeUnsafe = "$\"'\\#|&;"

@@ -120,6 +120,7 @@ func TestLoadUKIs(t *testing.T) {
 	notPE := filepath.Join(t.TempDir(), "vmlinuz")
 	os.WriteFile(notPE, []byte("not a PE file"), 0o644)
 	withToken := buildUKI(t, ukiCmdline+" tether.token=tbt_x")
+	withSetting := buildUKI(t, ukiCmdline+" tether.debug=${net0/mac}")
 	for _, tc := range []struct {
 		name  string
 		specs []string
@@ -133,6 +134,7 @@ func TestLoadUKIs(t *testing.T) {
 		{"not PE", []string{"tpl=" + notPE}, "not a PE image"},
 		{"bare stub", []string{"tpl=" + uki.DefaultStub}, "not a unified kernel image"},
 		{"token in the image", []string{"tpl=" + withToken}, "tether.token"},
+		{"an iPXE setting in the command line", []string{"tpl=" + withSetting}, "'$' at byte"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if _, err := netboot.LoadUKIs(openBlobs(t), tc.specs); err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -215,9 +217,11 @@ func TestUKIRouteServesTheTemplatesImage(t *testing.T) {
 		t.Fatal("serving the image issued a token")
 	}
 
-	// iPXE asking the boot route is chained to the same image, with no token.
+	// iPXE asking the boot route is chained to the same image, with no
+	// token, passing the image's own command line (without Secure Boot
+	// the stub takes iPXE's load options in place of its .cmdline).
 	code, script := f.get(t, netboot.BootPath(mac))
-	if code != http.StatusOK || script != "#!ipxe\nchain http://10.0.2.2:8080/uki/boot?mac="+mac+"\n" {
+	if code != http.StatusOK || script != "#!ipxe\nchain http://10.0.2.2:8080/uki/boot?mac="+mac+" "+ukiCmdline+"\n" {
 		t.Fatalf("boot route for a UKI template: %d %q", code, script)
 	}
 	if f.tokens(t) != 0 {

@@ -13,6 +13,11 @@
 #                            building again (scripts/bench-boot.sh alternates single runs)
 #              FLOOR_MODULE  an erofs root module to boot instead of the example root
 #                            (e.g. .cache/debian-root.erofs, which the Debian e2e caches)
+#              FLOOR_BOOT    direct (default: QEMU's -kernel/-initrd), or bios or uefi: a
+#                            firmware netboot (SeaBIOS, or OVMF, with the NIC's iPXE ROM) over
+#                            QEMU's user-mode DHCP, whose bootfile is a static three-line iPXE
+#                            script fetching the same kernel and initramfs from the file server:
+#                            the simplest firmware path, with nothing of Tether's in it
 #              FLOOR_READY   the console line that ends a run (default the example root's
 #                            TETHER_EXAMPLE_READY; for a systemd root, say
 #                            "- System Initialization.", which ends its sysinit.target line); QEMU is then stopped
@@ -76,6 +81,29 @@ append="console=ttyS0 ip=10.0.2.15::10.0.2.2:255.255.255.0::eth0:off panic=-1"
 append+=" floor.url=http://10.0.2.2:$port/$image floor.sha256=$digest tether.example.poweroff=1"
 append+=" ${FLOOR_APPEND:-}"
 
+# How QEMU gets the kernel: handed to it (direct), or from the network
+# through the firmware and iPXE, as Tether's bios and uefi boots do.
+boot=${FLOOR_BOOT:-direct}
+case $boot in
+  direct) bootargs=(-kernel .cache/kernel/vmlinuz -initrd "$work/initramfs.cpio" -append "$append") ;;
+  bios | uefi)
+    # The file server serves the module folder: the kernel, the initramfs
+    # and the script go beside the module (links, so nothing is copied).
+    ln -sf "$repo/.cache/kernel/vmlinuz" "$work/modules/vmlinuz"
+    ln -sf "$work/initramfs.cpio" "$work/modules/initramfs.cpio"
+    printf '#!ipxe\nkernel http://10.0.2.2:%s/vmlinuz initrd=initramfs %s\ninitrd --name initramfs http://10.0.2.2:%s/initramfs.cpio\nboot\n' \
+      "$port" "$append" "$port" >"$work/modules/floor.ipxe"
+    bootargs=(-boot n)
+    netdev_opts=",bootfile=http://10.0.2.2:$port/floor.ipxe"
+    if [ "$boot" = uefi ]; then
+      code=${FLOOR_OVMF_CODE:-/usr/share/OVMF/OVMF_CODE_4M.fd}
+      [ -s "$code" ] || { echo "floor: $code is missing (apt-get install ovmf)" >&2; exit 1; }
+      cp "${FLOOR_OVMF_VARS:-/usr/share/OVMF/OVMF_VARS_4M.fd}" "$work/ovmf-vars.fd"
+      bootargs+=(-drive "if=pflash,format=raw,unit=0,readonly=on,file=$code" -drive "if=pflash,format=raw,unit=1,file=$work/ovmf-vars.fd")
+    fi ;;
+  *) echo "floor: FLOOR_BOOT is direct, bios or uefi, not $boot" >&2; exit 1 ;;
+esac
+
 times=()
 for i in $(seq "$runs"); do
   log=$work/run$i.log
@@ -85,8 +113,8 @@ for i in $(seq "$runs"); do
   # The marker is printed by the example root's rcS; it then powers off, so
   # QEMU exits on its own; the timeout bounds a VM that hangs.
   timeout "$vm_timeout" qemu-system-x86_64 -pidfile "$work/qemu.pid" -M q35 -accel tcg -cpu "$cpu" -m 512 -smp 1 -nodefaults -nographic \
-    -serial stdio -no-reboot -netdev user,id=n0 -device "virtio-net-pci,netdev=n0${FLOOR_NIC_OPTS:-}" \
-    -kernel .cache/kernel/vmlinuz -initrd "$work/initramfs.cpio" -append "$append" </dev/null 2>&1 |
+    -serial stdio -no-reboot -netdev "user,id=n0${netdev_opts:-}" -device "virtio-net-pci,netdev=n0${FLOOR_NIC_OPTS:-}" \
+    "${bootargs[@]}" </dev/null 2>&1 |
     while IFS= read -r l; do
       case $l in
         *"$ready"*)
@@ -96,6 +124,7 @@ for i in $(seq "$runs"); do
         # Host stamps of the firmware's first line, the kernel's start
         # and /init's, to compare with Tether's phases (e2e bootMarks).
         *"SeaBIOS (version "*) echo "qemu $((($(date +%s%N) - start) / 1000000))" >>"$work/h$i" ;;
+        *"Filename: "*) echo "firmware+DHCP $((($(date +%s%N) - start) / 1000000))" >>"$work/h$i" ;;
         *"Linux version "*) echo "kernel-start $((($(date +%s%N) - start) / 1000000))" >>"$work/h$i" ;;
         *"floor: /init started"*) echo "init $((($(date +%s%N) - start) / 1000000))" >>"$work/h$i" ;;
       esac

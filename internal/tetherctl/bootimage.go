@@ -125,6 +125,7 @@ func (a *App) bootimageCmd() *cobra.Command {
 	f.StringVar(&spec.Kernel, "kernel", "", "the kernel (bzImage) (required)")
 	f.StringVar(&spec.Initramfs, "initramfs", "", "Tether's initramfs, as `make initramfs` builds it (required)")
 	f.StringVar(&spec.Stub, "stub", uki.DefaultStub, "systemd's EFI stub (Debian: systemd-boot-efi)")
+	f.StringVar((*string)(&spec.Compress), "compress", string(uki.CompressLZ4), "how the image stores the initramfs: lz4 (smaller, so faster to download and to verify under Secure Boot; the kernel needs CONFIG_RD_LZ4) or none; an initramfs already compressed is stored as given")
 	f.StringVar(&cpURL, "url", "", "the control plane as nodes reach it, https://HOST:PORT (required)")
 	f.StringVar(&caFP, "ca", "", "the CA fingerprint nodes pin, sha256:HEX (default: the client config's CA)")
 	f.StringSliceVar(&signers, "signers", nil, "module signer fingerprints the node anchors (tether.signers)")

@@ -37,6 +37,9 @@ type Spec struct {
 	Cmdline                 string
 	// OSRelease is the .osrel section (default: a Tether node's).
 	OSRelease string
+	// Compress is how the initramfs is stored ("": lz4). An initramfs
+	// already compressed is stored as given.
+	Compress Compression
 }
 
 // Sections, in the order they are added after the stub's own.
@@ -85,6 +88,10 @@ func Build(ctx context.Context, t Tools, s Spec, out string) error {
 	if err := CheckCmdline(s.Cmdline); err != nil {
 		return err
 	}
+	compress, err := ParseCompression(string(s.Compress))
+	if err != nil {
+		return err
+	}
 	for _, f := range []struct{ flag, path string }{{"stub", s.Stub}, {"kernel", s.Kernel}, {"initramfs", s.Initramfs}} {
 		if f.path == "" {
 			return fmt.Errorf("uki: no %s given", f.flag)
@@ -112,7 +119,11 @@ func Build(ctx context.Context, t Tools, s Spec, out string) error {
 	if err := os.WriteFile(cmdline, []byte(s.Cmdline), 0o644); err != nil {
 		return fmt.Errorf("uki: %w", err)
 	}
-	files := map[string]string{".osrel": osrel, ".cmdline": cmdline, ".linux": s.Kernel, ".initrd": s.Initramfs}
+	initrd, err := stageInitramfs(s.Initramfs, tmp, compress)
+	if err != nil {
+		return err
+	}
+	files := map[string]string{".osrel": osrel, ".cmdline": cmdline, ".linux": s.Kernel, ".initrd": initrd}
 	next, align, err := stubEnd(s.Stub)
 	if err != nil {
 		return err

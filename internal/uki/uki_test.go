@@ -3,10 +3,13 @@ package uki
 import (
 	"bytes"
 	"context"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/pierrec/lz4/v4"
 )
 
 // tools skips loudly without objcopy, sbsign or the stub.
@@ -38,7 +41,7 @@ func inputs(t *testing.T) (dir, kernel, initrd string) {
 func TestBuildIsReproducibleAndCarriesItsInputs(t *testing.T) {
 	tl := tools(t, false)
 	dir, kernel, initrd := inputs(t)
-	spec := Spec{Kernel: kernel, Initramfs: initrd, Cmdline: "console=ttyS0 tether.url=https://10.0.2.2:7443 tether.ca=sha256:ab"}
+	spec := Spec{Kernel: kernel, Initramfs: initrd, Cmdline: "console=ttyS0 tether.url=https://10.0.2.2:7443 tether.ca=sha256:ab", Compress: CompressNone}
 	a, b := filepath.Join(dir, "a.efi"), filepath.Join(dir, "b.efi")
 	for _, out := range []string{a, b} {
 		if err := Build(context.Background(), tl, spec, out); err != nil {
@@ -99,5 +102,79 @@ func TestBuildRefuses(t *testing.T) {
 	if err := Build(context.Background(), tl, Spec{Stub: img, Kernel: kernel, Initramfs: initrd}, filepath.Join(dir, "twice.efi")); err == nil ||
 		!strings.Contains(err.Error(), "already has") {
 		t.Fatalf("building on an image: %v", err)
+	}
+}
+
+// The initramfs is stored in the legacy LZ4 format the kernel unpacks,
+// the same bytes every build; none stores it as given; an initramfs
+// already compressed is never compressed twice; an unknown compression
+// is refused before anything is written.
+func TestBuildCompressesTheInitramfs(t *testing.T) {
+	tl := tools(t, false)
+	dir, kernel, initrd := inputs(t)
+	raw, _ := os.ReadFile(initrd)
+	gz := filepath.Join(dir, "initrd.gz")
+	os.WriteFile(gz, append([]byte{0x1f, 0x8b, 8, 0}, bytes.Repeat([]byte("z"), 100)...), 0o644)
+	gzBytes, _ := os.ReadFile(gz)
+	tests := []struct {
+		name      string
+		initramfs string
+		compress  Compression
+		want      func(t *testing.T, section []byte)
+	}{
+		{"default is lz4", initrd, "", func(t *testing.T, sec []byte) { wantLZ4Of(t, sec, raw) }},
+		{"lz4", initrd, CompressLZ4, func(t *testing.T, sec []byte) { wantLZ4Of(t, sec, raw) }},
+		{"none", initrd, CompressNone, func(t *testing.T, sec []byte) {
+			if !bytes.Equal(sec, raw) {
+				t.Errorf(".initrd: %d bytes, want the %d given", len(sec), len(raw))
+			}
+		}},
+		{"already gzip", gz, CompressLZ4, func(t *testing.T, sec []byte) {
+			if !bytes.Equal(sec, gzBytes) {
+				t.Errorf(".initrd of a gzip initramfs: %d bytes, want it stored as given (%d)", len(sec), len(gzBytes))
+			}
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var digests []string
+			for i := range 2 {
+				out := filepath.Join(dir, tc.name+string(rune('a'+i))+".efi")
+				if err := Build(context.Background(), tl, Spec{Kernel: kernel, Initramfs: tc.initramfs, Compress: tc.compress}, out); err != nil {
+					t.Fatal(err)
+				}
+				sec, err := Section(out, ".initrd")
+				if err != nil {
+					t.Fatal(err)
+				}
+				tc.want(t, sec)
+				d, _ := Digest(out)
+				digests = append(digests, d)
+			}
+			if digests[0] != digests[1] {
+				t.Fatalf("two builds differ: %v", digests)
+			}
+		})
+	}
+	out := filepath.Join(dir, "xz.efi")
+	if err := Build(context.Background(), tl, Spec{Kernel: kernel, Initramfs: initrd, Compress: "xz"}, out); err == nil || !strings.Contains(err.Error(), `"xz"`) {
+		t.Fatalf("an unknown compression: %v, want a refusal naming it", err)
+	}
+	if _, err := os.Stat(out); err == nil {
+		t.Fatal("a refused build wrote its output")
+	}
+}
+
+func wantLZ4Of(t *testing.T, sec, raw []byte) {
+	t.Helper()
+	if !bytes.HasPrefix(sec, []byte{0x02, 0x21, 0x4c, 0x18}) {
+		t.Fatalf(".initrd starts % x, want the legacy LZ4 magic the kernel reads", sec[:min(4, len(sec))])
+	}
+	got, err := io.ReadAll(lz4.NewReader(bytes.NewReader(sec)))
+	if err != nil {
+		t.Fatalf("unpack .initrd: %v", err)
+	}
+	if !bytes.Equal(got, raw) {
+		t.Fatalf(".initrd unpacks to %d bytes, want the %d given", len(got), len(raw))
 	}
 }

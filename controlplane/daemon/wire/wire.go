@@ -122,6 +122,10 @@ type Services struct {
 	Catalog      *catalog.Service
 	Certificates *certificates.Service
 	Registry     *modules.Registry
+	// Ready is what the agent API calls on an agent's ready report: the
+	// instance service with the pool's hook (a warming member becomes
+	// ready in the same transaction).
+	Ready instances.Readiness
 }
 
 // NewServices builds every service over d.
@@ -145,7 +149,7 @@ func NewServices(d Deps) (*Services, error) {
 		Presence:     &presence.Tracker{Store: st, Clock: clk, Log: log, Lease: t.PresenceLease, Replica: d.Replica},
 		Enroll:       &enroll.Service{Store: st, CA: d.CA, Clock: clk, Log: log, MeasuredBoot: d.MeasuredBoot},
 		Catalog:      &catalog.Service{Store: st, Clock: clk},
-		Certificates: &certificates.Service{Store: st, Clock: clk},
+		Certificates: &certificates.Service{Store: st, Clock: clk, CA: d.CA},
 		Registry:     &modules.Registry{Store: st, Blobs: d.Blobs, Clock: clk, Log: log, StaticSigners: d.SigningKeys},
 	}
 	// The pool service replenishes on nudges the instance service sends:
@@ -159,6 +163,7 @@ func NewServices(d Deps) (*Services, error) {
 		Lease: t.WorkerLease, Poll: t.WorkerPoll, Handlers: s.Instances.Handlers()}
 	s.Pools = &pool.Service{Store: st, Clock: clk, Log: log.With("component", "pool"), Instances: s.Instances,
 		StaleHeartbeatAfter: t.SilentAfter, MaxHeartbeatsPerSecond: t.MaxHeartbeatsPerSecond, Nudges: nudges}
+	s.Ready = instances.Readiness{Instances: s.Instances, Hooks: []instances.ReadyHook{s.Pools.ReadyHook}}
 	s.Liveness = &liveness.Sensor{Store: st, Clock: clk, Log: log, Instances: s.Instances, SilentAfter: t.SilentAfter,
 		DeadAfter: t.PresumedDeadAfter, MaxHeartbeatsPerSecond: t.MaxHeartbeatsPerSecond, BootTimeout: t.BootTimeout, SwitchTimeout: t.SwitchTimeout}
 	s.Sync = &provsync.Syncer{Store: st, Clock: clk, Log: log, Instances: s.Instances, StreamLostConfirm: t.StreamLostConfirm}

@@ -208,3 +208,109 @@ func TestServiceInANamespace(t *testing.T) {
 		t.Fatalf("stored lease: %+v %v", l, err)
 	}
 }
+
+// TestRouterAdvertisementsWaitForTheLinkLocal: the service starts while
+// its interface has no carrier (the far end down, as a bridge whose tap
+// QEMU has not opened yet), so its IPv6 link-local address is still
+// tentative. Once the link comes up, a solicitation is answered all the
+// same. Before, the service gave up on advertisements at start, and every
+// full-mode boot waited out iPXE's IPv6 autoconfiguration.
+func TestRouterAdvertisementsWaitForTheLinkLocal(t *testing.T) {
+	ns := netnstest.New(t, "10.213.1.1/24")
+	if out, err := exec.Command("ip", "-n", ns.ClientName, "link", "set", ns.Client, "down").CombinedOutput(); err != nil {
+		t.Fatalf("take the client end down: %v %s", err, out)
+	}
+	out, _ := exec.Command("ip", "-n", ns.Name, "-6", "addr", "show", "dev", ns.Server, "scope", "link").CombinedOutput()
+	if strings.Contains(string(out), "fe80") && !strings.Contains(string(out), "tentative") {
+		t.Skipf("SKIP: the server end's link-local address is usable without a carrier here (%s); nothing to test", out)
+	}
+	st, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "t.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "undionly.kpxe"), []byte("kpxe"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	logs := &strings.Builder{}
+	var mu = make(chan struct{}, 1)
+	mu <- struct{}{}
+	o := Options{Interface: ns.Server, Mode: "full", Range: "10.213.1.100-10.213.1.110", Router: "10.213.1.1", IPXEDir: dir}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	ns.Go(func() {
+		cfg, err := o.Config("http://10.213.1.1:8080")
+		if err != nil {
+			done <- err
+			return
+		}
+		h := slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
+			<-mu
+			defer func() { mu <- struct{}{} }()
+			return logs.Write(p)
+		}), nil)
+		svc := &Service{Options: o, Config: cfg, Store: st, Clock: clock.Real{}, Log: slog.New(h)}
+		done <- svc.Run(ctx)
+	})
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	if out, err := exec.Command("ip", "-n", ns.ClientName, "link", "set", ns.Client, "up").CombinedOutput(); err != nil {
+		t.Fatalf("bring the client end up: %v %s", err, out)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	var ra *ndp.RouterAdvertisement
+	err = ns.DoClient(func() error {
+		ifi, err := net.InterfaceByName(ns.Client)
+		if err != nil {
+			return err
+		}
+		// The client's own link-local address passes duplicate detection
+		// first (about a second).
+		var rc *ndp.Conn
+		for time.Now().Before(deadline) {
+			if rc, _, err = ndp.Listen(ifi, ndp.LinkLocal); err == nil {
+				break
+			}
+			time.Sleep(100 * time.Millisecond) // polls the kernel's address state; nothing to wait on
+		}
+		if err != nil {
+			return err
+		}
+		defer rc.Close()
+		// Solicit until answered: the server's address finishes its own
+		// duplicate detection on the same schedule.
+		for ra == nil && time.Now().Before(deadline) {
+			_ = rc.WriteTo(&ndp.RouterSolicitation{}, nil, netip.MustParseAddr("ff02::2"))
+			_ = rc.SetReadDeadline(time.Now().Add(time.Second))
+			for ra == nil {
+				m, _, _, err := rc.ReadFrom()
+				if err != nil {
+					break
+				}
+				ra, _ = m.(*ndp.RouterAdvertisement)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-mu
+	l := logs.String()
+	mu <- struct{}{}
+	if ra == nil {
+		t.Fatalf("no router advertisement within 20 s of the link coming up; the service logged:\n%s", l)
+	}
+	if strings.Contains(l, "router advertisements off") {
+		t.Fatalf("the service turned advertisements off:\n%s", l)
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }

@@ -1,4 +1,4 @@
-package api
+package revocation
 
 import (
 	"bytes"
@@ -38,7 +38,7 @@ func TestRevocationReloadFailuresAreLoudAndFailClosed(t *testing.T) {
 	ctx := context.Background()
 	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 	st := &revokedStore{serials: []string{"01"}}
-	r := NewRevocations()
+	r := NewSet()
 	if err := r.Load(ctx, st, now); err != nil {
 		t.Fatal(err)
 	}
@@ -65,10 +65,10 @@ func TestRevocationReloadFailuresAreLoudAndFailClosed(t *testing.T) {
 		if got := testutil.ToFloat64(failures); got != s.failures {
 			t.Fatalf("step %d: %v failures counted, want %v", i, got, s.failures)
 		}
-		if got := fail.Code(r.check("02")); got != s.code {
+		if got := fail.Code(r.Check("02")); got != s.code {
 			t.Fatalf("step %d: a good certificate got %v, want %v", i, got, s.code)
 		}
-		if got := fail.Code(r.check("01")); got == codes.OK {
+		if got := fail.Code(r.Check("01")); got == codes.OK {
 			t.Fatalf("step %d: the revoked certificate was let in", i)
 		}
 	}
@@ -83,7 +83,7 @@ func TestRevocationReloadFailuresAreLoudAndFailClosed(t *testing.T) {
 // A revocation ends only the streams of its serial, at once for one
 // already revoked, and never one that stopped listening.
 func TestOnRevokeCallsOnlyTheRevokedSerial(t *testing.T) {
-	r := NewRevocations()
+	r := NewSet()
 	calls := map[string]int{}
 	stopA := r.OnRevoke("0a", func() { calls["a"]++ })
 	r.OnRevoke("0b", func() { calls["b"]++ })

@@ -1,35 +1,40 @@
-package api
+// Package pools serves the pool RPCs of AdminService (docs/design.md §4).
+// The logic lives in controlplane/pool; these handlers translate the
+// request, name the caller and convert the answer.
+package pools
 
 import (
 	"context"
 	"time"
 
+	"github.com/tetherfleet/tether/controlplane/api/admin/adminkit"
 	"github.com/tetherfleet/tether/controlplane/fail"
 	"github.com/tetherfleet/tether/controlplane/pool"
 	"github.com/tetherfleet/tether/controlplane/store"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
 
-// The pool RPCs (docs/design.md §4). The logic lives in controlplane/pool; these
-// handlers translate the request, name the caller and convert the answer.
+// Config is what the pool RPCs use.
+type Config struct {
+	// Pools serves the pool RPCs (nil: they answer Unavailable, for a
+	// control plane built without pools).
+	Pools *pool.Service
+}
 
-func (a *adminServer) pools() (*pool.Service, error) {
-	if a.Pools == nil {
+// Server serves the pool RPCs of AdminService.
+type Server struct {
+	cfg Config
+}
+
+// New builds the pool RPCs. Every dependency is optional: without Pools
+// each RPC says pools are not wired.
+func New(cfg Config) (*Server, error) { return &Server{cfg: cfg}, nil }
+
+func (a *Server) pools() (*pool.Service, error) {
+	if a.cfg.Pools == nil {
 		return nil, fail.Unavailable("pools are not wired into this control plane")
 	}
-	return a.Pools, nil
-}
-
-// LifecycleClassName is the stored form of a lifecycle class ("" for
-// unspecified).
-func LifecycleClassName(c v1.LifecycleClass) string { return storedName("LIFECYCLE_CLASS_", c) }
-
-func lifecycleClass(name string) v1.LifecycleClass {
-	return fromStored[v1.LifecycleClass]("LIFECYCLE_CLASS_", name, v1.LifecycleClass_value)
-}
-
-func poolStatus(name string) v1.PoolStatus {
-	return fromStored[v1.PoolStatus]("POOL_STATUS_", name, v1.PoolStatus_value)
+	return a.cfg.Pools, nil
 }
 
 func metadataIn(m *v1.PoolMetadata) store.PoolMetadata {
@@ -54,19 +59,19 @@ func PoolProto(v *pool.View) *v1.Pool {
 	days := int32(*m.RecordRetentionDays)
 	out := &v1.Pool{
 		Id: p.ID, Name: p.Name, TemplateId: p.TemplateID.String(), TemplateName: v.TemplateName, Provider: p.Provider, Region: p.Region,
-		InstanceType: p.InstanceType, LifecycleClass: lifecycleClass(p.LifecycleClass), TargetSize: int32(p.TargetSize),
-		MinSize: int32(p.MinSize), MaxSize: int32(p.MaxSize), Status: poolStatus(p.Status),
+		InstanceType: p.InstanceType, LifecycleClass: adminkit.LifecycleClass(p.LifecycleClass), TargetSize: int32(p.TargetSize),
+		MinSize: int32(p.MinSize), MaxSize: int32(p.MaxSize), Status: adminkit.PoolStatus(p.Status),
 		Metadata: &v1.PoolMetadata{WarmingTimeoutSeconds: int32(m.WarmingTimeoutSeconds), ReadyTtlSeconds: int32(m.ReadyTTLSeconds),
 			ClaimedTtlSeconds: int32(m.ClaimedTTLSeconds), RecordRetentionDays: &days, ReuseWithoutReset: m.ReuseWithoutReset,
 			ErroredTerminateMaxAttempts: int32(m.ErroredTerminateMaxAttempts)},
 		Counts: &v1.PoolCounts{Ready: int32(v.Counts.Ready), Warming: int32(v.Counts.Warming), Claimed: int32(v.Counts.Claimed),
 			Draining: int32(v.Counts.Draining), Errored: int32(v.Counts.Errored), Deficit: int32(v.Deficit)},
-		LastReplenishedAt: ntsp(p.LastReplenishedAt), CreatedAt: tsp(p.CreatedAt), UpdatedAt: tsp(p.UpdatedAt),
+		LastReplenishedAt: adminkit.TimestampPtr(p.LastReplenishedAt), CreatedAt: adminkit.Timestamp(p.CreatedAt), UpdatedAt: adminkit.Timestamp(p.UpdatedAt),
 	}
 	for _, mb := range v.Members {
 		in := mb.Instance
-		out.Members = append(out.Members, &v1.PoolMember{InstanceId: in.ID, NodeName: mb.NodeName, PoolState: poolState(in.PoolState),
-			Status: instanceStatus(in.Status), PoolWarmingStartedAt: ntsp(in.PoolWarmingStartedAt), PoolAcquiredAt: ntsp(in.PoolAcquiredAt)})
+		out.Members = append(out.Members, &v1.PoolMember{InstanceId: in.ID, NodeName: mb.NodeName, PoolState: adminkit.PoolState(in.PoolState),
+			Status: adminkit.InstanceStatus(in.Status), PoolWarmingStartedAt: adminkit.TimestampPtr(in.PoolWarmingStartedAt), PoolAcquiredAt: adminkit.TimestampPtr(in.PoolAcquiredAt)})
 	}
 	return out
 }
@@ -78,13 +83,13 @@ func poolReply(v *pool.View, err error) (*v1.Pool, error) {
 	return PoolProto(v), nil
 }
 
-func (a *adminServer) CreatePool(ctx context.Context, req *v1.CreatePoolRequest) (*v1.Pool, error) {
+func (a *Server) CreatePool(ctx context.Context, req *v1.CreatePoolRequest) (*v1.Pool, error) {
 	ps, err := a.pools()
 	if err != nil {
 		return nil, err
 	}
 	p := pool.CreateParams{Name: req.Name, Template: req.Template, Provider: req.Provider, Region: req.Region,
-		InstanceType: req.InstanceType, LifecycleClass: LifecycleClassName(req.LifecycleClass),
+		InstanceType: req.InstanceType, LifecycleClass: adminkit.LifecycleClassName(req.LifecycleClass),
 		TargetSize: int(req.TargetSize), MinSize: int(req.MinSize), Metadata: metadataIn(req.Metadata)}
 	if req.MaxSize != nil {
 		m := int(*req.MaxSize)
@@ -93,7 +98,7 @@ func (a *adminServer) CreatePool(ctx context.Context, req *v1.CreatePoolRequest)
 	return poolReply(ps.Create(ctx, p))
 }
 
-func (a *adminServer) GetPool(ctx context.Context, req *v1.GetPoolRequest) (*v1.Pool, error) {
+func (a *Server) GetPool(ctx context.Context, req *v1.GetPoolRequest) (*v1.Pool, error) {
 	ps, err := a.pools()
 	if err != nil {
 		return nil, err
@@ -101,12 +106,12 @@ func (a *adminServer) GetPool(ctx context.Context, req *v1.GetPoolRequest) (*v1.
 	return poolReply(ps.Get(ctx, req.Name))
 }
 
-func (a *adminServer) ListPools(ctx context.Context, req *v1.ListPoolsRequest) (*v1.ListPoolsResponse, error) {
+func (a *Server) ListPools(ctx context.Context, req *v1.ListPoolsRequest) (*v1.ListPoolsResponse, error) {
 	ps, err := a.pools()
 	if err != nil {
 		return nil, err
 	}
-	pg, err := page(req.PageSize, req.PageToken)
+	pg, err := adminkit.Page(req.PageSize, req.PageToken)
 	if err != nil {
 		return nil, err
 	}
@@ -115,15 +120,15 @@ func (a *adminServer) ListPools(ctx context.Context, req *v1.ListPoolsRequest) (
 		return nil, err
 	}
 	out := &v1.ListPoolsResponse{}
-	var b budget
+	var b adminkit.Budget
 	for _, v := range vs {
 		pp := PoolProto(v)
-		if !b.fits(pp) {
+		if !b.Fits(pp) {
 			break
 		}
 		out.Pools = append(out.Pools, pp)
 	}
-	if b.more(len(out.Pools), len(vs), pg.Limit) {
+	if b.More(len(out.Pools), len(vs), pg.Limit) {
 		out.NextPageToken = vs[len(out.Pools)-1].Pool.Name
 	}
 	return out, nil
@@ -138,7 +143,7 @@ var poolUpdateFields = func() []string {
 	return out
 }()
 
-func (a *adminServer) UpdatePool(ctx context.Context, req *v1.UpdatePoolRequest) (*v1.Pool, error) {
+func (a *Server) UpdatePool(ctx context.Context, req *v1.UpdatePoolRequest) (*v1.Pool, error) {
 	ps, err := a.pools()
 	if err != nil {
 		return nil, err
@@ -146,16 +151,16 @@ func (a *adminServer) UpdatePool(ctx context.Context, req *v1.UpdatePoolRequest)
 	if req.Name == "" {
 		return nil, fail.Invalid("name", "required")
 	}
-	mask, err := updateMask(req.UpdateMask, poolUpdateFields...)
+	mask, err := adminkit.UpdateMask(req.UpdateMask, poolUpdateFields...)
 	if err != nil {
 		return nil, err
 	}
 	return poolReply(ps.Update(ctx, pool.UpdateParams{Name: req.Name, Mask: mask, TargetSize: int(req.TargetSize),
-		MinSize: int(req.MinSize), MaxSize: int(req.MaxSize), LifecycleClass: LifecycleClassName(req.LifecycleClass),
+		MinSize: int(req.MinSize), MaxSize: int(req.MaxSize), LifecycleClass: adminkit.LifecycleClassName(req.LifecycleClass),
 		Metadata: metadataIn(req.Metadata)}))
 }
 
-func (a *adminServer) PausePool(ctx context.Context, req *v1.PoolActionRequest) (*v1.Pool, error) {
+func (a *Server) PausePool(ctx context.Context, req *v1.PoolActionRequest) (*v1.Pool, error) {
 	ps, err := a.pools()
 	if err != nil {
 		return nil, err
@@ -163,7 +168,7 @@ func (a *adminServer) PausePool(ctx context.Context, req *v1.PoolActionRequest) 
 	return poolReply(ps.Pause(ctx, req.Name))
 }
 
-func (a *adminServer) ActivatePool(ctx context.Context, req *v1.PoolActionRequest) (*v1.Pool, error) {
+func (a *Server) ActivatePool(ctx context.Context, req *v1.PoolActionRequest) (*v1.Pool, error) {
 	ps, err := a.pools()
 	if err != nil {
 		return nil, err
@@ -171,7 +176,7 @@ func (a *adminServer) ActivatePool(ctx context.Context, req *v1.PoolActionReques
 	return poolReply(ps.Activate(ctx, req.Name))
 }
 
-func (a *adminServer) DrainPool(ctx context.Context, req *v1.PoolActionRequest) (*v1.DrainPoolResponse, error) {
+func (a *Server) DrainPool(ctx context.Context, req *v1.PoolActionRequest) (*v1.DrainPoolResponse, error) {
 	ps, err := a.pools()
 	if err != nil {
 		return nil, err
@@ -184,7 +189,7 @@ func (a *adminServer) DrainPool(ctx context.Context, req *v1.PoolActionRequest) 
 		ClaimedRemaining: int32(r.ClaimedRemaining), FailedInstanceIds: r.FailedIDs}, nil
 }
 
-func (a *adminServer) DeletePool(ctx context.Context, req *v1.PoolActionRequest) (*v1.DeletePoolResponse, error) {
+func (a *Server) DeletePool(ctx context.Context, req *v1.PoolActionRequest) (*v1.DeletePoolResponse, error) {
 	ps, err := a.pools()
 	if err != nil {
 		return nil, err
@@ -195,7 +200,7 @@ func (a *adminServer) DeletePool(ctx context.Context, req *v1.PoolActionRequest)
 	return &v1.DeletePoolResponse{}, nil
 }
 
-func (a *adminServer) ReplenishPool(ctx context.Context, req *v1.PoolActionRequest) (*v1.ReplenishPoolResponse, error) {
+func (a *Server) ReplenishPool(ctx context.Context, req *v1.PoolActionRequest) (*v1.ReplenishPoolResponse, error) {
 	ps, err := a.pools()
 	if err != nil {
 		return nil, err
@@ -207,7 +212,7 @@ func (a *adminServer) ReplenishPool(ctx context.Context, req *v1.PoolActionReque
 	return &v1.ReplenishPoolResponse{Pool: PoolProto(v), Provisioned: int32(r.Provisioned), ProvisionFailed: int32(r.Failed)}, nil
 }
 
-func (a *adminServer) RecyclePool(ctx context.Context, req *v1.PoolActionRequest) (*v1.RecyclePoolResponse, error) {
+func (a *Server) RecyclePool(ctx context.Context, req *v1.PoolActionRequest) (*v1.RecyclePoolResponse, error) {
 	ps, err := a.pools()
 	if err != nil {
 		return nil, err
@@ -221,26 +226,26 @@ func (a *adminServer) RecyclePool(ctx context.Context, req *v1.PoolActionRequest
 		TerminateFailed: int32(r.TerminateFailed)}, nil
 }
 
-func (a *adminServer) AcquirePoolMember(ctx context.Context, req *v1.AcquirePoolMemberRequest) (*v1.AcquirePoolMemberResponse, error) {
+func (a *Server) AcquirePoolMember(ctx context.Context, req *v1.AcquirePoolMemberRequest) (*v1.AcquirePoolMemberResponse, error) {
 	ps, err := a.pools()
 	if err != nil {
 		return nil, err
 	}
 	c, err := ps.Acquire(ctx, pool.AcquireParams{PoolID: req.PoolId, PoolName: req.PoolName,
-		LifecycleClass: LifecycleClassName(req.LifecycleClass), AcquiredBy: req.AcquiredBy, AcquiredFor: req.AcquiredFor})
+		LifecycleClass: adminkit.LifecycleClassName(req.LifecycleClass), AcquiredBy: req.AcquiredBy, AcquiredFor: req.AcquiredFor})
 	if err != nil {
 		return nil, err
 	}
-	return &v1.AcquirePoolMemberResponse{ClaimId: c.ID, Instance: InstanceProto(c.Instance, c.NodeName),
+	return &v1.AcquirePoolMemberResponse{ClaimId: c.ID, Instance: adminkit.InstanceProto(c.Instance, c.NodeName),
 		PoolId: c.Pool.ID, PoolName: c.Pool.Name}, nil
 }
 
-func (a *adminServer) ReleasePoolMember(ctx context.Context, req *v1.ReleasePoolMemberRequest) (*v1.ReleasePoolMemberResponse, error) {
+func (a *Server) ReleasePoolMember(ctx context.Context, req *v1.ReleasePoolMemberRequest) (*v1.ReleasePoolMemberResponse, error) {
 	ps, err := a.pools()
 	if err != nil {
 		return nil, err
 	}
-	r, err := ps.Release(ctx, req.InstanceId, a.callerName(ctx))
+	r, err := ps.Release(ctx, req.InstanceId, adminkit.CallerName(ctx))
 	if err != nil {
 		return nil, err
 	}
@@ -248,6 +253,6 @@ func (a *adminServer) ReleasePoolMember(ctx context.Context, req *v1.ReleasePool
 	// claim is closed. The terminate's error is on the instance
 	// (error_message) and in the pool.released and pool.terminate_failed
 	// events.
-	return &v1.ReleasePoolMemberResponse{Disposition: r.Disposition, Instance: InstanceProto(r.Instance, r.NodeName),
+	return &v1.ReleasePoolMemberResponse{Disposition: r.Disposition, Instance: adminkit.InstanceProto(r.Instance, r.NodeName),
 		ClaimId: r.ClaimID, HeldSeconds: int64(r.Held / time.Second)}, nil
 }

@@ -1,4 +1,4 @@
-package api
+package agenthub
 
 import (
 	"context"
@@ -34,9 +34,9 @@ func (c *countingStore) ListTasks(ctx context.Context, f store.TaskFilter, p sto
 // testConn is a registered stream that records its wake-ups.
 type testConn struct{ woke chan struct{} }
 
-func registerTest(h *AgentHub, id string) *testConn {
+func registerTest(h *Hub, id string) *testConn {
 	c := &testConn{woke: make(chan struct{}, 1)}
-	h.register(id, func() {
+	h.Register(id, func() {
 		select {
 		case c.woke <- struct{}{}:
 		default:
@@ -65,7 +65,7 @@ func TestSweepWakesOnlyStreamsWithWork(t *testing.T) {
 	}
 	defer db.Close()
 	st := &countingStore{Store: db}
-	hub := NewAgentHub(AgentHubConfig{Store: st, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Flush: time.Second})
+	hub := New(Config{Store: st, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Flush: time.Second})
 
 	if n, err := hub.SweepWork(ctx); err != nil || n != 0 || st.sweeps.Load() != 0 {
 		t.Fatalf("sweep with no streams: woke %d, %v, %d queries; want no query at all", n, err, st.sweeps.Load())
@@ -134,7 +134,7 @@ func TestNotificationIsNotHeldBehindAHeartbeatFlush(t *testing.T) {
 	}
 	defer db.Close()
 	st := &blockingTx{Store: db, entered: make(chan struct{}), release: make(chan struct{})}
-	hub := NewAgentHub(AgentHubConfig{Store: st, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Flush: time.Millisecond})
+	hub := New(Config{Store: st, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Flush: time.Millisecond})
 	c := registerTest(hub, "i-1")
 	hub.Heartbeat(store.Heartbeat{InstanceID: "i-1", At: time.Now(), Phase: "ready"})
 	runCtx, stopRun := context.WithCancel(ctx)
@@ -157,7 +157,7 @@ func TestNotificationIsNotHeldBehindAHeartbeatFlush(t *testing.T) {
 // The hub announces each doubling of the fleet past 500 streams, once,
 // and never a shrink: streams resend their settings on the announcement.
 func TestGrownAnnouncesEachDoubling(t *testing.T) {
-	h := NewAgentHub(AgentHubConfig{Log: slog.New(slog.DiscardHandler), Flush: time.Second})
+	h := New(Config{Log: slog.New(slog.DiscardHandler), Flush: time.Second})
 	closed := func(ch <-chan struct{}) bool {
 		select {
 		case <-ch:
@@ -166,13 +166,13 @@ func TestGrownAnnouncesEachDoubling(t *testing.T) {
 			return false
 		}
 	}
-	conns := map[string]*agentConn{}
+	conns := map[string]*Conn{}
 	next := 0
 	connect := func(from, to int) {
 		for range to - from {
 			next++
 			id := fmt.Sprintf("i-%d", next)
-			conns[id] = h.register(id, func() {}, func() {})
+			conns[id] = h.Register(id, func() {}, func() {})
 		}
 	}
 	for _, tc := range []struct {
@@ -196,7 +196,7 @@ func TestGrownAnnouncesEachDoubling(t *testing.T) {
 				if len(conns) == tc.to {
 					break
 				}
-				h.unregister(id, c)
+				h.Unregister(id, c)
 				delete(conns, id)
 			}
 		}
