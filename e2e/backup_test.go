@@ -113,7 +113,7 @@ func TestBackupUnderLoadRestoresIntoANewControlPlane(t *testing.T) {
 
 func restoreEvents(ctx context.Context, t *testing.T, cp *testcp.ControlPlane) []*v1.FleetEvent {
 	t.Helper()
-	resp, err := cp.Admin.ListEvents(ctx, &v1.ListEventsRequest{Kind: events.ControlPlaneRestored})
+	resp, err := cp.Admin.ListEvents(ctx, &v1.ListEventsRequest{Kind: events.ControlPlaneRestored.String()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -75,7 +75,7 @@ func TestSweepWakesOnlyStreamsWithWork(t *testing.T) {
 		conns[id] = registerTest(hub, id)
 	}
 	now := time.Now()
-	add := func(instance, status string, cancel bool) {
+	add := func(instance string, status store.TaskStatus, cancel bool) {
 		tk := &store.Task{Target: store.TaskTargetAgent, InstanceID: instance, Kind: "reboot", Payload: []byte(`{}`),
 			Status: status, MaxAttempts: 1, CancelRequested: cancel, CreatedAt: now, UpdatedAt: now}
 		if status == store.TaskRunning {

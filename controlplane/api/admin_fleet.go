@@ -28,7 +28,7 @@ func (a *adminServer) ProvisionInstance(ctx context.Context, req *v1.ProvisionIn
 		return nil, err
 	}
 	return &v1.ProvisionInstanceResponse{
-		Instance: InstanceProto(res.Instance, res.Node.Name), TaskId: res.TaskID, BootstrapToken: res.Token,
+		Instance: InstanceProto(res.Instance, res.Node.Name), TaskId: res.TaskID.String(), BootstrapToken: res.Token,
 		CaFingerprint: a.CA.Fingerprint(), ControlPlaneUrl: a.AgentURL, Existing: res.Existed,
 	}, nil
 }

@@ -15,7 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/tetherfleet/tether/controlplane/agenthub"
-	"github.com/tetherfleet/tether/controlplane/api/admin/adminkit"
+	"github.com/tetherfleet/tether/controlplane/api/protoconv"
 	"github.com/tetherfleet/tether/controlplane/fail"
 	"github.com/tetherfleet/tether/controlplane/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/modules"
@@ -288,7 +288,7 @@ func (a *agentServer) Connect(stream v1.AgentService_ConnectServer) error {
 	// No per-stream poll: work arrives by notification, and the hub's one
 	// sweep query (AgentHub.SweepWork) wakes the streams whose
 	// notification was lost. An idle stream costs no CPU.
-	sentCancel := map[string]bool{}
+	sentCancel := map[store.TaskID]bool{}
 	resend := settingsResend{clock: a.Clock}
 	for look := true; ; {
 		if look {
@@ -384,7 +384,7 @@ func (a *agentServer) settings() *v1.Settings {
 }
 
 // push leases the instance's pending tasks to it and relays cancellations.
-func (a *agentServer) push(ctx context.Context, id string, stream v1.AgentService_ConnectServer, sentCancel map[string]bool) error {
+func (a *agentServer) push(ctx context.Context, id string, stream v1.AgentService_ConnectServer, sentCancel map[store.TaskID]bool) error {
 	pending, cancels, err := a.Tasks.Open(ctx, id)
 	if err != nil {
 		a.Log.Warn("read open tasks", "instance", id, "err", err)
@@ -399,7 +399,7 @@ func (a *agentServer) push(ctx context.Context, id string, stream v1.AgentServic
 		if t == nil {
 			break
 		}
-		msg := &v1.TaskAssignment{TaskId: t.ID, Kind: adminkit.TaskKind(t.Kind), LeaseExpiresAt: ntsp(t.LeaseExpiresAt)}
+		msg := &v1.TaskAssignment{TaskId: t.ID.String(), Kind: protoconv.TaskKind(t.Kind), LeaseExpiresAt: ntsp(t.LeaseExpiresAt)}
 		if p := TaskProto(t); p.Exec != nil {
 			msg.Exec = p.Exec
 		}
@@ -412,7 +412,7 @@ func (a *agentServer) push(ctx context.Context, id string, stream v1.AgentServic
 		if sentCancel[t.ID] {
 			continue
 		}
-		if err := stream.Send(&v1.ControlMessage{Msg: &v1.ControlMessage_Cancel{Cancel: &v1.TaskCancel{TaskId: t.ID}}}); err != nil {
+		if err := stream.Send(&v1.ControlMessage{Msg: &v1.ControlMessage_Cancel{Cancel: &v1.TaskCancel{TaskId: t.ID.String()}}}); err != nil {
 			return err
 		}
 		sentCancel[t.ID] = true
@@ -478,7 +478,11 @@ func (a *agentServer) receive(ctx context.Context, opened *store.Instance, strea
 			if err := validTaskUpdate(u); err != nil {
 				return err
 			}
-			up := tasks.Update{TaskID: u.TaskId, Status: TaskStatusName(u.Status), ErrorMessage: u.ErrorMessage, Progress: u.Progress}
+			st, err := protoconv.TaskStatusFrom(u.Status)
+			if err != nil {
+				return fail.Invalid("task_update.status", "%v", err)
+			}
+			up := tasks.Update{TaskID: store.TaskID(u.TaskId), Status: st, ErrorMessage: u.ErrorMessage, Progress: u.Progress}
 			if r := u.Result; r != nil {
 				code := int(r.ExitCode)
 				up.ExitCode, up.Output, up.OutputTruncated = &code, r.Output, r.OutputTruncated

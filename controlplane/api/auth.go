@@ -172,7 +172,7 @@ func (a *Authenticator) auditEntry(ctx context.Context, method string, req any) 
 	if !ok || c.Identity.Kind != pki.KindAdmin {
 		return nil
 	}
-	return audit.NewEntry(store.AuditRecord{At: a.Clock.Now(), Identity: c.Identity.Name, Role: c.Identity.Role, Serial: c.Serial,
+	return audit.NewEntry(store.AuditRecord{At: a.Clock.Now(), Identity: c.Identity.Name, Role: store.Role(c.Identity.Role), Serial: c.Serial,
 		Method: method[strings.LastIndex(method, "/")+1:], Target: audit.Target(req)})
 }
 

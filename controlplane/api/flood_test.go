@@ -87,14 +87,14 @@ func TestRefusalFloodsLeaveBoundedEvents(t *testing.T) {
 		t.Fatalf("fetches: %v", fetchCodes)
 	}
 
-	count := func(kind string) []*v1.FleetEvent {
-		resp, err := cp.Admin.ListEvents(ctx, &v1.ListEventsRequest{Kind: kind, InstanceId: in.Id, PageSize: 1000})
+	count := func(kind store.EventKind) []*v1.FleetEvent {
+		resp, err := cp.Admin.ListEvents(ctx, &v1.ListEventsRequest{Kind: kind.String(), InstanceId: in.Id, PageSize: 1000})
 		if err != nil {
 			t.Fatal(err)
 		}
 		return resp.Events
 	}
-	for _, kind := range []string{events.EnrollTokenReused, events.NetbootRefused} {
+	for _, kind := range []store.EventKind{events.EnrollTokenReused, events.NetbootRefused} {
 		if evs := count(kind); len(evs) != 1 {
 			t.Fatalf("%s: %d events in one window, want 1", kind, len(evs))
 		}
@@ -102,7 +102,7 @@ func TestRefusalFloodsLeaveBoundedEvents(t *testing.T) {
 
 	// When the window ends, one summary per key carries the count.
 	clk.Advance(2 * time.Minute)
-	for _, kind := range []string{events.EnrollTokenReused, events.NetbootRefused} {
+	for _, kind := range []store.EventKind{events.EnrollTokenReused, events.NetbootRefused} {
 		deadline := time.Now().Add(10 * time.Second)
 		for {
 			evs := count(kind)
@@ -131,7 +131,7 @@ func TestRefusalFloodsLeaveBoundedEvents(t *testing.T) {
 	defer st.Close()
 	rows := func() int {
 		n := 0
-		for _, kind := range []string{events.EnrollTokenReused, events.NetbootRefused} {
+		for _, kind := range []store.EventKind{events.EnrollTokenReused, events.NetbootRefused} {
 			evs, err := st.ListEvents(context.Background(), store.EventFilter{Kind: kind}, store.Page{Limit: store.MaxPageSize})
 			if err != nil {
 				t.Fatal(err)

@@ -41,15 +41,6 @@ func PhaseName(p v1.AgentPhase) string { return adminkit.PhaseName(p) }
 // PoolStateName is the stored form of a pool state.
 func PoolStateName(s v1.PoolState) lifecycle.PoolState { return adminkit.PoolStateName(s) }
 
-// TaskKindName is the stored form of a task kind.
-func TaskKindName(k v1.TaskKind) string { return adminkit.TaskKindName(k) }
-
-// TaskStatusName is the stored form of a task status.
-func TaskStatusName(s v1.TaskStatus) string { return adminkit.TaskStatusName(s) }
-
-// TaskTargetName is the stored form of a task target.
-func TaskTargetName(t v1.TaskTarget) string { return adminkit.TaskTargetName(t) }
-
 // LifecycleClassName is the stored form of a lifecycle class.
 func LifecycleClassName(c v1.LifecycleClass) string { return adminkit.LifecycleClassName(c) }
 

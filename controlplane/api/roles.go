@@ -4,9 +4,10 @@ import (
 	"strings"
 
 	"github.com/tetherfleet/tether/controlplane/api/admin/adminkit"
+	"github.com/tetherfleet/tether/controlplane/store"
 )
 
-// Roles, weakest first. The role is in the admin certificate.
+// Roles, weakest first (store.Role). The role is in the admin certificate.
 const (
 	RoleViewer   = adminkit.RoleViewer
 	RoleOperator = adminkit.RoleOperator
@@ -15,14 +16,14 @@ const (
 
 // access is what one admin RPC needs and whether it leaves an audit record.
 type access struct {
-	role string
+	role store.Role
 	// audit: every call that changes something, and reads of
 	// certificates, identities, tokens and the audit trail itself.
 	audit bool
 }
 
-func read(role string) access  { return access{role: role} }
-func write(role string) access { return access{role: role, audit: true} }
+func read(role store.Role) access  { return access{role: role} }
+func write(role store.Role) access { return access{role: role, audit: true} }
 
 // rpcAccess is the one table of every AdminService RPC: the lowest role
 // allowed. Viewers read; operators drive templates, nodes, instances,
@@ -125,5 +126,5 @@ func accessOf(method string) (access, bool) {
 // short or full name); ok is false for a method missing from the table.
 func RoleFor(method string) (role string, ok bool) {
 	a, ok := accessOf(method)
-	return a.role, ok
+	return a.role.String(), ok
 }

@@ -129,7 +129,7 @@ func wantRefused(t *testing.T, err error, code codes.Code, says ...string) {
 	}
 }
 
-func (e *env) events(t *testing.T, kind string) int {
+func (e *env) events(t *testing.T, kind store.EventKind) int {
 	t.Helper()
 	evs, err := e.st.ListEvents(context.Background(), store.EventFilter{Kind: kind}, store.Page{Limit: 100})
 	if err != nil {
@@ -242,7 +242,7 @@ func TestRotationSteps(t *testing.T) {
 		}
 		_, err = e.svc.Retire(ctx, firstFP, "alice")
 		wantRefused(t, err, codes.FailedPrecondition, "retired already")
-		for _, k := range []string{events.CAPrepared, events.CAActivated, events.CARetired} {
+		for _, k := range []store.EventKind{events.CAPrepared, events.CAActivated, events.CARetired} {
 			if n := e.events(t, k); n != 1 {
 				t.Fatalf("%d %s events, want 1", n, k)
 			}

@@ -182,7 +182,7 @@ func (s *Service) AdoptNode(ctx context.Context, a Adoption) (*Adopted, error) {
 }
 
 // announcedEKs are the distinct EKs announced for mac, newest first.
-func announcedEKs(ctx context.Context, q store.Queries, mac string) ([]string, error) {
+func announcedEKs(ctx context.Context, q store.EventQueries, mac string) ([]string, error) {
 	evs, err := q.ListEvents(ctx, store.EventFilter{Kind: events.NetbootAnnounced, CorrelationID: events.AnnounceCorrelation(mac)}, store.Page{Limit: maxAnnouncementsRead})
 	if err != nil {
 		return nil, fmt.Errorf("read the announcements of %s: %w", mac, err)

@@ -133,7 +133,7 @@ func (s *Service) DeleteNode(ctx context.Context, name string) error {
 
 // TemplateFor reads the template a node names, refusing a missing one as
 // bad input in the field "template".
-func TemplateFor(ctx context.Context, q store.Queries, name string) (*store.Template, error) {
+func TemplateFor(ctx context.Context, q store.TemplateQueries, name string) (*store.Template, error) {
 	tpl, err := q.GetTemplate(ctx, name)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, fail.Invalid("template", "template %q does not exist", name)

@@ -61,7 +61,7 @@ func (s *Service) Revoke(ctx context.Context, serial, reason, by string) (*store
 // serials it revoked now, sorted. The caller writes the event and the
 // notifications.
 func RevokeIdentity(ctx context.Context, q store.Queries, id *store.AdminIdentity, reason string, now time.Time) ([]string, error) {
-	subject := pki.Identity{Kind: pki.KindAdmin, Name: id.Name, Role: id.Role}.String()
+	subject := pki.Identity{Kind: pki.KindAdmin, Name: id.Name, Role: id.Role.String()}.String()
 	live := map[string]bool{id.Serial: true}
 	for page := (store.Page{Limit: store.MaxPageSize}); ; {
 		certs, err := q.ListCertificates(ctx, store.CertificateFilter{Subject: subject}, page)

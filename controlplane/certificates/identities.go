@@ -22,8 +22,9 @@ import (
 
 // IdentityIssue is one admin certificate to issue.
 type IdentityIssue struct {
-	Name, Role string
-	Key        crypto.PublicKey
+	Name string
+	Role store.Role
+	Key  crypto.PublicKey
 	// TTL is the certificate's lifetime (zero: ca.DefaultAdminLifetime).
 	TTL time.Duration
 	// Renew issues to an identity that exists and is not revoked; without
@@ -48,7 +49,7 @@ func (s *Service) IssueIdentity(ctx context.Context, in IdentityIssue) (*Issued,
 	if s.CA == nil {
 		return nil, fail.Internal("issue identity %s: no CA is wired into the certificate service", in.Name)
 	}
-	cert, err := s.CA.SignAdmin(in.Name, in.Role, in.Key, in.TTL)
+	cert, err := s.CA.SignAdmin(in.Name, in.Role.String(), in.Key, in.TTL)
 	if err != nil {
 		return nil, fail.Internal("sign identity %s: %v", in.Name, err)
 	}
@@ -69,7 +70,7 @@ func (s *Service) IssueIdentity(ctx context.Context, in IdentityIssue) (*Issued,
 		case !errors.Is(err, store.ErrNotFound):
 			return err
 		}
-		subject := pki.Identity{Kind: pki.KindAdmin, Name: in.Name, Role: in.Role}.String()
+		subject := pki.Identity{Kind: pki.KindAdmin, Name: in.Name, Role: in.Role.String()}.String()
 		if err := q.CreateCertificate(ctx, &store.Certificate{Serial: serial, Kind: pki.KindAdmin, Subject: subject,
 			Issuer: pki.Fingerprint(issuer.Raw), NotBefore: cert.NotBefore, NotAfter: cert.NotAfter, CreatedAt: now}); err != nil {
 			return err
@@ -77,7 +78,7 @@ func (s *Service) IssueIdentity(ctx context.Context, in IdentityIssue) (*Issued,
 		if err := q.PutAdminIdentity(ctx, id); err != nil {
 			return err
 		}
-		_, err = events.E{Kind: events.CertIssued, Message: "admin identity " + in.Name + " (" + in.Role + ") certificate " + serial + " issued",
+		_, err = events.E{Kind: events.CertIssued, Message: "admin identity " + in.Name + " (" + in.Role.String() + ") certificate " + serial + " issued",
 			Payload: map[string]any{"identity": in.Name, "role": in.Role, "serial": serial, "by": in.By}}.Write(ctx, q, now)
 		return err
 	})

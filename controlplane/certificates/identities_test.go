@@ -46,7 +46,7 @@ func newKey(t *testing.T) *ecdsa.PrivateKey {
 	return k
 }
 
-func countEvents(t *testing.T, st store.Store, kind string) int {
+func countEvents(t *testing.T, st store.Store, kind store.EventKind) int {
 	t.Helper()
 	evs, err := st.ListEvents(context.Background(), store.EventFilter{Kind: kind}, store.Page{Limit: 100})
 	if err != nil {

@@ -109,7 +109,7 @@ func (s *Service) Delete(ctx context.Context, name string) error {
 
 // Open returns a credential's user name and password, for the control
 // plane's own use (driving a BMC); never for an API answer.
-func (s *Service) Open(ctx context.Context, q store.Queries, name string) (username, password string, err error) {
+func (s *Service) Open(ctx context.Context, q store.CredentialQueries, name string) (username, password string, err error) {
 	c, err := q.GetCredential(ctx, name)
 	if err != nil {
 		return "", "", err

@@ -175,7 +175,7 @@ func adoptInitAdmin(ctx context.Context, st store.Store, authority *ca.CA, dataD
 		if taken {
 			return nil
 		}
-		if err := q.PutAdminIdentity(ctx, &store.AdminIdentity{Name: id.Name, Role: id.Role, Serial: serial, NotAfter: cert.NotAfter, CreatedAt: now}); err != nil {
+		if err := q.PutAdminIdentity(ctx, &store.AdminIdentity{Name: id.Name, Role: store.Role(id.Role), Serial: serial, NotAfter: cert.NotAfter, CreatedAt: now}); err != nil {
 			return err
 		}
 		adopted = true

@@ -332,7 +332,7 @@ func (g *guardedStore) GetPoolByID(a0 context.Context, a1 string) (*store.Pool, 
 	return g.Store.GetPoolByID(a0, a1)
 }
 
-func (g *guardedStore) GetTask(a0 context.Context, a1 string) (*store.Task, error) {
+func (g *guardedStore) GetTask(a0 context.Context, a1 store.TaskID) (*store.Task, error) {
 	g.use("GetTask")
 	return g.Store.GetTask(a0, a1)
 }
@@ -342,7 +342,7 @@ func (g *guardedStore) GetTemplate(a0 context.Context, a1 string) (*store.Templa
 	return g.Store.GetTemplate(a0, a1)
 }
 
-func (g *guardedStore) GetTemplateByID(a0 context.Context, a1 string) (*store.Template, error) {
+func (g *guardedStore) GetTemplateByID(a0 context.Context, a1 store.TemplateID) (*store.Template, error) {
 	g.use("GetTemplateByID")
 	return g.Store.GetTemplateByID(a0, a1)
 }
@@ -417,7 +417,7 @@ func (g *guardedStore) LockPool(a0 context.Context, a1 string) (*store.Pool, err
 	return g.Store.LockPool(a0, a1)
 }
 
-func (g *guardedStore) LockTask(a0 context.Context, a1 string) (*store.Task, error) {
+func (g *guardedStore) LockTask(a0 context.Context, a1 store.TaskID) (*store.Task, error) {
 	g.use("LockTask")
 	return g.Store.LockTask(a0, a1)
 }

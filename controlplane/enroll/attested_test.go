@@ -119,8 +119,8 @@ func TestAttestedBeginRefusals(t *testing.T) {
 		begin     func(e *attestEnv) enroll.Begin
 		code      codes.Code
 		say       []string
-		event     string
-		severity  int
+		event     store.EventKind
+		severity  store.Severity
 	}{
 		{name: "no instance id", begin: func(e *attestEnv) enroll.Begin { return enroll.Begin{CSRPEM: csr, EKPublic: ekDER} },
 			code: codes.InvalidArgument, say: []string{"begin.instance_id"}},

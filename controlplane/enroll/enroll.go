@@ -236,8 +236,8 @@ func (s *Service) record(cert *x509.Certificate, instanceID string, now time.Tim
 // refusal is what the first refusal of a window recorded, for the
 // summary of the rest.
 type refusal struct {
-	kind       string
-	severity   int
+	kind       store.EventKind
+	severity   store.Severity
 	instanceID string
 	message    string
 }

@@ -85,7 +85,7 @@ func csrPEM(t testing.TB) (ed25519.PublicKey, string) {
 	return pub, string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}))
 }
 
-func countEvents(t *testing.T, st store.Store, kind string) int {
+func countEvents(t *testing.T, st store.Store, kind store.EventKind) int {
 	t.Helper()
 	evs, err := st.ListEvents(context.Background(), store.EventFilter{Kind: kind}, store.Page{Limit: 100})
 	must(t, err)

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -22,92 +23,122 @@ const (
 
 // Event kinds written by the control plane. Pool kinds follow docs/design.md §4.10.
 const (
-	EnrollSucceeded   = "enroll.succeeded"
-	EnrollTokenReused = "enroll.token_reused"
-	EnrollRefused     = "enroll.refused"
+	EnrollSucceeded   store.EventKind = "enroll.succeeded"
+	EnrollTokenReused store.EventKind = "enroll.token_reused"
+	EnrollRefused     store.EventKind = "enroll.refused"
 	// EnrollEKMismatch is an attested enrollment whose TPM is not the one
 	// bound to the node: another node's EK, or a new TPM on a node that
 	// has one registered. High severity; the payload names every hash.
-	EnrollEKMismatch = "enroll.ek_mismatch"
-	CertRenewed      = "certificate.renewed"
-	CertRevoked      = "certificate.revoked"
-	CertIssued       = "certificate.issued"
+	EnrollEKMismatch store.EventKind = "enroll.ek_mismatch"
+	CertRenewed      store.EventKind = "certificate.renewed"
+	CertRevoked      store.EventKind = "certificate.revoked"
+	CertIssued       store.EventKind = "certificate.issued"
 	// CA rotation (design §3.10).
-	CAPrepared  = "ca.prepared"
-	CAActivated = "ca.activated"
-	CARetired   = "ca.retired"
-	CAAdopted   = "ca.adopted"
-	TokenIssued = "token.issued"
+	CAPrepared  store.EventKind = "ca.prepared"
+	CAActivated store.EventKind = "ca.activated"
+	CARetired   store.EventKind = "ca.retired"
+	CAAdopted   store.EventKind = "ca.adopted"
+	TokenIssued store.EventKind = "token.issued"
 	// NodeMACGenerated records a hardware address the control plane made
 	// up for a netbooting machine of a node that had none.
-	NodeMACGenerated = "node.mac_generated"
+	NodeMACGenerated store.EventKind = "node.mac_generated"
 	// BMCTLSUnverified records each use of a BMC whose TLS certificate is
 	// not verified (--bmc-insecure-skip-verify).
-	BMCTLSUnverified = "bmc.tls_unverified"
+	BMCTLSUnverified store.EventKind = "bmc.tls_unverified"
 
-	InstanceProvisioned     = "instance.provisioned"
-	InstanceTransition      = "instance.transition"
-	InstanceRunning         = "instance.running"
-	InstanceErrored         = "instance.errored"
-	InstanceAgentError      = "instance.agent_error"
-	InstanceSilent          = "instance.silent"
-	InstancePresumedDead    = "instance.presumed_dead"
-	InstanceBootTimeout     = "instance.boot_timeout"
-	InstanceTerminated      = "instance.terminated"
-	InstanceTerminateFailed = "instance.terminate_failed"
-	InstanceGuestPresent    = "instance.terminated_guest_present"
-	InstanceProviderFailed  = "instance.provider_failed"
-	InstanceCordoned        = "instance.cordoned"
-	InstanceUncordoned      = "instance.uncordoned"
-	InstanceHeld            = "instance.held"
-	InstanceUnheld          = "instance.unheld"
+	InstanceProvisioned     store.EventKind = "instance.provisioned"
+	InstanceTransition      store.EventKind = "instance.transition"
+	InstanceRunning         store.EventKind = "instance.running"
+	InstanceErrored         store.EventKind = "instance.errored"
+	InstanceAgentError      store.EventKind = "instance.agent_error"
+	InstanceSilent          store.EventKind = "instance.silent"
+	InstancePresumedDead    store.EventKind = "instance.presumed_dead"
+	InstanceBootTimeout     store.EventKind = "instance.boot_timeout"
+	InstanceTerminated      store.EventKind = "instance.terminated"
+	InstanceTerminateFailed store.EventKind = "instance.terminate_failed"
+	InstanceGuestPresent    store.EventKind = "instance.terminated_guest_present"
+	InstanceProviderFailed  store.EventKind = "instance.provider_failed"
+	InstanceCordoned        store.EventKind = "instance.cordoned"
+	InstanceUncordoned      store.EventKind = "instance.uncordoned"
+	InstanceHeld            store.EventKind = "instance.held"
+	InstanceUnheld          store.EventKind = "instance.unheld"
 	// InstanceTerminateRequested records a terminate's intent (phase one
 	// of two), so an interrupted terminate is findable and resumable.
-	InstanceTerminateRequested = "instance.terminate_requested"
+	InstanceTerminateRequested store.EventKind = "instance.terminate_requested"
 	// InstanceMachineCreated records the provider's machine id for an
 	// instance once a provision took effect.
-	InstanceMachineCreated = "instance.machine_created"
+	InstanceMachineCreated store.EventKind = "instance.machine_created"
 	// InstanceProviderAnswerLost records a provider call that reported a
 	// failure although the observed state shows it took effect.
-	InstanceProviderAnswerLost = "instance.provider_answer_lost"
+	InstanceProviderAnswerLost store.EventKind = "instance.provider_answer_lost"
 	// InstanceMachineDestroyed records a machine destroyed because its
 	// instance was terminated while the machine was being created.
-	InstanceMachineDestroyed = "instance.machine_destroyed"
+	InstanceMachineDestroyed store.EventKind = "instance.machine_destroyed"
 
-	NetbootServed  = "netboot.script_served"
-	NetbootRefused = "netboot.script_refused"
+	NetbootServed  store.EventKind = "netboot.script_served"
+	NetbootRefused store.EventKind = "netboot.script_refused"
 
-	TaskCreated  = "task.created"
-	TaskFinished = "task.finished"
-	TaskRefused  = "task.update_refused"
+	TaskCreated  store.EventKind = "task.created"
+	TaskFinished store.EventKind = "task.finished"
+	TaskRefused  store.EventKind = "task.update_refused"
 
 	// ControlPlaneRestored: the first start on a data dir rebuilt from a
 	// backup; what was written after the backup is lost.
-	ControlPlaneRestored = "controlplane.restored"
+	ControlPlaneRestored store.EventKind = "controlplane.restored"
 
-	ModulePushed       = "module.pushed"
-	ModuleDeleted      = "module.deleted"
-	ModuleFetchRefused = "module.fetch_refused"
-	ModuleSigned       = "module.signed"
+	ModulePushed       store.EventKind = "module.pushed"
+	ModuleDeleted      store.EventKind = "module.deleted"
+	ModuleFetchRefused store.EventKind = "module.fetch_refused"
+	ModuleSigned       store.EventKind = "module.signed"
 	// ModuleSignatureRefused: a node refused a module its signer anchor or
 	// its template's required signers do not cover.
-	ModuleSignatureRefused = "module.signature_refused"
+	ModuleSignatureRefused store.EventKind = "module.signature_refused"
 
-	PoolMemberReady           = "pool.member_ready"
-	PoolClaimed               = "pool.claimed"
-	PoolReleased              = "pool.released"
-	PoolClaimedStale          = "pool.claimed_stale"
-	PoolClaimedStaleHeartbeat = "pool.claimed_stale_heartbeat_flagged"
-	PoolReadyStaleHeartbeat   = "pool.ready_stale_heartbeat_recycled"
-	PoolTerminateFailed       = "pool.terminate_failed"
-	PoolTerminateAbandoned    = "pool.terminate_abandoned"
-	PoolRecycleWithheld       = "pool.recycle_withheld"
+	PoolMemberReady           store.EventKind = "pool.member_ready"
+	PoolClaimed               store.EventKind = "pool.claimed"
+	PoolReleased              store.EventKind = "pool.released"
+	PoolClaimedStale          store.EventKind = "pool.claimed_stale"
+	PoolClaimedStaleHeartbeat store.EventKind = "pool.claimed_stale_heartbeat_flagged"
+	PoolReadyStaleHeartbeat   store.EventKind = "pool.ready_stale_heartbeat_recycled"
+	PoolTerminateFailed       store.EventKind = "pool.terminate_failed"
+	PoolTerminateAbandoned    store.EventKind = "pool.terminate_abandoned"
+	PoolRecycleWithheld       store.EventKind = "pool.recycle_withheld"
 )
+
+// kinds is the vocabulary: every kind the control plane writes.
+var kinds = []store.EventKind{
+	EnrollSucceeded, EnrollTokenReused, EnrollRefused, EnrollEKMismatch, CertRenewed, CertRevoked,
+	CertIssued, CAPrepared, CAActivated, CARetired, CAAdopted, TokenIssued, NodeMACGenerated,
+	BMCTLSUnverified, InstanceProvisioned, InstanceTransition, InstanceRunning, InstanceErrored,
+	InstanceAgentError, InstanceSilent, InstancePresumedDead, InstanceBootTimeout, InstanceTerminated,
+	InstanceTerminateFailed, InstanceGuestPresent, InstanceProviderFailed, InstanceCordoned,
+	InstanceUncordoned, InstanceHeld, InstanceUnheld, InstanceTerminateRequested,
+	InstanceMachineCreated, InstanceProviderAnswerLost, InstanceMachineDestroyed, NetbootServed,
+	NetbootRefused, TaskCreated, TaskFinished, TaskRefused, ControlPlaneRestored, ModulePushed,
+	ModuleDeleted, ModuleFetchRefused, ModuleSigned, ModuleSignatureRefused, PoolMemberReady,
+	PoolClaimed, PoolReleased, PoolClaimedStale, PoolClaimedStaleHeartbeat, PoolReadyStaleHeartbeat,
+	PoolTerminateFailed, PoolTerminateAbandoned, PoolRecycleWithheld, NetbootMachineRefused,
+	NetbootUKIServed, NetbootAnnounced, NodeAdopted, NodeEKConflict,
+}
+
+// Kinds returns every kind the control plane writes.
+func Kinds() []store.EventKind { return slices.Clone(kinds) }
+
+// ParseKind converts text into a kind of the vocabulary. Writers are
+// checked against it (Write refuses a kind outside it, a programming
+// error); the store keeps any kind, so that an older or newer replica's
+// events still read.
+func ParseKind(s string) (store.EventKind, error) {
+	if k := store.EventKind(s); slices.Contains(kinds, k) {
+		return k, nil
+	}
+	return "", fmt.Errorf("%w: event kind %q", store.ErrUnknownValue, s)
+}
 
 // E describes an event to write.
 type E struct {
-	Kind          string
-	Severity      int
+	Kind          store.EventKind
+	Severity      store.Severity
 	InstanceID    string
 	PoolID        string
 	CorrelationID string
@@ -117,7 +148,7 @@ type E struct {
 
 // Write appends e through q (so it commits or rolls back with the caller's
 // transaction) and returns the stored event.
-func (e E) Write(ctx context.Context, q store.Queries, now time.Time) (*store.Event, error) {
+func (e E) Write(ctx context.Context, q store.EventQueries, now time.Time) (*store.Event, error) {
 	ev, err := e.event(now)
 	if err != nil {
 		return nil, err
@@ -129,6 +160,9 @@ func (e E) Write(ctx context.Context, q store.Queries, now time.Time) (*store.Ev
 }
 
 func (e E) event(now time.Time) (*store.Event, error) {
+	if _, err := ParseKind(string(e.Kind)); err != nil {
+		return nil, fmt.Errorf("write event: %w", err)
+	}
 	payload := []byte("{}")
 	if len(e.Payload) > 0 {
 		b, err := json.Marshal(e.Payload)
@@ -147,7 +181,7 @@ func (e E) event(now time.Time) (*store.Event, error) {
 
 // WriteAll appends es through q in order with one notification (see
 // store.Queries.AppendEvents) and returns the stored events.
-func WriteAll(ctx context.Context, q store.Queries, now time.Time, es ...E) ([]*store.Event, error) {
+func WriteAll(ctx context.Context, q store.EventQueries, now time.Time, es ...E) ([]*store.Event, error) {
 	out := make([]*store.Event, 0, len(es))
 	for _, e := range es {
 		ev, err := e.event(now)

@@ -1,16 +1,18 @@
 package events
 
+import "github.com/tetherfleet/tether/controlplane/store"
+
 // NetbootMachineRefused records a machine that asked the boot route
 // (/ipxe/boot?mac=) and was turned away: an unknown hardware address, a
 // node with no booting instance, or a malformed request. Its payload names
 // the mac (when it parsed) and a reason code (Refused* below), so that an
 // operator can adopt an unknown machine.
-const NetbootMachineRefused = "netboot.refused"
+const NetbootMachineRefused store.EventKind = "netboot.refused"
 
 // NetbootUKIServed records a unified kernel image downloaded by a
 // booting machine (GET /uki/boot?mac=): the instance, the template and
 // the image's digest.
-const NetbootUKIServed = "netboot.uki_served"
+const NetbootUKIServed store.EventKind = "netboot.uki_served"
 
 // Reason codes of NetbootMachineRefused.
 const (
@@ -30,7 +32,7 @@ const (
 // "mac:" and the address, so an adoption reads what was announced for a
 // MAC. It is a hint for an admin, not a binding: anyone on the
 // provisioning network can announce anything.
-const NetbootAnnounced = "netboot.announced"
+const NetbootAnnounced store.EventKind = "netboot.announced"
 
 // AnnounceCorrelation is the correlation id of the NetbootAnnounced events
 // of mac: an adoption reads what was announced for a MAC by it.
@@ -40,4 +42,4 @@ func AnnounceCorrelation(mac string) string { return "mac:" + mac }
 // its MAC and its EK bound to a node, created or updated, in one call
 // (docs/adr/0030). The payload names the node, the mac, the ek, whether
 // the node was created and whether the EK had been announced for the MAC.
-const NodeAdopted = "node.adopted"
+const NodeAdopted store.EventKind = "node.adopted"

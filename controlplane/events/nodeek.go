@@ -1,13 +1,17 @@
 package events
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/tetherfleet/tether/controlplane/store"
+)
 
 // NodeEKConflict records an endorsement key refused because it is bound to
 // another node: one TPM is one machine, so either the operator mistyped a
 // hash or a machine (or its TPM) moved, and the binding stays where it was
 // until an operator acts. High severity; the payload names the EK hash, the
 // node it is bound to and the node it was asked for or presented as.
-const NodeEKConflict = "node.ek_conflict"
+const NodeEKConflict store.EventKind = "node.ek_conflict"
 
 // EKConflict is the NodeEKConflict event for ek, bound to boundNode, that
 // node asked for or presented. how says by what ("an admin node update",

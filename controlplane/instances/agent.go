@@ -100,7 +100,7 @@ func (s *Service) AgentError(ctx context.Context, instanceID, phase, msg string)
 		// A node refusing a module's signature says so in the error's
 		// first word (agent/modules.SignatureRefused); it gets its own kind
 		// so it can be watched for.
-		if strings.HasPrefix(msg, events.ModuleSignatureRefused+": ") {
+		if strings.HasPrefix(msg, events.ModuleSignatureRefused.String()+": ") {
 			kind = events.ModuleSignatureRefused
 		}
 		_, err = events.E{Kind: kind, Severity: events.High, InstanceID: instanceID,

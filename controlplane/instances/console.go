@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/tetherfleet/tether/controlplane/fail"
+	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/controlplane/worker"
 	"github.com/tetherfleet/tether/internal/seediso"
 )
@@ -64,8 +65,8 @@ func (s *Service) SeedMaterial(ctx context.Context, id string) (seediso.Material
 }
 
 // Handlers are the worker handlers of the instance task kinds.
-func (s *Service) Handlers() map[string]worker.Handler {
-	return map[string]worker.Handler{
+func (s *Service) Handlers() map[store.TaskKind]worker.Handler {
+	return map[store.TaskKind]worker.Handler{
 		TaskProvision: s.RunProvision,
 		TaskStart:     s.RunOp,
 		TaskStop:      s.RunOp,

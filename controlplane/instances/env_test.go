@@ -86,20 +86,20 @@ func (e *env) setStatus(id string, st lifecycle.State) {
 }
 
 // eventKinds lists an instance's event kinds, oldest first.
-func (e *env) eventKinds(id string) []string {
+func (e *env) eventKinds(id string) []store.EventKind {
 	e.t.Helper()
 	evs, err := e.st.ListEvents(e.ctx, store.EventFilter{InstanceID: id}, store.Page{Limit: store.MaxPageSize})
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	out := make([]string, len(evs))
+	out := make([]store.EventKind, len(evs))
 	for i, ev := range evs {
 		out[len(evs)-1-i] = ev.Kind
 	}
 	return out
 }
 
-func (e *env) hasEvent(id, kind string) bool {
+func (e *env) hasEvent(id string, kind store.EventKind) bool {
 	for _, k := range e.eventKinds(id) {
 		if k == kind {
 			return true

@@ -110,7 +110,7 @@ type Provisioned struct {
 	// Token is set only for the external provider on the call that created
 	// the instance: it is shown once.
 	Token   string
-	TaskID  string
+	TaskID  store.TaskID
 	Existed bool
 }
 
@@ -241,7 +241,7 @@ func (s *Service) ProvisionTx(ctx context.Context, q store.Queries, p ProvisionP
 			return nil, err
 		}
 		out.TaskID = t.ID
-		if _, err := (events.E{Kind: events.TaskCreated, InstanceID: in.ID, CorrelationID: t.ID,
+		if _, err := (events.E{Kind: events.TaskCreated, InstanceID: in.ID, CorrelationID: t.ID.String(),
 			Message: fmt.Sprintf("provision task %s created", t.ID)}).Write(ctx, q, now); err != nil {
 			return nil, err
 		}

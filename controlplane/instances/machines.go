@@ -15,10 +15,10 @@ import (
 
 // Worker task kinds (docs/design.md §6.1): provider work the control plane runs itself.
 const (
-	TaskProvision = "provision"
-	TaskStart     = "start"
-	TaskStop      = "stop"
-	TaskReboot    = "reboot"
+	TaskProvision = store.TaskKindProvision
+	TaskStart     = store.TaskKindStart
+	TaskStop      = store.TaskKindStop
+	TaskReboot    = store.TaskKindReboot
 )
 
 // ProviderNames lists the configured providers, sorted.

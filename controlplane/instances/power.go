@@ -25,7 +25,7 @@ import (
 // reading running, never stopping, because nothing in the lifecycle leads
 // back from stopping.
 type op struct {
-	kind  string          // task kind
+	kind  store.TaskKind  // task kind
 	event lifecycle.Event // the operator's event
 	// then are the events that follow event once the provider confirms.
 	then []lifecycle.Event
@@ -39,7 +39,7 @@ var (
 	opReboot = op{kind: TaskReboot, event: lifecycle.Reboot, boot: true, want: providers.StateRunning}
 )
 
-func opFor(kind string) (op, bool) {
+func opFor(kind store.TaskKind) (op, bool) {
 	switch kind {
 	case TaskStart:
 		return opStart, true
@@ -72,7 +72,7 @@ func (s *Service) Reboot(ctx context.Context, id string) (*store.Instance, error
 // check decides whether o may run on in: a refusal, a no-op (the
 // instance already is where o leads), or go. ownTask is the task running
 // o, which does not count as a competing operation.
-func (s *Service) check(ctx context.Context, q store.Queries, in *store.Instance, o op, ownTask string) (noop bool, err error) {
+func (s *Service) check(ctx context.Context, q store.Queries, in *store.Instance, o op, ownTask store.TaskID) (noop bool, err error) {
 	st := in.Status
 	switch {
 	case st.Terminal():
@@ -96,7 +96,7 @@ func (s *Service) check(ctx context.Context, q store.Queries, in *store.Instance
 		return false, fail.Precondition("instance %s has no machine recorded; there is nothing to %s", in.ID, o.kind)
 	}
 	ts, err := q.ListTasks(ctx, store.TaskFilter{InstanceID: in.ID, Target: store.TaskTargetWorker,
-		Statuses: []string{store.TaskPending, store.TaskLeased, store.TaskRunning}}, store.Page{Limit: store.MaxPageSize})
+		Statuses: []store.TaskStatus{store.TaskPending, store.TaskLeased, store.TaskRunning}}, store.Page{Limit: store.MaxPageSize})
 	if err != nil {
 		return false, err
 	}
@@ -269,7 +269,7 @@ func (s *Service) settle(ctx context.Context, t *store.Task, p providers.Provide
 	}
 	res, obs := s.judge(ctx, p, o, machine, m, herr)
 	if res == failed && herr == nil {
-		herr = providers.Errorf(providers.KindPermanent, p.Name(), o.kind, "provider reported success but machine %s is %s", machine, obs)
+		herr = providers.Errorf(providers.KindPermanent, p.Name(), o.kind.String(), "provider reported success but machine %s is %s", machine, obs)
 	}
 	now := s.Clock.Now()
 	var out *store.Instance
@@ -299,7 +299,7 @@ func (s *Service) settle(ctx context.Context, t *store.Task, p providers.Provide
 				return err
 			}
 			if res == answerLost {
-				if _, err := (events.E{Kind: events.InstanceProviderAnswerLost, Severity: events.Medium, InstanceID: in.ID, CorrelationID: t.ID,
+				if _, err := (events.E{Kind: events.InstanceProviderAnswerLost, Severity: events.Medium, InstanceID: in.ID, CorrelationID: t.ID.String(),
 					Message: fmt.Sprintf("%s reported %v, but machine %s is observed %s: counted as done", o.kind, herr, machine, obs),
 					Payload: map[string]any{"op": o.kind, "error": herr.Error(), "observed": obs.String()}}).Write(ctx, q, now); err != nil {
 					return err
@@ -314,7 +314,7 @@ func (s *Service) settle(ctx context.Context, t *store.Task, p providers.Provide
 			if err := s.transition(ctx, q, in, lifecycle.MarkErrored, msg, now); err != nil {
 				return err
 			}
-			if err := s.failEvent(ctx, q, in, t, o.kind, herr, obs, msg, now); err != nil {
+			if err := s.failEvent(ctx, q, in, t, o.kind.String(), herr, obs, msg, now); err != nil {
 				return err
 			}
 			_, err = worker.Finish(ctx, q, t, answer, now)
@@ -330,7 +330,7 @@ func (s *Service) settle(ctx context.Context, t *store.Task, p providers.Provide
 					return err
 				}
 			}
-			if err := s.failEvent(ctx, q, in, t, o.kind, herr, obs, msg, now); err != nil {
+			if err := s.failEvent(ctx, q, in, t, o.kind.String(), herr, obs, msg, now); err != nil {
 				return err
 			}
 			_, err = worker.Finish(ctx, q, t, herr, now)
@@ -360,7 +360,7 @@ func (s *Service) advance(ctx context.Context, q store.Queries, in *store.Instan
 		todo, st = append(todo, ev), next
 	}
 	in.ErrorMessage = ""
-	reason := "provider confirmed " + o.kind
+	reason := "provider confirmed " + o.kind.String()
 	for _, ev := range todo {
 		if err := s.transition(ctx, q, in, ev, reason, now); err != nil {
 			return err
@@ -374,7 +374,7 @@ func (s *Service) advance(ctx context.Context, q store.Queries, in *store.Instan
 }
 
 func (s *Service) failEvent(ctx context.Context, q store.Queries, in *store.Instance, t *store.Task, opName string, herr error, obs observed, msg string, now time.Time) error {
-	_, err := events.E{Kind: events.InstanceProviderFailed, Severity: events.High, InstanceID: in.ID, CorrelationID: t.ID,
+	_, err := events.E{Kind: events.InstanceProviderFailed, Severity: events.High, InstanceID: in.ID, CorrelationID: t.ID.String(),
 		Message: msg, Payload: map[string]any{"op": opName, "provider": in.Provider, "error": errText(herr),
 			"kind": string(errKind(herr)), "observed": obs.String()}}.Write(ctx, q, now)
 	return err

@@ -48,7 +48,7 @@ func TestPowerOperationsAnswerTruthfully(t *testing.T) {
 		setup   faultSetup
 		code    codes.Code
 		status  lifecycle.State
-		event   string
+		event   store.EventKind
 		errText string // on the instance
 	}{
 		{"stop", lifecycle.Running, doStop, nil, codes.OK, lifecycle.Stopped, events.InstanceTransition, ""},
@@ -112,7 +112,7 @@ func TestPowerOperationsAnswerTruthfully(t *testing.T) {
 			}
 			ts := e.tasks(in.ID)
 			last := ts[len(ts)-1]
-			if wantTask := map[bool]string{true: store.TaskSucceeded, false: store.TaskFailed}[tc.code == codes.OK]; last.Status != wantTask {
+			if wantTask := map[bool]store.TaskStatus{true: store.TaskSucceeded, false: store.TaskFailed}[tc.code == codes.OK]; last.Status != wantTask {
 				t.Fatalf("%s task %s (%s), want %s", last.Kind, last.Status, last.ErrorMessage, wantTask)
 			}
 			e.noTokenInLogs()
@@ -235,7 +235,7 @@ func TestOpsHold(t *testing.T) {
 	if _, err := e.svc.Start(e.ctx, in.ID); err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range []string{events.InstanceHeld, events.InstanceUnheld} {
+	for _, k := range []store.EventKind{events.InstanceHeld, events.InstanceUnheld} {
 		if !e.hasEvent(in.ID, k) {
 			t.Fatalf("no %s event", k)
 		}

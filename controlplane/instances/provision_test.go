@@ -76,7 +76,7 @@ func TestProvisionIsAsyncAndIdempotent(t *testing.T) {
 	if err != nil || tok.InstanceID != in.ID || tok.UsedAt != nil {
 		t.Fatalf("token handed to the machine: %+v %v", tok, err)
 	}
-	for _, k := range []string{events.InstanceProvisioned, events.InstanceTransition, events.TokenIssued, events.InstanceMachineCreated} {
+	for _, k := range []store.EventKind{events.InstanceProvisioned, events.InstanceTransition, events.TokenIssued, events.InstanceMachineCreated} {
 		if !e.hasEvent(in.ID, k) {
 			t.Errorf("no %s event: %v", k, e.eventKinds(in.ID))
 		}
@@ -117,8 +117,8 @@ func TestProvisionProviderFailures(t *testing.T) {
 		// wantStatus is the instance's state after the task ends.
 		wantStatus lifecycle.State
 		wantCalls  int
-		wantEvent  string
-		wantTask   string
+		wantEvent  store.EventKind
+		wantTask   store.TaskStatus
 	}{
 		{"permanent", fake.Fault{Kind: providers.KindPermanent, Message: "no such image"}, lifecycle.Error, 1, events.InstanceProviderFailed, store.TaskFailed},
 		{"quota is not retried", fake.Fault{Kind: providers.KindQuota, Message: "quota exceeded"}, lifecycle.Error, 1, events.InstanceProviderFailed, store.TaskFailed},

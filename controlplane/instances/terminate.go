@@ -192,7 +192,7 @@ func (s *Service) markTerminated(ctx context.Context, id, machine string, lost b
 // cancelTasks ends every open task of an instance: a terminated instance
 // runs nothing, and a worker holding one of them finds it cancelled.
 func cancelTasks(ctx context.Context, q store.Queries, id string, now time.Time) (int, error) {
-	ts, err := q.ListTasks(ctx, store.TaskFilter{InstanceID: id, Statuses: []string{store.TaskPending, store.TaskLeased, store.TaskRunning}},
+	ts, err := q.ListTasks(ctx, store.TaskFilter{InstanceID: id, Statuses: []store.TaskStatus{store.TaskPending, store.TaskLeased, store.TaskRunning}},
 		store.Page{Limit: store.MaxPageSize})
 	if err != nil {
 		return 0, err

@@ -82,7 +82,7 @@ func TestTerminate(t *testing.T) {
 		t.Fatal("a terminated instance kept open tasks")
 	}
 	kinds := e.eventKinds(in.ID)
-	for _, k := range []string{events.InstanceTerminateRequested, events.InstanceTerminated} {
+	for _, k := range []store.EventKind{events.InstanceTerminateRequested, events.InstanceTerminated} {
 		if !e.hasEvent(in.ID, k) {
 			t.Fatalf("no %s: %v", k, kinds)
 		}
@@ -96,7 +96,7 @@ func TestTerminateFailures(t *testing.T) {
 		code   codes.Code
 		// terminated: the outcome judged by the observed state.
 		terminated bool
-		event      string
+		event      store.EventKind
 	}{
 		{"provider refuses", map[fake.Op]fake.Fault{fake.OpTerminate: {Kind: providers.KindTransient, Message: "api down"}},
 			codes.Unavailable, false, events.InstanceTerminateFailed},

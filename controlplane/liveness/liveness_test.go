@@ -62,7 +62,7 @@ func setup(t *testing.T) *fixture {
 func (f *fixture) running(t *testing.T) *store.Instance {
 	t.Helper()
 	now := f.clk.Now()
-	in := &store.Instance{NodeID: f.nodeID, Status: lifecycle.Running, Provider: fake.Name, LastHeartbeatAt: &now, CreatedAt: now, UpdatedAt: now}
+	in := &store.Instance{NodeID: f.nodeID, Status: lifecycle.Running, Provider: fake.Name, CreatedAt: now, UpdatedAt: now, AgentReport: store.AgentReport{LastHeartbeatAt: &now}}
 	if err := f.st.CreateInstance(f.ctx, in); err != nil {
 		t.Fatal(err)
 	}
@@ -93,7 +93,7 @@ func (f *fixture) tick(t *testing.T) liveness.Result {
 	return res
 }
 
-func (f *fixture) count(t *testing.T, id, kind string) int {
+func (f *fixture) count(t *testing.T, id string, kind store.EventKind) int {
 	t.Helper()
 	evs, err := f.st.ListEvents(f.ctx, store.EventFilter{InstanceID: id, Kind: kind}, store.Page{Limit: 100})
 	if err != nil {
@@ -220,8 +220,7 @@ func TestBootTimeout(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f := setup(t)
 			then := f.clk.Now()
-			in := &store.Instance{NodeID: f.nodeID, Status: tc.status, Provider: fake.Name, PoolState: tc.poolState,
-				AgentPhase: "pulling", AgentError: "module base:1 digest mismatch", LastHeartbeatAt: &then, CreatedAt: then, UpdatedAt: then}
+			in := &store.Instance{NodeID: f.nodeID, Status: tc.status, Provider: fake.Name, CreatedAt: then, UpdatedAt: then, PoolMember: store.PoolMember{PoolState: tc.poolState}, AgentReport: store.AgentReport{AgentPhase: "pulling", AgentError: "module base:1 digest mismatch", LastHeartbeatAt: &then}}
 			if tc.terminate {
 				in.TerminateRequestedAt = &then
 			}
@@ -278,8 +277,7 @@ func TestSwitchTimeout(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f := setup(t)
 			then := f.clk.Now()
-			in := &store.Instance{NodeID: f.nodeID, Status: tc.status, Provider: fake.Name, PoolState: tc.poolState,
-				AgentPhase: tc.phase, LastHeartbeatAt: &then, CreatedAt: then, UpdatedAt: then}
+			in := &store.Instance{NodeID: f.nodeID, Status: tc.status, Provider: fake.Name, CreatedAt: then, UpdatedAt: then, PoolMember: store.PoolMember{PoolState: tc.poolState}, AgentReport: store.AgentReport{AgentPhase: tc.phase, LastHeartbeatAt: &then}}
 			if err := f.st.CreateInstance(f.ctx, in); err != nil {
 				t.Fatal(err)
 			}

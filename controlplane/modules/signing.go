@@ -178,7 +178,7 @@ func MissingSigner(m *store.Module, required []string) string {
 // node's anchor is the first), checked when a template is written and
 // again when an instance is provisioned from it, so neither an operator
 // nor a pool ever starts a machine that would refuse its root.
-func CheckTemplateSigners(ctx context.Context, q store.Queries, t *store.Template) error {
+func CheckTemplateSigners(ctx context.Context, q store.ModuleQueries, t *store.Template) error {
 	if len(t.RequiredSigners) == 0 {
 		return nil
 	}

@@ -341,7 +341,7 @@ func (s *Server) flushMachineRefusals(ctx context.Context, now time.Time, final 
 // flushSummaries writes one medium event of kind per summary of what a
 // window held back, with the count and the span, and the sender unless
 // it sums every sender.
-func (s *Server) flushSummaries(ctx context.Context, now time.Time, sums []sourceSummary, kind, logMsg string, message func(sourceSummary) string) {
+func (s *Server) flushSummaries(ctx context.Context, now time.Time, sums []sourceSummary, kind store.EventKind, logMsg string, message func(sourceSummary) string) {
 	for _, sum := range sums {
 		payload := map[string]any{"count": sum.count, "coalesced": true,
 			"first": sum.first.UTC().Format(time.RFC3339Nano), "last": sum.last.UTC().Format(time.RFC3339Nano)}

@@ -344,7 +344,7 @@ func (s *Server) serveScript(w http.ResponseWriter, r *http.Request, id, bootIF 
 // servedThisBoot reports whether the instance's script was served since
 // it last changed state: each boot window begins with a transition.
 func servedThisBoot(ctx context.Context, q store.Queries, id string) (bool, error) {
-	latest := func(kind string) (int64, error) {
+	latest := func(kind store.EventKind) (int64, error) {
 		evs, err := q.ListEvents(ctx, store.EventFilter{Kind: kind, InstanceID: id}, store.Page{Limit: 1})
 		if err != nil || len(evs) == 0 {
 			return 0, err

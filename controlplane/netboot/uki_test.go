@@ -178,7 +178,7 @@ func (f *fixture) do(t *testing.T, method, path string, hdr map[string]string) (
 	return resp, b
 }
 
-func (f *fixture) count(t *testing.T, kind string) int {
+func (f *fixture) count(t *testing.T, kind store.EventKind) int {
 	t.Helper()
 	evs, err := f.st.ListEvents(f.ctx, store.EventFilter{Kind: kind}, store.Page{Limit: 1000})
 	if err != nil {

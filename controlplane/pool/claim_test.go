@@ -87,7 +87,7 @@ func race(t *testing.T, ctx context.Context, n int, acquire func(i int) (*pool.C
 // ledger that records a claim is unavailable.
 type failingStore struct {
 	store.Store
-	kind string
+	kind store.EventKind
 }
 
 func (f failingStore) Tx(ctx context.Context, fn func(store.Queries) error) error {
@@ -96,7 +96,7 @@ func (f failingStore) Tx(ctx context.Context, fn func(store.Queries) error) erro
 
 type failingQueries struct {
 	store.Queries
-	kind string
+	kind store.EventKind
 }
 
 var errLedger = errors.New("event log unavailable")

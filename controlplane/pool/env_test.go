@@ -206,7 +206,7 @@ func (e *env) get(id string) *store.Instance {
 }
 
 // events lists events of a kind (all if ""), oldest first.
-func (e *env) events(kind string, f store.EventFilter) []*store.Event {
+func (e *env) events(kind store.EventKind, f store.EventFilter) []*store.Event {
 	e.t.Helper()
 	f.Kind = kind
 	evs, err := e.st.ListEvents(e.ctx, f, store.Page{Limit: store.MaxPageSize})
@@ -240,9 +240,7 @@ func seedReady(t testing.TB, ctx context.Context, st store.Store, p *store.Pool,
 				// Later seeds are younger, so "oldest first" is well defined.
 				w := t0.Add(time.Duration(seq) * time.Millisecond)
 				in := &store.Instance{NodeID: node.ID, Status: lifecycle.Running, Provider: fake.Name,
-					CloudInstanceID: fmt.Sprintf("seed-%s-%d", p.Name, i), PoolID: p.ID, PoolState: lifecycle.PoolReady,
-					PoolWarmingStartedAt: &w, PoolReadyAt: &w, LastHeartbeatAt: &w, Addresses: []string{fmt.Sprintf("10.1.%d.%d", i/250, i%250)},
-					CreatedAt: w, UpdatedAt: w}
+					CloudInstanceID: fmt.Sprintf("seed-%s-%d", p.Name, i), CreatedAt: w, UpdatedAt: w, PoolMember: store.PoolMember{PoolID: p.ID, PoolState: lifecycle.PoolReady, PoolWarmingStartedAt: &w, PoolReadyAt: &w}, AgentReport: store.AgentReport{LastHeartbeatAt: &w, Addresses: []string{fmt.Sprintf("10.1.%d.%d", i/250, i%250)}}}
 				if err := q.CreateInstance(ctx, in); err != nil {
 					return err
 				}

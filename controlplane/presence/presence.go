@@ -25,7 +25,7 @@ const (
 
 // Tracker keeps one replica's presence rows.
 type Tracker struct {
-	Store store.Store
+	Store store.PresenceQueries
 	Clock clock.Clock
 	Log   *slog.Logger
 	// Replica names this replica in the rows (stable across restarts, so

@@ -299,7 +299,7 @@ func (s *Syncer) confirmDead(ctx context.Context, p providers.Provider, in *stor
 // start or terminate) is under way on the instance.
 func operationInProgress(ctx context.Context, q store.Queries, instanceID string) (bool, error) {
 	ts, err := q.ListTasks(ctx, store.TaskFilter{InstanceID: instanceID, Target: store.TaskTargetWorker,
-		Statuses: []string{store.TaskPending, store.TaskLeased, store.TaskRunning}}, store.Page{Limit: 1})
+		Statuses: []store.TaskStatus{store.TaskPending, store.TaskLeased, store.TaskRunning}}, store.Page{Limit: 1})
 	if err != nil {
 		return false, fmt.Errorf("tasks of %s: %w", instanceID, err)
 	}

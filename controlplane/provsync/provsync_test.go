@@ -23,7 +23,7 @@ type fixture struct {
 	fake   *fake.Provider
 	syncer *provsync.Syncer
 	nodeID string
-	tplID  string
+	tplID  store.TemplateID
 }
 
 var t0 = instancestest.T0
@@ -66,7 +66,7 @@ func (f *fixture) get(t *testing.T, id string) *store.Instance {
 	return in
 }
 
-func (f *fixture) events(t *testing.T, id, kind string) []*store.Event {
+func (f *fixture) events(t *testing.T, id string, kind store.EventKind) []*store.Event {
 	t.Helper()
 	evs, err := f.st.ListEvents(f.ctx, store.EventFilter{InstanceID: id, Kind: kind}, store.Page{Limit: 100})
 	if err != nil {

@@ -10,7 +10,7 @@ import (
 
 // Template is what a node boots.
 type Template struct {
-	ID   string
+	ID   TemplateID
 	Name string
 	// RootModules are bottom first.
 	RootModules      []ModuleRef
@@ -89,7 +89,7 @@ type Signer struct {
 // AdminIdentity is an operator identity minted by the control plane.
 type AdminIdentity struct {
 	Name      string
-	Role      string
+	Role      Role
 	Serial    string // the current certificate
 	NotAfter  time.Time
 	CreatedAt time.Time
@@ -101,7 +101,7 @@ type AuditRecord struct {
 	ID       int64
 	At       time.Time
 	Identity string
-	Role     string
+	Role     Role
 	Serial   string
 	Method   string
 	Target   string
@@ -120,7 +120,7 @@ type AuditFilter struct {
 type Node struct {
 	ID            string
 	Name          string
-	TemplateID    string
+	TemplateID    TemplateID
 	Enabled       bool
 	Config        json.RawMessage // a JSON object
 	PublicAddress string
@@ -213,7 +213,7 @@ type DHCPLease struct {
 
 // NodeFilter narrows ListNodes.
 type NodeFilter struct {
-	TemplateID string
+	TemplateID TemplateID
 	// HasBMC matches nodes with a BMC address.
 	HasBMC bool
 }
@@ -226,7 +226,10 @@ type Cordon struct {
 	PoolStateBefore lifecycle.PoolState
 }
 
-// Instance is one machine incarnation of a node.
+// Instance is one machine incarnation of a node. Its row carries four
+// kinds of data besides the machine's own; each is an embedded part, so
+// that a reader sees which fields move together while inst.PoolID and the
+// like still read as before.
 type Instance struct {
 	ID              string
 	NodeID          string
@@ -237,6 +240,19 @@ type Instance struct {
 	CloudInstanceID string
 	OperationID     string
 
+	PoolMember
+	Holds
+	AgentReport
+	Termination
+
+	ErrorMessage string
+	CreatedAt    time.Time
+	UpdatedAt    time.Time
+}
+
+// PoolMember is an instance's place in a pool (docs/design.md §4); zero
+// for an instance of no pool.
+type PoolMember struct {
 	PoolID               string
 	PoolState            lifecycle.PoolState
 	PoolWarmingStartedAt *time.Time
@@ -246,17 +262,22 @@ type Instance struct {
 	ClaimID        string
 	AcquiredBy     string
 	AcquiredFor    string
-	// The errored-member terminate ladder.
-	PoolTerminateAttempts int
-	PoolNextTerminateAt   *time.Time
 	// Flags so that stale-claim events fire once per claim.
 	ClaimedStaleFlagged   bool
 	HeartbeatStaleFlagged bool
+}
 
+// Holds are what an operator sets to keep an instance from use: a hold
+// and a cordon (docs/design.md §2.9).
+type Holds struct {
 	Hold       bool
 	HoldReason string
 	Cordon     *Cordon
+}
 
+// AgentReport is what the instance's agent last said (the coalesced
+// heartbeats), and whether its silence was raised.
+type AgentReport struct {
 	LastHeartbeatAt *time.Time
 	AgentPhase      string
 	AgentVersion    string
@@ -267,12 +288,16 @@ type Instance struct {
 	// SilentSince is set when instance.silent was raised, and cleared by the
 	// next heartbeat, so the event fires once per silence.
 	SilentSince *time.Time
+}
 
-	ErrorMessage string
+// Termination is the way out: the recorded intent of a two-phase
+// terminate, and the errored pool member's terminate ladder.
+type Termination struct {
 	// TerminateRequestedAt is the recorded intent of a two-phase terminate.
 	TerminateRequestedAt *time.Time
-	CreatedAt            time.Time
-	UpdatedAt            time.Time
+	// The errored-member terminate ladder.
+	PoolTerminateAttempts int
+	PoolNextTerminateAt   *time.Time
 }
 
 // InstanceFilter narrows ListInstances and CountInstances. Zero fields
@@ -320,20 +345,13 @@ type Token struct {
 	CreatedAt  time.Time
 }
 
-// Certificate kinds.
-const (
-	CertKindNode   = "node"
-	CertKindAdmin  = "admin"
-	CertKindServer = "server"
-)
-
 // Certificate is an issued identity.
 type Certificate struct {
 	Serial string
 	// Issuer is the fingerprint of the CA that signed it.
 	Issuer       string
 	InstanceID   string
-	Kind         string
+	Kind         CertKind
 	Subject      string
 	NotBefore    time.Time
 	NotAfter     time.Time
@@ -376,28 +394,15 @@ type CertificateFilter struct {
 	Subject string
 }
 
-// Task targets, kinds and statuses as stored.
-const (
-	TaskTargetAgent  = "agent"
-	TaskTargetWorker = "worker"
-
-	TaskPending   = "pending"
-	TaskLeased    = "leased"
-	TaskRunning   = "running"
-	TaskSucceeded = "succeeded"
-	TaskFailed    = "failed"
-	TaskCancelled = "cancelled"
-)
-
 // Task is a unit of work for an agent or a control-plane worker.
 type Task struct {
-	ID         string
-	Target     string
+	ID         TaskID
+	Target     TaskTarget
 	InstanceID string
-	Kind       string
+	Kind       TaskKind
 	// Payload is kind-specific JSON (exec: {"argv": [...], "timeout_seconds": N}).
 	Payload         json.RawMessage
-	Status          string
+	Status          TaskStatus
 	LeaseOwner      string
 	LeaseExpiresAt  *time.Time
 	Attempts        int
@@ -415,41 +420,33 @@ type Task struct {
 
 // Terminal reports whether the task has ended.
 func (t *Task) Terminal() bool {
-	return t.Status == TaskSucceeded || t.Status == TaskFailed || t.Status == TaskCancelled
+	return t.Status.Terminal()
 }
 
 // TaskFilter narrows ListTasks.
 type TaskFilter struct {
 	InstanceID string
-	Target     string
-	Statuses   []string
+	Target     TaskTarget
+	Statuses   []TaskStatus
 }
 
 // TaskClaim asks for one pending task.
 type TaskClaim struct {
-	Target string
+	Target TaskTarget
 	// InstanceID narrows to one instance's tasks (agents); empty means any.
 	InstanceID string
 	// TaskID narrows to one task (the push path leases the task it announces).
-	TaskID     string
+	TaskID     TaskID
 	Owner      string
 	Now        time.Time
 	LeaseUntil time.Time
 }
 
-// Severities as stored; the order matters for min-severity filters.
-const (
-	SeverityLow      = 1
-	SeverityMedium   = 2
-	SeverityHigh     = 3
-	SeverityCritical = 4
-)
-
 // Event is an append-only fleet event.
 type Event struct {
 	ID            int64
-	Kind          string
-	Severity      int
+	Kind          EventKind
+	Severity      Severity
 	InstanceID    string
 	PoolID        string
 	CorrelationID string
@@ -460,9 +457,9 @@ type Event struct {
 
 // EventFilter narrows event reads.
 type EventFilter struct {
-	Kind          string
+	Kind          EventKind
 	InstanceID    string
 	PoolID        string
 	CorrelationID string
-	MinSeverity   int
+	MinSeverity   Severity
 }

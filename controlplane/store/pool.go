@@ -31,7 +31,7 @@ type PoolMetadata struct {
 type Pool struct {
 	ID                string
 	Name              string
-	TemplateID        string
+	TemplateID        TemplateID
 	Provider          string
 	Region            string
 	InstanceType      string

@@ -96,20 +96,45 @@ func (p Page) Normalize() Page {
 	return p
 }
 
-// Queries is every read and write. The same methods run in autocommit mode
-// (on Store) and inside a transaction (in Tx's callback).
+// Queries is every read and write, one interface per aggregate; a
+// service that needs only one may take that one. The same methods run in
+// autocommit mode (on Store) and inside a transaction (in Tx's callback).
 type Queries interface {
 	// Notify queues a notification; inside a transaction it is sent on commit.
 	Notify(ctx context.Context, channel, payload string) error
 
+	TemplateQueries
+	ModuleQueries
+	SignerQueries
+	IdentityQueries
+	AuditQueries
+	NodeQueries
+	CredentialQueries
+	InstanceQueries
+	TokenQueries
+	CertificateQueries
+	AuthorityQueries
+	TaskQueries
+	EventQueries
+	RetentionQueries
+	PoolQueries
+	DHCPQueries
+	PresenceQueries
+}
+
+// TemplateQueries keep the templates nodes boot.
+type TemplateQueries interface {
 	CreateTemplate(ctx context.Context, t *Template) error
 	GetTemplate(ctx context.Context, name string) (*Template, error)
-	GetTemplateByID(ctx context.Context, id string) (*Template, error)
+	GetTemplateByID(ctx context.Context, id TemplateID) (*Template, error)
 	ListTemplates(ctx context.Context, p Page) ([]*Template, error)
 	UpdateTemplate(ctx context.Context, t *Template) error
 	// DeleteTemplate refuses (ErrConflict) while a node or pool uses it.
 	DeleteTemplate(ctx context.Context, name string) error
+}
 
+// ModuleQueries keep the module catalogue and its signatures.
+type ModuleQueries interface {
 	CreateModule(ctx context.Context, m *Module) error
 	GetModule(ctx context.Context, name, version string) (*Module, error)
 	ListModules(ctx context.Context, name string, p Page) ([]*Module, error)
@@ -120,24 +145,36 @@ type Queries interface {
 	// AddModuleSignature records a signature (one per signer: a second
 	// one by the same signer replaces the first).
 	AddModuleSignature(ctx context.Context, name, version string, sig ModuleSignature) error
+}
 
+// SignerQueries keep the registered module signing keys.
+type SignerQueries interface {
 	CreateSigner(ctx context.Context, s *Signer) error
 	ListSigners(ctx context.Context) ([]*Signer, error)
 	// DeleteSigner removes a signer by name or fingerprint.
 	DeleteSigner(ctx context.Context, nameOrFingerprint string) error
+}
 
+// IdentityQueries keep the admin identities.
+type IdentityQueries interface {
 	// CreateAdminIdentity records a new identity, or replaces the
 	// certificate of an existing one (renewal).
 	PutAdminIdentity(ctx context.Context, id *AdminIdentity) error
 	GetAdminIdentity(ctx context.Context, name string) (*AdminIdentity, error)
 	ListAdminIdentities(ctx context.Context) ([]*AdminIdentity, error)
+}
 
+// AuditQueries keep the audit trail.
+type AuditQueries interface {
 	AppendAudit(ctx context.Context, r *AuditRecord) error
 	ListAudit(ctx context.Context, f AuditFilter) ([]*AuditRecord, error)
 	// DeleteAuditBefore trims the audit trail, as event retention does:
 	// at most limit records, the oldest first (all when limit <= 0).
 	DeleteAuditBefore(ctx context.Context, before time.Time, limit int) (int, error)
+}
 
+// NodeQueries keep the nodes, their hardware addresses and EK bindings.
+type NodeQueries interface {
 	// CreateNode and UpdateNode write n.MACs and n.EKHashes too
 	// (UpdateNode replaces both sets); an address of another node is a
 	// *MACInUseError, an EK hash of another node an *EKInUseError. Call
@@ -160,7 +197,10 @@ type Queries interface {
 	UpdateNode(ctx context.Context, n *Node) error
 	// DeleteNode refuses (ErrConflict) while a non-terminated instance of it exists.
 	DeleteNode(ctx context.Context, name string) error
+}
 
+// CredentialQueries keep the sealed BMC credentials.
+type CredentialQueries interface {
 	// CreateCredential refuses (ErrAlreadyExists) a name that is taken.
 	CreateCredential(ctx context.Context, c *Credential) error
 	GetCredential(ctx context.Context, name string) (*Credential, error)
@@ -170,7 +210,10 @@ type Queries interface {
 	ListCredentials(ctx context.Context) ([]*Credential, error)
 	// DeleteCredential refuses (ErrConflict) while a node's BMC names it.
 	DeleteCredential(ctx context.Context, name string) error
+}
 
+// InstanceQueries keep the instances and their heartbeats.
+type InstanceQueries interface {
 	CreateInstance(ctx context.Context, in *Instance) error
 	GetInstance(ctx context.Context, id string) (*Instance, error)
 	// InstanceStatus reads only an instance's state (ErrNotFound if there
@@ -194,7 +237,10 @@ type Queries interface {
 	UpdateInstance(ctx context.Context, in *Instance) error
 	// RecordHeartbeats writes a batch of coalesced heartbeats.
 	RecordHeartbeats(ctx context.Context, hbs []Heartbeat) error
+}
 
+// TokenQueries keep the bootstrap tokens.
+type TokenQueries interface {
 	CreateToken(ctx context.Context, t *Token) error
 	GetToken(ctx context.Context, hash string) (*Token, error)
 	// ConsumeToken marks an unused, unexpired token used. It returns
@@ -203,7 +249,10 @@ type Queries interface {
 	ConsumeToken(ctx context.Context, hash string, now time.Time) (*Token, error)
 	// ExpireInstanceTokens ends every unused token of an instance.
 	ExpireInstanceTokens(ctx context.Context, instanceID string, now time.Time) (int, error)
+}
 
+// CertificateQueries keep the issued certificates and their revocations.
+type CertificateQueries interface {
 	CreateCertificate(ctx context.Context, c *Certificate) error
 	// CountLiveCertificates counts, per issuing CA fingerprint, the
 	// certificates neither revoked nor expired at now.
@@ -211,15 +260,6 @@ type Queries interface {
 	// AssignCertificateIssuer sets issuer on every certificate recorded
 	// without one (before CA rotation existed, one CA signed them all).
 	AssignCertificateIssuer(ctx context.Context, issuer string) (int, error)
-
-	// CreateAuthority records a CA of the rotation set. At most one is
-	// prepared and one active: another is ErrAlreadyExists.
-	CreateAuthority(ctx context.Context, a *Authority) error
-	// ListAuthorities is every CA, oldest first.
-	ListAuthorities(ctx context.Context) ([]*Authority, error)
-	// SetAuthorityState moves a CA from state from to state to;
-	// ErrConflict if it is not in from, ErrNotFound if there is none.
-	SetAuthorityState(ctx context.Context, fingerprint, from, to string, now time.Time) error
 	GetCertificate(ctx context.Context, serial string) (*Certificate, error)
 	ListCertificates(ctx context.Context, f CertificateFilter, p Page) ([]*Certificate, error)
 	RevokeCertificate(ctx context.Context, serial, reason string, now time.Time) (*Certificate, error)
@@ -229,10 +269,25 @@ type Queries interface {
 	// ListRevokedSerials lists revoked certificates that have not expired
 	// by now: the only ones a revocation check still needs.
 	ListRevokedSerials(ctx context.Context, now time.Time) ([]string, error)
+}
 
+// AuthorityQueries keep the CA rotation set (docs/design.md §3.10).
+type AuthorityQueries interface {
+	// CreateAuthority records a CA of the rotation set. At most one is
+	// prepared and one active: another is ErrAlreadyExists.
+	CreateAuthority(ctx context.Context, a *Authority) error
+	// ListAuthorities is every CA, oldest first.
+	ListAuthorities(ctx context.Context) ([]*Authority, error)
+	// SetAuthorityState moves a CA from state from to state to;
+	// ErrConflict if it is not in from, ErrNotFound if there is none.
+	SetAuthorityState(ctx context.Context, fingerprint, from, to string, now time.Time) error
+}
+
+// TaskQueries keep the tasks and their leases.
+type TaskQueries interface {
 	CreateTask(ctx context.Context, t *Task) error
-	GetTask(ctx context.Context, id string) (*Task, error)
-	LockTask(ctx context.Context, id string) (*Task, error)
+	GetTask(ctx context.Context, id TaskID) (*Task, error)
+	LockTask(ctx context.Context, id TaskID) (*Task, error)
 	ListTasks(ctx context.Context, f TaskFilter, p Page) ([]*Task, error)
 	UpdateTask(ctx context.Context, t *Task) error
 	// ClaimTask leases the oldest pending task matching c to c.Owner
@@ -255,7 +310,10 @@ type Queries interface {
 	// seeks in one statement, with no sort and no IN list (each of which
 	// made SQLite build a temporary b-tree per call).
 	AgentWork(ctx context.Context, instanceID string) (pending bool, cancels []*Task, err error)
+}
 
+// EventQueries keep the fleet events.
+type EventQueries interface {
 	// AppendEvent assigns e.ID and notifies ChannelEvents on commit. In a
 	// transaction on PostgreSQL the event is written at commit (so that the
 	// lock ordering event ids is taken after every row lock): e.ID is set
@@ -278,7 +336,10 @@ type Queries interface {
 	// one transaction each, so that a large backlog never holds the
 	// store's writer for long.
 	PruneEvents(ctx context.Context, lowBefore, highBefore time.Time, limit int) (int64, error)
+}
 
+// RetentionQueries prune what no longer matters.
+type RetentionQueries interface {
 	// PruneRecords deletes what no longer matters past the cut-offs, at
 	// most limit rows of each kind (all when limit <= 0): finished tasks
 	// last updated before tasksBefore, tokens that expired before
@@ -286,10 +347,6 @@ type Queries interface {
 	// certificates that expired before certsBefore (revocation checks only
 	// need unexpired ones).
 	PruneRecords(ctx context.Context, tasksBefore, tokensBefore, certsBefore time.Time, limit int) (Pruned, error)
-
-	PoolQueries
-	DHCPQueries
-	PresenceQueries
 }
 
 // DHCPQueries keep the leases of tetherd's own DHCP server (full mode).

@@ -33,15 +33,15 @@ const (
 
 // Agent task kinds.
 const (
-	KindExec             = "exec"
-	KindReboot           = "reboot"
-	KindPoweroff         = "poweroff"
-	KindModuleSync       = "module_sync"
-	KindRenewCertificate = "renew_certificate"
+	KindExec             = store.TaskKindExec
+	KindReboot           = store.TaskKindReboot
+	KindPoweroff         = store.TaskKindPoweroff
+	KindModuleSync       = store.TaskKindModuleSync
+	KindRenewCertificate = store.TaskKindRenewCertificate
 )
 
 // AgentKinds are the kinds an agent executes.
-var AgentKinds = []string{KindExec, KindReboot, KindPoweroff, KindModuleSync, KindRenewCertificate}
+var AgentKinds = []store.TaskKind{KindExec, KindReboot, KindPoweroff, KindModuleSync, KindRenewCertificate}
 
 // Service manages tasks.
 type Service struct {
@@ -78,7 +78,7 @@ func (s *Service) LeaseDuration() time.Duration { return s.lease() }
 
 // CreateAgentTask queues a task for an instance's agent and wakes the
 // replica holding its stream.
-func (s *Service) CreateAgentTask(ctx context.Context, instanceID, kind string, exec *Exec, maxAttempts int) (*store.Task, error) {
+func (s *Service) CreateAgentTask(ctx context.Context, instanceID string, kind store.TaskKind, exec *Exec, maxAttempts int) (*store.Task, error) {
 	if instanceID == "" {
 		return nil, fail.Invalid("instance_id", "required")
 	}
@@ -122,7 +122,7 @@ func (s *Service) CreateAgentTask(ctx context.Context, instanceID, kind string, 
 		if err := q.CreateTask(ctx, t); err != nil {
 			return err
 		}
-		if _, err := (events.E{Kind: events.TaskCreated, InstanceID: instanceID, CorrelationID: t.ID,
+		if _, err := (events.E{Kind: events.TaskCreated, InstanceID: instanceID, CorrelationID: t.ID.String(),
 			Message: fmt.Sprintf("%s task %s created", kind, t.ID)}).Write(ctx, q, now); err != nil {
 			return err
 		}
@@ -159,7 +159,7 @@ func validateExec(e *Exec) error {
 
 // Cancel cancels a task: a pending one at once, a leased or running one
 // by telling its executor to stop.
-func (s *Service) Cancel(ctx context.Context, id string) (*store.Task, error) {
+func (s *Service) Cancel(ctx context.Context, id store.TaskID) (*store.Task, error) {
 	var t *store.Task
 	err := s.Store.Tx(ctx, func(q store.Queries) error {
 		var err error
@@ -234,8 +234,8 @@ func (s *Service) Open(ctx context.Context, instanceID string) (pending bool, ca
 
 // Update is an executor's report.
 type Update struct {
-	TaskID          string
-	Status          string // running, succeeded, failed or cancelled
+	TaskID          store.TaskID
+	Status          store.TaskStatus // running, succeeded, failed or cancelled
 	ExitCode        *int
 	Output          []byte
 	OutputTruncated bool
@@ -295,7 +295,7 @@ func (s *Service) ApplyAgentUpdate(ctx context.Context, instanceID string, u Upd
 			if t.Status == store.TaskFailed {
 				sev = events.Medium
 			}
-			_, err = events.E{Kind: events.TaskFinished, Severity: sev, InstanceID: instanceID, CorrelationID: t.ID,
+			_, err = events.E{Kind: events.TaskFinished, Severity: sev, InstanceID: instanceID, CorrelationID: t.ID.String(),
 				Message: fmt.Sprintf("%s task %s %s", t.Kind, t.ID, t.Status),
 				Payload: map[string]any{"status": t.Status, "exit_code": t.ExitCode, "error": t.ErrorMessage}}.Write(ctx, q, now)
 		}

@@ -62,7 +62,7 @@ type Worker struct {
 	Concurrency int           // zero: DefaultConcurrency
 	// Handlers by task kind. A task of another kind fails at once with a
 	// message, rather than sitting leased until its attempts run out.
-	Handlers map[string]Handler
+	Handlers map[store.TaskKind]Handler
 }
 
 // NewOwner returns a lease owner id unique to this process.
@@ -270,13 +270,13 @@ func Enqueue(ctx context.Context, q store.Queries, t *store.Task) error {
 	if err := q.CreateTask(ctx, t); err != nil {
 		return err
 	}
-	return q.Notify(ctx, Channel, t.ID)
+	return q.Notify(ctx, Channel, t.ID.String())
 }
 
 // NewLeased returns a worker task that its creator runs itself, leased to
 // owner from the start so no worker picks it up. Should the creator die,
 // the lease lapses and a worker finishes the job.
-func NewLeased(instanceID, kind, owner string, now time.Time, lease time.Duration) *store.Task {
+func NewLeased(instanceID string, kind store.TaskKind, owner string, now time.Time, lease time.Duration) *store.Task {
 	until := now.Add(orDefault(lease, DefaultLease))
 	return &store.Task{Target: store.TaskTargetWorker, InstanceID: instanceID, Kind: kind, Payload: []byte("{}"),
 		Status: store.TaskLeased, LeaseOwner: owner, LeaseExpiresAt: &until, MaxAttempts: DefaultMaxAttempts,
@@ -311,7 +311,7 @@ func Finish(ctx context.Context, q store.Queries, t *store.Task, herr error, now
 	if cur.Status == store.TaskFailed {
 		sev = events.Medium
 	}
-	_, err = events.E{Kind: events.TaskFinished, Severity: sev, InstanceID: cur.InstanceID, CorrelationID: cur.ID,
+	_, err = events.E{Kind: events.TaskFinished, Severity: sev, InstanceID: cur.InstanceID, CorrelationID: cur.ID.String(),
 		Message: fmt.Sprintf("%s task %s %s", cur.Kind, cur.ID, cur.Status),
 		Payload: map[string]any{"status": cur.Status, "error": cur.ErrorMessage, "target": cur.Target}}.Write(ctx, q, now)
 	return true, err

@@ -58,14 +58,14 @@ func setup(t *testing.T, clk clock.Clock) fixture {
 
 func (f fixture) enqueue(t *testing.T, kind string) *store.Task {
 	t.Helper()
-	task := &store.Task{InstanceID: "i1", Kind: kind, CreatedAt: f.clk.Now(), UpdatedAt: f.clk.Now()}
+	task := &store.Task{InstanceID: "i1", Kind: store.TaskKind(kind), CreatedAt: f.clk.Now(), UpdatedAt: f.clk.Now()}
 	if err := f.st.Tx(f.ctx, func(q store.Queries) error { return worker.Enqueue(f.ctx, q, task) }); err != nil {
 		t.Fatal(err)
 	}
 	return task
 }
 
-func (f fixture) task(t *testing.T, id string) *store.Task {
+func (f fixture) task(t *testing.T, id store.TaskID) *store.Task {
 	t.Helper()
 	task, err := f.st.GetTask(f.ctx, id)
 	if err != nil {
@@ -81,7 +81,7 @@ func TestOutcomes(t *testing.T) {
 		name    string
 		kind    string
 		handler worker.Handler
-		status  string
+		status  store.TaskStatus
 		errText string
 	}{
 		{"success", "ok", func(context.Context, *store.Task) error { return nil }, store.TaskSucceeded, ""},
@@ -92,9 +92,9 @@ func TestOutcomes(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f := setup(t, clock.Real{})
 			task := f.enqueue(t, tc.kind)
-			w := &worker.Worker{Store: f.st, Clock: f.clk, Log: discard(), Owner: "w", Handlers: map[string]worker.Handler{}}
+			w := &worker.Worker{Store: f.st, Clock: f.clk, Log: discard(), Owner: "w", Handlers: map[store.TaskKind]worker.Handler{}}
 			if tc.handler != nil {
-				w.Handlers[tc.kind] = tc.handler
+				w.Handlers[store.TaskKind(tc.kind)] = tc.handler
 			}
 			if ran, err := w.RunOnce(f.ctx); !ran || err != nil {
 				t.Fatalf("%v %v", ran, err)
@@ -116,7 +116,7 @@ func TestLeaseIsRenewedWhileRunning(t *testing.T) {
 	task := f.enqueue(t, "slow")
 	const lease = 90 * time.Second
 	renewed := &txSignal{Store: f.st, done: make(chan struct{}, 1)}
-	w := &worker.Worker{Store: renewed, Clock: clk, Log: discard(), Owner: "w", Lease: lease, Handlers: map[string]worker.Handler{
+	w := &worker.Worker{Store: renewed, Clock: clk, Log: discard(), Owner: "w", Lease: lease, Handlers: map[store.TaskKind]worker.Handler{
 		"slow": func(ctx context.Context, _ *store.Task) error {
 			renewed.armed.Store(true)
 			defer renewed.armed.Store(false)
@@ -157,7 +157,7 @@ func TestLostLeaseStopsTheHandler(t *testing.T) {
 	task := f.enqueue(t, "slow")
 	lease := 90 * time.Millisecond
 	stolen := make(chan struct{})
-	w := &worker.Worker{Store: f.st, Clock: f.clk, Log: discard(), Owner: "w", Lease: lease, Handlers: map[string]worker.Handler{
+	w := &worker.Worker{Store: f.st, Clock: f.clk, Log: discard(), Owner: "w", Lease: lease, Handlers: map[store.TaskKind]worker.Handler{
 		"slow": func(ctx context.Context, t2 *store.Task) error {
 			// Another worker takes the task over.
 			cur, _ := f.st.GetTask(ctx, t2.ID)
@@ -184,7 +184,7 @@ func TestLostLeaseStopsTheHandler(t *testing.T) {
 func TestCancelRequestedStopsTheHandler(t *testing.T) {
 	f := setup(t, clock.Real{})
 	task := f.enqueue(t, "slow")
-	w := &worker.Worker{Store: f.st, Clock: f.clk, Log: discard(), Owner: "w", Lease: 90 * time.Millisecond, Handlers: map[string]worker.Handler{
+	w := &worker.Worker{Store: f.st, Clock: f.clk, Log: discard(), Owner: "w", Lease: 90 * time.Millisecond, Handlers: map[store.TaskKind]worker.Handler{
 		"slow": func(ctx context.Context, t2 *store.Task) error {
 			cur, _ := f.st.GetTask(ctx, t2.ID)
 			cur.CancelRequested = true
@@ -221,12 +221,12 @@ func (s *txSignal) Tx(ctx context.Context, fn func(store.Queries) error) error {
 // the poll.
 func TestRunWakesOnEnqueue(t *testing.T) {
 	f := setup(t, clock.Real{})
-	done := make(chan string, 1)
+	done := make(chan store.TaskID, 1)
 	// Run's first claim ends (finding nothing) after it has subscribed;
 	// a task enqueued after that can only be found through the wake.
 	claimed := &txSignal{Store: f.st, done: make(chan struct{}, 1)}
 	claimed.armed.Store(true)
-	w := &worker.Worker{Store: claimed, Clock: f.clk, Log: discard(), Owner: "w", Poll: time.Hour, Handlers: map[string]worker.Handler{
+	w := &worker.Worker{Store: claimed, Clock: f.clk, Log: discard(), Owner: "w", Poll: time.Hour, Handlers: map[store.TaskKind]worker.Handler{
 		"ping": func(_ context.Context, t2 *store.Task) error { done <- t2.ID; return nil }}}
 	ctx, stop := context.WithCancel(f.ctx)
 	stopped := make(chan struct{})
@@ -263,8 +263,8 @@ func TestRunPollsOnTheClock(t *testing.T) {
 	const poll = 7 * time.Second
 	claimed := &txSignal{Store: f.st, done: make(chan struct{}, 1)}
 	claimed.armed.Store(true)
-	done := make(chan string, 1)
-	w := &worker.Worker{Store: deaf{claimed}, Clock: clk, Log: discard(), Owner: "w", Poll: poll, Handlers: map[string]worker.Handler{
+	done := make(chan store.TaskID, 1)
+	w := &worker.Worker{Store: deaf{claimed}, Clock: clk, Log: discard(), Owner: "w", Poll: poll, Handlers: map[store.TaskKind]worker.Handler{
 		"ping": func(_ context.Context, t2 *store.Task) error { done <- t2.ID; return nil }}}
 	ctx, stop := context.WithCancel(f.ctx)
 	stopped := make(chan struct{})

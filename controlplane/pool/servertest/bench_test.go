@@ -127,15 +127,14 @@ func seedBench(b *testing.B, ctx context.Context, st store.Store, p *v1.Pool, n 
 	for start := 0; start < n; start += 250 {
 		err := st.Tx(ctx, func(q store.Queries) error {
 			for i := start; i < min(n, start+250); i++ {
-				node := &store.Node{Name: fmt.Sprintf("%s-seed-%05d", p.Name, i), TemplateID: p.TemplateId, Enabled: true,
+				node := &store.Node{Name: fmt.Sprintf("%s-seed-%05d", p.Name, i), TemplateID: store.TemplateID(p.TemplateId), Enabled: true,
 					Config: []byte("{}"), CreatedAt: t0, UpdatedAt: t0}
 				if err := q.CreateNode(ctx, node); err != nil {
 					return err
 				}
 				w := t0.Add(time.Duration(i) * time.Millisecond)
 				in := &store.Instance{NodeID: node.ID, Status: lifecycle.Running, Provider: "qemu",
-					CloudInstanceID: node.Name, PoolID: p.Id, PoolState: lifecycle.PoolReady, PoolWarmingStartedAt: &w, PoolReadyAt: &w,
-					LastHeartbeatAt: &w, Addresses: []string{"10.9.0.1"}, CreatedAt: w, UpdatedAt: w}
+					CloudInstanceID: node.Name, CreatedAt: w, UpdatedAt: w, PoolMember: store.PoolMember{PoolID: p.Id, PoolState: lifecycle.PoolReady, PoolWarmingStartedAt: &w, PoolReadyAt: &w}, AgentReport: store.AgentReport{LastHeartbeatAt: &w, Addresses: []string{"10.9.0.1"}}}
 				if err := q.CreateInstance(ctx, in); err != nil {
 					return err
 				}

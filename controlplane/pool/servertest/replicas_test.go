@@ -37,15 +37,14 @@ func seedReady(t *testing.T, ctx context.Context, st store.Store, p *v1.Pool, n 
 	t.Helper()
 	err := st.Tx(ctx, func(q store.Queries) error {
 		for i := 0; i < n; i++ {
-			node := &store.Node{Name: fmt.Sprintf("%s-seed-%03d", p.Name, i), TemplateID: p.TemplateId, Enabled: true,
+			node := &store.Node{Name: fmt.Sprintf("%s-seed-%03d", p.Name, i), TemplateID: store.TemplateID(p.TemplateId), Enabled: true,
 				Config: []byte("{}"), CreatedAt: t0, UpdatedAt: t0}
 			if err := q.CreateNode(ctx, node); err != nil {
 				return err
 			}
 			w := t0.Add(time.Duration(i) * time.Millisecond)
 			in := &store.Instance{NodeID: node.ID, Status: lifecycle.Running, Provider: "fake",
-				CloudInstanceID: node.Name, PoolID: p.Id, PoolState: lifecycle.PoolReady, PoolWarmingStartedAt: &w, PoolReadyAt: &w,
-				LastHeartbeatAt: &w, Addresses: []string{"10.9.0.1"}, CreatedAt: w, UpdatedAt: w}
+				CloudInstanceID: node.Name, CreatedAt: w, UpdatedAt: w, PoolMember: store.PoolMember{PoolID: p.Id, PoolState: lifecycle.PoolReady, PoolWarmingStartedAt: &w, PoolReadyAt: &w}, AgentReport: store.AgentReport{LastHeartbeatAt: &w, Addresses: []string{"10.9.0.1"}}}
 			if err := q.CreateInstance(ctx, in); err != nil {
 				return err
 			}

@@ -55,7 +55,7 @@ func seedInstances(t *testing.T, s store.Store, n int) []*store.Instance {
 }
 
 func event(kind, instanceID string) *store.Event {
-	return &store.Event{Kind: kind, Severity: store.SeverityLow, InstanceID: instanceID, Payload: []byte(`{}`), CreatedAt: t0}
+	return &store.Event{Kind: store.EventKind(kind), Severity: store.SeverityLow, InstanceID: instanceID, Payload: []byte(`{}`), CreatedAt: t0}
 }
 
 // touch locks an instance row and writes it back with a new phase.

@@ -45,7 +45,7 @@ func TestReplicasTaskClaimRace(t *testing.T) {
 		}
 	}
 	var mu sync.Mutex
-	seen := map[string]string{}
+	seen := map[store.TaskID]string{}
 	perReplica := [2]int{}
 	var wg sync.WaitGroup
 	for w := 0; w < claimers; w++ {
@@ -84,7 +84,7 @@ func TestReplicasTaskClaimRace(t *testing.T) {
 	if perReplica[0] == 0 || perReplica[1] == 0 {
 		t.Fatalf("claims per replica %v: both replicas must take part", perReplica)
 	}
-	leased, err := replicas[0].ListTasks(ctx, store.TaskFilter{Statuses: []string{store.TaskLeased}}, store.Page{Limit: store.MaxPageSize})
+	leased, err := replicas[0].ListTasks(ctx, store.TaskFilter{Statuses: []store.TaskStatus{store.TaskLeased}}, store.Page{Limit: store.MaxPageSize})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -36,7 +36,7 @@ func TestRestartUnderLoad(t *testing.T) {
 
 	var (
 		mu          sync.Mutex
-		acked       []string
+		acked       []store.TaskID
 		unavailable int
 		failedAfter int          // refused after the server was back up
 		okAfter     atomic.Int64 // successes since the restart finished
@@ -59,7 +59,7 @@ func TestRestartUnderLoad(t *testing.T) {
 					if err := q.CreateTask(ctx, tk); err != nil {
 						return err
 					}
-					return q.AppendEvent(ctx, &store.Event{Kind: "task.created", Severity: 1, CorrelationID: tk.ID, CreatedAt: t0})
+					return q.AppendEvent(ctx, &store.Event{Kind: "task.created", Severity: 1, CorrelationID: tk.ID.String(), CreatedAt: t0})
 				})
 				mu.Lock()
 				switch {
@@ -115,7 +115,7 @@ func TestRestartUnderLoad(t *testing.T) {
 	if unavailable == 0 {
 		t.Fatal("no call failed during the outage: did the server really stop?")
 	}
-	stored := map[string]bool{}
+	stored := map[store.TaskID]bool{}
 	for after := ""; ; {
 		page, err := s.ListTasks(ctx, store.TaskFilter{}, store.Page{Limit: store.MaxPageSize, After: after})
 		if err != nil {
@@ -127,7 +127,7 @@ func TestRestartUnderLoad(t *testing.T) {
 		if len(page) < store.MaxPageSize {
 			break
 		}
-		after = page[len(page)-1].ID
+		after = page[len(page)-1].ID.String()
 	}
 	for _, id := range acked {
 		if !stored[id] {

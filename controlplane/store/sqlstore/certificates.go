@@ -24,7 +24,7 @@ func scanCert(s scanner) (*store.Certificate, error) {
 
 func (q *queries) CreateCertificate(ctx context.Context, c *store.Certificate) error {
 	_, err := q.exec(ctx, `INSERT INTO certificates (`+certCols+`) VALUES (?,?,?,?,?,?,?,?,?,?)`,
-		c.Serial, c.InstanceID, c.Kind, c.Subject, ts(c.NotBefore), ts(c.NotAfter), nts(c.RevokedAt), c.RevokeReason, ts(c.CreatedAt), c.Issuer)
+		c.Serial, c.InstanceID, string(c.Kind), c.Subject, ts(c.NotBefore), ts(c.NotAfter), nts(c.RevokedAt), c.RevokeReason, ts(c.CreatedAt), c.Issuer)
 	if err != nil {
 		return fmt.Errorf("record certificate %s: %w", c.Serial, err)
 	}

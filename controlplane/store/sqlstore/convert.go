@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/tetherfleet/tether/controlplane/lifecycle"
+	"github.com/tetherfleet/tether/controlplane/store"
 )
 
 // Times are stored as BIGINT microseconds since the epoch: the same type on
@@ -143,4 +144,37 @@ func prefixCols(prefix, cols string) string {
 		parts[i] = prefix + strings.TrimSpace(c)
 	}
 	return strings.Join(parts, ", ")
+}
+
+// Task statuses and targets are closed sets, stored by their names and
+// checked both ways as the states are.
+
+func storedTaskStatus(s store.TaskStatus) (string, error) {
+	if _, err := store.ParseTaskStatus(string(s)); err != nil {
+		return "", fmt.Errorf("store task status: %w", err)
+	}
+	return string(s), nil
+}
+
+func parseStoredTaskStatus(name string) (store.TaskStatus, error) {
+	s, err := store.ParseTaskStatus(name)
+	if err != nil {
+		return "", fmt.Errorf("read task status: %w", err)
+	}
+	return s, nil
+}
+
+func storedTaskTarget(t store.TaskTarget) (string, error) {
+	if _, err := store.ParseTaskTarget(string(t)); err != nil {
+		return "", fmt.Errorf("store task target: %w", err)
+	}
+	return string(t), nil
+}
+
+func parseStoredTaskTarget(name string) (store.TaskTarget, error) {
+	t, err := store.ParseTaskTarget(name)
+	if err != nil {
+		return "", fmt.Errorf("read task target: %w", err)
+	}
+	return t, nil
 }

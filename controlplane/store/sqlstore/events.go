@@ -15,11 +15,12 @@ const eventCols = `id, kind, severity, instance_id, pool_id, correlation_id, mes
 
 func scanEvent(s scanner) (*store.Event, error) {
 	var e store.Event
-	var payload string
-	var created int64
-	if err := s.Scan(&e.ID, &e.Kind, &e.Severity, &e.InstanceID, &e.PoolID, &e.CorrelationID, &e.Message, &payload, &created); err != nil {
+	var kind, payload string
+	var severity, created int64
+	if err := s.Scan(&e.ID, &kind, &severity, &e.InstanceID, &e.PoolID, &e.CorrelationID, &e.Message, &payload, &created); err != nil {
 		return nil, err
 	}
+	e.Kind, e.Severity = store.EventKind(kind), store.Severity(severity)
 	e.Payload, e.CreatedAt = []byte(payload), fromTS(created)
 	return &e, nil
 }
@@ -35,7 +36,7 @@ func (q *queries) AppendEvent(ctx context.Context, e *store.Event) error {
 	}
 	err := q.row(ctx, `INSERT INTO events (kind, severity, instance_id, pool_id, correlation_id, message, payload, created_at)
 		VALUES (?,?,?,?,?,?,?,?) RETURNING id`,
-		e.Kind, e.Severity, e.InstanceID, e.PoolID, e.CorrelationID, e.Message, jsonObject(e.Payload), ts(e.CreatedAt)).Scan(&e.ID)
+		string(e.Kind), int(e.Severity), e.InstanceID, e.PoolID, e.CorrelationID, e.Message, jsonObject(e.Payload), ts(e.CreatedAt)).Scan(&e.ID)
 	if err != nil {
 		return fmt.Errorf("append event %s: %w", e.Kind, q.db.classify(err))
 	}
@@ -111,7 +112,7 @@ func (q *queries) insertEvents(ctx context.Context, es []*store.Event) error {
 		rows := make([]string, len(chunk))
 		for i, e := range chunk {
 			rows[i] = "(?,?,?,?,?,?,?,?)"
-			args = append(args, e.Kind, e.Severity, e.InstanceID, e.PoolID, e.CorrelationID, e.Message, jsonObject(e.Payload), ts(e.CreatedAt))
+			args = append(args, string(e.Kind), int(e.Severity), e.InstanceID, e.PoolID, e.CorrelationID, e.Message, jsonObject(e.Payload), ts(e.CreatedAt))
 		}
 		res, err := q.query(ctx, `INSERT INTO events (kind, severity, instance_id, pool_id, correlation_id, message, payload, created_at)
 		VALUES `+strings.Join(rows, ",")+` RETURNING id`, args...)
@@ -137,7 +138,7 @@ func (q *queries) insertEvents(ctx context.Context, es []*store.Event) error {
 // "3 events (instance.transition, ...)".
 func eventKinds(es []*store.Event) string {
 	if len(es) == 1 {
-		return "event " + es[0].Kind
+		return "event " + es[0].Kind.String()
 	}
 	return fmt.Sprintf("%d events (%s, ...)", len(es), es[0].Kind)
 }
@@ -146,7 +147,7 @@ func eventWhere(f store.EventFilter) ([]string, []any) {
 	var conds []string
 	var args []any
 	if f.Kind != "" {
-		conds, args = append(conds, "kind = ?"), append(args, f.Kind)
+		conds, args = append(conds, "kind = ?"), append(args, string(f.Kind))
 	}
 	if f.InstanceID != "" {
 		conds, args = append(conds, "instance_id = ?"), append(args, f.InstanceID)
@@ -158,7 +159,7 @@ func eventWhere(f store.EventFilter) ([]string, []any) {
 		conds, args = append(conds, "correlation_id = ?"), append(args, f.CorrelationID)
 	}
 	if f.MinSeverity > 0 {
-		conds, args = append(conds, "severity >= ?"), append(args, f.MinSeverity)
+		conds, args = append(conds, "severity >= ?"), append(args, int(f.MinSeverity))
 	}
 	return conds, args
 }
@@ -245,7 +246,7 @@ func (q *queries) PruneEvents(ctx context.Context, lowBefore, highBefore time.Ti
 	// The bound on created_at lets the batch walk the events_created index
 	// from its oldest end instead of scanning the table.
 	res, err := q.exec(ctx, limited("events", "id", `created_at < ? AND ((severity < ? AND created_at < ?) OR (severity >= ? AND created_at < ?))`,
-		"created_at", limit), ts(later(lowBefore, highBefore)), store.SeverityHigh, ts(lowBefore), store.SeverityHigh, ts(highBefore))
+		"created_at", limit), ts(later(lowBefore, highBefore)), int(store.SeverityHigh), ts(lowBefore), int(store.SeverityHigh), ts(highBefore))
 	if err != nil {
 		return 0, fmt.Errorf("prune events: %w", err)
 	}

@@ -420,10 +420,10 @@ func in(n int) string {
 	return "IN (" + strings.TrimSuffix(strings.Repeat("?,", n), ",") + ")"
 }
 
-func anySlice(ss []string) []any {
+func anySlice[S ~string](ss []S) []any {
 	out := make([]any, len(ss))
 	for i, s := range ss {
-		out[i] = s
+		out[i] = string(s)
 	}
 	return out
 }

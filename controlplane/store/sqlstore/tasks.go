@@ -15,13 +15,21 @@ const taskCols = `id, target, instance_id, kind, payload, status, lease_owner, l
 
 func scanTask(s scanner) (*store.Task, error) {
 	var t store.Task
-	var payload string
+	var payload, target, kind, status string
 	var lease, exit sql.NullInt64
 	var created, updated int64
-	if err := s.Scan(&t.ID, &t.Target, &t.InstanceID, &t.Kind, &payload, &t.Status, &t.LeaseOwner, &lease, &t.Attempts, &t.MaxAttempts,
+	if err := s.Scan(&t.ID, &target, &t.InstanceID, &kind, &payload, &status, &t.LeaseOwner, &lease, &t.Attempts, &t.MaxAttempts,
 		&exit, &t.Output, &t.OutputTruncated, &t.ErrorMessage, &t.Progress, &t.CancelRequested, &created, &updated); err != nil {
 		return nil, err
 	}
+	var err error
+	if t.Target, err = parseStoredTaskTarget(target); err != nil {
+		return nil, fmt.Errorf("task %s: %w", t.ID, err)
+	}
+	if t.Status, err = parseStoredTaskStatus(status); err != nil {
+		return nil, fmt.Errorf("task %s: %w", t.ID, err)
+	}
+	t.Kind = store.TaskKind(kind)
 	t.Payload = []byte(payload)
 	t.LeaseExpiresAt = fromNTS(lease)
 	if exit.Valid {
@@ -32,7 +40,15 @@ func scanTask(s scanner) (*store.Task, error) {
 	return &t, nil
 }
 
-func taskArgs(t *store.Task) []any {
+func taskArgs(t *store.Task) ([]any, error) {
+	target, err := storedTaskTarget(t.Target)
+	if err != nil {
+		return nil, fmt.Errorf("task %s: %w", t.ID, err)
+	}
+	status, err := storedTaskStatus(t.Status)
+	if err != nil {
+		return nil, fmt.Errorf("task %s: %w", t.ID, err)
+	}
 	var exit any
 	if t.ExitCode != nil {
 		exit = *t.ExitCode
@@ -41,33 +57,37 @@ func taskArgs(t *store.Task) []any {
 	if out == nil {
 		out = []byte{}
 	}
-	return []any{t.ID, t.Target, t.InstanceID, t.Kind, jsonObject(t.Payload), t.Status, t.LeaseOwner, nts(t.LeaseExpiresAt), t.Attempts, t.MaxAttempts,
-		exit, out, t.OutputTruncated, t.ErrorMessage, t.Progress, t.CancelRequested, ts(t.CreatedAt), ts(t.UpdatedAt)}
+	return []any{string(t.ID), target, t.InstanceID, string(t.Kind), jsonObject(t.Payload), status, t.LeaseOwner, nts(t.LeaseExpiresAt), t.Attempts, t.MaxAttempts,
+		exit, out, t.OutputTruncated, t.ErrorMessage, t.Progress, t.CancelRequested, ts(t.CreatedAt), ts(t.UpdatedAt)}, nil
 }
 
 func (q *queries) CreateTask(ctx context.Context, t *store.Task) error {
 	if t.ID == "" {
-		t.ID = newID()
+		t.ID = store.TaskID(newID())
 	}
-	if _, err := q.exec(ctx, `INSERT INTO tasks (`+taskCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`, taskArgs(t)...); err != nil {
+	args, err := taskArgs(t)
+	if err != nil {
+		return fmt.Errorf("create task: %w", err)
+	}
+	if _, err := q.exec(ctx, `INSERT INTO tasks (`+taskCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`, args...); err != nil {
 		return fmt.Errorf("create task: %w", err)
 	}
 	return nil
 }
 
-func (q *queries) getTask(ctx context.Context, suffix, id string) (*store.Task, error) {
-	t, err := scanTask(q.row(ctx, `SELECT `+taskCols+` FROM tasks WHERE id = ?`+suffix, id))
+func (q *queries) getTask(ctx context.Context, suffix string, id store.TaskID) (*store.Task, error) {
+	t, err := scanTask(q.row(ctx, `SELECT `+taskCols+` FROM tasks WHERE id = ?`+suffix, string(id)))
 	if err != nil {
-		return nil, notFound(q.db.classify(err), "task", id)
+		return nil, notFound(q.db.classify(err), "task", id.String())
 	}
 	return t, nil
 }
 
-func (q *queries) GetTask(ctx context.Context, id string) (*store.Task, error) {
+func (q *queries) GetTask(ctx context.Context, id store.TaskID) (*store.Task, error) {
 	return q.getTask(ctx, "", id)
 }
 
-func (q *queries) LockTask(ctx context.Context, id string) (*store.Task, error) {
+func (q *queries) LockTask(ctx context.Context, id store.TaskID) (*store.Task, error) {
 	return q.getTask(ctx, q.db.dialect.LockRow(), id)
 }
 
@@ -78,7 +98,7 @@ func (q *queries) ListTasks(ctx context.Context, f store.TaskFilter, p store.Pag
 		conds, args = append(conds, "instance_id = ?"), append(args, f.InstanceID)
 	}
 	if f.Target != "" {
-		conds, args = append(conds, "target = ?"), append(args, f.Target)
+		conds, args = append(conds, "target = ?"), append(args, string(f.Target))
 	}
 	if len(f.Statuses) > 0 {
 		conds, args = append(conds, "status "+in(len(f.Statuses))), append(args, anySlice(f.Statuses)...)
@@ -95,20 +115,23 @@ func (q *queries) ListTasks(ctx context.Context, f store.TaskFilter, p store.Pag
 }
 
 func (q *queries) UpdateTask(ctx context.Context, t *store.Task) error {
-	args := taskArgs(t)
+	args, err := taskArgs(t)
+	if err != nil {
+		return fmt.Errorf("update task: %w", err)
+	}
 	res, err := q.exec(ctx, `UPDATE tasks SET target = ?, instance_id = ?, kind = ?, payload = ?, status = ?, lease_owner = ?, lease_expires_at = ?,
 		attempts = ?, max_attempts = ?, exit_code = ?, output = ?, output_truncated = ?, error_message = ?, progress = ?, cancel_requested = ?,
-		updated_at = ? WHERE id = ?`, append(append(args[1:16:16], args[17]), t.ID)...)
+		updated_at = ? WHERE id = ?`, append(append(args[1:16:16], args[17]), string(t.ID))...)
 	return mustAffect(res, err, "task", t.ID)
 }
 
 func (q *queries) ClaimTask(ctx context.Context, c store.TaskClaim) (*store.Task, error) {
-	conds, args := []string{"status = 'pending'", "target = ?"}, []any{c.Target}
+	conds, args := []string{"status = 'pending'", "target = ?"}, []any{string(c.Target)}
 	if c.InstanceID != "" {
 		conds, args = append(conds, "instance_id = ?"), append(args, c.InstanceID)
 	}
 	if c.TaskID != "" {
-		conds, args = append(conds, "id = ?"), append(args, c.TaskID)
+		conds, args = append(conds, "id = ?"), append(args, string(c.TaskID))
 	}
 	// The inner SELECT locks the row it picks (SKIP LOCKED on PostgreSQL,
 	// so a concurrent claimer moves on to the next task); the outer UPDATE
@@ -119,7 +142,7 @@ func (q *queries) ClaimTask(ctx context.Context, c store.TaskClaim) (*store.Task
 		WHERE id = (`+pick+`) AND status = 'pending' RETURNING `+taskCols,
 		append([]any{c.Owner, ts(c.LeaseUntil), ts(c.Now)}, args...)...))
 	if err != nil {
-		return nil, notFound(q.db.classify(err), "pending task for", c.Target+"/"+c.InstanceID+c.TaskID)
+		return nil, notFound(q.db.classify(err), "pending task for", string(c.Target)+"/"+c.InstanceID+c.TaskID.String())
 	}
 	return t, nil
 }
@@ -183,7 +206,7 @@ func (q *queries) AgentWork(ctx context.Context, instanceID string) (bool, []*st
 
 func (q *queries) ListInstancesWithAgentWork(ctx context.Context) ([]string, error) {
 	rows, err := q.query(ctx, `SELECT DISTINCT instance_id FROM tasks WHERE target = ?
-		AND (status = 'pending' OR (status IN ('leased', 'running') AND cancel_requested = ?))`, store.TaskTargetAgent, true)
+		AND (status = 'pending' OR (status IN ('leased', 'running') AND cancel_requested = ?))`, string(store.TaskTargetAgent), true)
 	if err != nil {
 		return nil, fmt.Errorf("list instances with agent work: %w", err)
 	}

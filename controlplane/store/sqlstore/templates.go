@@ -27,7 +27,7 @@ func scanTemplate(s scanner) (*store.Template, error) {
 
 func (q *queries) CreateTemplate(ctx context.Context, t *store.Template) error {
 	if t.ID == "" {
-		t.ID = newID()
+		t.ID = store.TemplateID(newID())
 	}
 	_, err := q.exec(ctx, `INSERT INTO templates (`+templateCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?)`,
 		t.ID, t.Name, t.KernelDigest, t.InitramfsDigest, t.KernelArgs, t.RequireSignedModules, strings.Join(t.RequiredSigners, ","), ts(t.CreatedAt), ts(t.UpdatedAt), t.Console, t.RequireAttestation)
@@ -60,8 +60,8 @@ func (q *queries) loadTemplateModules(ctx context.Context, ts []*store.Template)
 	if len(ts) == 0 {
 		return nil
 	}
-	byID := make(map[string]*store.Template, len(ts))
-	ids := make([]string, 0, len(ts))
+	byID := make(map[store.TemplateID]*store.Template, len(ts))
+	ids := make([]store.TemplateID, 0, len(ts))
 	for _, t := range ts {
 		byID[t.ID] = t
 		t.RootModules, t.ExtensionModules = nil, nil
@@ -73,7 +73,8 @@ func (q *queries) loadTemplateModules(ctx context.Context, ts []*store.Template)
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var id, kind string
+		var id store.TemplateID
+		var kind string
 		var r store.ModuleRef
 		if err := rows.Scan(&id, &kind, &r.Name, &r.Version); err != nil {
 			return fmt.Errorf("load template modules: %w", err)
@@ -103,8 +104,8 @@ func (q *queries) GetTemplate(ctx context.Context, name string) (*store.Template
 	return q.getTemplate(ctx, "name", name)
 }
 
-func (q *queries) GetTemplateByID(ctx context.Context, id string) (*store.Template, error) {
-	return q.getTemplate(ctx, "id", id)
+func (q *queries) GetTemplateByID(ctx context.Context, id store.TemplateID) (*store.Template, error) {
+	return q.getTemplate(ctx, "id", id.String())
 }
 
 func (q *queries) ListTemplates(ctx context.Context, p store.Page) ([]*store.Template, error) {

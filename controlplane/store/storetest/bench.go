@@ -131,7 +131,7 @@ func BenchStreamTaskCheck(b *testing.B, s store.Store) {
 		{"AgentWork", func(id string) error { _, _, err := s.AgentWork(c, id); return err }},
 		{"ListTasks", func(id string) error {
 			_, err := s.ListTasks(c, store.TaskFilter{InstanceID: id, Target: store.TaskTargetAgent,
-				Statuses: []string{store.TaskPending, store.TaskLeased, store.TaskRunning}}, store.Page{Limit: store.MaxPageSize})
+				Statuses: []store.TaskStatus{store.TaskPending, store.TaskLeased, store.TaskRunning}}, store.Page{Limit: store.MaxPageSize})
 			return err
 		}},
 	} {

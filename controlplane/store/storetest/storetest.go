@@ -383,9 +383,9 @@ func testInstances(t *testing.T, s store.Store) {
 	hb := t0.Add(time.Minute)
 	in := &store.Instance{
 		NodeID: n.ID, Status: lifecycle.Pending, Provider: "qemu", Region: "local", InstanceType: "small", OperationID: "op-1",
-		Hold: true, HoldReason: "ops", Cordon: &store.Cordon{By: "alice", Reason: "disk", At: t0, PoolStateBefore: lifecycle.PoolReady},
-		LastHeartbeatAt: &hb, AgentPhase: "pulling", RunningModules: []string{"sha256:aa", "sha256:bb"}, Addresses: []string{"10.0.2.15"},
 		CreatedAt: t0, UpdatedAt: t0,
+		Holds:       store.Holds{Hold: true, HoldReason: "ops", Cordon: &store.Cordon{By: "alice", Reason: "disk", At: t0, PoolStateBefore: lifecycle.PoolReady}},
+		AgentReport: store.AgentReport{LastHeartbeatAt: &hb, AgentPhase: "pulling", RunningModules: []string{"sha256:aa", "sha256:bb"}, Addresses: []string{"10.0.2.15"}},
 	}
 	must(t, s.CreateInstance(c, in))
 	got, err := s.GetInstance(c, in.ID)
@@ -704,7 +704,7 @@ func testCertificates(t *testing.T, s store.Store) {
 	}
 }
 
-func newTask(instanceID, target string, at time.Time) *store.Task {
+func newTask(instanceID string, target store.TaskTarget, at time.Time) *store.Task {
 	return &store.Task{Target: target, InstanceID: instanceID, Kind: "exec", Payload: []byte(`{"argv":["true"]}`),
 		Status: store.TaskPending, MaxAttempts: 3, CreatedAt: at, UpdatedAt: at}
 }
@@ -748,7 +748,7 @@ func testTasks(t *testing.T, s store.Store) {
 	if len(list) != 2 {
 		t.Fatalf("ListTasks = %d", len(list))
 	}
-	list, err = s.ListTasks(c, store.TaskFilter{Statuses: []string{store.TaskPending}}, store.Page{})
+	list, err = s.ListTasks(c, store.TaskFilter{Statuses: []store.TaskStatus{store.TaskPending}}, store.Page{})
 	must(t, err)
 	if len(list) != 2 {
 		t.Fatalf("ListTasks(pending) = %d", len(list))
@@ -759,7 +759,7 @@ func testTasks(t *testing.T, s store.Store) {
 // agent task or a cancellation to relay, once, and nothing else.
 func testInstancesWithAgentWork(t *testing.T, s store.Store) {
 	c := ctx(t)
-	add := func(instance, target, status string, cancel bool) {
+	add := func(instance string, target store.TaskTarget, status store.TaskStatus, cancel bool) {
 		tk := newTask(instance, target, t0)
 		tk.Status, tk.CancelRequested = status, cancel
 		if status == store.TaskLeased || status == store.TaskRunning {
@@ -830,7 +830,7 @@ func testTaskClaimRace(t *testing.T, s store.Store) {
 	for i := 0; i < tasks; i++ {
 		must(t, s.CreateTask(c, newTask("i1", store.TaskTargetWorker, t0.Add(time.Duration(i)*time.Millisecond))))
 	}
-	seen := map[string]string{}
+	seen := map[store.TaskID]string{}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for w := 0; w < claimers; w++ {
@@ -901,8 +901,8 @@ func testTaskLeaseExpiry(t *testing.T, s store.Store) {
 func testEvents(t *testing.T, s store.Store) {
 	c := ctx(t)
 	kinds := []struct {
-		kind     string
-		sev      int
+		kind     store.EventKind
+		sev      store.Severity
 		instance string
 		pool     string
 		corr     string
@@ -976,8 +976,8 @@ func testEvents(t *testing.T, s store.Store) {
 	}
 }
 
-func kindsOf(es []*store.Event) []string {
-	var out []string
+func kindsOf(es []*store.Event) []store.EventKind {
+	var out []store.EventKind
 	for _, e := range es {
 		out = append(out, e.Kind)
 	}
@@ -1271,12 +1271,12 @@ func testPruneRecords(t *testing.T, s store.Store) {
 			t.Fatalf("PruneRecords(limit %d) = %+v, want %+v", b.limit, p, b.want)
 		}
 	}
-	for _, id := range []string{done.ID, done2.ID} {
+	for _, id := range []store.TaskID{done.ID, done2.ID} {
 		if _, err := s.GetTask(c, id); !errors.Is(err, store.ErrNotFound) {
 			t.Fatalf("old finished task %s survived", id)
 		}
 	}
-	for _, id := range []string{running.ID, fresh.ID} {
+	for _, id := range []store.TaskID{running.ID, fresh.ID} {
 		if _, err := s.GetTask(c, id); err != nil {
 			t.Fatalf("task %s must stay (unfinished or recent): %v", id, err)
 		}

@@ -46,7 +46,7 @@ func BenchmarkFleetPage(b *testing.B) {
 		}
 		err = st.Tx(ctx, func(q store.Queries) error {
 			for i := 0; i < perPool; i++ {
-				node := &store.Node{Name: fmt.Sprintf("%s-%03d", pool.Name, i), TemplateID: pool.TemplateId, Enabled: true,
+				node := &store.Node{Name: fmt.Sprintf("%s-%03d", pool.Name, i), TemplateID: store.TemplateID(pool.TemplateId), Enabled: true,
 					Config: []byte("{}"), CreatedAt: t0, UpdatedAt: t0}
 				if err := q.CreateNode(ctx, node); err != nil {
 					return err
@@ -55,8 +55,7 @@ func BenchmarkFleetPage(b *testing.B) {
 				// A fresh heartbeat, or liveness spends the run presuming them dead.
 				hb := time.Now().Add(time.Hour)
 				if err := q.CreateInstance(ctx, &store.Instance{NodeID: node.ID, Status: "running", Provider: "external",
-					CloudInstanceID: node.Name, PoolID: pool.Id, PoolState: lifecycle.PoolReady, PoolWarmingStartedAt: &w,
-					PoolReadyAt: &w, LastHeartbeatAt: &hb, Addresses: []string{"10.9.0.1"}, CreatedAt: w, UpdatedAt: w}); err != nil {
+					CloudInstanceID: node.Name, CreatedAt: w, UpdatedAt: w, PoolMember: store.PoolMember{PoolID: pool.Id, PoolState: lifecycle.PoolReady, PoolWarmingStartedAt: &w, PoolReadyAt: &w}, AgentReport: store.AgentReport{LastHeartbeatAt: &hb, Addresses: []string{"10.9.0.1"}}}); err != nil {
 					return err
 				}
 			}

@@ -42,8 +42,8 @@ func TestPageAndMaskRefuseNamingTheField(t *testing.T) {
 }
 
 func TestNeedsAdmin(t *testing.T) {
-	as := func(role string) context.Context {
-		return WithCaller(context.Background(), Caller{Identity: pki.Identity{Kind: pki.KindAdmin, Name: "ann", Role: role}})
+	as := func(role store.Role) context.Context {
+		return WithCaller(context.Background(), Caller{Identity: pki.Identity{Kind: pki.KindAdmin, Name: "ann", Role: role.String()}})
 	}
 	tests := []struct {
 		name string

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/tetherfleet/tether/controlplane/fail"
+	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/pki"
 )
 
@@ -47,24 +48,16 @@ func By(ctx context.Context) string {
 	return c.Identity.Name
 }
 
-// Roles, weakest first. The role is in the admin certificate.
+// Roles, weakest first (store.Role). The role is in the admin certificate.
 const (
-	RoleViewer   = "viewer"
-	RoleOperator = "operator"
-	RoleAdmin    = "admin"
+	RoleViewer   = store.RoleViewer
+	RoleOperator = store.RoleOperator
+	RoleAdmin    = store.RoleAdmin
 )
 
-var roleRank = map[string]int{RoleViewer: 1, RoleOperator: 2, RoleAdmin: 3}
-
-// ValidRole reports whether role is one of the three roles.
-func ValidRole(role string) bool {
-	_, ok := roleRank[role]
-	return ok
-}
-
-// AtLeast reports whether role is min or stronger (an unknown role is
-// weaker than every known one).
-func AtLeast(role, min string) bool { return roleRank[role] >= roleRank[min] }
+// AtLeast reports whether role (a certificate's text) is min or stronger;
+// an unknown role may do nothing.
+func AtLeast(role string, min store.Role) bool { return store.Role(role).AtLeast(min) }
 
 // NeedsAdmin refuses a caller below admin that sets what, for the reason
 // why: some fields of a call an operator may make decide more than the

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/tetherfleet/tether/controlplane/api/protoconv"
 	"github.com/tetherfleet/tether/controlplane/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/controlplane/tasks"
@@ -67,15 +68,6 @@ func PoolStateName(s v1.PoolState) lifecycle.PoolState {
 	return lifecycle.PoolState(StoredName("POOL_STATE_", s))
 }
 
-// TaskKindName is the stored form of a task kind.
-func TaskKindName(k v1.TaskKind) string { return StoredName("TASK_KIND_", k) }
-
-// TaskStatusName is the stored form of a task status.
-func TaskStatusName(s v1.TaskStatus) string { return StoredName("TASK_STATUS_", s) }
-
-// TaskTargetName is the stored form of a task target.
-func TaskTargetName(t v1.TaskTarget) string { return StoredName("TASK_TARGET_", t) }
-
 // InstanceStatus is the proto form of an instance status.
 func InstanceStatus(s lifecycle.State) v1.InstanceStatus {
 	return FromStored[v1.InstanceStatus]("INSTANCE_STATUS_", string(s), v1.InstanceStatus_value)
@@ -89,21 +81,6 @@ func AgentPhase(name string) v1.AgentPhase {
 // PoolState is the proto form of a pool state.
 func PoolState(s lifecycle.PoolState) v1.PoolState {
 	return FromStored[v1.PoolState]("POOL_STATE_", string(s), v1.PoolState_value)
-}
-
-// TaskKind is the proto form of a task kind.
-func TaskKind(name string) v1.TaskKind {
-	return FromStored[v1.TaskKind]("TASK_KIND_", name, v1.TaskKind_value)
-}
-
-// TaskStatus is the proto form of a task status.
-func TaskStatus(name string) v1.TaskStatus {
-	return FromStored[v1.TaskStatus]("TASK_STATUS_", name, v1.TaskStatus_value)
-}
-
-// TaskTarget is the proto form of a task target.
-func TaskTarget(name string) v1.TaskTarget {
-	return FromStored[v1.TaskTarget]("TASK_TARGET_", name, v1.TaskTarget_value)
 }
 
 // JSONStruct is a stored JSON object as a Struct (nil when empty or not an object).
@@ -136,7 +113,7 @@ func TemplateProto(t *store.Template, modules map[store.ModuleRef]*store.Module)
 		return out
 	}
 	return &v1.Template{
-		Id: t.ID, Name: t.Name, RootModules: refs(t.RootModules), ExtensionModules: refs(t.ExtensionModules),
+		Id: t.ID.String(), Name: t.Name, RootModules: refs(t.RootModules), ExtensionModules: refs(t.ExtensionModules),
 		KernelDigest: t.KernelDigest, InitramfsDigest: t.InitramfsDigest, KernelArgs: t.KernelArgs,
 		Console: TemplateConsole(t), RequireSignedModules: t.RequireSignedModules, CreatedAt: Timestamp(t.CreatedAt), UpdatedAt: Timestamp(t.UpdatedAt),
 		RequiredSigners: t.RequiredSigners, RequireAttestation: t.RequireAttestation,
@@ -155,7 +132,7 @@ func ModuleProto(m *store.Module) *v1.Module {
 
 // NodeProto converts a node.
 func NodeProto(n *store.Node, templateName string) *v1.Node {
-	return &v1.Node{Id: n.ID, Name: n.Name, TemplateId: n.TemplateID, TemplateName: templateName, Enabled: n.Enabled,
+	return &v1.Node{Id: n.ID, Name: n.Name, TemplateId: n.TemplateID.String(), TemplateName: templateName, Enabled: n.Enabled,
 		Config: JSONStruct(n.Config), PublicAddress: n.PublicAddress, Macs: n.MACs, EkHashes: n.EKHashes, RequireAttestation: n.RequireAttestation, Bmc: NodeBMCProto(n.BMC), CreatedAt: Timestamp(n.CreatedAt), UpdatedAt: Timestamp(n.UpdatedAt)}
 }
 
@@ -194,25 +171,18 @@ func PresenceProto(p *store.Presence, now time.Time) *v1.AgentPresence {
 
 // CertProto converts a certificate.
 func CertProto(c *store.Certificate) *v1.Certificate {
-	kind := v1.CertificateKind_CERTIFICATE_KIND_NODE
-	switch c.Kind {
-	case store.CertKindAdmin:
-		kind = v1.CertificateKind_CERTIFICATE_KIND_ADMIN
-	case store.CertKindServer:
-		kind = v1.CertificateKind_CERTIFICATE_KIND_SERVER
-	}
-	return &v1.Certificate{Serial: c.Serial, InstanceId: c.InstanceID, Kind: kind, Subject: c.Subject,
+	return &v1.Certificate{Serial: c.Serial, InstanceId: c.InstanceID, Kind: protoconv.CertKind(c.Kind), Subject: c.Subject,
 		NotBefore: Timestamp(c.NotBefore), NotAfter: Timestamp(c.NotAfter), RevokedAt: TimestampPtr(c.RevokedAt), RevokeReason: c.RevokeReason}
 }
 
 // TaskProto converts a task.
 func TaskProto(t *store.Task) *v1.Task {
 	p := &v1.Task{
-		Id: t.ID, Target: TaskTarget(t.Target), InstanceId: t.InstanceID, Kind: TaskKind(t.Kind), Status: TaskStatus(t.Status),
+		Id: t.ID.String(), Target: protoconv.TaskTarget(t.Target), InstanceId: t.InstanceID, Kind: protoconv.TaskKind(t.Kind), Status: protoconv.TaskStatus(t.Status),
 		LeaseOwner: t.LeaseOwner, LeaseExpiresAt: TimestampPtr(t.LeaseExpiresAt), Attempts: int32(t.Attempts), MaxAttempts: int32(t.MaxAttempts),
 		ErrorMessage: t.ErrorMessage, Progress: t.Progress, CreatedAt: Timestamp(t.CreatedAt), UpdatedAt: Timestamp(t.UpdatedAt),
 	}
-	if t.Kind == "exec" {
+	if t.Kind == store.TaskKindExec {
 		var e tasks.Exec
 		if json.Unmarshal(t.Payload, &e) == nil {
 			p.Exec = &v1.ExecPayload{Argv: e.Argv, TimeoutSeconds: e.TimeoutSeconds}
@@ -230,7 +200,7 @@ func TaskProto(t *store.Task) *v1.Task {
 
 // EventProto converts an event.
 func EventProto(e *store.Event) *v1.FleetEvent {
-	return &v1.FleetEvent{Id: strconv.FormatInt(e.ID, 10), Kind: e.Kind, Severity: v1.Severity(e.Severity), InstanceId: e.InstanceID,
+	return &v1.FleetEvent{Id: strconv.FormatInt(e.ID, 10), Kind: e.Kind.String(), Severity: protoconv.Severity(e.Severity), InstanceId: e.InstanceID,
 		PoolId: e.PoolID, CorrelationId: e.CorrelationID, Message: e.Message, Payload: JSONStruct(e.Payload), CreatedAt: Timestamp(e.CreatedAt)}
 }
 

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tetherfleet/tether/controlplane/api/admin/adminkit"
+	"github.com/tetherfleet/tether/controlplane/api/protoconv"
 	"github.com/tetherfleet/tether/controlplane/events"
 	"github.com/tetherfleet/tether/controlplane/fail"
 	"github.com/tetherfleet/tether/controlplane/store"
@@ -42,7 +43,13 @@ func eventFilter(kind, instance, pool, corr string, sev v1.Severity) (store.Even
 			return store.EventFilter{}, fail.Invalid(f.name, "longer than 256 characters")
 		}
 	}
-	return store.EventFilter{Kind: kind, InstanceID: instance, PoolID: pool, CorrelationID: corr, MinSeverity: int(sev)}, nil
+	min, err := protoconv.SeverityFrom(sev)
+	if err != nil {
+		return store.EventFilter{}, fail.Invalid("min_severity", "%v", err)
+	}
+	// The kind is not checked against the vocabulary: the log keeps the
+	// kinds of every version that wrote it (docs/adr/0050).
+	return store.EventFilter{Kind: store.EventKind(kind), InstanceID: instance, PoolID: pool, CorrelationID: corr, MinSeverity: min}, nil
 }
 
 // ListEvents implements AdminService.

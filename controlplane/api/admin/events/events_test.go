@@ -66,6 +66,13 @@ func TestEventRPCsRefuseBadInput(t *testing.T) {
 			_, err := s.ListEvents(ctx, &v1.ListEventsRequest{CorrelationId: long})
 			return err
 		}, "correlation_id"},
+		{"a severity the proto does not name", func() error {
+			_, err := s.ListEvents(ctx, &v1.ListEventsRequest{MinSeverity: v1.Severity(99)})
+			return err
+		}, "min_severity"},
+		{"watch with a severity the proto does not name", func() error {
+			return s.WatchEvents(&v1.WatchEventsRequest{MinSeverity: v1.Severity(99)}, nil)
+		}, "min_severity"},
 		{"watch with a long pool id", func() error {
 			return s.WatchEvents(&v1.WatchEventsRequest{PoolId: long}, nil)
 		}, "pool_id"},

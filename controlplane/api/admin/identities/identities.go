@@ -100,7 +100,8 @@ func (a *Server) CreateIdentity(ctx context.Context, req *v1.CreateIdentityReque
 	if err := modules.ValidateName("name", req.Name); err != nil {
 		return nil, err
 	}
-	if !adminkit.ValidRole(req.Role) {
+	role, err := store.ParseRole(req.Role)
+	if err != nil {
 		return nil, fail.Invalid("role", "%q: want viewer, operator or admin", req.Role)
 	}
 	ttl, err := identityTTL("ttl_seconds", req.TtlSeconds)
@@ -111,7 +112,7 @@ func (a *Server) CreateIdentity(ctx context.Context, req *v1.CreateIdentityReque
 	if err != nil {
 		return nil, err
 	}
-	return a.issue(ctx, certificates.IdentityIssue{Name: req.Name, Role: req.Role, Key: csr.PublicKey, TTL: ttl})
+	return a.issue(ctx, certificates.IdentityIssue{Name: req.Name, Role: role, Key: csr.PublicKey, TTL: ttl})
 }
 
 // RenewIdentity issues the caller a fresh certificate with the same name
@@ -142,7 +143,7 @@ func (a *Server) RenewIdentity(ctx context.Context, req *v1.RenewIdentityRequest
 		return nil, fail.Precondition("identity %q was granted until %s; only an admin can mint it a new identity", c.Identity.Name, c.NotAfter.UTC().Format(time.RFC3339))
 	}
 	ttl = min(ttl, granted)
-	return a.issue(ctx, certificates.IdentityIssue{Name: c.Identity.Name, Role: c.Identity.Role, Key: csr.PublicKey, TTL: ttl, Renew: true})
+	return a.issue(ctx, certificates.IdentityIssue{Name: c.Identity.Name, Role: store.Role(c.Identity.Role), Key: csr.PublicKey, TTL: ttl, Renew: true})
 }
 
 // ListIdentities implements AdminService.
@@ -188,14 +189,14 @@ func (a *Server) ListAudit(ctx context.Context, req *v1.ListAuditRequest) (*v1.L
 	}
 	out := &v1.ListAuditResponse{}
 	for _, r := range rs {
-		out.Records = append(out.Records, &v1.AuditRecord{Id: r.ID, At: adminkit.Timestamp(r.At), Identity: r.Identity, Role: r.Role,
+		out.Records = append(out.Records, &v1.AuditRecord{Id: r.ID, At: adminkit.Timestamp(r.At), Identity: r.Identity, Role: r.Role.String(),
 			Serial: r.Serial, Method: r.Method, Target: r.Target, Code: r.Code})
 	}
 	return out, nil
 }
 
 func identityProto(id *store.AdminIdentity) *v1.AdminIdentity {
-	out := &v1.AdminIdentity{Name: id.Name, Role: id.Role, Serial: id.Serial, NotAfter: adminkit.Timestamp(id.NotAfter),
+	out := &v1.AdminIdentity{Name: id.Name, Role: id.Role.String(), Serial: id.Serial, NotAfter: adminkit.Timestamp(id.NotAfter),
 		CreatedAt: adminkit.Timestamp(id.CreatedAt)}
 	if !id.RevokedAt.IsZero() {
 		out.RevokedAt = adminkit.Timestamp(id.RevokedAt)

@@ -71,18 +71,18 @@ func listed(t *testing.T, s *identities.Server) string {
 func TestIdentityRPCs(t *testing.T) {
 	s, rv := serve(t)
 	ada := admintest.As("ada", adminkit.RoleAdmin)
-	got, err := s.CreateIdentity(ada, &v1.CreateIdentityRequest{Name: "bob", Role: adminkit.RoleOperator, CsrPem: csr(t)})
-	if err != nil || got.Identity.Name != "bob" || got.Identity.Role != adminkit.RoleOperator || got.CertificatePem == "" || got.CaPem == "" {
+	got, err := s.CreateIdentity(ada, &v1.CreateIdentityRequest{Name: "bob", Role: adminkit.RoleOperator.String(), CsrPem: csr(t)})
+	if err != nil || got.Identity.Name != "bob" || got.Identity.Role != adminkit.RoleOperator.String() || got.CertificatePem == "" || got.CaPem == "" {
 		t.Fatalf("CreateIdentity = %v, %v; want bob's operator certificate and the CA", got, err)
 	}
 	if l := listed(t, s); !strings.HasPrefix(l, "bob/operator/"+got.Identity.Serial) {
 		t.Fatalf("identities = %q; want bob", l)
 	}
 	// bob renews himself: a new serial, the same role.
-	bob := adminkit.WithCaller(context.Background(), adminkit.Caller{Identity: pki.Identity{Kind: pki.KindAdmin, Name: "bob", Role: adminkit.RoleOperator},
+	bob := adminkit.WithCaller(context.Background(), adminkit.Caller{Identity: pki.Identity{Kind: pki.KindAdmin, Name: "bob", Role: adminkit.RoleOperator.String()},
 		Serial: got.Identity.Serial, NotAfter: got.Identity.NotAfter.AsTime()})
 	renewed, err := s.RenewIdentity(bob, &v1.RenewIdentityRequest{CsrPem: csr(t)})
-	if err != nil || renewed.Identity.Serial == got.Identity.Serial || renewed.Identity.Role != adminkit.RoleOperator ||
+	if err != nil || renewed.Identity.Serial == got.Identity.Serial || renewed.Identity.Role != adminkit.RoleOperator.String() ||
 		renewed.Identity.NotAfter.AsTime().After(got.Identity.NotAfter.AsTime()) {
 		t.Fatalf("RenewIdentity = %v, %v; want a new serial, the same role, ending no later", renewed, err)
 	}
@@ -106,7 +106,7 @@ func TestIdentityRPCs(t *testing.T) {
 func TestIdentityRPCsRefuseBadInput(t *testing.T) {
 	s, rv := serve(t)
 	ada := admintest.As("ada", adminkit.RoleAdmin)
-	if _, err := s.CreateIdentity(ada, &v1.CreateIdentityRequest{Name: "bob", Role: adminkit.RoleViewer, CsrPem: csr(t)}); err != nil {
+	if _, err := s.CreateIdentity(ada, &v1.CreateIdentityRequest{Name: "bob", Role: adminkit.RoleViewer.String(), CsrPem: csr(t)}); err != nil {
 		t.Fatal(err)
 	}
 	before := listed(t, s)
@@ -117,7 +117,7 @@ func TestIdentityRPCsRefuseBadInput(t *testing.T) {
 		field string
 	}{
 		{"create without a name", func() error {
-			_, err := s.CreateIdentity(ada, &v1.CreateIdentityRequest{Role: adminkit.RoleViewer, CsrPem: good})
+			_, err := s.CreateIdentity(ada, &v1.CreateIdentityRequest{Role: adminkit.RoleViewer.String(), CsrPem: good})
 			return err
 		}, "name"},
 		{"create with an unknown role", func() error {
@@ -125,11 +125,11 @@ func TestIdentityRPCsRefuseBadInput(t *testing.T) {
 			return err
 		}, "role"},
 		{"create for too long", func() error {
-			_, err := s.CreateIdentity(ada, &v1.CreateIdentityRequest{Name: "eve", Role: adminkit.RoleViewer, CsrPem: good, TtlSeconds: 400 * 24 * 3600})
+			_, err := s.CreateIdentity(ada, &v1.CreateIdentityRequest{Name: "eve", Role: adminkit.RoleViewer.String(), CsrPem: good, TtlSeconds: 400 * 24 * 3600})
 			return err
 		}, "ttl_seconds"},
 		{"create without a CSR", func() error {
-			_, err := s.CreateIdentity(ada, &v1.CreateIdentityRequest{Name: "eve", Role: adminkit.RoleViewer, CsrPem: "not pem"})
+			_, err := s.CreateIdentity(ada, &v1.CreateIdentityRequest{Name: "eve", Role: adminkit.RoleViewer.String(), CsrPem: "not pem"})
 			return err
 		}, "csr_pem"},
 		{"renew with a negative lifetime", func() error {
@@ -156,7 +156,7 @@ func TestIdentityRPCsRefuseBadInput(t *testing.T) {
 			}
 		})
 	}
-	if _, err := s.CreateIdentity(ada, &v1.CreateIdentityRequest{Name: "bob", Role: adminkit.RoleAdmin, CsrPem: good}); fail.Code(err) != codes.AlreadyExists {
+	if _, err := s.CreateIdentity(ada, &v1.CreateIdentityRequest{Name: "bob", Role: adminkit.RoleAdmin.String(), CsrPem: good}); fail.Code(err) != codes.AlreadyExists {
 		t.Fatalf("create bob again = %v; want AlreadyExists", err)
 	}
 	if _, err := s.RenewIdentity(context.Background(), &v1.RenewIdentityRequest{CsrPem: good}); fail.Code(err) != codes.Unauthenticated {

@@ -58,7 +58,7 @@ func PoolProto(v *pool.View) *v1.Pool {
 	m := pool.Effective(p)
 	days := int32(*m.RecordRetentionDays)
 	out := &v1.Pool{
-		Id: p.ID, Name: p.Name, TemplateId: p.TemplateID, TemplateName: v.TemplateName, Provider: p.Provider, Region: p.Region,
+		Id: p.ID, Name: p.Name, TemplateId: p.TemplateID.String(), TemplateName: v.TemplateName, Provider: p.Provider, Region: p.Region,
 		InstanceType: p.InstanceType, LifecycleClass: adminkit.LifecycleClass(p.LifecycleClass), TargetSize: int32(p.TargetSize),
 		MinSize: int32(p.MinSize), MaxSize: int32(p.MaxSize), Status: adminkit.PoolStatus(p.Status),
 		Metadata: &v1.PoolMetadata{WarmingTimeoutSeconds: int32(m.WarmingTimeoutSeconds), ReadyTtlSeconds: int32(m.ReadyTTLSeconds),

@@ -9,6 +9,7 @@ import (
 	"errors"
 
 	"github.com/tetherfleet/tether/controlplane/api/admin/adminkit"
+	"github.com/tetherfleet/tether/controlplane/api/protoconv"
 	"github.com/tetherfleet/tether/controlplane/fail"
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/controlplane/tasks"
@@ -17,7 +18,7 @@ import (
 
 // Reads are the store reads the task RPCs make.
 type Reads interface {
-	GetTask(ctx context.Context, id string) (*store.Task, error)
+	GetTask(ctx context.Context, id store.TaskID) (*store.Task, error)
 	ListTasks(ctx context.Context, f store.TaskFilter, p store.Page) ([]*store.Task, error)
 }
 
@@ -52,7 +53,11 @@ func (a *Server) CreateTask(ctx context.Context, req *v1.CreateTaskRequest) (*v1
 	if req.Kind == v1.TaskKind_TASK_KIND_UNSPECIFIED {
 		return nil, fail.Invalid("kind", "required")
 	}
-	t, err := a.cfg.Tasks.CreateAgentTask(ctx, req.InstanceId, adminkit.TaskKindName(req.Kind), exec, int(req.MaxAttempts))
+	kind, err := protoconv.TaskKindFrom(req.Kind)
+	if err != nil {
+		return nil, fail.Invalid("kind", "%v", err)
+	}
+	t, err := a.cfg.Tasks.CreateAgentTask(ctx, req.InstanceId, kind, exec, int(req.MaxAttempts))
 	if err != nil {
 		return nil, err
 	}
@@ -64,7 +69,7 @@ func (a *Server) GetTask(ctx context.Context, req *v1.GetTaskRequest) (*v1.Task,
 	if req.Id == "" {
 		return nil, fail.Invalid("id", "required")
 	}
-	t, err := a.cfg.Store.GetTask(ctx, req.Id)
+	t, err := a.cfg.Store.GetTask(ctx, store.TaskID(req.Id))
 	if err != nil {
 		return nil, err
 	}
@@ -77,9 +82,17 @@ func (a *Server) ListTasks(ctx context.Context, req *v1.ListTasksRequest) (*v1.L
 	if err != nil {
 		return nil, err
 	}
-	f := store.TaskFilter{InstanceID: req.InstanceId, Target: adminkit.TaskTargetName(req.Target)}
-	if req.Status != v1.TaskStatus_TASK_STATUS_UNSPECIFIED {
-		f.Statuses = []string{adminkit.TaskStatusName(req.Status)}
+	target, err := protoconv.TaskTargetFrom(req.Target)
+	if err != nil {
+		return nil, fail.Invalid("target", "%v", err)
+	}
+	status, err := protoconv.TaskStatusFrom(req.Status)
+	if err != nil {
+		return nil, fail.Invalid("status", "%v", err)
+	}
+	f := store.TaskFilter{InstanceID: req.InstanceId, Target: target}
+	if status != "" {
+		f.Statuses = []store.TaskStatus{status}
 	}
 	ts, err := a.cfg.Store.ListTasks(ctx, f, p)
 	if err != nil {
@@ -95,7 +108,7 @@ func (a *Server) ListTasks(ctx context.Context, req *v1.ListTasksRequest) (*v1.L
 		out.Tasks = append(out.Tasks, pt)
 	}
 	if b.More(len(out.Tasks), len(ts), p.Limit) {
-		out.NextPageToken = ts[len(out.Tasks)-1].ID
+		out.NextPageToken = ts[len(out.Tasks)-1].ID.String()
 	}
 	return out, nil
 }
@@ -105,7 +118,7 @@ func (a *Server) CancelTask(ctx context.Context, req *v1.CancelTaskRequest) (*v1
 	if req.Id == "" {
 		return nil, fail.Invalid("id", "required")
 	}
-	t, err := a.cfg.Tasks.Cancel(ctx, req.Id)
+	t, err := a.cfg.Tasks.Cancel(ctx, store.TaskID(req.Id))
 	if err != nil {
 		return nil, err
 	}

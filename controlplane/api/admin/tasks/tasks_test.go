@@ -90,6 +90,18 @@ func TestTaskRPCsRefuseBadInput(t *testing.T) {
 			_, err := s.CancelTask(ctx, &v1.CancelTaskRequest{})
 			return err
 		}, "id"},
+		{"create with a kind the proto does not name", func() error {
+			_, err := s.CreateTask(ctx, &v1.CreateTaskRequest{InstanceId: id, Kind: v1.TaskKind(99)})
+			return err
+		}, "kind"},
+		{"list by a target the proto does not name", func() error {
+			_, err := s.ListTasks(ctx, &v1.ListTasksRequest{InstanceId: id, Target: v1.TaskTarget(99)})
+			return err
+		}, "target"},
+		{"list by a status the proto does not name", func() error {
+			_, err := s.ListTasks(ctx, &v1.ListTasksRequest{InstanceId: id, Status: v1.TaskStatus(99)})
+			return err
+		}, "status"},
 		{"list with a negative page size", func() error {
 			_, err := s.ListTasks(ctx, &v1.ListTasksRequest{PageSize: -1})
 			return err

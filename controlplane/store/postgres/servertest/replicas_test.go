@@ -152,7 +152,7 @@ func TestLostNotificationReachesAgentBySweep(t *testing.T) {
 			t.Fatalf("B's stream ended before the sweep delivered the task: %v", err)
 		}
 		if ta := msg.GetTask(); ta != nil {
-			if ta.TaskId != task.ID {
+			if ta.TaskId != task.ID.String() {
 				t.Fatalf("B pushed task %s, want %s", ta.TaskId, task.ID)
 			}
 			return

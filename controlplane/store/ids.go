@@ -1,0 +1,16 @@
+package store
+
+// Typed identifiers. A record's ID, and every reference to it from
+// another record or a service's signature, has its own type, so that one
+// kind of id cannot be passed where another is wanted (docs/adr/0050).
+// They are the ids the backends generate (UUIDv7 text), stored as text.
+
+// TemplateID names a template by its id (a node or pool names it so).
+type TemplateID string
+
+func (id TemplateID) String() string { return string(id) }
+
+// TaskID names a task.
+type TaskID string
+
+func (id TaskID) String() string { return string(id) }
