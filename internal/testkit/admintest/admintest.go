@@ -15,8 +15,12 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/tetherfleet/tether/controlplane/api/admin/adminkit"
 	"github.com/tetherfleet/tether/controlplane/daemon/wire"
+	"github.com/tetherfleet/tether/controlplane/fail"
 	"github.com/tetherfleet/tether/controlplane/instances"
 	"github.com/tetherfleet/tether/controlplane/modules"
 	"github.com/tetherfleet/tether/controlplane/store"
@@ -120,4 +124,14 @@ func (e *Env) Module(t *testing.T, name, version string) *store.Module {
 		t.Fatal(err)
 	}
 	return m
+}
+
+// WantInvalid fails t unless err is InvalidArgument and its message starts
+// with the field it names ("field: ..."), as every admin refusal of bad
+// input does.
+func WantInvalid(t *testing.T, err error, field string) {
+	t.Helper()
+	if fail.Code(err) != codes.InvalidArgument || !strings.HasPrefix(status.Convert(err).Message(), field+":") {
+		t.Fatalf("err = %v; want InvalidArgument naming %s", err, field)
+	}
 }

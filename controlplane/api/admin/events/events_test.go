@@ -4,12 +4,8 @@ import (
 	"strings"
 	"testing"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-
 	"github.com/tetherfleet/tether/controlplane/api/admin/adminkit"
 	adminevents "github.com/tetherfleet/tether/controlplane/api/admin/events"
-	"github.com/tetherfleet/tether/controlplane/fail"
 	"github.com/tetherfleet/tether/internal/testkit/admintest"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
@@ -80,9 +76,7 @@ func TestEventRPCsRefuseBadInput(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			err := tt.call()
-			if fail.Code(err) != codes.InvalidArgument || !strings.HasPrefix(status.Convert(err).Message(), tt.field+":") {
-				t.Fatalf("err = %v; want InvalidArgument naming %s", err, tt.field)
-			}
+			admintest.WantInvalid(t, err, tt.field)
 		})
 	}
 }

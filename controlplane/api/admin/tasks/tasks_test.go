@@ -5,12 +5,8 @@ import (
 	"strings"
 	"testing"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-
 	"github.com/tetherfleet/tether/controlplane/api/admin/adminkit"
 	admintasks "github.com/tetherfleet/tether/controlplane/api/admin/tasks"
-	"github.com/tetherfleet/tether/controlplane/fail"
 	"github.com/tetherfleet/tether/internal/testkit/admintest"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
@@ -110,9 +106,7 @@ func TestTaskRPCsRefuseBadInput(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			err := tt.call()
-			if fail.Code(err) != codes.InvalidArgument || !strings.HasPrefix(status.Convert(err).Message(), tt.field+":") {
-				t.Fatalf("err = %v; want InvalidArgument naming %s", err, tt.field)
-			}
+			admintest.WantInvalid(t, err, tt.field)
 			if l := listed(t, s, id); l != before {
 				t.Fatalf("tasks = %q after a refused call; want %q", l, before)
 			}
