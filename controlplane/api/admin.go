@@ -7,6 +7,7 @@ import (
 	admincatalog "github.com/tetherfleet/tether/controlplane/api/admin/catalog"
 	"github.com/tetherfleet/tether/controlplane/api/admin/credentials"
 	adminevents "github.com/tetherfleet/tether/controlplane/api/admin/events"
+	"github.com/tetherfleet/tether/controlplane/api/admin/fleet"
 	"github.com/tetherfleet/tether/controlplane/api/admin/identities"
 	"github.com/tetherfleet/tether/controlplane/api/admin/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/api/admin/pools"
@@ -17,8 +18,7 @@ import (
 
 // The one registered AdminService is composed of the resource servers
 // under admin/, each built from only the part of Config it uses
-// (docs/adr/0047). The handlers not yet moved to a resource package are
-// adminServer's own methods.
+// (docs/adr/0047).
 //
 // Embedded at depth one, a resource's methods win over the
 // Unimplemented ones, which sit at depth two (inside unimplementedAdmin),
@@ -35,6 +35,7 @@ type (
 	tasksAPI       = admintasks.Server
 	eventsAPI      = adminevents.Server
 	catalogAPI     = admincatalog.Server
+	fleetAPI       = fleet.Server
 )
 
 type adminServer struct {
@@ -48,7 +49,7 @@ type adminServer struct {
 	*tasksAPI
 	*eventsAPI
 	*catalogAPI
-	Config
+	*fleetAPI
 }
 
 type unimplementedAdmin struct {
@@ -57,7 +58,7 @@ type unimplementedAdmin struct {
 
 // newAdminServer builds each resource server from its narrow config.
 func newAdminServer(cfg Config) (*adminServer, error) {
-	a := &adminServer{Config: cfg}
+	a := &adminServer{}
 	var err error
 	if a.poolsAPI, err = pools.New(pools.Config{Pools: cfg.Pools}); err != nil {
 		return nil, fmt.Errorf("api: %w", err)
@@ -92,6 +93,16 @@ func newAdminServer(cfg Config) (*adminServer, error) {
 		return nil, fmt.Errorf("api: %w", err)
 	}
 	if a.catalogAPI, err = admincatalog.New(admincatalog.Config{Catalog: cfg.Catalog, Registry: cfg.Registry, Store: cfg.Store, Log: cfg.Log}); err != nil {
+		return nil, fmt.Errorf("api: %w", err)
+	}
+	fl := fleet.Config{Instances: cfg.Instances, Certificates: cfg.Certificates, Reads: cfg.Store, Clock: cfg.Clock, AgentURL: cfg.AgentURL}
+	if cfg.CA != nil {
+		fl.CAFingerprint = cfg.CA.Fingerprint
+	}
+	if cfg.Revoked != nil {
+		fl.Revoked = cfg.Revoked
+	}
+	if a.fleetAPI, err = fleet.New(fl); err != nil {
 		return nil, fmt.Errorf("api: %w", err)
 	}
 	return a, nil

@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"path/filepath"
 	"reflect"
 	"testing"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/controlplane/tasks"
 	"github.com/tetherfleet/tether/internal/clock"
+	"github.com/tetherfleet/tether/pki/ca"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
 
@@ -27,7 +29,11 @@ import (
 // any answer but Unimplemented shows a real handler was reached.
 func TestEveryAdminMethodIsServed(t *testing.T) {
 	var someStore struct{ store.Store } // never reached: each handler fails first
-	a, err := newAdminServer(Config{Store: someStore, Catalog: &catalog.Service{}, Instances: &instances.Service{}, Tasks: &tasks.Service{}, Certificates: &certificates.Service{}, Registry: &modules.Registry{}, Revoked: NewRevocations(),
+	authority, err := ca.Create(filepath.Join(t.TempDir(), "ca"), "compose", clock.NewFake(time.Time{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := newAdminServer(Config{Store: someStore, CA: authority, Catalog: &catalog.Service{}, Instances: &instances.Service{}, Tasks: &tasks.Service{}, Certificates: &certificates.Service{}, Registry: &modules.Registry{}, Revoked: NewRevocations(),
 		Clock: clock.NewFake(time.Time{})})
 	if err != nil {
 		t.Fatal(err)

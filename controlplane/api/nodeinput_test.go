@@ -16,6 +16,9 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/tetherfleet/tether/controlplane/api/admin/fleet"
+	"github.com/tetherfleet/tether/controlplane/certificates"
+	"github.com/tetherfleet/tether/controlplane/instances"
 	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/controlplane/store/sqlite"
 	"github.com/tetherfleet/tether/internal/clock"
@@ -180,7 +183,12 @@ func TestListInstancesPagesWithinTheSizeBudget(t *testing.T) {
 	if err := st.RecordHeartbeats(ctx, hbs); err != nil {
 		t.Fatal(err)
 	}
-	a := &adminServer{Config: Config{Store: st, Clock: clock.Real{}}}
+	// Listing reads only the store: the services are there to satisfy New.
+	a, err := fleet.New(fleet.Config{Reads: st, Clock: clock.Real{}, Instances: &instances.Service{}, Certificates: &certificates.Service{},
+		CAFingerprint: func() string { return "" }})
+	if err != nil {
+		t.Fatal(err)
+	}
 	seen := map[string]bool{}
 	pages := 0
 	req := &v1.ListInstancesRequest{PageSize: 1000}
