@@ -55,7 +55,7 @@ func (d *DB) RunBatch(ctx context.Context, fns []func(q store.Queries) error) ([
 		}
 	}
 	if err := tx.Commit(); err != nil {
-		return nil, d.classify(fmt.Errorf("commit: %w", err))
+		return nil, d.classify(commitErr(ctx, err))
 	}
 	return results, nil
 }

@@ -218,12 +218,24 @@ func (d *DB) tx(ctx context.Context, fn func(q store.Queries) error) error {
 		return err
 	}
 	if err := tx.Commit(); err != nil {
-		return d.classify(fmt.Errorf("commit: %w", err))
+		return d.classify(commitErr(ctx, err))
 	}
 	for _, f := range q.afterCommit {
 		f()
 	}
 	return nil
+}
+
+// commitErr names why a commit failed. When the caller's context ended
+// during the transaction, database/sql has already rolled it back and
+// Commit says only ErrTxDone: the cause is the context (a client that gave
+// up), which callers map to Canceled or DeadlineExceeded, not an internal
+// error.
+func commitErr(ctx context.Context, err error) error {
+	if errors.Is(err, sql.ErrTxDone) && ctx.Err() != nil {
+		return fmt.Errorf("commit: rolled back: %w", ctx.Err())
+	}
+	return fmt.Errorf("commit: %w", err)
 }
 
 // queries implements store.Queries on an Execer.
