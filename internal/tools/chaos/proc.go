@@ -14,6 +14,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
 	"gopkg.in/yaml.v3"
 
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
@@ -183,11 +184,25 @@ func (d *dialer) dial(i int, c *tls.Certificate) (*grpc.ClientConn, error) {
 	if c != nil {
 		t.Certificates = []tls.Certificate{*c}
 	}
-	conn, err := grpc.NewClient(endpoint, grpc.WithTransportCredentials(credentials.NewTLS(t)))
+	conn, err := grpc.NewClient(endpoint, grpc.WithTransportCredentials(credentials.NewTLS(t)),
+		grpc.WithUnaryInterceptor(nameFailures(endpoint)))
 	if err != nil {
 		return nil, fmt.Errorf("dial %s: %w", endpoint, err)
 	}
 	return conn, nil
+}
+
+// nameFailures puts the method and the replica in a failed call's message,
+// keeping its code: a broken invariant then says which call failed where.
+func nameFailures(endpoint string) grpc.UnaryClientInterceptor {
+	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		err := invoker(ctx, method, req, reply, cc, opts...)
+		if err == nil {
+			return nil
+		}
+		st := status.Convert(err)
+		return status.Errorf(st.Code(), "%s on %s: %s", method, endpoint, st.Message())
+	}
 }
 
 // dialAll connects to every replica, presenting c when it is set. On an
