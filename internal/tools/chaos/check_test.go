@@ -162,6 +162,7 @@ func TestMixedBuilds(t *testing.T) {
 	}{
 		{"only the refusals the load provokes", map[codes.Code]int{codes.ResourceExhausted: 40, codes.FailedPrecondition: 3, codes.Canceled: 9},
 			"time=t level=WARN msg=\"slow\"\n", false},
+		{"a call past its deadline: noted, not counted", map[codes.Code]int{codes.DeadlineExceeded: 1, codes.ResourceExhausted: 4}, "", false},
 		{"an internal error", map[codes.Code]int{codes.Internal: 1}, "", true},
 		{"unavailable while nothing was killed", map[codes.Code]int{codes.Unavailable: 2}, "", true},
 		{"an error in a replica's log", nil, "time=t level=ERROR msg=\"column does not exist\"\n", true},
@@ -174,6 +175,9 @@ func TestMixedBuilds(t *testing.T) {
 			r := MixedBuilds(tc.errs, log)
 			if r.OK() == tc.bad {
 				t.Fatalf("violations %v; want bad=%v", r.Violations, tc.bad)
+			}
+			if slow := tc.errs[codes.DeadlineExceeded]; slow > 0 && !strings.Contains(r.String(), "passed their deadline") {
+				t.Fatalf("%d slow calls, but the result does not say so:\n%s", slow, r)
 			}
 		})
 	}

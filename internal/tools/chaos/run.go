@@ -515,7 +515,8 @@ func (h *harness) callErr(err error) {
 	}
 }
 
-func call(ctx context.Context) (context.Context, context.CancelFunc) {
+// call bounds one call of the load.
+func (h *harness) call(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, 10*time.Second)
 }
 
@@ -529,7 +530,7 @@ func call(ctx context.Context) (context.Context, context.CancelFunc) {
 func (h *harness) adminCall(ctx context.Context, f func(context.Context, v1.AdminServiceClient) error) error {
 	first := mrand.IntN(len(h.admins))
 	for k := 0; ; k++ {
-		cctx, cancel := call(ctx)
+		cctx, cancel := h.call(ctx)
 		err := f(cctx, h.admins[(first+k)%len(h.admins)])
 		cancel()
 		if err == nil {
@@ -626,7 +627,7 @@ func (h *harness) agent(ctx context.Context, cancel context.CancelFunc, token st
 	sum := sha256.Sum256([]byte(token))
 	var resp *v1.EnrollResponse
 	for resp == nil {
-		cctx, cancel := call(ctx)
+		cctx, cancel := h.call(ctx)
 		resp, err = v1.NewEnrollmentServiceClient(conns[cur]).Enroll(cctx, &v1.EnrollRequest{Token: token, CsrPem: csr})
 		cancel()
 		if err != nil {
@@ -648,7 +649,7 @@ func (h *harness) agent(ctx context.Context, cancel context.CancelFunc, token st
 	if mrand.IntN(4) == 0 {
 		// The replay goes to another replica when there is one: a token
 		// spent on one must be spent on all.
-		cctx, cancel := call(ctx)
+		cctx, cancel := h.call(ctx)
 		_, rerr := v1.NewEnrollmentServiceClient(conns[(cur+1)%len(conns)]).Enroll(cctx, &v1.EnrollRequest{Token: token, CsrPem: csr})
 		cancel()
 		if c := status.Code(rerr); c != codes.Unavailable && c != codes.DeadlineExceeded {
@@ -913,7 +914,7 @@ func (h *harness) dropper(ctx context.Context) {
 				// It finished before the drop: an acknowledged claim like
 				// any other, so record it and give the member back.
 				h.ledger.Claim(Claim{ClaimID: r.ClaimId, InstanceID: r.Instance.GetId(), PoolID: r.PoolId})
-				rctx, rcancel := call(ctx)
+				rctx, rcancel := h.call(ctx)
 				if _, rerr := admin.ReleasePoolMember(rctx, &v1.ReleasePoolMemberRequest{InstanceId: r.Instance.GetId()}); rerr == nil {
 					h.ledger.Release(Release{InstanceID: r.Instance.GetId(), ClaimID: r.ClaimId})
 				} else {
