@@ -85,3 +85,27 @@ func QuoteSome(s string) string {
 	}
 	return fmt.Sprintf("%q", s)
 }
+
+// Fill converts the rows the store returned for a page of limit, in
+// order, until ListBudget is used, and returns the messages with the
+// next page's token: the key of the last row kept, or "" when no row is
+// left after it.
+func Fill[R any, M proto.Message](rows []R, limit int, conv func(R) (M, error), key func(R) string) ([]M, string, error) {
+	var b Budget
+	var out []M
+	for _, r := range rows {
+		m, err := conv(r)
+		if err != nil {
+			return nil, "", err
+		}
+		if !b.Fits(m) {
+			break
+		}
+		out = append(out, m)
+	}
+	next := ""
+	if b.More(len(out), len(rows), limit) {
+		next = key(rows[len(out)-1])
+	}
+	return out, next, nil
+}

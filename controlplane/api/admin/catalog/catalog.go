@@ -184,19 +184,10 @@ func (a *Server) ListTemplates(ctx context.Context, req *v1.ListTemplatesRequest
 		return nil, err
 	}
 	out := &v1.ListTemplatesResponse{}
-	var b adminkit.Budget
-	for _, t := range ts {
-		pt, err := a.templateOut(ctx, t)
-		if err != nil {
-			return nil, err
-		}
-		if !b.Fits(pt) {
-			break
-		}
-		out.Templates = append(out.Templates, pt)
-	}
-	if b.More(len(out.Templates), len(ts), p.Limit) {
-		out.NextPageToken = ts[len(out.Templates)-1].Name
+	if out.Templates, out.NextPageToken, err = adminkit.Fill(ts, p.Limit,
+		func(t *store.Template) (*v1.Template, error) { return a.templateOut(ctx, t) },
+		func(t *store.Template) string { return t.Name }); err != nil {
+		return nil, err
 	}
 	return out, nil
 }
@@ -333,16 +324,9 @@ func (a *Server) ListModules(ctx context.Context, req *v1.ListModulesRequest) (*
 		return nil, err
 	}
 	out := &v1.ListModulesResponse{}
-	var b adminkit.Budget
-	for _, m := range ms {
-		pm := adminkit.ModuleProto(m)
-		if !b.Fits(pm) {
-			break
-		}
-		out.Modules = append(out.Modules, pm)
-	}
-	if b.More(len(out.Modules), len(ms), p.Limit) {
-		out.NextPageToken = store.ModuleCursor(ms[len(out.Modules)-1])
+	if out.Modules, out.NextPageToken, err = adminkit.Fill(ms, p.Limit,
+		func(m *store.Module) (*v1.Module, error) { return adminkit.ModuleProto(m), nil }, store.ModuleCursor); err != nil {
+		return nil, err
 	}
 	return out, nil
 }
@@ -488,19 +472,10 @@ func (a *Server) ListNodes(ctx context.Context, req *v1.ListNodesRequest) (*v1.L
 		return nil, err
 	}
 	out := &v1.ListNodesResponse{}
-	var b adminkit.Budget
-	for _, n := range ns {
-		pn, err := a.nodeOut(ctx, n)
-		if err != nil {
-			return nil, err
-		}
-		if !b.Fits(pn) {
-			break
-		}
-		out.Nodes = append(out.Nodes, pn)
-	}
-	if b.More(len(out.Nodes), len(ns), p.Limit) {
-		out.NextPageToken = ns[len(out.Nodes)-1].Name
+	if out.Nodes, out.NextPageToken, err = adminkit.Fill(ns, p.Limit,
+		func(n *store.Node) (*v1.Node, error) { return a.nodeOut(ctx, n) },
+		func(n *store.Node) string { return n.Name }); err != nil {
+		return nil, err
 	}
 	return out, nil
 }

@@ -72,16 +72,10 @@ func (a *Server) ListEvents(ctx context.Context, req *v1.ListEventsRequest) (*v1
 		return nil, err
 	}
 	out := &v1.ListEventsResponse{}
-	var b adminkit.Budget
-	for _, e := range evs {
-		pe := adminkit.EventProto(e)
-		if !b.Fits(pe) {
-			break
-		}
-		out.Events = append(out.Events, pe)
-	}
-	if b.More(len(out.Events), len(evs), p.Limit) {
-		out.NextPageToken = strconv.FormatInt(evs[len(out.Events)-1].ID, 10)
+	if out.Events, out.NextPageToken, err = adminkit.Fill(evs, p.Limit,
+		func(e *store.Event) (*v1.FleetEvent, error) { return adminkit.EventProto(e), nil },
+		func(e *store.Event) string { return strconv.FormatInt(e.ID, 10) }); err != nil {
+		return nil, err
 	}
 	return out, nil
 }

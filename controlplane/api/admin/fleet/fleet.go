@@ -192,17 +192,14 @@ func (a *Server) ListInstances(ctx context.Context, req *v1.ListInstancesRequest
 		return nil, err
 	}
 	now := a.cfg.Clock.Now()
-	var b adminkit.Budget
-	for _, in := range ins {
-		pi := adminkit.InstanceProto(in, names[in.NodeID])
-		pi.AgentPresence = adminkit.PresenceProto(present[in.ID], now)
-		if !b.Fits(pi) {
-			break
-		}
-		out.Instances = append(out.Instances, pi)
-	}
-	if b.More(len(out.Instances), len(ins), p.Limit) {
-		out.NextPageToken = ins[len(out.Instances)-1].ID
+	if out.Instances, out.NextPageToken, err = adminkit.Fill(ins, p.Limit,
+		func(in *store.Instance) (*v1.Instance, error) {
+			pi := adminkit.InstanceProto(in, names[in.NodeID])
+			pi.AgentPresence = adminkit.PresenceProto(present[in.ID], now)
+			return pi, nil
+		},
+		func(in *store.Instance) string { return in.ID }); err != nil {
+		return nil, err
 	}
 	return out, nil
 }
@@ -232,16 +229,10 @@ func (a *Server) ListCertificates(ctx context.Context, req *v1.ListCertificatesR
 		return nil, err
 	}
 	out := &v1.ListCertificatesResponse{}
-	var b adminkit.Budget
-	for _, c := range cs {
-		pc := adminkit.CertProto(c)
-		if !b.Fits(pc) {
-			break
-		}
-		out.Certificates = append(out.Certificates, pc)
-	}
-	if b.More(len(out.Certificates), len(cs), p.Limit) {
-		out.NextPageToken = cs[len(out.Certificates)-1].Serial
+	if out.Certificates, out.NextPageToken, err = adminkit.Fill(cs, p.Limit,
+		func(c *store.Certificate) (*v1.Certificate, error) { return adminkit.CertProto(c), nil },
+		func(c *store.Certificate) string { return c.Serial }); err != nil {
+		return nil, err
 	}
 	return out, nil
 }

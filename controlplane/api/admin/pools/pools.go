@@ -120,16 +120,10 @@ func (a *Server) ListPools(ctx context.Context, req *v1.ListPoolsRequest) (*v1.L
 		return nil, err
 	}
 	out := &v1.ListPoolsResponse{}
-	var b adminkit.Budget
-	for _, v := range vs {
-		pp := PoolProto(v)
-		if !b.Fits(pp) {
-			break
-		}
-		out.Pools = append(out.Pools, pp)
-	}
-	if b.More(len(out.Pools), len(vs), pg.Limit) {
-		out.NextPageToken = vs[len(out.Pools)-1].Pool.Name
+	if out.Pools, out.NextPageToken, err = adminkit.Fill(vs, pg.Limit,
+		func(v *pool.View) (*v1.Pool, error) { return PoolProto(v), nil },
+		func(v *pool.View) string { return v.Pool.Name }); err != nil {
+		return nil, err
 	}
 	return out, nil
 }

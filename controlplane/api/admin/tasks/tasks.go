@@ -99,16 +99,10 @@ func (a *Server) ListTasks(ctx context.Context, req *v1.ListTasksRequest) (*v1.L
 		return nil, err
 	}
 	out := &v1.ListTasksResponse{}
-	var b adminkit.Budget
-	for _, t := range ts {
-		pt := adminkit.TaskProto(t)
-		if !b.Fits(pt) {
-			break
-		}
-		out.Tasks = append(out.Tasks, pt)
-	}
-	if b.More(len(out.Tasks), len(ts), p.Limit) {
-		out.NextPageToken = ts[len(out.Tasks)-1].ID.String()
+	if out.Tasks, out.NextPageToken, err = adminkit.Fill(ts, p.Limit,
+		func(t *store.Task) (*v1.Task, error) { return adminkit.TaskProto(t), nil },
+		func(t *store.Task) string { return t.ID.String() }); err != nil {
+		return nil, err
 	}
 	return out, nil
 }
