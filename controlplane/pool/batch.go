@@ -29,14 +29,15 @@ func (s *Service) lanes() int {
 // claimTimeout bounds a claim transaction run on behalf of several callers.
 const claimTimeout = 30 * time.Second
 
-// claimReq is one caller's claim.
+// claimReq is one caller's claim: of the pool named by id or name, else
+// of any active pool, narrowed by class.
 type claimReq struct {
-	poolID, class           string
-	named                   *store.Pool
+	poolID, poolName, class string
 	acquiredBy, acquiredFor string
 
 	done   chan struct{}
 	claim  *Claim
+	pool   *store.Pool // the named pool as the claim's transaction read it
 	err    error
 	queued bool // still waiting to be taken into a batch (under batcher.mu)
 }
@@ -64,16 +65,21 @@ func (s *Service) claims() *batcher {
 	return s.batch
 }
 
+// key is what the claims of one batch share: the pool as named and the
+// class, so that a refusal for either is every claim's answer.
 func (r *claimReq) key() string {
-	if r.poolID != "" {
-		return "pool:" + r.poolID
+	switch {
+	case r.poolID != "":
+		return "id:" + r.poolID + "/" + r.class
+	case r.poolName != "":
+		return "name:" + r.poolName + "/" + r.class
 	}
 	return "class:" + r.class
 }
 
 // claim queues r and either runs the batches for its key or waits for the
 // goroutine that does.
-func (b *batcher) claim(ctx context.Context, r *claimReq) (*Claim, error) {
+func (b *batcher) claim(ctx context.Context, r *claimReq) (*Claim, *store.Pool, error) {
 	r.done, r.queued = make(chan struct{}), true
 	k := r.key()
 	b.mu.Lock()
@@ -88,7 +94,7 @@ func (b *batcher) claim(ctx context.Context, r *claimReq) (*Claim, error) {
 	}
 	select {
 	case <-r.done:
-		return r.claim, r.err
+		return r.claim, r.pool, r.err
 	case <-ctx.Done():
 	}
 	// A caller that leaves before its claim was taken is dropped; once
@@ -105,11 +111,11 @@ func (b *batcher) claim(ctx context.Context, r *claimReq) (*Claim, error) {
 		}
 		r.queued = false
 		b.mu.Unlock()
-		return nil, ctx.Err()
+		return nil, nil, ctx.Err()
 	}
 	b.mu.Unlock()
 	<-r.done
-	return r.claim, r.err
+	return r.claim, r.pool, r.err
 }
 
 // run claims for what is queued under k, a batch at a time. Once mine
@@ -175,23 +181,30 @@ func (s *Service) claimBatch(batch []*claimReq) {
 	ctx, cancel := context.WithTimeout(context.Background(), claimTimeout)
 	defer cancel()
 	now := s.Clock.Now()
+	var named *store.Pool
 	var out []*Claim
 	err := s.Store.Tx(ctx, func(q store.Queries) error {
 		var err error
-		out, err = s.claimTx(ctx, q, batch, now)
+		named, out, err = s.claimTx(ctx, q, batch, now)
 		return err
 	})
+	var refused refusal
 	switch {
 	case err == nil:
 		for i, r := range batch {
-			if r.claim = out[i]; r.claim == nil {
+			if r.pool, r.claim = named, out[i]; r.claim == nil {
 				r.err = errNoReady
 			}
 		}
 		return
+	case errors.As(err, &refused):
+		for _, r := range batch {
+			r.err = refused.err
+		}
+		return
 	case errors.Is(err, errNoReady) || len(batch) == 1:
 		for _, r := range batch {
-			r.err = err
+			r.pool, r.err = named, err
 		}
 		return
 	}
@@ -199,9 +212,12 @@ func (s *Service) claimBatch(batch []*claimReq) {
 		var c []*Claim
 		r.err = s.Store.Tx(ctx, func(q store.Queries) error {
 			var err error
-			c, err = s.claimTx(ctx, q, []*claimReq{r}, now)
+			r.pool, c, err = s.claimTx(ctx, q, []*claimReq{r}, now)
 			return err
 		})
+		if errors.As(r.err, &refused) {
+			r.err = refused.err
+		}
 		if r.err == nil {
 			r.claim = c[0]
 		}

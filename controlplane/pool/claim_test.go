@@ -117,6 +117,69 @@ func (f failingQueries) AppendEvents(ctx context.Context, es []*store.Event) err
 	return f.Queries.AppendEvents(ctx, es)
 }
 
+// A batch of claims shares its pool's refusal: each caller gets it, and
+// nothing is claimed.
+func TestBatchedClaimsShareTheirPoolsRefusal(t *testing.T) {
+	eachBackend(t, func(t *testing.T, open func(testing.TB) store.Store) {
+		e := newEnv(t, open)
+		p := e.create("ci", 0, store.PoolMetadata{})
+		seeded := seedReady(t, e.ctx, e.st, p, 4)
+		if _, err := e.svc.Drain(e.ctx, "ci"); err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		for _, ap := range []pool.AcquireParams{{PoolName: "ci"}, {PoolName: "ci"}, {PoolID: p.ID}, {PoolID: p.ID}, {PoolName: "ci"}, {PoolID: p.ID}} {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_, err := e.svc.Acquire(e.ctx, ap)
+				wantCode(t, err, codes.FailedPrecondition)
+			}()
+		}
+		wg.Wait()
+		for _, m := range seeded {
+			if got := e.get(m.ID); got.ClaimID != "" {
+				t.Fatalf("member %s of a draining pool was claimed", m.ID)
+			}
+		}
+	})
+}
+
+// nodeNamesFail fails the read that names the claimed members' nodes.
+type nodeNamesFail struct{ store.Store }
+
+func (f nodeNamesFail) Tx(ctx context.Context, fn func(store.Queries) error) error {
+	return f.Store.Tx(ctx, func(q store.Queries) error { return fn(nodeNamesFailQ{q}) })
+}
+
+type nodeNamesFailQ struct{ store.Queries }
+
+func (nodeNamesFailQ) NodeNames(context.Context, []string) (map[string]string, error) {
+	return nil, errNodeNames
+}
+
+var errNodeNames = errors.New("nodes table unreadable")
+
+// A claim whose answer cannot be completed (its node's name) is rolled
+// back, not handed out without it.
+func TestClaimRollsBackWhenItsNodeNameFails(t *testing.T) {
+	e := newEnv(t, instancestest.SQLite)
+	p := e.create("ci", 0, store.PoolMetadata{})
+	m := seedReady(t, e.ctx, e.st, p, 1)[0]
+	broken := &pool.Service{Store: nodeNamesFail{e.st}, Clock: e.clk, Log: e.svc.Log, Instances: e.inst}
+	if _, err := broken.Acquire(e.ctx, pool.AcquireParams{PoolName: "ci"}); !errors.Is(err, errNodeNames) {
+		t.Fatalf("acquire with unreadable node names: %v", err)
+	}
+	if got := e.get(m.ID); got.PoolState != lifecycle.PoolReady || got.ClaimID != "" {
+		t.Fatalf("the claim was kept: %s %q", got.PoolState, got.ClaimID)
+	}
+	c, err := e.svc.Acquire(e.ctx, pool.AcquireParams{PoolName: "ci"})
+	must(t, err)
+	if c.NodeName == "" || c.Instance.ID != m.ID {
+		t.Fatalf("claim: member %s node %q", c.Instance.ID, c.NodeName)
+	}
+}
+
 // A claim the ledger cannot record is rolled back, not handed out.
 func TestClaimRollsBackWhenItsEventFails(t *testing.T) {
 	eachBackend(t, func(t *testing.T, open func(testing.TB) store.Store) {
@@ -219,6 +282,11 @@ func TestAcquireSelection(t *testing.T) {
 func TestAcquireValidation(t *testing.T) {
 	e := newEnv(t, instancestest.SQLite)
 	e.create("eph", 0, store.PoolMetadata{})
+	drained := e.create("drained", 0, store.PoolMetadata{})
+	seedReady(t, e.ctx, e.st, drained, 1)
+	if _, err := e.svc.Drain(e.ctx, "drained"); err != nil {
+		t.Fatal(err)
+	}
 	long := strings.Repeat("x", 257)
 	tests := []struct {
 		name  string
@@ -235,6 +303,9 @@ func TestAcquireValidation(t *testing.T) {
 		{"unknown pool id", pool.AcquireParams{PoolID: "nope"}, codes.NotFound, ""},
 		{"unknown pool name", pool.AcquireParams{PoolName: "nope"}, codes.NotFound, ""},
 		{"empty pool", pool.AcquireParams{PoolName: "eph"}, codes.ResourceExhausted, ""},
+		{"draining pool by name", pool.AcquireParams{PoolName: "drained"}, codes.FailedPrecondition, ""},
+		{"draining pool by id", pool.AcquireParams{PoolID: drained.ID}, codes.FailedPrecondition, ""},
+		{"class mismatch by id", pool.AcquireParams{PoolID: drained.ID, LifecycleClass: store.ClassSpot}, codes.FailedPrecondition, ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
