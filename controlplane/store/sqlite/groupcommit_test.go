@@ -105,3 +105,59 @@ func TestGroupCommitCancelledBeforeItsTurn(t *testing.T) {
 		t.Fatalf("a cancelled transaction wrote: %v", err)
 	}
 }
+
+// TestPresenceWritesJoinTheQueue: a presence write waits for the
+// committer in the queue, not in SQLite's busy handler, which gives up
+// after its timeout while the committer holds the write lock batch after
+// batch (a connect storm).
+func TestPresenceWritesJoinTheQueue(t *testing.T) {
+	ctx := context.Background()
+	s, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "tether.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	queued := make(chan struct{}, 8)
+	s.OnQueued(func() { queued <- struct{}{} })
+	release, blocking := make(chan struct{}), make(chan error, 1)
+	go func() {
+		blocking <- s.Tx(ctx, func(store.Queries) error { <-release; return nil })
+	}()
+	<-queued // the committer is busy with the blocker
+	now := time.Now()
+	writes := []struct {
+		name string
+		do   func() error
+	}{
+		{"open", func() error {
+			return s.OpenPresence(ctx, &store.Presence{InstanceID: "i-1", Replica: "r", StreamID: "s-1", ConnectedAt: now, LeaseUntil: now.Add(time.Minute)})
+		}},
+		{"renew", func() error { _, err := s.RenewPresence(ctx, "r", now.Add(2*time.Minute)); return err }},
+		{"close", func() error { _, err := s.ClosePresence(ctx, "i-1", "s-1", now); return err }},
+		{"expire", func() error { _, err := s.ExpirePresence(ctx, "r", now); return err }},
+	}
+	done := make(chan error, len(writes))
+	for _, w := range writes {
+		go func() {
+			if err := w.do(); err != nil {
+				done <- fmt.Errorf("%s: %w", w.name, err)
+				return
+			}
+			done <- nil
+		}()
+		select {
+		case <-queued:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("presence %s did not join the group commit queue", w.name)
+		}
+	}
+	close(release)
+	if err := <-blocking; err != nil {
+		t.Fatal(err)
+	}
+	for range writes {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+}

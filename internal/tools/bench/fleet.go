@@ -251,8 +251,10 @@ func StartFleet(ctx context.Context, o FleetOptions) *Fleet {
 }
 
 // identity is agent i's known identity, or a fresh enrollment (saved).
-// A refusal for the enrollment rate is retried after a pause, as an agent
-// retries; any other error is the agent's failure.
+// A transient failure (Unavailable, DeadlineExceeded, ResourceExhausted,
+// Aborted: what the real agent retries, agent/enrollment.go) is counted
+// as a failed attempt and retried after a pause, as the agent does; any
+// other error, or the 20th attempt, is the agent's failure.
 func (f *Fleet) identity(i int, src net.IP) (*SimAgent, error) {
 	if i < len(f.o.Known) {
 		f.reused.Add(1)
@@ -264,8 +266,12 @@ func (f *Fleet) identity(i int, src net.IP) (*SimAgent, error) {
 		enroll = f.o.EnrollFrom(src)
 	}
 	a, err := enrollOne(f.ctx, f.o.Admin, enroll, f.o.Node, func(attempt int, err error) bool {
-		if status.Code(err) != codes.ResourceExhausted || attempt >= 20 {
+		if !transientEnroll(err) || attempt >= 20 {
 			return false
+		}
+		if status.Code(err) != codes.ResourceExhausted {
+			// A refusal for the rate is the limit working, not a failure.
+			f.fail(fmt.Errorf("enroll agent %d (attempt %d, retried): %w", f.o.Offset+i, attempt+1, err))
 		}
 		select {
 		case <-f.ctx.Done():
@@ -284,6 +290,16 @@ func (f *Fleet) identity(i int, src net.IP) (*SimAgent, error) {
 		}
 	}
 	return a, nil
+}
+
+// transientEnroll is the real agent's list of enrollment errors that
+// waiting may fix.
+func transientEnroll(err error) bool {
+	switch status.Code(err) {
+	case codes.Unavailable, codes.DeadlineExceeded, codes.ResourceExhausted, codes.Aborted:
+		return true
+	}
+	return false
 }
 
 func (f *Fleet) fail(err error) {

@@ -5,11 +5,16 @@ import (
 	"crypto/tls"
 	"net"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
+
+	"github.com/tetherfleet/tether/agent/session"
 
 	"github.com/tetherfleet/tether/internal/testkit/testcp"
 	"github.com/tetherfleet/tether/internal/tools/bench"
@@ -121,4 +126,56 @@ func connects(tl []bench.Second) int {
 		n += s.Connects
 	}
 	return n
+}
+
+// flakyEnroll fails its first calls as a connection cut mid-call does.
+type flakyEnroll struct {
+	v1.EnrollmentServiceClient
+	mu    sync.Mutex
+	fails int
+}
+
+func (f *flakyEnroll) Enroll(ctx context.Context, in *v1.EnrollRequest, opts ...grpc.CallOption) (*v1.EnrollResponse, error) {
+	f.mu.Lock()
+	fail := f.fails > 0
+	f.fails--
+	f.mu.Unlock()
+	if fail {
+		return nil, status.Error(codes.Unavailable, "error reading from server: EOF")
+	}
+	return f.EnrollmentServiceClient.Enroll(ctx, in, opts...)
+}
+
+// An enrollment cut by the transport is retried, as the real agent
+// retries it, and counted as a failed attempt: every agent still connects.
+func TestFleetRetriesAnEnrollmentTheTransportCut(t *testing.T) {
+	cp := testcp.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	fleet := cp.SeedFleet(ctx, "edge")
+	dial := func(_ net.IP, cert *tls.Certificate) (*grpc.ClientConn, error) {
+		return grpc.NewClient(cp.Addr, grpc.WithTransportCredentials(credentials.NewTLS(cp.TLS(cert))))
+	}
+	progress := make(chan struct{}, 1)
+	const n = 3
+	f := bench.StartFleet(ctx, bench.FleetOptions{Agents: n, EnrollRate: 100, Dial: dial, Admin: cp.Admin, Node: fleet.Node,
+		Enroll: &flakyEnroll{EnrollmentServiceClient: v1.NewEnrollmentServiceClient(cp.Dial(nil)), fails: 2},
+		Backoff: session.Backoff{Base: time.Millisecond, Cap: time.Millisecond},
+		Progress: func() {
+			select {
+			case progress <- struct{}{}:
+			default:
+			}
+		}})
+	for f.Connected() < n {
+		select {
+		case <-progress:
+		case <-ctx.Done():
+			t.Fatalf("fleet never connected: %+v", f.Stats())
+		}
+	}
+	f.Stop()
+	if st := f.Stats(); st.Enrolled != n || st.Errors != 2 {
+		t.Fatalf("stats %+v: want %d enrolled and the 2 cut attempts counted", st, n)
+	}
 }
