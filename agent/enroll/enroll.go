@@ -106,6 +106,17 @@ type Manager struct {
 	// renewMu serialises enrollments and renewals.
 	renewMu sync.Mutex
 	subs    subscribers
+	// pending is the key of an enrollment not yet answered (under
+	// renewMu): a retry with the same token sends the same CSR, so that an
+	// enrollment whose answer was lost after the control plane spent the
+	// token is answered again instead of refused as a replay.
+	pending *pendingEnrollment
+}
+
+type pendingEnrollment struct {
+	token string
+	key   ed25519.PrivateKey
+	csr   string
 }
 
 // New checks the configuration; it does no I/O.
@@ -291,10 +302,14 @@ func newKeyAndCSR() (ed25519.PrivateKey, string, error) {
 func (m *Manager) Enroll(ctx context.Context, client tetherv1.EnrollmentServiceClient, token string) (*Identity, error) {
 	m.renewMu.Lock()
 	defer m.renewMu.Unlock()
-	key, csr, err := newKeyAndCSR()
-	if err != nil {
-		return nil, fmt.Errorf("enroll: %w", err)
+	if m.pending == nil || m.pending.token != token {
+		key, csr, err := newKeyAndCSR()
+		if err != nil {
+			return nil, fmt.Errorf("enroll: %w", err)
+		}
+		m.pending = &pendingEnrollment{token: token, key: key, csr: csr}
 	}
+	key, csr := m.pending.key, m.pending.csr
 	m.pin.TakeMismatch()
 	resp, err := client.Enroll(ctx, &tetherv1.EnrollRequest{Token: token, CsrPem: csr})
 	if err != nil {
@@ -313,6 +328,7 @@ func (m *Manager) Enroll(ctx context.Context, client tetherv1.EnrollmentServiceC
 	if err := m.commit(id, meta); err != nil {
 		return nil, fmt.Errorf("enroll: %w", err)
 	}
+	m.pending = nil
 	return id, nil
 }
 

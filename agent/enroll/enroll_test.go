@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -520,5 +521,53 @@ func TestExpiredTriesTheTPM(t *testing.T) {
 	defer broken.mu.Unlock()
 	if broken.closed < 2 {
 		t.Fatalf("the opened TPM was closed %d times after two attempts", broken.closed)
+	}
+}
+
+// cutOnce loses its first Enroll call, as a connection cut before the
+// answer arrived does, and records every CSR it is sent.
+type cutOnce struct {
+	tetherv1.EnrollmentServiceClient
+	csrs []string
+}
+
+func (c *cutOnce) Enroll(ctx context.Context, in *tetherv1.EnrollRequest, opts ...grpc.CallOption) (*tetherv1.EnrollResponse, error) {
+	c.csrs = append(c.csrs, in.GetCsrPem())
+	if len(c.csrs) == 1 {
+		return nil, status.Error(codes.Unavailable, "error reading from server: EOF")
+	}
+	return c.EnrollmentServiceClient.Enroll(ctx, in, opts...)
+}
+
+// A retried enrollment sends the same CSR (the control plane answers a
+// spent token again only for the key it was spent for); the next token
+// gets a fresh key.
+func TestEnrollRetrySendsTheSameKey(t *testing.T) {
+	f := newFixture(t)
+	m := f.manager(t, f.ca.Fingerprint)
+	conn, err := m.Dial(false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	client := &cutOnce{EnrollmentServiceClient: tetherv1.NewEnrollmentServiceClient(conn)}
+	ctx := context.Background()
+	tok := f.srv.AddToken("i-1")
+	if _, err := m.Enroll(ctx, client, tok); status.Code(err) != codes.Unavailable {
+		t.Fatalf("first attempt: %v, want the cut", err)
+	}
+	id, err := m.Enroll(ctx, client, tok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(client.csrs) != 2 || client.csrs[0] != client.csrs[1] {
+		t.Fatalf("the retry sent another CSR")
+	}
+	next, err := m.Enroll(ctx, client, f.srv.AddToken("i-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if client.csrs[2] == client.csrs[1] || next.Key.Equal(id.Key) {
+		t.Fatal("a new token reused the previous enrollment's key")
 	}
 }

@@ -67,10 +67,13 @@ func TestRefusalFloodsLeaveBoundedEvents(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// The replays are somebody else's: the token with another key (the
+	// node's own key with its spent token is its retry, answered again).
+	other := testcp.NewNodeKey(t)
 	flood := func() (enrollCodes map[codes.Code]int, fetchCodes map[int]int) {
 		enrollCodes, fetchCodes = map[codes.Code]int{}, map[int]int{}
 		for range tries {
-			_, err := enrollC.Enroll(ctx, &v1.EnrollRequest{Token: token, CsrPem: key.CSRPEM})
+			_, err := enrollC.Enroll(ctx, &v1.EnrollRequest{Token: token, CsrPem: other.CSRPEM})
 			enrollCodes[status.Code(err)]++
 			code, _ := get()
 			fetchCodes[code]++

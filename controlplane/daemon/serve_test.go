@@ -192,9 +192,9 @@ func (g *guardedStore) ClaimTask(a0 context.Context, a1 store.TaskClaim) (*store
 	g.use("ClaimTask")
 	return g.Store.ClaimTask(a0, a1)
 }
-func (g *guardedStore) ConsumeToken(a0 context.Context, a1 string, a2 time.Time) (*store.Token, error) {
+func (g *guardedStore) ConsumeToken(a0 context.Context, a1, a2 string, a3 time.Time) (*store.Token, error) {
 	g.use("ConsumeToken")
-	return g.Store.ConsumeToken(a0, a1, a2)
+	return g.Store.ConsumeToken(a0, a1, a2, a3)
 }
 
 func (g *guardedStore) CountInstances(a0 context.Context, a1 store.InstanceFilter) (int, error) {

@@ -5,6 +5,7 @@ package enroll
 import (
 	"context"
 	"crypto"
+	"crypto/subtle"
 	"crypto/x509"
 	"errors"
 	"fmt"
@@ -95,6 +96,7 @@ func (s *Service) Enroll(ctx context.Context, token, csrPEM string) (*Issued, er
 	if err != nil {
 		return nil, errRefused
 	}
+	key := pki.Fingerprint(csr.RawSubjectPublicKeyInfo)
 	now := s.Clock.Now()
 
 	// A read first, so that a bad token or a bad CSR costs no signature and
@@ -108,6 +110,9 @@ func (s *Service) Enroll(ctx context.Context, token, csrPEM string) (*Issued, er
 		return nil, err
 	}
 	if tok.UsedAt != nil {
+		if sameEnrollment(tok, key, now) {
+			return s.reissue(ctx, tok, csr, now)
+		}
 		s.reused(ctx, tok, now)
 		return nil, errRefused
 	}
@@ -128,63 +133,109 @@ func (s *Service) Enroll(ctx context.Context, token, csrPEM string) (*Issued, er
 	// Only a token racing its instance's termination costs a signature;
 	// it is still refused, and the token is left as it was.
 	spent := tok
-	var required *attestationRequired
 	err = s.Store.Tx(ctx, func(q store.Queries) error {
-		if t, err := q.ConsumeToken(ctx, hash, now); err != nil {
+		if t, err := q.ConsumeToken(ctx, hash, key, now); err != nil {
 			if t != nil {
 				spent = t
 			}
 			return err
 		}
-		gate, err := q.EnrollGate(ctx, tok.InstanceID)
-		if errors.Is(err, store.ErrNotFound) {
-			return errTerminated
-		}
-		if err != nil {
-			return err
-		}
-		if gate.Status == lifecycle.Terminated {
-			return errTerminated
-		}
-		// Rolling back leaves the token unspent: the refusal changes
-		// nothing, and the machine with the TPM is not locked out by
-		// whoever tried its token.
-		if gate.NodeRequiresAttestation {
-			return &attestationRequired{"its node requires TPM attestation"}
-		}
-		if gate.TemplateRequiresAttestation {
-			return &attestationRequired{"its template requires TPM attestation"}
-		}
-		if err := q.CreateCertificate(ctx, s.record(cert, tok.InstanceID, now)); err != nil {
-			return err
-		}
-		_, err = events.E{Kind: events.EnrollSucceeded, InstanceID: tok.InstanceID,
-			Message: "enrolled; certificate " + ca.SerialString(cert),
-			Payload: map[string]any{"serial": ca.SerialString(cert), "not_after": cert.NotAfter.UTC().Format(time.RFC3339)}}.Write(ctx, q, now)
-		return err
+		return s.issueTx(ctx, q, tok.InstanceID, cert, now, events.EnrollSucceeded, "enrolled; certificate "+ca.SerialString(cert))
 	})
-	switch {
-	case errors.Is(err, store.ErrTokenUsed) && spent.UsedAt != nil:
-		// Lost a race with another enrollment using the same token. The
-		// token read before signing was unused: report the one the
-		// transaction found spent (reading the first one's UsedAt crashed
-		// tetherd).
+	if errors.Is(err, store.ErrTokenUsed) && spent.UsedAt != nil {
+		// Another enrollment spent the token between the read and this
+		// transaction: this one's own first try, if it is for the same key
+		// (an agent that retried while its first attempt was still being
+		// answered), else somebody else holding the token.
+		if sameEnrollment(spent, key, now) {
+			return s.reissue(ctx, spent, csr, now)
+		}
 		s.reused(ctx, spent, now)
 		return nil, errRefused
-	case errors.Is(err, errTerminated):
-		s.refused(ctx, tok.InstanceID, now, "instance is terminated or gone")
-		return nil, errRefused
-	case errors.As(err, &required):
-		s.refused(ctx, tok.InstanceID, now, "a token alone is refused: "+required.why)
-		return nil, fail.Precondition("enrollment refused: instance %s needs TPM attestation (%s); a token alone is refused. "+
-			"Boot the machine whose TPM is bound to the node, or clear require_attestation", tok.InstanceID, required.why)
-	case errors.Is(err, store.ErrConflict), errors.Is(err, store.ErrNotFound):
-		s.refused(ctx, tok.InstanceID, now, err.Error())
-		return nil, errRefused
-	case err != nil:
+	}
+	if err := s.refusal(ctx, tok.InstanceID, now, err); err != nil {
 		return nil, err
 	}
 	return &Issued{InstanceID: tok.InstanceID, Cert: cert}, nil
+}
+
+// sameEnrollment says whether an enrollment presenting a spent token for
+// key is the one that spent it, retried because its answer was lost (a
+// connection cut after the commit, a replica that died before replying):
+// the same token, for the same key, while the token would still be
+// valid. Whoever else holds the token cannot present the node's key in a
+// CSR, which the CA checks is signed by it, so this gives a certificate
+// only to the key that already earned one.
+func sameEnrollment(tok *store.Token, key string, now time.Time) bool {
+	return tok.SpentKey != "" && subtle.ConstantTimeCompare([]byte(tok.SpentKey), []byte(key)) == 1 && tok.ExpiresAt.After(now)
+}
+
+// reissue answers a retried enrollment (sameEnrollment) with a new
+// certificate for the same key, after the same checks of the instance.
+func (s *Service) reissue(ctx context.Context, tok *store.Token, csr *x509.CertificateRequest, now time.Time) (*Issued, error) {
+	cert, err := s.CA.SignNode(ctx, csr, tok.InstanceID, s.Lifetime)
+	if err != nil {
+		return nil, fail.Invalid("csr_pem", "%v", err)
+	}
+	err = s.Store.Tx(ctx, func(q store.Queries) error {
+		return s.issueTx(ctx, q, tok.InstanceID, cert, now, events.EnrollRetried,
+			"enrollment retried with its spent token and the same key (its first answer was lost); certificate "+ca.SerialString(cert))
+	})
+	if err := s.refusal(ctx, tok.InstanceID, now, err); err != nil {
+		return nil, err
+	}
+	return &Issued{InstanceID: tok.InstanceID, Cert: cert}, nil
+}
+
+// issueTx checks, inside the enrollment's transaction, that the instance
+// may enroll with a token, and records its certificate and the event.
+func (s *Service) issueTx(ctx context.Context, q store.Queries, instanceID string, cert *x509.Certificate, now time.Time, kind store.EventKind, msg string) error {
+	gate, err := q.EnrollGate(ctx, instanceID)
+	if errors.Is(err, store.ErrNotFound) {
+		return errTerminated
+	}
+	if err != nil {
+		return err
+	}
+	if gate.Status == lifecycle.Terminated {
+		return errTerminated
+	}
+	// Rolling back leaves the token unspent: the refusal changes
+	// nothing, and the machine with the TPM is not locked out by
+	// whoever tried its token.
+	if gate.NodeRequiresAttestation {
+		return &attestationRequired{"its node requires TPM attestation"}
+	}
+	if gate.TemplateRequiresAttestation {
+		return &attestationRequired{"its template requires TPM attestation"}
+	}
+	if err := q.CreateCertificate(ctx, s.record(cert, instanceID, now)); err != nil {
+		return err
+	}
+	_, err = events.E{Kind: kind, InstanceID: instanceID, Message: msg,
+		Payload: map[string]any{"serial": ca.SerialString(cert), "not_after": cert.NotAfter.UTC().Format(time.RFC3339)}}.Write(ctx, q, now)
+	return err
+}
+
+// refusal turns what an enrollment transaction failed with into the
+// answer, recording the refusal (nil: it did not fail).
+func (s *Service) refusal(ctx context.Context, instanceID string, now time.Time, err error) error {
+	var required *attestationRequired
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, errTerminated):
+		s.refused(ctx, instanceID, now, "instance is terminated or gone")
+		return errRefused
+	case errors.As(err, &required):
+		s.refused(ctx, instanceID, now, "a token alone is refused: "+required.why)
+		return fail.Precondition("enrollment refused: instance %s needs TPM attestation (%s); a token alone is refused. "+
+			"Boot the machine whose TPM is bound to the node, or clear require_attestation", instanceID, required.why)
+	case errors.Is(err, store.ErrConflict), errors.Is(err, store.ErrNotFound):
+		s.refused(ctx, instanceID, now, err.Error())
+		return errRefused
+	}
+	return err
 }
 
 // Renew issues a new certificate for the caller's instance, for a fresh key.

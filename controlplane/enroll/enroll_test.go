@@ -204,3 +204,84 @@ func TestEnrollConcurrentReplaysIssueOne(t *testing.T) {
 		t.Fatalf("%d enroll.token_reused events, want 1", n)
 	}
 }
+
+// TestEnrollRetriedForTheSameKey: a node whose answer was lost retries
+// with its spent token and the same CSR and gets a certificate for the
+// same key again (enroll.retried); the same token for another key is a
+// replay, refused; and the retry is refused too once the token would have
+// expired, or the instance was terminated.
+func TestEnrollRetriedForTheSameKey(t *testing.T) {
+	tests := []struct {
+		name    string
+		prepare func(*fixture)
+		sameKey bool
+		wantOK  bool
+	}{
+		{"same key", func(*fixture) {}, true, true},
+		{"another key", func(*fixture) {}, false, false},
+		{"same key after the token's life", func(f *fixture) { f.clk.Advance(2 * time.Hour) }, true, false},
+		{"same key, instance terminated", func(f *fixture) {
+			f.inst.Status = lifecycle.Terminated
+			must(t, f.st.UpdateInstance(context.Background(), f.inst))
+		}, true, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := setup(t)
+			ctx := context.Background()
+			pub, csr := csrPEM(t)
+			first, err := f.svc.Enroll(ctx, f.token, csr)
+			must(t, err)
+			tc.prepare(f)
+			again := csr
+			if !tc.sameKey {
+				_, again = csrPEM(t)
+			}
+			second, err := f.svc.Enroll(ctx, f.token, again)
+			if !tc.wantOK {
+				wantRefused(t, err)
+				if n := countEvents(t, f.st, events.EnrollRetried); n != 0 {
+					t.Fatalf("%d enroll.retried events for a refused retry", n)
+				}
+				return
+			}
+			must(t, err)
+			if second.InstanceID != f.inst.ID || !pub.Equal(second.Cert.PublicKey) ||
+				ca.SerialString(second.Cert) == ca.SerialString(first.Cert) {
+				t.Fatalf("retry issued %s for %s (first %s)", ca.SerialString(second.Cert), second.InstanceID, ca.SerialString(first.Cert))
+			}
+			if _, err := f.st.GetCertificate(ctx, ca.SerialString(second.Cert)); err != nil {
+				t.Fatalf("the retry's certificate is not recorded: %v", err)
+			}
+			if n := countEvents(t, f.st, events.EnrollRetried); n != 1 {
+				t.Fatalf("%d enroll.retried events, want 1", n)
+			}
+			if n := countEvents(t, f.st, events.EnrollTokenReused); n != 0 {
+				t.Fatalf("a retry for the same key was recorded as a replay (%d events)", n)
+			}
+		})
+	}
+}
+
+// TestEnrollRetryRacingItsFirstAttempt: an agent that retries while its
+// first attempt is still being answered sends the same CSR twice at once;
+// both are answered with certificates for its key, and nothing is
+// recorded as a replay.
+func TestEnrollRetryRacingItsFirstAttempt(t *testing.T) {
+	f := setup(t)
+	ctx := context.Background()
+	_, csr := csrPEM(t)
+	errs := make(chan error, 8)
+	for range 8 {
+		go func() {
+			_, err := f.svc.Enroll(ctx, f.token, csr)
+			errs <- err
+		}()
+	}
+	for range 8 {
+		must(t, <-errs)
+	}
+	if n := countEvents(t, f.st, events.EnrollTokenReused); n != 0 {
+		t.Fatalf("%d enroll.token_reused events for one key's own retries", n)
+	}
+}

@@ -25,7 +25,10 @@ const (
 const (
 	EnrollSucceeded   store.EventKind = "enroll.succeeded"
 	EnrollTokenReused store.EventKind = "enroll.token_reused"
-	EnrollRefused     store.EventKind = "enroll.refused"
+	// EnrollRetried: a spent token presented again for the key it was
+	// spent for, answered with a certificate for that key again.
+	EnrollRetried store.EventKind = "enroll.retried"
+	EnrollRefused store.EventKind = "enroll.refused"
 	// EnrollEKMismatch is an attested enrollment whose TPM is not the one
 	// bound to the node: another node's EK, or a new TPM on a node that
 	// has one registered. High severity; the payload names every hash.
@@ -107,7 +110,7 @@ const (
 
 // kinds is the vocabulary: every kind the control plane writes.
 var kinds = []store.EventKind{
-	EnrollSucceeded, EnrollTokenReused, EnrollRefused, EnrollEKMismatch, CertRenewed, CertRevoked,
+	EnrollSucceeded, EnrollTokenReused, EnrollRetried, EnrollRefused, EnrollEKMismatch, CertRenewed, CertRevoked,
 	CertIssued, CAPrepared, CAActivated, CARetired, CAAdopted, TokenIssued, NodeMACGenerated,
 	BMCTLSUnverified, InstanceProvisioned, InstanceTransition, InstanceRunning, InstanceErrored,
 	InstanceAgentError, InstanceSilent, InstancePresumedDead, InstanceBootTimeout, InstanceTerminated,

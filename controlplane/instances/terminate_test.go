@@ -67,7 +67,7 @@ func TestTerminate(t *testing.T) {
 		t.Fatal("the machine survived its terminate")
 	}
 	e.identityEnded(in.ID, "c1")
-	if _, err := e.st.ConsumeToken(e.ctx, pki.HashToken(spare), e.clk.Now()); err == nil {
+	if _, err := e.st.ConsumeToken(e.ctx, pki.HashToken(spare), "", e.clk.Now()); err == nil {
 		t.Fatal("an unused token of a terminated instance was still accepted")
 	}
 	select {

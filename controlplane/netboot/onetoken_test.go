@@ -30,11 +30,11 @@ func TestScriptTokenSupersedesEarlierTokens(t *testing.T) {
 	if served == printed {
 		t.Fatal("the script served the printed token")
 	}
-	_, err = f.st.ConsumeToken(f.ctx, pki.HashToken(printed), f.clk.Now())
+	_, err = f.st.ConsumeToken(f.ctx, pki.HashToken(printed), "", f.clk.Now())
 	if !errors.Is(err, store.ErrTokenExpired) {
 		t.Fatalf("the earlier token after the script's: %v, want it expired", err)
 	}
-	if _, err := f.st.ConsumeToken(f.ctx, pki.HashToken(served), f.clk.Now()); err != nil {
+	if _, err := f.st.ConsumeToken(f.ctx, pki.HashToken(served), "", f.clk.Now()); err != nil {
 		t.Fatalf("the script's token: %v", err)
 	}
 }

@@ -343,6 +343,11 @@ type Token struct {
 	ExpiresAt  time.Time
 	UsedAt     *time.Time
 	CreatedAt  time.Time
+	// SpentKey is the key the enrollment that spent the token was for
+	// (sha256:HEX of its SubjectPublicKeyInfo): a retry with the same
+	// token and the same key is the same enrollment, whose answer was
+	// lost on the way.
+	SpentKey string
 }
 
 // Certificate is an issued identity.

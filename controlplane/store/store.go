@@ -243,10 +243,11 @@ type InstanceQueries interface {
 type TokenQueries interface {
 	CreateToken(ctx context.Context, t *Token) error
 	GetToken(ctx context.Context, hash string) (*Token, error)
-	// ConsumeToken marks an unused, unexpired token used. It returns
-	// ErrNotFound for an unknown token and ErrConflict (wrapping
-	// ErrTokenUsed or ErrTokenExpired) otherwise, with the token.
-	ConsumeToken(ctx context.Context, hash string, now time.Time) (*Token, error)
+	// ConsumeToken marks an unused, unexpired token used, for the key
+	// spentKey (see Token.SpentKey). It returns ErrNotFound for an unknown
+	// token and ErrConflict (wrapping ErrTokenUsed or ErrTokenExpired)
+	// otherwise, with the token.
+	ConsumeToken(ctx context.Context, hash, spentKey string, now time.Time) (*Token, error)
 	// ExpireInstanceTokens ends every unused token of an instance.
 	ExpireInstanceTokens(ctx context.Context, instanceID string, now time.Time) (int, error)
 }

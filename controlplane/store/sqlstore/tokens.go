@@ -9,13 +9,13 @@ import (
 	"github.com/tetherfleet/tether/controlplane/store"
 )
 
-const tokenCols = `hash, instance_id, expires_at, used_at, created_at`
+const tokenCols = `hash, instance_id, expires_at, used_at, created_at, spent_key`
 
 func scanToken(s scanner) (*store.Token, error) {
 	var t store.Token
 	var expires, created int64
 	var used sql.NullInt64
-	if err := s.Scan(&t.Hash, &t.InstanceID, &expires, &used, &created); err != nil {
+	if err := s.Scan(&t.Hash, &t.InstanceID, &expires, &used, &created, &t.SpentKey); err != nil {
 		return nil, err
 	}
 	t.ExpiresAt, t.UsedAt, t.CreatedAt = fromTS(expires), fromNTS(used), fromTS(created)
@@ -23,8 +23,8 @@ func scanToken(s scanner) (*store.Token, error) {
 }
 
 func (q *queries) CreateToken(ctx context.Context, t *store.Token) error {
-	_, err := q.exec(ctx, `INSERT INTO tokens (`+tokenCols+`) VALUES (?,?,?,?,?)`,
-		t.Hash, t.InstanceID, ts(t.ExpiresAt), nts(t.UsedAt), ts(t.CreatedAt))
+	_, err := q.exec(ctx, `INSERT INTO tokens (`+tokenCols+`) VALUES (?,?,?,?,?,?)`,
+		t.Hash, t.InstanceID, ts(t.ExpiresAt), nts(t.UsedAt), ts(t.CreatedAt), t.SpentKey)
 	if err != nil {
 		return fmt.Errorf("create token for instance %s: %w", t.InstanceID, err)
 	}
@@ -40,11 +40,11 @@ func (q *queries) GetToken(ctx context.Context, hash string) (*store.Token, erro
 	return t, nil
 }
 
-func (q *queries) ConsumeToken(ctx context.Context, hash string, now time.Time) (*store.Token, error) {
+func (q *queries) ConsumeToken(ctx context.Context, hash, spentKey string, now time.Time) (*store.Token, error) {
 	// One conditional UPDATE decides: two enrollments racing on the same
 	// token cannot both see it unused.
-	t, err := scanToken(q.row(ctx, `UPDATE tokens SET used_at = ? WHERE hash = ? AND used_at IS NULL AND expires_at > ? RETURNING `+tokenCols,
-		ts(now), hash, ts(now)))
+	t, err := scanToken(q.row(ctx, `UPDATE tokens SET used_at = ?, spent_key = ? WHERE hash = ? AND used_at IS NULL AND expires_at > ? RETURNING `+tokenCols,
+		ts(now), spentKey, hash, ts(now)))
 	if err == nil {
 		return t, nil
 	}

@@ -551,20 +551,23 @@ func testTokens(t *testing.T, s store.Store) {
 	must(t, s.CreateToken(c, &store.Token{Hash: "h2", InstanceID: "i1", ExpiresAt: t0.Add(time.Hour), CreatedAt: t0}))
 	must(t, s.CreateToken(c, &store.Token{Hash: "h3", InstanceID: "i2", ExpiresAt: t0.Add(time.Hour), CreatedAt: t0}))
 
-	tok, err := s.ConsumeToken(c, "h1", t0.Add(time.Minute))
+	tok, err := s.ConsumeToken(c, "h1", "sha256:k1", t0.Add(time.Minute))
 	must(t, err)
-	if tok.InstanceID != "i1" || tok.UsedAt == nil {
+	if tok.InstanceID != "i1" || tok.UsedAt == nil || tok.SpentKey != "sha256:k1" {
 		t.Fatalf("consumed token: %+v", tok)
 	}
-	tok, err = s.ConsumeToken(c, "h1", t0.Add(2*time.Minute))
+	tok, err = s.ConsumeToken(c, "h1", "sha256:k2", t0.Add(2*time.Minute))
 	wantErr(t, err, store.ErrConflict)
 	wantErr(t, err, store.ErrTokenUsed)
-	if tok == nil || tok.InstanceID != "i1" {
-		t.Fatal("a reused token must still name its instance for the audit event")
+	if tok == nil || tok.InstanceID != "i1" || tok.SpentKey != "sha256:k1" {
+		t.Fatalf("a reused token must still name its instance and the key it was spent for: %+v", tok)
 	}
-	_, err = s.ConsumeToken(c, "h2", t0.Add(2*time.Hour))
+	if got, err := s.GetToken(c, "h1"); err != nil || got.SpentKey != "sha256:k1" || !got.UsedAt.Equal(t0.Add(time.Minute)) {
+		t.Fatalf("spent token read back: %+v, %v", got, err)
+	}
+	_, err = s.ConsumeToken(c, "h2", "sha256:k1", t0.Add(2*time.Hour))
 	wantErr(t, err, store.ErrTokenExpired)
-	_, err = s.ConsumeToken(c, "nope", t0)
+	_, err = s.ConsumeToken(c, "nope", "sha256:k1", t0)
 	wantErr(t, err, store.ErrNotFound)
 
 	n, err := s.ExpireInstanceTokens(c, "i2", t0.Add(time.Minute))
@@ -572,7 +575,7 @@ func testTokens(t *testing.T, s store.Store) {
 	if n != 1 {
 		t.Fatalf("ExpireInstanceTokens = %d, want 1", n)
 	}
-	_, err = s.ConsumeToken(c, "h3", t0.Add(2*time.Minute))
+	_, err = s.ConsumeToken(c, "h3", "", t0.Add(2*time.Minute))
 	wantErr(t, err, store.ErrTokenExpired)
 }
 
@@ -625,7 +628,7 @@ func testTokenRace(t *testing.T, s store.Store) {
 		go func() {
 			defer wg.Done()
 			err := s.Tx(c, func(q store.Queries) error {
-				_, err := q.ConsumeToken(c, "race", t0)
+				_, err := q.ConsumeToken(c, "race", "", t0)
 				return err
 			})
 			mu.Lock()

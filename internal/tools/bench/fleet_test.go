@@ -159,7 +159,7 @@ func TestFleetRetriesAnEnrollmentTheTransportCut(t *testing.T) {
 	progress := make(chan struct{}, 1)
 	const n = 3
 	f := bench.StartFleet(ctx, bench.FleetOptions{Agents: n, EnrollRate: 100, Dial: dial, Admin: cp.Admin, Node: fleet.Node,
-		Enroll: &flakyEnroll{EnrollmentServiceClient: v1.NewEnrollmentServiceClient(cp.Dial(nil)), fails: 2},
+		Enroll:  &flakyEnroll{EnrollmentServiceClient: v1.NewEnrollmentServiceClient(cp.Dial(nil)), fails: 2},
 		Backoff: session.Backoff{Base: time.Millisecond, Cap: time.Millisecond},
 		Progress: func() {
 			select {
