@@ -40,11 +40,18 @@ type fleetReport struct {
 	Sources           int     `json:"source_addresses"`
 	HeartbeatInterval string  `json:"heartbeat_interval"`
 	EnrollSeconds     float64 `json:"enroll_seconds"`
-	HoldSeconds       float64 `json:"hold_seconds"`
-	Connected         int64   `json:"connected_at_end"`
-	Errors            int64   `json:"errors"`
-	Reconnects        int64   `json:"reconnects"`
-	HeartbeatsPerSec  float64 `json:"heartbeats_ingested_per_second"`
+	// ConnectCPUPerAgentMS is tetherd's CPU from the first agent's first
+	// contact until every agent is connected, per connected agent: its
+	// provisioning through the admin API (a simulator's stand-in for the
+	// provider), its enrollment, its stream and first heartbeat, and the
+	// heartbeats of agents already up meanwhile. An upper bound on one
+	// node's boot cost to the control plane.
+	ConnectCPUPerAgentMS float64 `json:"server_cpu_ms_per_agent_connecting,omitempty"`
+	HoldSeconds          float64 `json:"hold_seconds"`
+	Connected            int64   `json:"connected_at_end"`
+	Errors               int64   `json:"errors"`
+	Reconnects           int64   `json:"reconnects"`
+	HeartbeatsPerSec     float64 `json:"heartbeats_ingested_per_second"`
 	// Server figures from /proc/PID: RSS before any agent and at the end
 	// of the hold, and CPU over the hold.
 	RSSBaseMiB        float64          `json:"server_rss_base_mib"`
@@ -146,6 +153,7 @@ func fleet(args []string) error {
 	}
 	live0, _ := goInUse(*metrics)
 
+	cpuStart, cpuErr := bench.ProcessCPU(*pid)
 	start := time.Now()
 	var shards []shard
 	if *procs == 1 {
@@ -176,7 +184,11 @@ func fleet(args []string) error {
 		total += n
 	}
 	enrollSecs := time.Since(start).Seconds()
-	fmt.Fprintf(progress, "fleet: %d of %d agents connected in %.0f s; settling %s\n", total, *agents, enrollSecs, *settle)
+	var connectCPU float64
+	if cpuEnd, err := bench.ProcessCPU(*pid); err == nil && cpuErr == nil && total > 0 {
+		connectCPU = float64((cpuEnd - cpuStart).Microseconds()) / 1000 / float64(total)
+	}
+	fmt.Fprintf(progress, "fleet: %d of %d agents connected in %.0f s (tetherd CPU %.2f ms per agent); settling %s\n", total, *agents, enrollSecs, connectCPU, *settle)
 	time.Sleep(*settle)
 
 	before, err := sampleServer(*pid, *metrics)
@@ -244,7 +256,7 @@ func fleet(args []string) error {
 		st.Add(part)
 	}
 	r := fleetReport{Agents: *agents, Procs: *procs, Sources: len(srcs), HeartbeatInterval: interval.String(),
-		EnrollSeconds: enrollSecs, HoldSeconds: holdSecs, Connected: st.Connected, Errors: st.Errors, Reconnects: st.Reconnects,
+		EnrollSeconds: enrollSecs, ConnectCPUPerAgentMS: connectCPU, HoldSeconds: holdSecs, Connected: st.Connected, Errors: st.Errors, Reconnects: st.Reconnects,
 		RSSBaseMiB: float64(rss0) / (1 << 20), FirstErrors: st.FirstErrs, FailuresByCause: st.Causes, ReusedIdentities: st.Reused,
 		RSSSamplesMiB: rssSamples, ServerExited: serverGone}
 	if !serverGone {
