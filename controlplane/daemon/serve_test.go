@@ -267,7 +267,7 @@ func (g *guardedStore) DeletePool(a0 context.Context, a1 string) error {
 	return g.Store.DeletePool(a0, a1)
 }
 
-func (g *guardedStore) DeletePoolMember(a0 context.Context, a1 string) error {
+func (g *guardedStore) DeletePoolMember(a0 context.Context, a1 store.InstanceID) error {
 	g.use("DeletePoolMember")
 	return g.Store.DeletePoolMember(a0, a1)
 }
@@ -282,7 +282,7 @@ func (g *guardedStore) Elector() store.Elector {
 	return g.Store.Elector()
 }
 
-func (g *guardedStore) ExpireInstanceTokens(a0 context.Context, a1 string, a2 time.Time) (int, error) {
+func (g *guardedStore) ExpireInstanceTokens(a0 context.Context, a1 store.InstanceID, a2 time.Time) (int, error) {
 	g.use("ExpireInstanceTokens")
 	return g.Store.ExpireInstanceTokens(a0, a1, a2)
 }
@@ -297,7 +297,7 @@ func (g *guardedStore) GetCertificate(a0 context.Context, a1 string) (*store.Cer
 	return g.Store.GetCertificate(a0, a1)
 }
 
-func (g *guardedStore) GetInstance(a0 context.Context, a1 string) (*store.Instance, error) {
+func (g *guardedStore) GetInstance(a0 context.Context, a1 store.InstanceID) (*store.Instance, error) {
 	g.use("GetInstance")
 	return g.Store.GetInstance(a0, a1)
 }
@@ -407,7 +407,7 @@ func (g *guardedStore) ListTemplates(a0 context.Context, a1 store.Page) ([]*stor
 	return g.Store.ListTemplates(a0, a1)
 }
 
-func (g *guardedStore) LockInstance(a0 context.Context, a1 string) (*store.Instance, error) {
+func (g *guardedStore) LockInstance(a0 context.Context, a1 store.InstanceID) (*store.Instance, error) {
 	g.use("LockInstance")
 	return g.Store.LockInstance(a0, a1)
 }
@@ -447,7 +447,7 @@ func (g *guardedStore) RevokeCertificate(a0 context.Context, a1 string, a2 strin
 	return g.Store.RevokeCertificate(a0, a1, a2, a3)
 }
 
-func (g *guardedStore) RevokeInstanceCertificates(a0 context.Context, a1 string, a2 string, a3 time.Time) ([]string, error) {
+func (g *guardedStore) RevokeInstanceCertificates(a0 context.Context, a1 store.InstanceID, a2 string, a3 time.Time) ([]string, error) {
 	g.use("RevokeInstanceCertificates")
 	return g.Store.RevokeInstanceCertificates(a0, a1, a2, a3)
 }
@@ -492,7 +492,7 @@ func (g *guardedStore) OpenPresence(a0 context.Context, a1 *store.Presence) erro
 	return g.Store.OpenPresence(a0, a1)
 }
 
-func (g *guardedStore) ClosePresence(a0 context.Context, a1 string, a2 string, a3 time.Time) (bool, error) {
+func (g *guardedStore) ClosePresence(a0 context.Context, a1 store.InstanceID, a2 string, a3 time.Time) (bool, error) {
 	g.use("ClosePresence")
 	return g.Store.ClosePresence(a0, a1, a2, a3)
 }
@@ -507,7 +507,7 @@ func (g *guardedStore) ExpirePresence(a0 context.Context, a1 string, a2 time.Tim
 	return g.Store.ExpirePresence(a0, a1, a2)
 }
 
-func (g *guardedStore) ListPresence(a0 context.Context, a1 []string) (map[string]*store.Presence, error) {
+func (g *guardedStore) ListPresence(a0 context.Context, a1 []store.InstanceID) (map[store.InstanceID]*store.Presence, error) {
 	g.use("ListPresence")
 	return g.Store.ListPresence(a0, a1)
 }

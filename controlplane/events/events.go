@@ -139,7 +139,7 @@ func ParseKind(s string) (store.EventKind, error) {
 type E struct {
 	Kind          store.EventKind
 	Severity      store.Severity
-	InstanceID    string
+	InstanceID    store.InstanceID
 	PoolID        string
 	CorrelationID string
 	Message       string

@@ -279,7 +279,7 @@ type Released struct {
 // with a fresh TTL anchor (reused), or fences it if it carries a cordon
 // marker (cordoned). Every disposition writes pool.released with the
 // claim's attribution and held_seconds.
-func (s *Service) Release(ctx context.Context, instanceID, by string) (*Released, error) {
+func (s *Service) Release(ctx context.Context, instanceID store.InstanceID, by string) (*Released, error) {
 	if instanceID == "" {
 		return nil, fail.Invalid("instance_id", "required")
 	}
@@ -368,7 +368,7 @@ func (s *Service) Release(ctx context.Context, instanceID, by string) (*Released
 // one transaction. It reports false when there was nothing to park: the
 // member ended after all, or a terminate of it is still under way (its
 // intent recorded), which the terminate reconciler finishes.
-func (s *Service) parkErrored(ctx context.Context, id, during string, terr error, emit bool) (bool, error) {
+func (s *Service) parkErrored(ctx context.Context, id store.InstanceID, during string, terr error, emit bool) (bool, error) {
 	now := s.Clock.Now()
 	parked := false
 	err := s.Store.Tx(ctx, func(q store.Queries) error {
@@ -403,7 +403,7 @@ func (s *Service) parkErrored(ctx context.Context, id, during string, terr error
 		}
 		_, err = events.E{Kind: events.PoolTerminateFailed, Severity: events.High, InstanceID: id, PoolID: in.PoolID,
 			Message: fmt.Sprintf("%s: terminate of member %s failed; parked errored, its machine may still run: %v", during, id, terr),
-			Payload: map[string]any{"failed_instance_ids": []string{id}, "during": during, "error": terr.Error()}}.Write(ctx, q, now)
+			Payload: map[string]any{"failed_instance_ids": []store.InstanceID{id}, "during": during, "error": terr.Error()}}.Write(ctx, q, now)
 		return err
 	})
 	return parked, err

@@ -50,10 +50,10 @@ func TestAcquireRace(t *testing.T) {
 // race runs n claimers at once and returns the distinct members claimed
 // and how many were told NoReadyMembers. A member claimed twice, or any
 // other error, fails the test.
-func race(t *testing.T, ctx context.Context, n int, acquire func(i int) (*pool.Claim, error)) (map[string]string, int) {
+func race(t *testing.T, ctx context.Context, n int, acquire func(i int) (*pool.Claim, error)) (map[store.InstanceID]string, int) {
 	t.Helper()
 	var mu sync.Mutex
-	got := map[string]string{}
+	got := map[store.InstanceID]string{}
 	exhausted := 0
 	start := make(chan struct{})
 	var wg sync.WaitGroup
@@ -357,7 +357,7 @@ func TestReleaseRefusals(t *testing.T) {
 	must(t, err)
 	tests := []struct {
 		name string
-		id   string
+		id   store.InstanceID
 		code codes.Code
 	}{
 		{"blank id", "", codes.InvalidArgument},

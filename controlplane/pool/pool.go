@@ -402,6 +402,6 @@ func (s *Service) eachMember(ctx context.Context, poolID string, statuses []life
 		if len(ins) < page.Limit {
 			return nil
 		}
-		page.After = ins[len(ins)-1].ID
+		page.After = ins[len(ins)-1].ID.String()
 	}
 }

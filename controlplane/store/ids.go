@@ -14,3 +14,9 @@ func (id TemplateID) String() string { return string(id) }
 type TaskID string
 
 func (id TaskID) String() string { return string(id) }
+
+// InstanceID names an instance: its record, and every record that names
+// one (a task's, an event's, a token's, a certificate's, a presence's).
+type InstanceID string
+
+func (id InstanceID) String() string { return string(id) }

@@ -231,7 +231,7 @@ type Cordon struct {
 // that a reader sees which fields move together while inst.PoolID and the
 // like still read as before.
 type Instance struct {
-	ID              string
+	ID              InstanceID
 	NodeID          string
 	Status          lifecycle.State
 	Provider        string
@@ -326,7 +326,7 @@ type InstanceFilter struct {
 
 // Heartbeat is one coalesced agent heartbeat.
 type Heartbeat struct {
-	InstanceID     string
+	InstanceID     InstanceID
 	At             time.Time
 	Phase          string
 	AgentVersion   string
@@ -339,7 +339,7 @@ type Heartbeat struct {
 // Token is a bootstrap token; only its hash is stored.
 type Token struct {
 	Hash       string
-	InstanceID string
+	InstanceID InstanceID
 	ExpiresAt  time.Time
 	UsedAt     *time.Time
 	CreatedAt  time.Time
@@ -350,7 +350,7 @@ type Certificate struct {
 	Serial string
 	// Issuer is the fingerprint of the CA that signed it.
 	Issuer       string
-	InstanceID   string
+	InstanceID   InstanceID
 	Kind         CertKind
 	Subject      string
 	NotBefore    time.Time
@@ -388,7 +388,7 @@ type Authority struct {
 
 // CertificateFilter narrows ListCertificates.
 type CertificateFilter struct {
-	InstanceID string
+	InstanceID InstanceID
 	// Subject is the identity URI: every certificate an admin identity
 	// was ever issued carries the same one.
 	Subject string
@@ -398,7 +398,7 @@ type CertificateFilter struct {
 type Task struct {
 	ID         TaskID
 	Target     TaskTarget
-	InstanceID string
+	InstanceID InstanceID
 	Kind       TaskKind
 	// Payload is kind-specific JSON (exec: {"argv": [...], "timeout_seconds": N}).
 	Payload         json.RawMessage
@@ -425,7 +425,7 @@ func (t *Task) Terminal() bool {
 
 // TaskFilter narrows ListTasks.
 type TaskFilter struct {
-	InstanceID string
+	InstanceID InstanceID
 	Target     TaskTarget
 	Statuses   []TaskStatus
 }
@@ -434,7 +434,7 @@ type TaskFilter struct {
 type TaskClaim struct {
 	Target TaskTarget
 	// InstanceID narrows to one instance's tasks (agents); empty means any.
-	InstanceID string
+	InstanceID InstanceID
 	// TaskID narrows to one task (the push path leases the task it announces).
 	TaskID     TaskID
 	Owner      string
@@ -447,7 +447,7 @@ type Event struct {
 	ID            int64
 	Kind          EventKind
 	Severity      Severity
-	InstanceID    string
+	InstanceID    InstanceID
 	PoolID        string
 	CorrelationID string
 	Message       string
@@ -458,7 +458,7 @@ type Event struct {
 // EventFilter narrows event reads.
 type EventFilter struct {
 	Kind          EventKind
-	InstanceID    string
+	InstanceID    InstanceID
 	PoolID        string
 	CorrelationID string
 	MinSeverity   Severity

@@ -91,5 +91,5 @@ type PoolQueries interface {
 	// DeletePoolMember deletes a dead member's row (status terminated or
 	// error): the pruning of docs/design.md §4.6. It refuses (ErrConflict) a member that
 	// is alive or not a pool member, so it cannot take a live machine's row.
-	DeletePoolMember(ctx context.Context, id string) error
+	DeletePoolMember(ctx context.Context, id InstanceID) error
 }

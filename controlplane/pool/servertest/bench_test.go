@@ -139,7 +139,7 @@ func seedBench(b *testing.B, ctx context.Context, st store.Store, p *v1.Pool, n 
 					return err
 				}
 				// Its agent counts as connected for the whole run.
-				if err := q.OpenPresence(ctx, &store.Presence{InstanceID: in.ID, Replica: "seed", StreamID: "s-" + in.ID, ConnectedAt: w,
+				if err := q.OpenPresence(ctx, &store.Presence{InstanceID: in.ID, Replica: "seed", StreamID: "s-" + in.ID.String(), ConnectedAt: w,
 					LeaseUntil: w.Add(100 * 365 * 24 * time.Hour)}); err != nil {
 					return err
 				}

@@ -197,7 +197,7 @@ func (q *queries) ClaimPoolMembers(ctx context.Context, poolID, class string, cl
 		b.WriteString(col + " = CASE id")
 		for i, in := range ins {
 			b.WriteString(" WHEN ? THEN ?")
-			*args = append(*args, in.ID, v(claims[i]))
+			*args = append(*args, string(in.ID), v(claims[i]))
 		}
 		b.WriteString(" END")
 		return b.String()
@@ -214,7 +214,7 @@ func (q *queries) ClaimPoolMembers(ctx context.Context, poolID, class string, cl
 	}
 	ids := make([]any, len(ins))
 	for i, in := range ins {
-		ids[i] = in.ID
+		ids[i] = string(in.ID)
 	}
 	args = append(args, ids...)
 	res, err := q.exec(ctx, `UPDATE instances SET pool_state = ?, pool_acquired_at = ?, updated_at = ?, claimed_stale_flagged = ?,
@@ -235,8 +235,8 @@ func (q *queries) ClaimPoolMembers(ctx context.Context, poolID, class string, cl
 	return ins, nil
 }
 
-func (q *queries) DeletePoolMember(ctx context.Context, id string) error {
-	res, err := q.exec(ctx, `DELETE FROM instances WHERE id = ? AND pool_id IS NOT NULL AND status IN ('terminated', 'error')`, id)
+func (q *queries) DeletePoolMember(ctx context.Context, id store.InstanceID) error {
+	res, err := q.exec(ctx, `DELETE FROM instances WHERE id = ? AND pool_id IS NOT NULL AND status IN ('terminated', 'error')`, string(id))
 	if err != nil {
 		return fmt.Errorf("delete pool member %s: %w", id, err)
 	}

@@ -139,7 +139,7 @@ func NodeProto(n *store.Node, templateName string) *v1.Node {
 // InstanceProto converts an instance.
 func InstanceProto(in *store.Instance, nodeName string) *v1.Instance {
 	p := &v1.Instance{
-		Id: in.ID, NodeId: in.NodeID, NodeName: nodeName, Status: InstanceStatus(in.Status), Provider: in.Provider,
+		Id: in.ID.String(), NodeId: in.NodeID, NodeName: nodeName, Status: InstanceStatus(in.Status), Provider: in.Provider,
 		Region: in.Region, InstanceType: in.InstanceType, CloudInstanceId: in.CloudInstanceID, OperationId: in.OperationID,
 		PoolId: in.PoolID, PoolState: PoolState(in.PoolState), PoolWarmingStartedAt: TimestampPtr(in.PoolWarmingStartedAt),
 		PoolReadyAt: TimestampPtr(in.PoolReadyAt), PoolAcquiredAt: TimestampPtr(in.PoolAcquiredAt), ClaimId: in.ClaimID,
@@ -171,14 +171,14 @@ func PresenceProto(p *store.Presence, now time.Time) *v1.AgentPresence {
 
 // CertProto converts a certificate.
 func CertProto(c *store.Certificate) *v1.Certificate {
-	return &v1.Certificate{Serial: c.Serial, InstanceId: c.InstanceID, Kind: protoconv.CertKind(c.Kind), Subject: c.Subject,
+	return &v1.Certificate{Serial: c.Serial, InstanceId: c.InstanceID.String(), Kind: protoconv.CertKind(c.Kind), Subject: c.Subject,
 		NotBefore: Timestamp(c.NotBefore), NotAfter: Timestamp(c.NotAfter), RevokedAt: TimestampPtr(c.RevokedAt), RevokeReason: c.RevokeReason}
 }
 
 // TaskProto converts a task.
 func TaskProto(t *store.Task) *v1.Task {
 	p := &v1.Task{
-		Id: t.ID.String(), Target: protoconv.TaskTarget(t.Target), InstanceId: t.InstanceID, Kind: protoconv.TaskKind(t.Kind), Status: protoconv.TaskStatus(t.Status),
+		Id: t.ID.String(), Target: protoconv.TaskTarget(t.Target), InstanceId: t.InstanceID.String(), Kind: protoconv.TaskKind(t.Kind), Status: protoconv.TaskStatus(t.Status),
 		LeaseOwner: t.LeaseOwner, LeaseExpiresAt: TimestampPtr(t.LeaseExpiresAt), Attempts: int32(t.Attempts), MaxAttempts: int32(t.MaxAttempts),
 		ErrorMessage: t.ErrorMessage, Progress: t.Progress, CreatedAt: Timestamp(t.CreatedAt), UpdatedAt: Timestamp(t.UpdatedAt),
 	}
@@ -200,7 +200,7 @@ func TaskProto(t *store.Task) *v1.Task {
 
 // EventProto converts an event.
 func EventProto(e *store.Event) *v1.FleetEvent {
-	return &v1.FleetEvent{Id: strconv.FormatInt(e.ID, 10), Kind: e.Kind.String(), Severity: protoconv.Severity(e.Severity), InstanceId: e.InstanceID,
+	return &v1.FleetEvent{Id: strconv.FormatInt(e.ID, 10), Kind: e.Kind.String(), Severity: protoconv.Severity(e.Severity), InstanceId: e.InstanceID.String(),
 		PoolId: e.PoolID, CorrelationId: e.CorrelationID, Message: e.Message, Payload: JSONStruct(e.Payload), CreatedAt: Timestamp(e.CreatedAt)}
 }
 
@@ -239,7 +239,7 @@ func PoolStatus(name string) v1.PoolStatus {
 // InstanceReads are the reads InstanceOut makes.
 type InstanceReads interface {
 	GetNodeByID(ctx context.Context, id string) (*store.Node, error)
-	ListPresence(ctx context.Context, ids []string) (map[string]*store.Presence, error)
+	ListPresence(ctx context.Context, ids []store.InstanceID) (map[store.InstanceID]*store.Presence, error)
 }
 
 // InstanceOut converts an instance with its node's name and whether a
@@ -250,10 +250,19 @@ func InstanceOut(ctx context.Context, q InstanceReads, now time.Time, in *store.
 		return nil, err
 	}
 	out := InstanceProto(in, n.Name)
-	ps, err := q.ListPresence(ctx, []string{in.ID})
+	ps, err := q.ListPresence(ctx, []store.InstanceID{in.ID})
 	if err != nil {
 		return nil, err
 	}
 	out.AgentPresence = PresenceProto(ps[in.ID], now)
 	return out, nil
+}
+
+// IDStrings turns typed ids into a response's repeated string field.
+func IDStrings[ID ~string](ids []ID) []string {
+	out := make([]string, len(ids))
+	for i, id := range ids {
+		out[i] = string(id)
+	}
+	return out
 }

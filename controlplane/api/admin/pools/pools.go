@@ -70,7 +70,7 @@ func PoolProto(v *pool.View) *v1.Pool {
 	}
 	for _, mb := range v.Members {
 		in := mb.Instance
-		out.Members = append(out.Members, &v1.PoolMember{InstanceId: in.ID, NodeName: mb.NodeName, PoolState: adminkit.PoolState(in.PoolState),
+		out.Members = append(out.Members, &v1.PoolMember{InstanceId: in.ID.String(), NodeName: mb.NodeName, PoolState: adminkit.PoolState(in.PoolState),
 			Status: adminkit.InstanceStatus(in.Status), PoolWarmingStartedAt: adminkit.TimestampPtr(in.PoolWarmingStartedAt), PoolAcquiredAt: adminkit.TimestampPtr(in.PoolAcquiredAt)})
 	}
 	return out
@@ -180,7 +180,7 @@ func (a *Server) DrainPool(ctx context.Context, req *v1.PoolActionRequest) (*v1.
 		return nil, err
 	}
 	return &v1.DrainPoolResponse{Pool: PoolProto(r.View), Drained: int32(r.Drained), TerminateFailed: int32(r.TerminateFailed),
-		ClaimedRemaining: int32(r.ClaimedRemaining), FailedInstanceIds: r.FailedIDs}, nil
+		ClaimedRemaining: int32(r.ClaimedRemaining), FailedInstanceIds: adminkit.IDStrings(r.FailedIDs)}, nil
 }
 
 func (a *Server) DeletePool(ctx context.Context, req *v1.PoolActionRequest) (*v1.DeletePoolResponse, error) {
@@ -239,7 +239,7 @@ func (a *Server) ReleasePoolMember(ctx context.Context, req *v1.ReleasePoolMembe
 	if err != nil {
 		return nil, err
 	}
-	r, err := ps.Release(ctx, req.InstanceId, adminkit.CallerName(ctx))
+	r, err := ps.Release(ctx, store.InstanceID(req.InstanceId), adminkit.CallerName(ctx))
 	if err != nil {
 		return nil, err
 	}
