@@ -317,7 +317,7 @@ func (g *guardedStore) GetNode(a0 context.Context, a1 string) (*store.Node, erro
 	return g.Store.GetNode(a0, a1)
 }
 
-func (g *guardedStore) GetNodeByID(a0 context.Context, a1 string) (*store.Node, error) {
+func (g *guardedStore) GetNodeByID(a0 context.Context, a1 store.NodeID) (*store.Node, error) {
 	g.use("GetNodeByID")
 	return g.Store.GetNodeByID(a0, a1)
 }

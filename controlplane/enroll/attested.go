@@ -38,7 +38,7 @@ type Attestation struct {
 	// ID names the enrollment; the quote's nonce binds it.
 	ID         string
 	InstanceID store.InstanceID
-	NodeID     string
+	NodeID     store.NodeID
 	EKHash     string
 
 	ak     attestation.AKParams

@@ -46,7 +46,7 @@ type fixture struct {
 	fake   *fake.Provider
 	svc    *instances.Service
 	sensor *liveness.Sensor
-	nodeID string
+	nodeID store.NodeID
 }
 
 var t0 = instancestest.T0

@@ -272,7 +272,7 @@ func TestReplenishMembers(t *testing.T) {
 		if r.Provisioned != 3 || r.Failed != 0 {
 			t.Fatalf("replenish: %+v", r)
 		}
-		nodes := map[string]bool{}
+		nodes := map[store.NodeID]bool{}
 		for _, in := range e.members(p) {
 			n, err := e.st.GetNodeByID(e.ctx, in.NodeID)
 			must(t, err)

@@ -22,7 +22,7 @@ type fixture struct {
 	st     store.Store
 	fake   *fake.Provider
 	syncer *provsync.Syncer
-	nodeID string
+	nodeID store.NodeID
 	tplID  store.TemplateID
 }
 

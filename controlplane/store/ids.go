@@ -20,3 +20,9 @@ func (id TaskID) String() string { return string(id) }
 type InstanceID string
 
 func (id InstanceID) String() string { return string(id) }
+
+// NodeID names a node: its record, and the instances and EK bindings that
+// name it.
+type NodeID string
+
+func (id NodeID) String() string { return string(id) }

@@ -118,7 +118,7 @@ type AuditFilter struct {
 
 // Node is a logical host; it outlives its instances.
 type Node struct {
-	ID            string
+	ID            NodeID
 	Name          string
 	TemplateID    TemplateID
 	Enabled       bool
@@ -232,7 +232,7 @@ type Cordon struct {
 // like still read as before.
 type Instance struct {
 	ID              InstanceID
-	NodeID          string
+	NodeID          NodeID
 	Status          lifecycle.State
 	Provider        string
 	Region          string
@@ -303,7 +303,7 @@ type Termination struct {
 // InstanceFilter narrows ListInstances and CountInstances. Zero fields
 // match everything.
 type InstanceFilter struct {
-	NodeID     string
+	NodeID     NodeID
 	PoolID     string
 	Provider   string
 	Statuses   []lifecycle.State

@@ -181,10 +181,10 @@ type NodeQueries interface {
 	// them in a transaction when n has either, so a refusal leaves nothing.
 	CreateNode(ctx context.Context, n *Node) error
 	GetNode(ctx context.Context, name string) (*Node, error)
-	GetNodeByID(ctx context.Context, id string) (*Node, error)
+	GetNodeByID(ctx context.Context, id NodeID) (*Node, error)
 	// NodeNames maps node ids to names in one query, for lists that show
 	// a name beside each row; an id with no node is absent from the map.
-	NodeNames(ctx context.Context, ids []string) (map[string]string, error)
+	NodeNames(ctx context.Context, ids []NodeID) (map[NodeID]string, error)
 	// GetNodeByMAC finds the node owning a normalised hardware address.
 	GetNodeByMAC(ctx context.Context, mac string) (*Node, error)
 	// NodeByEK finds the node an EK hash (sha256:HEX, lower case) is bound
@@ -192,7 +192,7 @@ type NodeQueries interface {
 	NodeByEK(ctx context.Context, hash string) (*Node, error)
 	// EKNodeID is the id of the node an EK hash is bound to, without the
 	// node: what an attested enrollment checks on its every step.
-	EKNodeID(ctx context.Context, hash string) (string, error)
+	EKNodeID(ctx context.Context, hash string) (NodeID, error)
 	ListNodes(ctx context.Context, f NodeFilter, p Page) ([]*Node, error)
 	UpdateNode(ctx context.Context, n *Node) error
 	// DeleteNode refuses (ErrConflict) while a non-terminated instance of it exists.
@@ -222,7 +222,7 @@ type InstanceQueries interface {
 	InstanceStatus(ctx context.Context, id InstanceID) (lifecycle.State, error)
 	// InstanceNode is an instance's node id and state, in one row: what
 	// an attested enrollment's opening checks before anything else.
-	InstanceNode(ctx context.Context, id InstanceID) (nodeID string, status lifecycle.State, err error)
+	InstanceNode(ctx context.Context, id InstanceID) (nodeID NodeID, status lifecycle.State, err error)
 	// EnrollGate reads an instance's state and whether its node or
 	// template requires attestation, in one query (ErrNotFound if there
 	// is no such instance).

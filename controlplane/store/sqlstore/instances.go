@@ -82,7 +82,7 @@ func instanceArgs(in *store.Instance) ([]any, error) {
 	if err != nil {
 		return nil, fmt.Errorf("instance %s: %w", in.ID, err)
 	}
-	return []any{string(in.ID), in.NodeID, status, in.Provider, in.Region, in.InstanceType, in.CloudInstanceID, nstr(in.OperationID),
+	return []any{string(in.ID), string(in.NodeID), status, in.Provider, in.Region, in.InstanceType, in.CloudInstanceID, nstr(in.OperationID),
 		nstr(in.PoolID), poolState, nts(in.PoolWarmingStartedAt), nts(in.PoolReadyAt), nts(in.PoolAcquiredAt), in.ClaimID, in.AcquiredBy, in.AcquiredFor,
 		in.PoolTerminateAttempts, nts(in.PoolNextTerminateAt), in.ClaimedStaleFlagged, in.HeartbeatStaleFlagged,
 		in.Hold, in.HoldReason, cordonBy, cordonReason, cordonAt, cordonBefore,
@@ -143,8 +143,9 @@ func (q *queries) InstanceStatus(ctx context.Context, id store.InstanceID) (life
 	return st, nil
 }
 
-func (q *queries) InstanceNode(ctx context.Context, id store.InstanceID) (string, lifecycle.State, error) {
-	var node, status string
+func (q *queries) InstanceNode(ctx context.Context, id store.InstanceID) (store.NodeID, lifecycle.State, error) {
+	var node store.NodeID
+	var status string
 	if err := q.row(ctx, `SELECT node_id, status FROM instances WHERE id = ?`, string(id)).Scan(&node, &status); err != nil {
 		return "", "", notFound(q.db.classify(err), "instance", id)
 	}
@@ -187,7 +188,7 @@ func instanceWhere(f store.InstanceFilter) (string, []any, error) {
 	conds := []string{"1 = 1"}
 	var args []any
 	if f.NodeID != "" {
-		conds, args = append(conds, "node_id = ?"), append(args, f.NodeID)
+		conds, args = append(conds, "node_id = ?"), append(args, string(f.NodeID))
 	}
 	if f.PoolID != "" {
 		conds, args = append(conds, "pool_id = ?"), append(args, f.PoolID)

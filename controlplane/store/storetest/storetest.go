@@ -119,7 +119,7 @@ func ref(name, version string) store.ModuleRef {
 	return store.ModuleRef{Name: name, Version: version}
 }
 
-func newInstance(nodeID string, status lifecycle.State) *store.Instance {
+func newInstance(nodeID store.NodeID, status lifecycle.State) *store.Instance {
 	return &store.Instance{NodeID: nodeID, Status: status, Provider: "fake", CreatedAt: t0, UpdatedAt: t0}
 }
 
@@ -259,7 +259,7 @@ func testNodes(t *testing.T, s store.Store) {
 	}
 	// NodeNames answers many ids at once (more than one chunk) and leaves
 	// unknown ones out.
-	ids := []string{n.ID, "no-such-node"}
+	ids := []store.NodeID{n.ID, "no-such-node"}
 	for i := 0; i < 600; i++ {
 		extra := &store.Node{Name: fmt.Sprintf("bulk-%03d", i), TemplateID: tpl.ID, Config: []byte(`{}`), CreatedAt: t0, UpdatedAt: t0}
 		must(t, s.CreateNode(c, extra))
@@ -993,7 +993,7 @@ func seedPool(t *testing.T, s store.Store, name string) *store.Pool {
 	return p
 }
 
-func addMembers(t *testing.T, s store.Store, p *store.Pool, nodeID string, state lifecycle.PoolState, n int) []*store.Instance {
+func addMembers(t *testing.T, s store.Store, p *store.Pool, nodeID store.NodeID, state lifecycle.PoolState, n int) []*store.Instance {
 	var out []*store.Instance
 	for i := 0; i < n; i++ {
 		in := newInstance(nodeID, lifecycle.Running)

@@ -132,14 +132,14 @@ func ModuleProto(m *store.Module) *v1.Module {
 
 // NodeProto converts a node.
 func NodeProto(n *store.Node, templateName string) *v1.Node {
-	return &v1.Node{Id: n.ID, Name: n.Name, TemplateId: n.TemplateID.String(), TemplateName: templateName, Enabled: n.Enabled,
+	return &v1.Node{Id: n.ID.String(), Name: n.Name, TemplateId: n.TemplateID.String(), TemplateName: templateName, Enabled: n.Enabled,
 		Config: JSONStruct(n.Config), PublicAddress: n.PublicAddress, Macs: n.MACs, EkHashes: n.EKHashes, RequireAttestation: n.RequireAttestation, Bmc: NodeBMCProto(n.BMC), CreatedAt: Timestamp(n.CreatedAt), UpdatedAt: Timestamp(n.UpdatedAt)}
 }
 
 // InstanceProto converts an instance.
 func InstanceProto(in *store.Instance, nodeName string) *v1.Instance {
 	p := &v1.Instance{
-		Id: in.ID.String(), NodeId: in.NodeID, NodeName: nodeName, Status: InstanceStatus(in.Status), Provider: in.Provider,
+		Id: in.ID.String(), NodeId: in.NodeID.String(), NodeName: nodeName, Status: InstanceStatus(in.Status), Provider: in.Provider,
 		Region: in.Region, InstanceType: in.InstanceType, CloudInstanceId: in.CloudInstanceID, OperationId: in.OperationID,
 		PoolId: in.PoolID, PoolState: PoolState(in.PoolState), PoolWarmingStartedAt: TimestampPtr(in.PoolWarmingStartedAt),
 		PoolReadyAt: TimestampPtr(in.PoolReadyAt), PoolAcquiredAt: TimestampPtr(in.PoolAcquiredAt), ClaimId: in.ClaimID,
@@ -238,7 +238,7 @@ func PoolStatus(name string) v1.PoolStatus {
 
 // InstanceReads are the reads InstanceOut makes.
 type InstanceReads interface {
-	GetNodeByID(ctx context.Context, id string) (*store.Node, error)
+	GetNodeByID(ctx context.Context, id store.NodeID) (*store.Node, error)
 	ListPresence(ctx context.Context, ids []store.InstanceID) (map[store.InstanceID]*store.Presence, error)
 }
 
