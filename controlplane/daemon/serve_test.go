@@ -178,12 +178,12 @@ func (g *guardedStore) Backend() string {
 	return g.Store.Backend()
 }
 
-func (g *guardedStore) ClaimPoolMember(a0 context.Context, a1 string, a2 string, a3 time.Time) (*store.Instance, error) {
+func (g *guardedStore) ClaimPoolMember(a0 context.Context, a1 store.PoolID, a2 string, a3 time.Time) (*store.Instance, error) {
 	g.use("ClaimPoolMember")
 	return g.Store.ClaimPoolMember(a0, a1, a2, a3)
 }
 
-func (g *guardedStore) ClaimPoolMembers(a0 context.Context, a1 string, a2 string, a3 []store.PoolClaim, a4 time.Time) ([]*store.Instance, error) {
+func (g *guardedStore) ClaimPoolMembers(a0 context.Context, a1 store.PoolID, a2 string, a3 []store.PoolClaim, a4 time.Time) ([]*store.Instance, error) {
 	g.use("ClaimPoolMembers")
 	return g.Store.ClaimPoolMembers(a0, a1, a2, a3, a4)
 }
@@ -207,7 +207,7 @@ func (g *guardedStore) CountModulesWithDigest(a0 context.Context, a1 string) (in
 	return g.Store.CountModulesWithDigest(a0, a1)
 }
 
-func (g *guardedStore) CountPoolMembers(a0 context.Context, a1 string) (store.PoolCounts, error) {
+func (g *guardedStore) CountPoolMembers(a0 context.Context, a1 store.PoolID) (store.PoolCounts, error) {
 	g.use("CountPoolMembers")
 	return g.Store.CountPoolMembers(a0, a1)
 }
@@ -262,7 +262,7 @@ func (g *guardedStore) DeleteNode(a0 context.Context, a1 string) error {
 	return g.Store.DeleteNode(a0, a1)
 }
 
-func (g *guardedStore) DeletePool(a0 context.Context, a1 string) error {
+func (g *guardedStore) DeletePool(a0 context.Context, a1 store.PoolID) error {
 	g.use("DeletePool")
 	return g.Store.DeletePool(a0, a1)
 }
@@ -327,7 +327,7 @@ func (g *guardedStore) GetPool(a0 context.Context, a1 string) (*store.Pool, erro
 	return g.Store.GetPool(a0, a1)
 }
 
-func (g *guardedStore) GetPoolByID(a0 context.Context, a1 string) (*store.Pool, error) {
+func (g *guardedStore) GetPoolByID(a0 context.Context, a1 store.PoolID) (*store.Pool, error) {
 	g.use("GetPoolByID")
 	return g.Store.GetPoolByID(a0, a1)
 }
@@ -412,7 +412,7 @@ func (g *guardedStore) LockInstance(a0 context.Context, a1 store.InstanceID) (*s
 	return g.Store.LockInstance(a0, a1)
 }
 
-func (g *guardedStore) LockPool(a0 context.Context, a1 string) (*store.Pool, error) {
+func (g *guardedStore) LockPool(a0 context.Context, a1 store.PoolID) (*store.Pool, error) {
 	g.use("LockPool")
 	return g.Store.LockPool(a0, a1)
 }

@@ -140,7 +140,7 @@ type E struct {
 	Kind          store.EventKind
 	Severity      store.Severity
 	InstanceID    store.InstanceID
-	PoolID        string
+	PoolID        store.PoolID
 	CorrelationID string
 	Message       string
 	Payload       map[string]any

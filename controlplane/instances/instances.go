@@ -72,7 +72,7 @@ type Service struct {
 // service's queue (pool.Nudges) is one, made before both services, so
 // neither is patched after it is built.
 type PoolEvents interface {
-	MemberLeft(poolID string)
+	MemberLeft(poolID store.PoolID)
 }
 
 // memberLeft reports a member gone from its pool's counts.
@@ -83,7 +83,7 @@ func (s *Service) memberLeft(in *store.Instance) {
 }
 
 // MemberLeft tells Pools, if set, that poolID lost a member.
-func (s *Service) MemberLeft(poolID string) {
+func (s *Service) MemberLeft(poolID store.PoolID) {
 	if s.Pools != nil && poolID != "" {
 		s.Pools.MemberLeft(poolID)
 	}
@@ -100,7 +100,7 @@ const (
 type ProvisionParams struct {
 	Node, Provider, Region, InstanceType, OperationID string
 	// Pool fields, set by the pool service for members.
-	PoolID string
+	PoolID store.PoolID
 }
 
 // Provisioned is the result of Provision.

@@ -31,7 +31,8 @@ const claimTimeout = 30 * time.Second
 
 // claimReq is one caller's claim.
 type claimReq struct {
-	poolID, class           string
+	poolID                  store.PoolID
+	class                   string
 	named                   *store.Pool
 	acquiredBy, acquiredFor string
 
@@ -66,7 +67,7 @@ func (s *Service) claims() *batcher {
 
 func (r *claimReq) key() string {
 	if r.poolID != "" {
-		return "pool:" + r.poolID
+		return "pool:" + r.poolID.String()
 	}
 	return "class:" + r.class
 }

@@ -20,8 +20,9 @@ import (
 // else any active pool with a ready member, narrowed by LifecycleClass.
 // AcquiredBy and AcquiredFor are free text recorded on the claim.
 type AcquireParams struct {
-	PoolID, PoolName, LifecycleClass string
-	AcquiredBy, AcquiredFor          string
+	PoolID                   store.PoolID
+	PoolName, LifecycleClass string
+	AcquiredBy, AcquiredFor  string
 }
 
 // Claim is an acquired member.
@@ -48,7 +49,7 @@ func (s *Service) Acquire(ctx context.Context, p AcquireParams) (*Claim, error) 
 	for _, f := range []struct {
 		name, v string
 		max     int
-	}{{"pool_id", p.PoolID, 64}, {"pool_name", p.PoolName, 63}, {"acquired_by", p.AcquiredBy, maxAttribution}, {"acquired_for", p.AcquiredFor, maxAttribution}} {
+	}{{"pool_id", string(p.PoolID), 64}, {"pool_name", p.PoolName, 63}, {"acquired_by", p.AcquiredBy, maxAttribution}, {"acquired_for", p.AcquiredFor, maxAttribution}} {
 		if len(f.v) > f.max {
 			return nil, fail.Invalid(f.name, "at most %d characters", f.max)
 		}
@@ -69,7 +70,7 @@ func (s *Service) Acquire(ctx context.Context, p AcquireParams) (*Claim, error) 
 	if err != nil {
 		return nil, err
 	}
-	poolID := ""
+	var poolID store.PoolID
 	if named != nil {
 		if named.Status != store.PoolActive {
 			return nil, fail.Precondition("pool %q is %s; acquire is allowed only from an active pool", named.Name, named.Status)
@@ -112,7 +113,7 @@ func (s *Service) claimTx(ctx context.Context, q store.Queries, reqs []*claimReq
 	if err != nil {
 		return nil, err
 	}
-	pools := map[string]*store.Pool{}
+	pools := map[store.PoolID]*store.Pool{}
 	out := make([]*Claim, len(reqs))
 	evs := make([]events.E, 0, len(ms))
 	for i, m := range ms {

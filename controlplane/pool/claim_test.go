@@ -230,7 +230,7 @@ func TestAcquireValidation(t *testing.T) {
 		{"class mismatch", pool.AcquireParams{PoolName: "eph", LifecycleClass: store.ClassSpot}, codes.InvalidArgument, "lifecycle_class"},
 		{"long acquired_by", pool.AcquireParams{AcquiredBy: long}, codes.InvalidArgument, "acquired_by"},
 		{"long acquired_for", pool.AcquireParams{AcquiredFor: long}, codes.InvalidArgument, "acquired_for"},
-		{"long pool id", pool.AcquireParams{PoolID: long}, codes.InvalidArgument, "pool_id"},
+		{"long pool id", pool.AcquireParams{PoolID: store.PoolID(long)}, codes.InvalidArgument, "pool_id"},
 		{"long pool name", pool.AcquireParams{PoolName: long}, codes.InvalidArgument, "pool_name"},
 		{"unknown pool id", pool.AcquireParams{PoolID: "nope"}, codes.NotFound, ""},
 		{"unknown pool name", pool.AcquireParams{PoolName: "nope"}, codes.NotFound, ""},

@@ -235,7 +235,7 @@ func (s *Syncer) confirmDead(ctx context.Context, p providers.Provider, in *stor
 	now := s.Clock.Now()
 	// Tx may run fn again (a lost deadlock): count what committed.
 	n := 0
-	var poolID string
+	var poolID store.PoolID
 	err = s.Store.Tx(ctx, func(q store.Queries) error {
 		n, poolID = 0, ""
 		cur, err := q.LockInstance(ctx, in.ID)

@@ -26,3 +26,9 @@ func (id InstanceID) String() string { return string(id) }
 type NodeID string
 
 func (id NodeID) String() string { return string(id) }
+
+// PoolID names a pool: its record, and the members and events that name
+// it.
+type PoolID string
+
+func (id PoolID) String() string { return string(id) }

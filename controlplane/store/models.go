@@ -253,7 +253,7 @@ type Instance struct {
 // PoolMember is an instance's place in a pool (docs/design.md §4); zero
 // for an instance of no pool.
 type PoolMember struct {
-	PoolID               string
+	PoolID               PoolID
 	PoolState            lifecycle.PoolState
 	PoolWarmingStartedAt *time.Time
 	// PoolReadyAt anchors the ready TTL; reuse resets it.
@@ -304,7 +304,7 @@ type Termination struct {
 // match everything.
 type InstanceFilter struct {
 	NodeID     NodeID
-	PoolID     string
+	PoolID     PoolID
 	Provider   string
 	Statuses   []lifecycle.State
 	PoolStates []lifecycle.PoolState
@@ -448,7 +448,7 @@ type Event struct {
 	Kind          EventKind
 	Severity      Severity
 	InstanceID    InstanceID
-	PoolID        string
+	PoolID        PoolID
 	CorrelationID string
 	Message       string
 	Payload       json.RawMessage // a JSON object
@@ -459,7 +459,7 @@ type Event struct {
 type EventFilter struct {
 	Kind          EventKind
 	InstanceID    InstanceID
-	PoolID        string
+	PoolID        PoolID
 	CorrelationID string
 	MinSeverity   Severity
 }

@@ -134,7 +134,7 @@ func seedBench(b *testing.B, ctx context.Context, st store.Store, p *v1.Pool, n 
 				}
 				w := t0.Add(time.Duration(i) * time.Millisecond)
 				in := &store.Instance{NodeID: node.ID, Status: lifecycle.Running, Provider: "qemu",
-					CloudInstanceID: node.Name, CreatedAt: w, UpdatedAt: w, PoolMember: store.PoolMember{PoolID: p.Id, PoolState: lifecycle.PoolReady, PoolWarmingStartedAt: &w, PoolReadyAt: &w}, AgentReport: store.AgentReport{LastHeartbeatAt: &w, Addresses: []string{"10.9.0.1"}}}
+					CloudInstanceID: node.Name, CreatedAt: w, UpdatedAt: w, PoolMember: store.PoolMember{PoolID: store.PoolID(p.Id), PoolState: lifecycle.PoolReady, PoolWarmingStartedAt: &w, PoolReadyAt: &w}, AgentReport: store.AgentReport{LastHeartbeatAt: &w, Addresses: []string{"10.9.0.1"}}}
 				if err := q.CreateInstance(ctx, in); err != nil {
 					return err
 				}

@@ -103,7 +103,7 @@ func TestMemberOfAKilledReplicaIsNotClaimed(t *testing.T) {
 		}
 		if row.Status == lifecycle.Running {
 			now := time.Now()
-			row.PoolID, row.PoolState, row.PoolWarmingStartedAt, row.PoolReadyAt = p.Id, lifecycle.PoolReady, &now, &now
+			row.PoolID, row.PoolState, row.PoolWarmingStartedAt, row.PoolReadyAt = store.PoolID(p.Id), lifecycle.PoolReady, &now, &now
 			if err := st.UpdateInstance(ctx, row); err != nil {
 				t.Fatal(err)
 			}

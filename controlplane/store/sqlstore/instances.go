@@ -43,7 +43,7 @@ func scanInstance(s scanner) (*store.Instance, error) {
 	if in.PoolState, err = parseStoredPoolState(poolState); err != nil {
 		return nil, fmt.Errorf("instance %s: %w", in.ID, err)
 	}
-	in.OperationID, in.PoolID = opID.String, poolID.String
+	in.OperationID, in.PoolID = opID.String, store.PoolID(poolID.String)
 	in.PoolWarmingStartedAt, in.PoolReadyAt, in.PoolAcquiredAt = fromNTS(warming), fromNTS(ready), fromNTS(acquired)
 	in.PoolNextTerminateAt = fromNTS(nextTerm)
 	if cordonAt.Valid {
@@ -83,7 +83,7 @@ func instanceArgs(in *store.Instance) ([]any, error) {
 		return nil, fmt.Errorf("instance %s: %w", in.ID, err)
 	}
 	return []any{string(in.ID), string(in.NodeID), status, in.Provider, in.Region, in.InstanceType, in.CloudInstanceID, nstr(in.OperationID),
-		nstr(in.PoolID), poolState, nts(in.PoolWarmingStartedAt), nts(in.PoolReadyAt), nts(in.PoolAcquiredAt), in.ClaimID, in.AcquiredBy, in.AcquiredFor,
+		nstr(string(in.PoolID)), poolState, nts(in.PoolWarmingStartedAt), nts(in.PoolReadyAt), nts(in.PoolAcquiredAt), in.ClaimID, in.AcquiredBy, in.AcquiredFor,
 		in.PoolTerminateAttempts, nts(in.PoolNextTerminateAt), in.ClaimedStaleFlagged, in.HeartbeatStaleFlagged,
 		in.Hold, in.HoldReason, cordonBy, cordonReason, cordonAt, cordonBefore,
 		nts(in.LastHeartbeatAt), in.AgentPhase, in.AgentVersion, jsonList(in.RunningModules), in.AgentError, jsonList(in.Addresses), in.BootID, nts(in.SilentSince),
@@ -191,7 +191,7 @@ func instanceWhere(f store.InstanceFilter) (string, []any, error) {
 		conds, args = append(conds, "node_id = ?"), append(args, string(f.NodeID))
 	}
 	if f.PoolID != "" {
-		conds, args = append(conds, "pool_id = ?"), append(args, f.PoolID)
+		conds, args = append(conds, "pool_id = ?"), append(args, string(f.PoolID))
 	}
 	if f.Provider != "" {
 		conds, args = append(conds, "provider = ?"), append(args, f.Provider)

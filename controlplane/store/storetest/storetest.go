@@ -904,7 +904,7 @@ func testEvents(t *testing.T, s store.Store) {
 		kind     store.EventKind
 		sev      store.Severity
 		instance store.InstanceID
-		pool     string
+		pool     store.PoolID
 		corr     string
 	}{
 		{"instance.silent", store.SeverityMedium, "i1", "", ""},

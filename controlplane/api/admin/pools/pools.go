@@ -58,7 +58,7 @@ func PoolProto(v *pool.View) *v1.Pool {
 	m := pool.Effective(p)
 	days := int32(*m.RecordRetentionDays)
 	out := &v1.Pool{
-		Id: p.ID, Name: p.Name, TemplateId: p.TemplateID.String(), TemplateName: v.TemplateName, Provider: p.Provider, Region: p.Region,
+		Id: p.ID.String(), Name: p.Name, TemplateId: p.TemplateID.String(), TemplateName: v.TemplateName, Provider: p.Provider, Region: p.Region,
 		InstanceType: p.InstanceType, LifecycleClass: adminkit.LifecycleClass(p.LifecycleClass), TargetSize: int32(p.TargetSize),
 		MinSize: int32(p.MinSize), MaxSize: int32(p.MaxSize), Status: adminkit.PoolStatus(p.Status),
 		Metadata: &v1.PoolMetadata{WarmingTimeoutSeconds: int32(m.WarmingTimeoutSeconds), ReadyTtlSeconds: int32(m.ReadyTTLSeconds),
@@ -225,13 +225,13 @@ func (a *Server) AcquirePoolMember(ctx context.Context, req *v1.AcquirePoolMembe
 	if err != nil {
 		return nil, err
 	}
-	c, err := ps.Acquire(ctx, pool.AcquireParams{PoolID: req.PoolId, PoolName: req.PoolName,
+	c, err := ps.Acquire(ctx, pool.AcquireParams{PoolID: store.PoolID(req.PoolId), PoolName: req.PoolName,
 		LifecycleClass: adminkit.LifecycleClassName(req.LifecycleClass), AcquiredBy: req.AcquiredBy, AcquiredFor: req.AcquiredFor})
 	if err != nil {
 		return nil, err
 	}
 	return &v1.AcquirePoolMemberResponse{ClaimId: c.ID, Instance: adminkit.InstanceProto(c.Instance, c.NodeName),
-		PoolId: c.Pool.ID, PoolName: c.Pool.Name}, nil
+		PoolId: c.Pool.ID.String(), PoolName: c.Pool.Name}, nil
 }
 
 func (a *Server) ReleasePoolMember(ctx context.Context, req *v1.ReleasePoolMemberRequest) (*v1.ReleasePoolMemberResponse, error) {
