@@ -25,8 +25,8 @@ type Hub struct {
 	Config
 
 	mu      sync.Mutex
-	streams map[string]*Conn
-	pending map[string]store.Heartbeat
+	streams map[store.InstanceID]*Conn
+	pending map[store.InstanceID]store.Heartbeat
 	// grown is closed, and replaced, when the fleet reaches a new
 	// SettingsTier: every stream waiting on it resends its settings. One
 	// channel for all streams, so the news costs no goroutine per stream.
@@ -72,7 +72,7 @@ type Metrics struct {
 
 // New returns an idle hub; Run starts it.
 func New(c Config) *Hub {
-	return &Hub{Config: c, streams: map[string]*Conn{}, pending: map[string]store.Heartbeat{},
+	return &Hub{Config: c, streams: map[store.InstanceID]*Conn{}, pending: map[store.InstanceID]store.Heartbeat{},
 		grown: make(chan struct{})}
 }
 
@@ -102,7 +102,7 @@ func (h *Hub) Run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case id := <-ch:
-			h.Wake(id)
+			h.Wake(store.InstanceID(id))
 		case <-sweep.C:
 			if _, err := h.SweepWork(ctx); err != nil && ctx.Err() == nil {
 				h.Log.Warn("agent work sweep failed; the next one retries", "err", err)
@@ -144,7 +144,7 @@ func (h *Hub) Grown() <-chan struct{} {
 // Register records an open stream for instance id: wake asks it to look
 // for work and must return at once; kick ends it. A stream already open
 // for id is kicked: the newer one replaces it.
-func (h *Hub) Register(id string, wake, kick func()) *Conn {
+func (h *Hub) Register(id store.InstanceID, wake, kick func()) *Conn {
 	c := &Conn{wake: wake, kick: kick}
 	h.mu.Lock()
 	old := h.streams[id]
@@ -169,7 +169,7 @@ func (h *Hub) Register(id string, wake, kick func()) *Conn {
 
 // Unregister forgets a stream Register returned, unless a newer one has
 // replaced it.
-func (h *Hub) Unregister(id string, c *Conn) {
+func (h *Hub) Unregister(id store.InstanceID, c *Conn) {
 	h.mu.Lock()
 	if h.streams[id] == c {
 		delete(h.streams, id)
@@ -182,7 +182,7 @@ func (h *Hub) Unregister(id string, c *Conn) {
 
 // Wake nudges an instance's stream to look for tasks and cancellations.
 // It reports whether this replica holds that stream.
-func (h *Hub) Wake(instanceID string) bool {
+func (h *Hub) Wake(instanceID store.InstanceID) bool {
 	h.mu.Lock()
 	c := h.streams[instanceID]
 	h.mu.Unlock()
@@ -246,7 +246,7 @@ func (h *Hub) FlushHeartbeats(ctx context.Context) {
 	for _, hb := range h.pending {
 		batch = append(batch, hb)
 	}
-	h.pending = make(map[string]store.Heartbeat, len(batch))
+	h.pending = make(map[store.InstanceID]store.Heartbeat, len(batch))
 	h.mu.Unlock()
 
 	err := h.Store.Tx(ctx, func(q store.Queries) error { return q.RecordHeartbeats(ctx, batch) })

@@ -21,7 +21,7 @@ type countingStore struct {
 	sweeps, lists atomic.Int64
 }
 
-func (c *countingStore) ListInstancesWithAgentWork(ctx context.Context) ([]string, error) {
+func (c *countingStore) ListInstancesWithAgentWork(ctx context.Context) ([]store.InstanceID, error) {
 	c.sweeps.Add(1)
 	return c.Store.ListInstancesWithAgentWork(ctx)
 }
@@ -34,7 +34,7 @@ func (c *countingStore) ListTasks(ctx context.Context, f store.TaskFilter, p sto
 // testConn is a registered stream that records its wake-ups.
 type testConn struct{ woke chan struct{} }
 
-func registerTest(h *Hub, id string) *testConn {
+func registerTest(h *Hub, id store.InstanceID) *testConn {
 	c := &testConn{woke: make(chan struct{}, 1)}
 	h.Register(id, func() {
 		select {
@@ -70,17 +70,17 @@ func TestSweepWakesOnlyStreamsWithWork(t *testing.T) {
 	if n, err := hub.SweepWork(ctx); err != nil || n != 0 || st.sweeps.Load() != 0 {
 		t.Fatalf("sweep with no streams: woke %d, %v, %d queries; want no query at all", n, err, st.sweeps.Load())
 	}
-	conns := map[string]*testConn{}
-	for _, id := range []string{"idle-1", "idle-2", "idle-3", "has-task", "has-cancel"} {
+	conns := map[store.InstanceID]*testConn{}
+	for _, id := range []store.InstanceID{"idle-1", "idle-2", "idle-3", "has-task", "has-cancel"} {
 		conns[id] = registerTest(hub, id)
 	}
 	now := time.Now()
-	add := func(instance string, status store.TaskStatus, cancel bool) {
+	add := func(instance store.InstanceID, status store.TaskStatus, cancel bool) {
 		tk := &store.Task{Target: store.TaskTargetAgent, InstanceID: instance, Kind: "reboot", Payload: []byte(`{}`),
 			Status: status, MaxAttempts: 1, CancelRequested: cancel, CreatedAt: now, UpdatedAt: now}
 		if status == store.TaskRunning {
 			until := now.Add(time.Minute)
-			tk.LeaseOwner, tk.LeaseExpiresAt = "agent:"+instance, &until
+			tk.LeaseOwner, tk.LeaseExpiresAt = "agent:"+instance.String(), &until
 		}
 		if err := db.CreateTask(ctx, tk); err != nil {
 			t.Fatal(err)
@@ -166,12 +166,12 @@ func TestGrownAnnouncesEachDoubling(t *testing.T) {
 			return false
 		}
 	}
-	conns := map[string]*Conn{}
+	conns := map[store.InstanceID]*Conn{}
 	next := 0
 	connect := func(from, to int) {
 		for range to - from {
 			next++
-			id := fmt.Sprintf("i-%d", next)
+			id := store.InstanceID(fmt.Sprintf("i-%d", next))
 			conns[id] = h.Register(id, func() {}, func() {})
 		}
 	}

@@ -96,7 +96,7 @@ func TestQEMURealThroughTetherd(t *testing.T) {
 	ready := func() {
 		t.Helper()
 		if err := st.Tx(ctx, func(q store.Queries) error {
-			in, err := q.LockInstance(ctx, id)
+			in, err := q.LockInstance(ctx, store.InstanceID(id))
 			if err != nil {
 				return err
 			}
@@ -130,7 +130,7 @@ func TestQEMURealThroughTetherd(t *testing.T) {
 		}
 		seen[h] = true
 		tok, err := st.GetToken(ctx, h)
-		if err != nil || tok.InstanceID != id || tok.UsedAt != nil {
+		if err != nil || tok.InstanceID.String() != id || tok.UsedAt != nil {
 			t.Fatalf("boot %d read a token the control plane did not issue for it: %+v %v", i+1, tok, err)
 		}
 	}

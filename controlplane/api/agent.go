@@ -52,7 +52,7 @@ func (a *agentServer) Renew(ctx context.Context, req *v1.RenewRequest) (*v1.Rene
 	if err != nil {
 		return nil, err
 	}
-	issued, err := a.Enrollment.Renew(ctx, c.Identity.Name, c.PublicKey, req.CsrPem)
+	issued, err := a.Enrollment.Renew(ctx, store.InstanceID(c.Identity.Name), c.PublicKey, req.CsrPem)
 	if err != nil {
 		return nil, err
 	}
@@ -61,7 +61,7 @@ func (a *agentServer) Renew(ctx context.Context, req *v1.RenewRequest) (*v1.Rene
 }
 
 // assignment loads what the caller's template assigns.
-func (a *agentServer) assignment(ctx context.Context, instanceID string) (*v1.Assignment, map[string]bool, error) {
+func (a *agentServer) assignment(ctx context.Context, instanceID store.InstanceID) (*v1.Assignment, map[string]bool, error) {
 	in, err := a.Store.GetInstance(ctx, instanceID)
 	if err != nil {
 		return nil, nil, err
@@ -77,7 +77,7 @@ func (a *agentServer) assignment(ctx context.Context, instanceID string) (*v1.As
 	if err != nil {
 		return nil, nil, err
 	}
-	out := &v1.Assignment{InstanceId: instanceID, RequireSignedModules: tpl.RequireSignedModules, SigningKeys: a.SigningKeys,
+	out := &v1.Assignment{InstanceId: instanceID.String(), RequireSignedModules: tpl.RequireSignedModules, SigningKeys: a.SigningKeys,
 		RequiredSigners: tpl.RequiredSigners}
 	if a.Registry != nil && tpl.RequireSignedModules {
 		// Registered signers count as signing keys too, so a node whose
@@ -119,7 +119,7 @@ func (a *agentServer) GetAssignment(ctx context.Context, _ *v1.GetAssignmentRequ
 	if err != nil {
 		return nil, err
 	}
-	out, _, err := a.assignment(ctx, c.Identity.Name)
+	out, _, err := a.assignment(ctx, store.InstanceID(c.Identity.Name))
 	return out, err
 }
 
@@ -137,7 +137,7 @@ func (a *agentServer) FetchModule(req *v1.FetchModuleRequest, stream v1.AgentSer
 	if req.Offset < 0 {
 		return fail.Invalid("offset", "must not be negative")
 	}
-	_, allowed, err := a.assignment(ctx, c.Identity.Name)
+	_, allowed, err := a.assignment(ctx, store.InstanceID(c.Identity.Name))
 	if err != nil {
 		return err
 	}
@@ -197,7 +197,7 @@ func (a *agentServer) Connect(stream v1.AgentService_ConnectServer) error {
 	if err != nil {
 		return err
 	}
-	id := c.Identity.Name
+	id := store.InstanceID(c.Identity.Name)
 	in, err := a.Store.GetInstance(ctx, id)
 	if err != nil {
 		return err
@@ -384,7 +384,7 @@ func (a *agentServer) settings() *v1.Settings {
 }
 
 // push leases the instance's pending tasks to it and relays cancellations.
-func (a *agentServer) push(ctx context.Context, id string, stream v1.AgentService_ConnectServer, sentCancel map[store.TaskID]bool) error {
+func (a *agentServer) push(ctx context.Context, id store.InstanceID, stream v1.AgentService_ConnectServer, sentCancel map[store.TaskID]bool) error {
 	pending, cancels, err := a.Tasks.Open(ctx, id)
 	if err != nil {
 		a.Log.Warn("read open tasks", "instance", id, "err", err)

@@ -5,6 +5,7 @@ import (
 
 	"github.com/tetherfleet/tether/controlplane/enroll"
 	"github.com/tetherfleet/tether/controlplane/fail"
+	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/controlplane/throttle"
 	"github.com/tetherfleet/tether/pki/attestation"
 	"github.com/tetherfleet/tether/pki/ca"
@@ -45,7 +46,7 @@ func (e *enrollmentServer) EnrollAttested(stream v1.EnrollmentService_EnrollAtte
 		return fail.Invalid("begin", "the first message of an attested enrollment must be begin")
 	}
 	pending, c, err := e.Enrollment.BeginAttested(ctx, enroll.Begin{
-		InstanceID: b.InstanceId, CSRPEM: b.CsrPem, EKPublic: b.EkPublic, EKCertificate: b.EkCertificate,
+		InstanceID: store.InstanceID(b.InstanceId), CSRPEM: b.CsrPem, EKPublic: b.EkPublic, EKCertificate: b.EkCertificate,
 		AK: akParams(b.Ak),
 	})
 	if err != nil {
@@ -71,7 +72,7 @@ func (e *enrollmentServer) EnrollAttested(stream v1.EnrollmentService_EnrollAtte
 	}
 	e.m.Enrollments.WithLabelValues("issued").Inc()
 	return stream.Send(&v1.AttestedEnrollResponse{Step: &v1.AttestedEnrollResponse_Enrolled{Enrolled: &v1.EnrollResponse{
-		InstanceId: issued.InstanceID, CertificatePem: string(ca.CertPEM(issued.Cert)),
+		InstanceId: issued.InstanceID.String(), CertificatePem: string(ca.CertPEM(issued.Cert)),
 		CaPem: string(ca.CertPEM(e.CA.IssuerOf(issued.Cert))), NotAfter: tsp(issued.Cert.NotAfter), TrustBundle: e.trustBundle()}}})
 }
 

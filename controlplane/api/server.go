@@ -112,12 +112,12 @@ type Config struct {
 	// StreamLost, if set, is told an instance whose stream ended other
 	// than by a newer stream replacing it: tetherd asks the provider for
 	// the machine at once (provsync.Checks). It must not block.
-	StreamLost func(instanceID string)
+	StreamLost func(instanceID store.InstanceID)
 }
 
 // Readiness records an agent's ready report (instances.Readiness).
 type Readiness interface {
-	AgentReady(ctx context.Context, instanceID string) error
+	AgentReady(ctx context.Context, instanceID store.InstanceID) error
 	AgentReadyAsSeen(ctx context.Context, seen *store.Instance) error
 }
 
@@ -320,7 +320,7 @@ func (e *enrollmentServer) Enroll(ctx context.Context, req *v1.EnrollRequest) (*
 		return nil, err
 	}
 	e.m.Enrollments.WithLabelValues("issued").Inc()
-	return &v1.EnrollResponse{InstanceId: issued.InstanceID, CertificatePem: string(ca.CertPEM(issued.Cert)),
+	return &v1.EnrollResponse{InstanceId: issued.InstanceID.String(), CertificatePem: string(ca.CertPEM(issued.Cert)),
 		CaPem: string(ca.CertPEM(e.CA.IssuerOf(issued.Cert))), NotAfter: tsp(issued.Cert.NotAfter), TrustBundle: e.trustBundle()}, nil
 }
 

@@ -96,7 +96,7 @@ func (r *Resolver) instanceOf(ctx context.Context, n *store.Node) (string, error
 	}
 	for _, in := range ins {
 		if !in.Status.Terminal() && in.CloudInstanceID == redfish.MachineID(n.Name) {
-			return in.ID, nil
+			return in.ID.String(), nil
 		}
 	}
 	return "", nil

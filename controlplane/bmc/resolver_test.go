@@ -48,7 +48,7 @@ func TestResolver(t *testing.T) {
 		"broken": {Address: addr, Credential: "gone"},
 		"plain":  {},
 	}
-	ids := map[string]string{}
+	ids := map[string]store.NodeID{}
 	for name, b := range nodes {
 		n := &store.Node{Name: name, TemplateID: tpl.ID, Enabled: true, BMC: b, CreatedAt: now, UpdatedAt: now}
 		must(st.CreateNode(ctx, n))

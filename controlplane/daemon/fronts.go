@@ -13,6 +13,7 @@ import (
 	"github.com/tetherfleet/tether/controlplane/netboot/dhcp"
 	"github.com/tetherfleet/tether/controlplane/provsync"
 	"github.com/tetherfleet/tether/controlplane/revocation"
+	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/controlplane/throttle"
 	"github.com/tetherfleet/tether/internal/guard"
 )
@@ -43,7 +44,7 @@ func (d *daemon) buildFronts(ctx context.Context) error {
 		Instances: svc.Instances, Tasks: svc.Tasks, Registry: svc.Registry,
 		Revoked: d.revoked, Agents: d.hub, AgentURL: o.Listeners.AgentURL, SigningKeys: d.signingKeys,
 		Ready: svc.Ready, Pools: svc.Pools, DisableAudit: o.Test.DisableAudit, Credentials: d.creds, Panics: d.panics,
-		Presence: svc.Presence, StreamLost: func(id string) { svc.Checks.Signal(id, provsync.SourceStreamLost) },
+		Presence: svc.Presence, StreamLost: func(id store.InstanceID) { svc.Checks.Signal(id, provsync.SourceStreamLost) },
 		Limits: api.Limits{MaxConnections: max(o.Limits.MaxAgentConnections, 0), MaxUnauthenticatedPerSource: max(o.Limits.MaxUnauthenticatedPerSource, 0),
 			HandshakeTimeout: o.Limits.HandshakeTimeout, UnauthenticatedAge: o.Limits.UnauthenticatedAge},
 	})

@@ -178,12 +178,12 @@ func (g *guardedStore) Backend() string {
 	return g.Store.Backend()
 }
 
-func (g *guardedStore) ClaimPoolMember(a0 context.Context, a1 string, a2 string, a3 time.Time) (*store.Instance, error) {
+func (g *guardedStore) ClaimPoolMember(a0 context.Context, a1 store.PoolID, a2 string, a3 time.Time) (*store.Instance, error) {
 	g.use("ClaimPoolMember")
 	return g.Store.ClaimPoolMember(a0, a1, a2, a3)
 }
 
-func (g *guardedStore) ClaimPoolMembers(a0 context.Context, a1 string, a2 string, a3 []store.PoolClaim, a4 time.Time) ([]*store.Instance, error) {
+func (g *guardedStore) ClaimPoolMembers(a0 context.Context, a1 store.PoolID, a2 string, a3 []store.PoolClaim, a4 time.Time) ([]*store.Instance, error) {
 	g.use("ClaimPoolMembers")
 	return g.Store.ClaimPoolMembers(a0, a1, a2, a3, a4)
 }
@@ -207,7 +207,7 @@ func (g *guardedStore) CountModulesWithDigest(a0 context.Context, a1 string) (in
 	return g.Store.CountModulesWithDigest(a0, a1)
 }
 
-func (g *guardedStore) CountPoolMembers(a0 context.Context, a1 string) (store.PoolCounts, error) {
+func (g *guardedStore) CountPoolMembers(a0 context.Context, a1 store.PoolID) (store.PoolCounts, error) {
 	g.use("CountPoolMembers")
 	return g.Store.CountPoolMembers(a0, a1)
 }
@@ -262,12 +262,12 @@ func (g *guardedStore) DeleteNode(a0 context.Context, a1 string) error {
 	return g.Store.DeleteNode(a0, a1)
 }
 
-func (g *guardedStore) DeletePool(a0 context.Context, a1 string) error {
+func (g *guardedStore) DeletePool(a0 context.Context, a1 store.PoolID) error {
 	g.use("DeletePool")
 	return g.Store.DeletePool(a0, a1)
 }
 
-func (g *guardedStore) DeletePoolMember(a0 context.Context, a1 string) error {
+func (g *guardedStore) DeletePoolMember(a0 context.Context, a1 store.InstanceID) error {
 	g.use("DeletePoolMember")
 	return g.Store.DeletePoolMember(a0, a1)
 }
@@ -282,7 +282,7 @@ func (g *guardedStore) Elector() store.Elector {
 	return g.Store.Elector()
 }
 
-func (g *guardedStore) ExpireInstanceTokens(a0 context.Context, a1 string, a2 time.Time) (int, error) {
+func (g *guardedStore) ExpireInstanceTokens(a0 context.Context, a1 store.InstanceID, a2 time.Time) (int, error) {
 	g.use("ExpireInstanceTokens")
 	return g.Store.ExpireInstanceTokens(a0, a1, a2)
 }
@@ -297,7 +297,7 @@ func (g *guardedStore) GetCertificate(a0 context.Context, a1 string) (*store.Cer
 	return g.Store.GetCertificate(a0, a1)
 }
 
-func (g *guardedStore) GetInstance(a0 context.Context, a1 string) (*store.Instance, error) {
+func (g *guardedStore) GetInstance(a0 context.Context, a1 store.InstanceID) (*store.Instance, error) {
 	g.use("GetInstance")
 	return g.Store.GetInstance(a0, a1)
 }
@@ -317,7 +317,7 @@ func (g *guardedStore) GetNode(a0 context.Context, a1 string) (*store.Node, erro
 	return g.Store.GetNode(a0, a1)
 }
 
-func (g *guardedStore) GetNodeByID(a0 context.Context, a1 string) (*store.Node, error) {
+func (g *guardedStore) GetNodeByID(a0 context.Context, a1 store.NodeID) (*store.Node, error) {
 	g.use("GetNodeByID")
 	return g.Store.GetNodeByID(a0, a1)
 }
@@ -327,7 +327,7 @@ func (g *guardedStore) GetPool(a0 context.Context, a1 string) (*store.Pool, erro
 	return g.Store.GetPool(a0, a1)
 }
 
-func (g *guardedStore) GetPoolByID(a0 context.Context, a1 string) (*store.Pool, error) {
+func (g *guardedStore) GetPoolByID(a0 context.Context, a1 store.PoolID) (*store.Pool, error) {
 	g.use("GetPoolByID")
 	return g.Store.GetPoolByID(a0, a1)
 }
@@ -407,12 +407,12 @@ func (g *guardedStore) ListTemplates(a0 context.Context, a1 store.Page) ([]*stor
 	return g.Store.ListTemplates(a0, a1)
 }
 
-func (g *guardedStore) LockInstance(a0 context.Context, a1 string) (*store.Instance, error) {
+func (g *guardedStore) LockInstance(a0 context.Context, a1 store.InstanceID) (*store.Instance, error) {
 	g.use("LockInstance")
 	return g.Store.LockInstance(a0, a1)
 }
 
-func (g *guardedStore) LockPool(a0 context.Context, a1 string) (*store.Pool, error) {
+func (g *guardedStore) LockPool(a0 context.Context, a1 store.PoolID) (*store.Pool, error) {
 	g.use("LockPool")
 	return g.Store.LockPool(a0, a1)
 }
@@ -447,7 +447,7 @@ func (g *guardedStore) RevokeCertificate(a0 context.Context, a1 string, a2 strin
 	return g.Store.RevokeCertificate(a0, a1, a2, a3)
 }
 
-func (g *guardedStore) RevokeInstanceCertificates(a0 context.Context, a1 string, a2 string, a3 time.Time) ([]string, error) {
+func (g *guardedStore) RevokeInstanceCertificates(a0 context.Context, a1 store.InstanceID, a2 string, a3 time.Time) ([]string, error) {
 	g.use("RevokeInstanceCertificates")
 	return g.Store.RevokeInstanceCertificates(a0, a1, a2, a3)
 }
@@ -492,7 +492,7 @@ func (g *guardedStore) OpenPresence(a0 context.Context, a1 *store.Presence) erro
 	return g.Store.OpenPresence(a0, a1)
 }
 
-func (g *guardedStore) ClosePresence(a0 context.Context, a1 string, a2 string, a3 time.Time) (bool, error) {
+func (g *guardedStore) ClosePresence(a0 context.Context, a1 store.InstanceID, a2 string, a3 time.Time) (bool, error) {
 	g.use("ClosePresence")
 	return g.Store.ClosePresence(a0, a1, a2, a3)
 }
@@ -507,7 +507,7 @@ func (g *guardedStore) ExpirePresence(a0 context.Context, a1 string, a2 time.Tim
 	return g.Store.ExpirePresence(a0, a1, a2)
 }
 
-func (g *guardedStore) ListPresence(a0 context.Context, a1 []string) (map[string]*store.Presence, error) {
+func (g *guardedStore) ListPresence(a0 context.Context, a1 []store.InstanceID) (map[store.InstanceID]*store.Presence, error) {
 	g.use("ListPresence")
 	return g.Store.ListPresence(a0, a1)
 }

@@ -24,7 +24,7 @@ import (
 // instance the machine claims to boot as, its CSR, and its TPM's EK and
 // fresh attestation key.
 type Begin struct {
-	InstanceID    string
+	InstanceID    store.InstanceID
 	CSRPEM        string
 	EKPublic      []byte // PKIX DER
 	EKCertificate []byte // DER; nil when the TPM holds none
@@ -37,8 +37,8 @@ type Begin struct {
 type Attestation struct {
 	// ID names the enrollment; the quote's nonce binds it.
 	ID         string
-	InstanceID string
-	NodeID     string
+	InstanceID store.InstanceID
+	NodeID     store.NodeID
 	EKHash     string
 
 	ak     attestation.AKParams
@@ -82,7 +82,7 @@ func (s *Service) BeginAttested(ctx context.Context, b Begin) (*Attestation, att
 	// explain a refusal.
 	instNode, status, err := s.Store.InstanceNode(ctx, b.InstanceID)
 	if errors.Is(err, store.ErrNotFound) {
-		s.refusedAttest(ctx, "", ekHash, now, "no such instance "+b.InstanceID)
+		s.refusedAttest(ctx, "", ekHash, now, "no such instance "+b.InstanceID.String())
 		return nil, none, fail.Denied("attested enrollment refused: no instance %s", b.InstanceID)
 	}
 	if err != nil {
@@ -144,7 +144,7 @@ func (s *Service) FinishAttested(ctx context.Context, a *Attestation, secret []b
 	if err := s.checkMeasured(ctx, a, ev, now); err != nil {
 		return nil, err
 	}
-	cert, err := s.CA.SignNode(ctx, a.csr, a.InstanceID, s.Lifetime)
+	cert, err := s.CA.SignNode(ctx, a.csr, a.InstanceID.String(), s.Lifetime)
 	if err != nil {
 		return nil, fail.Invalid("begin.csr_pem", "%v", err)
 	}
@@ -200,7 +200,7 @@ func (s *Service) ekMismatch(ctx context.Context, inst *store.Instance, node *st
 	switch {
 	case err == nil && other.ID != node.ID:
 		msg := fmt.Sprintf("instance %s of node %s presented EK %s, which is bound to node %s", inst.ID, node.Name, ekHash, other.Name)
-		s.note(ctx, "ekmoved/"+inst.ID+"/"+ekHash, now, refusal{kind: events.EnrollEKMismatch, severity: events.High, instanceID: inst.ID,
+		s.note(ctx, "ekmoved/"+inst.ID.String()+"/"+ekHash, now, refusal{kind: events.EnrollEKMismatch, severity: events.High, instanceID: inst.ID,
 			message: "attested enrollment refused: " + msg},
 			map[string]any{"ek": ekHash, "node": node.Name, "bound_to": other.Name, "registered": node.EKHashes})
 		return fail.Denied("attested enrollment refused: %s; an operator must move the binding (tetherctl node update)", msg)
@@ -208,7 +208,7 @@ func (s *Service) ekMismatch(ctx context.Context, inst *store.Instance, node *st
 		return fmt.Errorf("look up EK %s: %w", ekHash, err)
 	case len(node.EKHashes) > 0:
 		msg := fmt.Sprintf("node %s presented EK %s, but its registered EK is %s", node.Name, ekHash, strings.Join(node.EKHashes, ", "))
-		s.note(ctx, "ekchanged/"+inst.ID+"/"+ekHash, now, refusal{kind: events.EnrollEKMismatch, severity: events.High, instanceID: inst.ID,
+		s.note(ctx, "ekchanged/"+inst.ID.String()+"/"+ekHash, now, refusal{kind: events.EnrollEKMismatch, severity: events.High, instanceID: inst.ID,
 			message: "attested enrollment refused: " + msg},
 			map[string]any{"ek": ekHash, "node": node.Name, "registered": node.EKHashes})
 		return fail.Denied("attested enrollment refused: %s; if the TPM was replaced, bind the new one: tetherctl node update %s --ek %s", msg, node.Name, ekHash)
@@ -221,8 +221,8 @@ func (s *Service) ekMismatch(ctx context.Context, inst *store.Instance, node *st
 
 // refusedAttest is the coalesced event of an attestation refused for a
 // reason that names no other machine.
-func (s *Service) refusedAttest(ctx context.Context, instanceID, ekHash string, now time.Time, why string) {
-	s.note(ctx, "attest/"+instanceID+"/"+ekHash+"/"+why, now, refusal{kind: events.EnrollRefused, severity: events.Medium, instanceID: instanceID,
+func (s *Service) refusedAttest(ctx context.Context, instanceID store.InstanceID, ekHash string, now time.Time, why string) {
+	s.note(ctx, "attest/"+instanceID.String()+"/"+ekHash+"/"+why, now, refusal{kind: events.EnrollRefused, severity: events.Medium, instanceID: instanceID,
 		message: "attested enrollment refused: " + why}, map[string]any{"ek": ekHash, "attested": true})
 }
 

@@ -230,7 +230,7 @@ func newTPMMachine(t *testing.T) *tpmMachine {
 }
 
 // begin opens an attested enrollment for instanceID with a fresh AK.
-func (m *tpmMachine) begin(t *testing.T, svc *enroll.Service, instanceID string) (*enroll.Attestation, attestation.Challenge, *tpm.AK, []byte, error) {
+func (m *tpmMachine) begin(t *testing.T, svc *enroll.Service, instanceID store.InstanceID) (*enroll.Attestation, attestation.Challenge, *tpm.AK, []byte, error) {
 	t.Helper()
 	ak, err := m.tpm.NewAK()
 	must(t, err)

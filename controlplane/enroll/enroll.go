@@ -58,7 +58,7 @@ func (s *Service) refusals() *throttle.Coalescer {
 
 // Issued is a signed certificate and whom it names.
 type Issued struct {
-	InstanceID string
+	InstanceID store.InstanceID
 	Cert       *x509.Certificate
 }
 
@@ -122,7 +122,7 @@ func (s *Service) Enroll(ctx context.Context, token, csrPEM string) (*Issued, er
 	}
 	// SignNode checks the policy and the CSR's signature before anything is
 	// spent; a refusal here leaves the token usable.
-	cert, err := s.CA.SignNode(ctx, csr, tok.InstanceID, s.Lifetime)
+	cert, err := s.CA.SignNode(ctx, csr, tok.InstanceID.String(), s.Lifetime)
 	if err != nil {
 		return nil, fail.Invalid("csr_pem", "%v", err)
 	}
@@ -173,7 +173,7 @@ func sameEnrollment(tok *store.Token, key string, now time.Time) bool {
 // reissue answers a retried enrollment (sameEnrollment) with a new
 // certificate for the same key, after the same checks of the instance.
 func (s *Service) reissue(ctx context.Context, tok *store.Token, csr *x509.CertificateRequest, now time.Time) (*Issued, error) {
-	cert, err := s.CA.SignNode(ctx, csr, tok.InstanceID, s.Lifetime)
+	cert, err := s.CA.SignNode(ctx, csr, tok.InstanceID.String(), s.Lifetime)
 	if err != nil {
 		return nil, fail.Invalid("csr_pem", "%v", err)
 	}
@@ -189,7 +189,7 @@ func (s *Service) reissue(ctx context.Context, tok *store.Token, csr *x509.Certi
 
 // issueTx checks, inside the enrollment's transaction, that the instance
 // may enroll with a token, and records its certificate and the event.
-func (s *Service) issueTx(ctx context.Context, q store.Queries, instanceID string, cert *x509.Certificate, now time.Time, kind store.EventKind, msg string) error {
+func (s *Service) issueTx(ctx context.Context, q store.Queries, instanceID store.InstanceID, cert *x509.Certificate, now time.Time, kind store.EventKind, msg string) error {
 	gate, err := q.EnrollGate(ctx, instanceID)
 	if errors.Is(err, store.ErrNotFound) {
 		return errTerminated
@@ -219,7 +219,7 @@ func (s *Service) issueTx(ctx context.Context, q store.Queries, instanceID strin
 
 // refusal turns what an enrollment transaction failed with into the
 // answer, recording the refusal (nil: it did not fail).
-func (s *Service) refusal(ctx context.Context, instanceID string, now time.Time, err error) error {
+func (s *Service) refusal(ctx context.Context, instanceID store.InstanceID, now time.Time, err error) error {
 	var required *attestationRequired
 	switch {
 	case err == nil:
@@ -239,7 +239,7 @@ func (s *Service) refusal(ctx context.Context, instanceID string, now time.Time,
 }
 
 // Renew issues a new certificate for the caller's instance, for a fresh key.
-func (s *Service) Renew(ctx context.Context, instanceID string, current crypto.PublicKey, csrPEM string) (*Issued, error) {
+func (s *Service) Renew(ctx context.Context, instanceID store.InstanceID, current crypto.PublicKey, csrPEM string) (*Issued, error) {
 	if csrPEM == "" {
 		return nil, fail.Invalid("csr_pem", "required")
 	}
@@ -261,7 +261,7 @@ func (s *Service) Renew(ctx context.Context, instanceID string, current crypto.P
 		return nil, fail.Precondition("instance %s is terminated; it cannot renew its certificate", instanceID)
 	}
 	now := s.Clock.Now()
-	cert, err := s.CA.SignNode(ctx, csr, instanceID, s.Lifetime)
+	cert, err := s.CA.SignNode(ctx, csr, instanceID.String(), s.Lifetime)
 	if err != nil {
 		return nil, fail.Invalid("csr_pem", "%v", err)
 	}
@@ -279,9 +279,9 @@ func (s *Service) Renew(ctx context.Context, instanceID string, current crypto.P
 	return &Issued{InstanceID: instanceID, Cert: cert}, nil
 }
 
-func (s *Service) record(cert *x509.Certificate, instanceID string, now time.Time) *store.Certificate {
+func (s *Service) record(cert *x509.Certificate, instanceID store.InstanceID, now time.Time) *store.Certificate {
 	return &store.Certificate{Serial: ca.SerialString(cert), InstanceID: instanceID, Kind: store.CertKindNode, Issuer: pki.Fingerprint(s.CA.IssuerOf(cert).Raw),
-		Subject: pki.InstanceURI(instanceID).String(), NotBefore: cert.NotBefore, NotAfter: cert.NotAfter, CreatedAt: now}
+		Subject: pki.InstanceURI(instanceID.String()).String(), NotBefore: cert.NotBefore, NotAfter: cert.NotAfter, CreatedAt: now}
 }
 
 // refusal is what the first refusal of a window recorded, for the
@@ -289,7 +289,7 @@ func (s *Service) record(cert *x509.Certificate, instanceID string, now time.Tim
 type refusal struct {
 	kind       store.EventKind
 	severity   store.Severity
-	instanceID string
+	instanceID store.InstanceID
 	message    string
 }
 
@@ -306,8 +306,8 @@ func (s *Service) reused(ctx context.Context, tok *store.Token, now time.Time) {
 		payload)
 }
 
-func (s *Service) refused(ctx context.Context, instanceID string, now time.Time, why string) {
-	s.note(ctx, "refused/"+instanceID+"/"+why, now, refusal{kind: events.EnrollRefused, severity: events.Medium, instanceID: instanceID,
+func (s *Service) refused(ctx context.Context, instanceID store.InstanceID, now time.Time, why string) {
+	s.note(ctx, "refused/"+instanceID.String()+"/"+why, now, refusal{kind: events.EnrollRefused, severity: events.Medium, instanceID: instanceID,
 		message: "enrollment refused: " + why}, nil)
 }
 

@@ -113,7 +113,7 @@ func TestEnrollIssuesOnceAndRecords(t *testing.T) {
 		t.Fatalf("issued %+v for %s", issued, f.inst.ID)
 	}
 	id, err := pki.IdentityOf(issued.Cert)
-	if err != nil || id.Kind != pki.KindInstance || id.Name != f.inst.ID {
+	if err != nil || id.Kind != pki.KindInstance || id.Name != f.inst.ID.String() {
 		t.Fatalf("identity %+v (%v)", id, err)
 	}
 	if _, err := f.st.GetCertificate(ctx, ca.SerialString(issued.Cert)); err != nil {

@@ -9,6 +9,7 @@ import (
 	"github.com/tetherfleet/tether/controlplane/events"
 	"github.com/tetherfleet/tether/controlplane/fail"
 	"github.com/tetherfleet/tether/controlplane/measuredboot"
+	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/pki/attestation"
 )
 
@@ -16,7 +17,7 @@ import (
 // policy (measuredboot.Policy): nil when it passes or the template has
 // none, a *measuredboot.Refusal saying what the node booted otherwise.
 type MeasuredBoot interface {
-	Check(ctx context.Context, instanceID string, ev attestation.Evidence) error
+	Check(ctx context.Context, instanceID store.InstanceID, ev attestation.Evidence) error
 }
 
 // checkMeasured runs the measured-boot policy on verified evidence. A
@@ -35,7 +36,7 @@ func (s *Service) checkMeasured(ctx context.Context, a *Attestation, ev attestat
 	case !errors.As(err, &ref):
 		return fmt.Errorf("attested enrollment: %w", err)
 	}
-	s.note(ctx, "measured/"+a.InstanceID+"/"+ref.Reason, now, refusal{kind: events.EnrollRefused, severity: events.High, instanceID: a.InstanceID,
+	s.note(ctx, "measured/"+a.InstanceID.String()+"/"+ref.Reason, now, refusal{kind: events.EnrollRefused, severity: events.High, instanceID: a.InstanceID,
 		message: "attested enrollment refused by the measured-boot policy: " + ref.Reason},
 		map[string]any{"ek": a.EKHash, "attested": true, "measured_boot": true, "template": ref.Image.Template, "expected": ref.Image.Digest,
 			"booted": ref.Booted.Applications, "secure_boot": ref.Booted.SecureBoot})

@@ -21,7 +21,7 @@ import (
 
 type failingPolicy struct{}
 
-func (failingPolicy) Check(context.Context, string, attestation.Evidence) error {
+func (failingPolicy) Check(context.Context, store.InstanceID, attestation.Evidence) error {
 	return errors.New("store down")
 }
 

@@ -142,8 +142,8 @@ func ParseKind(s string) (store.EventKind, error) {
 type E struct {
 	Kind          store.EventKind
 	Severity      store.Severity
-	InstanceID    string
-	PoolID        string
+	InstanceID    store.InstanceID
+	PoolID        store.PoolID
 	CorrelationID string
 	Message       string
 	Payload       map[string]any

@@ -43,7 +43,7 @@ func checkReason(reason string) error {
 }
 
 // mutate runs fn on a locked, not terminated instance in one transaction.
-func (s *Service) mutate(ctx context.Context, id, what string, fn func(q store.Queries, in *store.Instance, now time.Time) error) (*store.Instance, error) {
+func (s *Service) mutate(ctx context.Context, id store.InstanceID, what string, fn func(q store.Queries, in *store.Instance, now time.Time) error) (*store.Instance, error) {
 	if id == "" {
 		return nil, fail.Invalid("id", "required")
 	}
@@ -68,7 +68,7 @@ func (s *Service) mutate(ctx context.Context, id, what string, fn func(q store.Q
 // Hold places an ops hold: start, reboot and terminate are refused until
 // Unhold, by every caller (no force overrides it); stop still works.
 // Holding a held instance changes nothing.
-func (s *Service) Hold(ctx context.Context, id, reason, by string) (*store.Instance, error) {
+func (s *Service) Hold(ctx context.Context, id store.InstanceID, reason, by string) (*store.Instance, error) {
 	if err := checkReason(reason); err != nil {
 		return nil, err
 	}
@@ -87,7 +87,7 @@ func (s *Service) Hold(ctx context.Context, id, reason, by string) (*store.Insta
 }
 
 // Unhold clears an ops hold; an instance without one is left as it is.
-func (s *Service) Unhold(ctx context.Context, id, by string) (*store.Instance, error) {
+func (s *Service) Unhold(ctx context.Context, id store.InstanceID, by string) (*store.Instance, error) {
 	return s.mutate(ctx, id, "unheld", func(q store.Queries, in *store.Instance, now time.Time) error {
 		if !in.Hold {
 			return nil
@@ -106,7 +106,7 @@ func (s *Service) Unhold(ctx context.Context, id, by string) (*store.Instance, e
 // Cordon marks an instance unschedulable and leaves it running (docs/design.md §2.9).
 // A ready pool member is fenced to draining under the row lock, so a
 // member claimed a moment earlier is recorded as claimed, not clobbered.
-func (s *Service) Cordon(ctx context.Context, id, reason, by string) (*store.Instance, string, error) {
+func (s *Service) Cordon(ctx context.Context, id store.InstanceID, reason, by string) (*store.Instance, string, error) {
 	if err := checkReason(reason); err != nil {
 		return nil, "", err
 	}
@@ -162,7 +162,7 @@ func (s *Service) cordon(ctx context.Context, q store.Queries, in *store.Instanc
 // draining and running goes back to ready with a fresh TTL anchor
 // (restored); a fenced member that is not running is refused, since a
 // ready member must be a live one; otherwise the marker is just cleared.
-func (s *Service) Uncordon(ctx context.Context, id, by string) (*store.Instance, string, error) {
+func (s *Service) Uncordon(ctx context.Context, id store.InstanceID, by string) (*store.Instance, string, error) {
 	result := UncordonNotCordoned
 	in, err := s.mutate(ctx, id, "uncordoned", func(q store.Queries, in *store.Instance, now time.Time) error {
 		c := in.Cordon
@@ -196,11 +196,11 @@ func (s *Service) Uncordon(ctx context.Context, id, by string) (*store.Instance,
 // Drain is cordon + stop (docs/design.md §2.9). A cordon refusal aborts before the
 // stop; an instance an earlier cordon marked keeps that marker and is
 // stopped. It is refused for an instance that hosts this control plane.
-func (s *Service) Drain(ctx context.Context, id, reason, by string) (*store.Instance, string, error) {
+func (s *Service) Drain(ctx context.Context, id store.InstanceID, reason, by string) (*store.Instance, string, error) {
 	if err := checkReason(reason); err != nil {
 		return nil, "", err
 	}
-	if slices.Contains(s.SelfInstanceIDs, id) {
+	if slices.Contains(s.SelfInstanceIDs, id.String()) {
 		return nil, "", fail.Precondition("instance %s hosts this control plane; draining it would stop the control plane itself", id)
 	}
 	var result string

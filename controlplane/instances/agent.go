@@ -37,7 +37,7 @@ func readyMatters(in *store.Instance) bool {
 // (docs/reliability.md, reconnect storm). The read may be stale only in
 // a way the next boot repairs: an instance rebooted after it is read
 // reports ready again from its new boot.
-func (s *Service) AgentReady(ctx context.Context, instanceID string, hooks ...ReadyHook) error {
+func (s *Service) AgentReady(ctx context.Context, instanceID store.InstanceID, hooks ...ReadyHook) error {
 	in, err := s.Store.GetInstance(ctx, instanceID)
 	if err != nil {
 		return err
@@ -85,7 +85,7 @@ func (s *Service) AgentReadyAsSeen(ctx context.Context, seen *store.Instance, ho
 
 // AgentError records a new error an agent reported (a module digest
 // mismatch, a mount failure): shown on the instance and in the event log.
-func (s *Service) AgentError(ctx context.Context, instanceID, phase, msg string) error {
+func (s *Service) AgentError(ctx context.Context, instanceID store.InstanceID, phase, msg string) error {
 	now := s.Clock.Now()
 	return s.Store.Tx(ctx, func(q store.Queries) error {
 		in, err := q.LockInstance(ctx, instanceID)
@@ -114,7 +114,7 @@ func (s *Service) AgentError(ctx context.Context, instanceID, phase, msg string)
 // its modules) and errors a booting instance at once with the agent's
 // words as the reason, rather than leaving it to the boot timeout. An
 // instance past its boot (running, stopping) only gets the error recorded.
-func (s *Service) AgentGaveUp(ctx context.Context, instanceID, phase, msg string) error {
+func (s *Service) AgentGaveUp(ctx context.Context, instanceID store.InstanceID, phase, msg string) error {
 	now := s.Clock.Now()
 	return s.Store.Tx(ctx, func(q store.Queries) error {
 		in, err := q.LockInstance(ctx, instanceID)
@@ -150,7 +150,7 @@ type Readiness struct {
 }
 
 // AgentReady is Service.AgentReady with r's hooks.
-func (r Readiness) AgentReady(ctx context.Context, instanceID string) error {
+func (r Readiness) AgentReady(ctx context.Context, instanceID store.InstanceID) error {
 	return r.Instances.AgentReady(ctx, instanceID, r.Hooks...)
 }
 

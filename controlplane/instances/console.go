@@ -17,7 +17,7 @@ type consoleLogger interface {
 
 // ConsoleLogPath returns the file an instance's serial console is written
 // to. Providers without one answer FailedPrecondition.
-func (s *Service) ConsoleLogPath(ctx context.Context, id string) (string, error) {
+func (s *Service) ConsoleLogPath(ctx context.Context, id store.InstanceID) (string, error) {
 	if id == "" {
 		return "", fail.Invalid("id", "required")
 	}
@@ -35,7 +35,7 @@ func (s *Service) ConsoleLogPath(ctx context.Context, id string) (string, error)
 	}
 	machine := in.CloudInstanceID
 	if machine == "" {
-		machine = in.ID
+		machine = in.ID.String()
 	}
 	path := cl.ConsoleLogPath(machine)
 	if path == "" {
@@ -46,7 +46,7 @@ func (s *Service) ConsoleLogPath(ctx context.Context, id string) (string, error)
 
 // SeedMaterial issues a fresh one-time token for an instance and returns
 // it with the rest of the enrollment data, for a seed ISO (docs/design.md §3.2).
-func (s *Service) SeedMaterial(ctx context.Context, id string) (seediso.Material, error) {
+func (s *Service) SeedMaterial(ctx context.Context, id store.InstanceID) (seediso.Material, error) {
 	if id == "" {
 		return seediso.Material{}, fail.Invalid("id", "required")
 	}

@@ -195,7 +195,7 @@ func TestDrain(t *testing.T) {
 	t.Run("refused for the control plane's own host", func(t *testing.T) {
 		e := newEnv(t)
 		in := e.running()
-		e.svc.SelfInstanceIDs = []string{in.ID}
+		e.svc.SelfInstanceIDs = []string{in.ID.String()}
 		_, _, err := e.svc.Drain(e.ctx, in.ID, "retire", "alice")
 		wantCode(t, err, codes.FailedPrecondition)
 		if e.get(in.ID).Cordon != nil {

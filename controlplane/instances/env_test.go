@@ -67,7 +67,7 @@ func (e *env) running() *store.Instance {
 	return in
 }
 
-func (e *env) get(id string) *store.Instance {
+func (e *env) get(id store.InstanceID) *store.Instance {
 	e.t.Helper()
 	in, err := e.st.GetInstance(e.ctx, id)
 	if err != nil {
@@ -76,7 +76,7 @@ func (e *env) get(id string) *store.Instance {
 	return in
 }
 
-func (e *env) setStatus(id string, st lifecycle.State) {
+func (e *env) setStatus(id store.InstanceID, st lifecycle.State) {
 	e.t.Helper()
 	in := e.get(id)
 	in.Status = st
@@ -86,7 +86,7 @@ func (e *env) setStatus(id string, st lifecycle.State) {
 }
 
 // eventKinds lists an instance's event kinds, oldest first.
-func (e *env) eventKinds(id string) []store.EventKind {
+func (e *env) eventKinds(id store.InstanceID) []store.EventKind {
 	e.t.Helper()
 	evs, err := e.st.ListEvents(e.ctx, store.EventFilter{InstanceID: id}, store.Page{Limit: store.MaxPageSize})
 	if err != nil {
@@ -99,7 +99,7 @@ func (e *env) eventKinds(id string) []store.EventKind {
 	return out
 }
 
-func (e *env) hasEvent(id string, kind store.EventKind) bool {
+func (e *env) hasEvent(id store.InstanceID, kind store.EventKind) bool {
 	for _, k := range e.eventKinds(id) {
 		if k == kind {
 			return true
@@ -108,7 +108,7 @@ func (e *env) hasEvent(id string, kind store.EventKind) bool {
 	return false
 }
 
-func (e *env) tasks(id string) []*store.Task {
+func (e *env) tasks(id store.InstanceID) []*store.Task {
 	e.t.Helper()
 	ts, err := e.st.ListTasks(e.ctx, store.TaskFilter{InstanceID: id}, store.Page{Limit: store.MaxPageSize})
 	if err != nil {
@@ -118,7 +118,7 @@ func (e *env) tasks(id string) []*store.Task {
 }
 
 // openTasks are the instance's tasks that have not ended.
-func (e *env) openTasks(id string) int {
+func (e *env) openTasks(id store.InstanceID) int {
 	n := 0
 	for _, t := range e.tasks(id) {
 		if !t.Terminal() {

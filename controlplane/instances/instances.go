@@ -72,7 +72,7 @@ type Service struct {
 // service's queue (pool.Nudges) is one, made before both services, so
 // neither is patched after it is built.
 type PoolEvents interface {
-	MemberLeft(poolID string)
+	MemberLeft(poolID store.PoolID)
 }
 
 // memberLeft reports a member gone from its pool's counts.
@@ -83,7 +83,7 @@ func (s *Service) memberLeft(in *store.Instance) {
 }
 
 // MemberLeft tells Pools, if set, that poolID lost a member.
-func (s *Service) MemberLeft(poolID string) {
+func (s *Service) MemberLeft(poolID store.PoolID) {
 	if s.Pools != nil && poolID != "" {
 		s.Pools.MemberLeft(poolID)
 	}
@@ -100,7 +100,7 @@ const (
 type ProvisionParams struct {
 	Node, Provider, Region, InstanceType, OperationID string
 	// Pool fields, set by the pool service for members.
-	PoolID string
+	PoolID store.PoolID
 }
 
 // Provisioned is the result of Provision.
@@ -251,7 +251,7 @@ func (s *Service) ProvisionTx(ctx context.Context, q store.Queries, p ProvisionP
 	// the token, so the instance enters its boot window at once. The
 	// provider only names the machine (it acts on nothing). A node with a
 	// TPM bound gets no token: its machine proves itself (docs/adr/0023).
-	m, err := prov.Provision(ctx, providers.Spec{InstanceID: in.ID, Region: in.Region, InstanceType: in.InstanceType})
+	m, err := prov.Provision(ctx, providers.Spec{InstanceID: in.ID.String(), Region: in.Region, InstanceType: in.InstanceType})
 	if err != nil {
 		return nil, err
 	}
@@ -293,7 +293,7 @@ func (s *Service) existing(ctx context.Context, opID string) (*Provisioned, erro
 
 // IssueToken makes a fresh bootstrap token for an instance that is not
 // terminated. The token is returned once and stored as a hash.
-func (s *Service) IssueToken(ctx context.Context, instanceID string, ttl time.Duration) (string, time.Time, error) {
+func (s *Service) IssueToken(ctx context.Context, instanceID store.InstanceID, ttl time.Duration) (string, time.Time, error) {
 	now := s.Clock.Now()
 	if ttl <= 0 {
 		ttl = s.ttl()
@@ -320,11 +320,11 @@ func (s *Service) ttl() time.Duration {
 	return DefaultTokenTTL
 }
 
-func (s *Service) issueToken(ctx context.Context, q store.Queries, instanceID string, now time.Time) (string, error) {
+func (s *Service) issueToken(ctx context.Context, q store.Queries, instanceID store.InstanceID, now time.Time) (string, error) {
 	return s.issueTokenTTL(ctx, q, instanceID, now, s.ttl())
 }
 
-func (s *Service) issueTokenTTL(ctx context.Context, q store.Queries, instanceID string, now time.Time, ttl time.Duration) (string, error) {
+func (s *Service) issueTokenTTL(ctx context.Context, q store.Queries, instanceID store.InstanceID, now time.Time, ttl time.Duration) (string, error) {
 	token, hash, err := pki.NewToken()
 	if err != nil {
 		return "", err
@@ -368,7 +368,7 @@ func (s *Service) transition(ctx context.Context, q store.Queries, in *store.Ins
 }
 
 // Transition applies ev to an instance in its own transaction.
-func (s *Service) Transition(ctx context.Context, id string, ev lifecycle.Event, reason string) (*store.Instance, error) {
+func (s *Service) Transition(ctx context.Context, id store.InstanceID, ev lifecycle.Event, reason string) (*store.Instance, error) {
 	var in *store.Instance
 	err := s.Store.Tx(ctx, func(q store.Queries) error {
 		var err error

@@ -46,7 +46,7 @@ func (s *Service) Provider(name string) (providers.Provider, error) {
 // the way to learn the machine of a provision whose answer was lost. It
 // reports false when the provider cannot list (external), lists none, or
 // fails (see lookupMachine for callers that must tell those apart).
-func (s *Service) findMachine(ctx context.Context, p providers.Provider, instanceID string) (providers.Machine, bool) {
+func (s *Service) findMachine(ctx context.Context, p providers.Provider, instanceID store.InstanceID) (providers.Machine, bool) {
 	m, ok, err := s.lookupMachine(ctx, p, instanceID)
 	if err != nil {
 		s.Log.Warn("list machines to find an instance's machine", "provider", p.Name(), "instance", instanceID, "err", err)
@@ -57,7 +57,7 @@ func (s *Service) findMachine(ctx context.Context, p providers.Provider, instanc
 // lookupMachine is findMachine that returns the list's failure. A provider
 // that cannot list at all (KindUnsupported) is not a failure: it has no
 // machines to find.
-func (s *Service) lookupMachine(ctx context.Context, p providers.Provider, instanceID string) (providers.Machine, bool, error) {
+func (s *Service) lookupMachine(ctx context.Context, p providers.Provider, instanceID store.InstanceID) (providers.Machine, bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.opTimeout())
 	defer cancel()
 	ms, err := p.List(ctx)
@@ -68,7 +68,7 @@ func (s *Service) lookupMachine(ctx context.Context, p providers.Provider, insta
 		return providers.Machine{}, false, err
 	}
 	i := slices.IndexFunc(ms, func(m providers.Machine) bool {
-		return m.InstanceID == instanceID && m.State != providers.StateGone
+		return m.InstanceID == instanceID.String() && m.State != providers.StateGone
 	})
 	if i < 0 {
 		return providers.Machine{}, false, nil

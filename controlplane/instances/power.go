@@ -53,19 +53,19 @@ func opFor(kind store.TaskKind) (op, bool) {
 
 // Start boots a stopped instance with a fresh token. Starting a starting
 // or running instance succeeds without a provider call.
-func (s *Service) Start(ctx context.Context, id string) (*store.Instance, error) {
+func (s *Service) Start(ctx context.Context, id store.InstanceID) (*store.Instance, error) {
 	return s.power(ctx, id, opStart)
 }
 
 // Stop stops a running instance. It is allowed under an ops hold (a drain
 // must work on a held instance). Stopping a stopped instance succeeds
 // without a provider call.
-func (s *Service) Stop(ctx context.Context, id string) (*store.Instance, error) {
+func (s *Service) Stop(ctx context.Context, id store.InstanceID) (*store.Instance, error) {
 	return s.power(ctx, id, opStop)
 }
 
 // Reboot restarts a running instance as a new boot with a fresh token.
-func (s *Service) Reboot(ctx context.Context, id string) (*store.Instance, error) {
+func (s *Service) Reboot(ctx context.Context, id store.InstanceID) (*store.Instance, error) {
 	return s.power(ctx, id, opReboot)
 }
 
@@ -112,7 +112,7 @@ func (s *Service) check(ctx context.Context, q store.Queries, in *store.Instance
 // power runs o from an API call: check and record the task (and, for a
 // boot, the token) in one transaction, call the provider while holding the
 // task's lease, then settle by the observed state in a second one.
-func (s *Service) power(ctx context.Context, id string, o op) (*store.Instance, error) {
+func (s *Service) power(ctx context.Context, id store.InstanceID, o op) (*store.Instance, error) {
 	if id == "" {
 		return nil, fail.Invalid("id", "required")
 	}

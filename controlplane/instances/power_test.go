@@ -17,12 +17,18 @@ import (
 	"github.com/tetherfleet/tether/providers/fake"
 )
 
-type powerFunc func(*instances.Service, *env, string) (*store.Instance, error)
+type powerFunc func(*instances.Service, *env, store.InstanceID) (*store.Instance, error)
 
 var (
-	doStart  powerFunc = func(s *instances.Service, e *env, id string) (*store.Instance, error) { return s.Start(e.ctx, id) }
-	doStop   powerFunc = func(s *instances.Service, e *env, id string) (*store.Instance, error) { return s.Stop(e.ctx, id) }
-	doReboot powerFunc = func(s *instances.Service, e *env, id string) (*store.Instance, error) { return s.Reboot(e.ctx, id) }
+	doStart powerFunc = func(s *instances.Service, e *env, id store.InstanceID) (*store.Instance, error) {
+		return s.Start(e.ctx, id)
+	}
+	doStop powerFunc = func(s *instances.Service, e *env, id store.InstanceID) (*store.Instance, error) {
+		return s.Stop(e.ctx, id)
+	}
+	doReboot powerFunc = func(s *instances.Service, e *env, id store.InstanceID) (*store.Instance, error) {
+		return s.Reboot(e.ctx, id)
+	}
 )
 
 // The provider failing at every step: the caller gets the error, the row
@@ -282,7 +288,7 @@ func TestTerminatedInstanceRefusesEverything(t *testing.T) {
 // no machine, nothing left open, and the stop either finished first or was
 // told plainly that the instance was (being) terminated.
 func TestTerminateAndStopRace(t *testing.T) {
-	check := func(t *testing.T, e *env, id string, stopErr, termErr error) {
+	check := func(t *testing.T, e *env, id store.InstanceID, stopErr, termErr error) {
 		t.Helper()
 		if termErr != nil {
 			t.Fatalf("terminate: %v", termErr)

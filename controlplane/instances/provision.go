@@ -50,7 +50,7 @@ func (s *Service) bootFor(ctx context.Context, q store.Queries, in *store.Instan
 	if err != nil {
 		return providers.Boot{}, err
 	}
-	b.Enrollment = providers.Enrollment{ControlPlaneURL: s.AgentURL, Token: tok, CAFingerprint: s.Fingerprint(), InstanceID: in.ID}
+	b.Enrollment = providers.Enrollment{ControlPlaneURL: s.AgentURL, Token: tok, CAFingerprint: s.Fingerprint(), InstanceID: in.ID.String()}
 	return b, nil
 }
 
@@ -123,7 +123,7 @@ func (s *Service) RunProvision(ctx context.Context, t *store.Task) error {
 		if err != nil {
 			return err
 		}
-		spec = providers.Spec{InstanceID: in.ID, Region: in.Region, InstanceType: in.InstanceType, Boot: boot, MAC: mac, Node: node.Name}
+		spec = providers.Spec{InstanceID: in.ID.String(), Region: in.Region, InstanceType: in.InstanceType, Boot: boot, MAC: mac, Node: node.Name}
 		return nil
 	})
 	switch {
@@ -348,7 +348,7 @@ func (s *Service) SweepProvisions(ctx context.Context) (int, error) {
 	return n, nil
 }
 
-func (s *Service) sweepOne(ctx context.Context, id string) (bool, error) {
+func (s *Service) sweepOne(ctx context.Context, id store.InstanceID) (bool, error) {
 	now := s.Clock.Now()
 	errored := false
 	err := s.Store.Tx(ctx, func(q store.Queries) error {

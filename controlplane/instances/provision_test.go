@@ -50,7 +50,7 @@ func TestProvisionIsAsyncAndIdempotent(t *testing.T) {
 		t.Fatal("a second worker pass found another task")
 	}
 	in := e.get(first.Instance.ID)
-	if in.Status != lifecycle.Provisioning || in.CloudInstanceID != fake.MachineID(in.ID) {
+	if in.Status != lifecycle.Provisioning || in.CloudInstanceID != fake.MachineID(in.ID.String()) {
 		t.Fatalf("after the worker: %s, machine %q", in.Status, in.CloudInstanceID)
 	}
 	task, err := e.st.GetTask(e.ctx, first.TaskID)
@@ -213,7 +213,7 @@ func TestWorkerDiesMidProvision(t *testing.T) {
 			if acted {
 				// The call made the machine, and the worker dies before
 				// it can record it.
-				e.fake.Plant(providers.Machine{ID: fake.MachineID(res.Instance.ID), InstanceID: res.Instance.ID})
+				e.fake.Plant(providers.Machine{ID: fake.MachineID(res.Instance.ID.String()), InstanceID: res.Instance.ID.String()})
 			}
 			die()
 			<-dead
@@ -332,7 +332,7 @@ func TestTerminateDuringProvision(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The in-flight call made its machine after all.
-	e.fake.Plant(providers.Machine{ID: fake.MachineID(res.Instance.ID), InstanceID: res.Instance.ID})
+	e.fake.Plant(providers.Machine{ID: fake.MachineID(res.Instance.ID.String()), InstanceID: res.Instance.ID.String()})
 	// The worker learns of the terminate at its next lease renewal, a
 	// third of a lease on.
 	if err := e.clk.BlockUntilPending(e.ctx, func(p []time.Duration) bool { return slices.Contains(p, lease/3) }); err != nil {

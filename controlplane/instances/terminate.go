@@ -23,7 +23,7 @@ import (
 // while its machine may still run. A provider failure leaves the instance
 // as it was (the intent withdrawn), returns the error and writes
 // instance.terminate_failed. Terminating a terminated instance succeeds.
-func (s *Service) Terminate(ctx context.Context, id string) (*store.Instance, error) {
+func (s *Service) Terminate(ctx context.Context, id store.InstanceID) (*store.Instance, error) {
 	if id == "" {
 		return nil, fail.Invalid("id", "required")
 	}
@@ -103,7 +103,7 @@ func (s *Service) finishTerminate(ctx context.Context, in *store.Instance) (*sto
 // terminateFailed records a failed destroy: the instance keeps its state,
 // the intent is withdrawn (the caller has the error and decides), and
 // instance.terminate_failed says why.
-func (s *Service) terminateFailed(ctx context.Context, id, machine string, terr error, obs observed) error {
+func (s *Service) terminateFailed(ctx context.Context, id store.InstanceID, machine string, terr error, obs observed) error {
 	now := s.Clock.Now()
 	msg := fmt.Sprintf("terminate failed: %v; machine %q observed %s", terr, machine, obs)
 	ctx = context.WithoutCancel(ctx) // the failure is recorded even if the caller left
@@ -130,7 +130,7 @@ func (s *Service) terminateFailed(ctx context.Context, id, machine string, terr 
 // markTerminated is the second transaction: terminated, certificates
 // revoked (and open streams told, so they are cut), unused tokens expired,
 // open tasks cancelled, an open pool claim closed.
-func (s *Service) markTerminated(ctx context.Context, id, machine string, lost bool, terr error) (*store.Instance, error) {
+func (s *Service) markTerminated(ctx context.Context, id store.InstanceID, machine string, lost bool, terr error) (*store.Instance, error) {
 	now := s.Clock.Now()
 	var out *store.Instance
 	ended := false
@@ -191,7 +191,7 @@ func (s *Service) markTerminated(ctx context.Context, id, machine string, lost b
 
 // cancelTasks ends every open task of an instance: a terminated instance
 // runs nothing, and a worker holding one of them finds it cancelled.
-func cancelTasks(ctx context.Context, q store.Queries, id string, now time.Time) (int, error) {
+func cancelTasks(ctx context.Context, q store.Queries, id store.InstanceID, now time.Time) (int, error) {
 	ts, err := q.ListTasks(ctx, store.TaskFilter{InstanceID: id, Statuses: []store.TaskStatus{store.TaskPending, store.TaskLeased, store.TaskRunning}},
 		store.Page{Limit: store.MaxPageSize})
 	if err != nil {
@@ -204,7 +204,7 @@ func cancelTasks(ctx context.Context, q store.Queries, id string, now time.Time)
 		}
 	}
 	if len(ts) > 0 {
-		return len(ts), q.Notify(ctx, store.ChannelTasks, id)
+		return len(ts), q.Notify(ctx, store.ChannelTasks, id.String())
 	}
 	return 0, nil
 }

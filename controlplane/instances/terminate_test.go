@@ -18,9 +18,9 @@ import (
 )
 
 // issueCert records a node certificate for the instance, as enrollment does.
-func (e *env) issueCert(id, serial string) {
+func (e *env) issueCert(id store.InstanceID, serial string) {
 	e.t.Helper()
-	c := &store.Certificate{Serial: serial, InstanceID: id, Kind: store.CertKindNode, Subject: "tether://instance/" + id,
+	c := &store.Certificate{Serial: serial, InstanceID: id, Kind: store.CertKindNode, Subject: "tether://instance/" + id.String(),
 		NotBefore: t0, NotAfter: t0.Add(24 * time.Hour), CreatedAt: t0}
 	if err := e.st.CreateCertificate(e.ctx, c); err != nil {
 		e.t.Fatal(err)
@@ -29,7 +29,7 @@ func (e *env) issueCert(id, serial string) {
 
 // identityEnded checks that the instance's certificates are revoked and
 // its tokens can no longer be used.
-func (e *env) identityEnded(id string, serials ...string) {
+func (e *env) identityEnded(id store.InstanceID, serials ...string) {
 	e.t.Helper()
 	for _, s := range serials {
 		c, err := e.st.GetCertificate(e.ctx, s)
@@ -214,7 +214,7 @@ func TestTerminateFindsAnUnrecordedMachine(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.fake.Plant(providers.Machine{ID: "elsewhere-1", InstanceID: res.Instance.ID})
+	e.fake.Plant(providers.Machine{ID: "elsewhere-1", InstanceID: res.Instance.ID.String()})
 	if _, err := e.svc.Terminate(e.ctx, res.Instance.ID); err != nil {
 		t.Fatal(err)
 	}

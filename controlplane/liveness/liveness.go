@@ -146,7 +146,7 @@ func (s *Sensor) Tick(ctx context.Context) (Result, error) {
 		if len(ins) < page.Limit {
 			return res, nil
 		}
-		page.After = ins[len(ins)-1].ID
+		page.After = ins[len(ins)-1].ID.String()
 	}
 }
 
@@ -193,7 +193,7 @@ func (s *Sensor) check(ctx context.Context, in *store.Instance, now time.Time, s
 
 // markSilent raises instance.silent once per silence: silent_since is set
 // here and cleared by the next heartbeat.
-func (s *Sensor) markSilent(ctx context.Context, id string, heard, now time.Time, res *Result) error {
+func (s *Sensor) markSilent(ctx context.Context, id store.InstanceID, heard, now time.Time, res *Result) error {
 	// Tx may run fn again (a lost deadlock): count what committed.
 	n := 0
 	err := s.Store.Tx(ctx, func(q store.Queries) error {
@@ -221,7 +221,7 @@ func (s *Sensor) markSilent(ctx context.Context, id string, heard, now time.Time
 	return err
 }
 
-func (s *Sensor) presumeDead(ctx context.Context, id string, heard, now time.Time, observed providers.MachineState, res *Result) error {
+func (s *Sensor) presumeDead(ctx context.Context, id store.InstanceID, heard, now time.Time, observed providers.MachineState, res *Result) error {
 	// Tx may run fn again (a lost deadlock): count what committed.
 	n := 0
 	err := s.Store.Tx(ctx, func(q store.Queries) error {
@@ -268,7 +268,7 @@ func (s *Sensor) bootTimeouts(ctx context.Context, res *Result) error {
 	// instances booting, and listing all of them every tick was a third
 	// of tetherd's CPU while 40,000 enrolled at once.
 	cutoff := now.Add(-limit)
-	return s.eachBooting(ctx, store.InstanceFilter{Statuses: booting, UpdatedBefore: &cutoff}, "booting", true, func(id string) error {
+	return s.eachBooting(ctx, store.InstanceFilter{Statuses: booting, UpdatedBefore: &cutoff}, "booting", true, func(id store.InstanceID) error {
 		return s.timeOut(ctx, id, limit, now, res)
 	})
 }
@@ -276,7 +276,7 @@ func (s *Sensor) bootTimeouts(ctx context.Context, res *Result) error {
 // eachBooting calls fn for every booting instance that f selects, page by
 // page, except those a terminate owns and, with skipWarming, the warming
 // pool members the pool reaper times out itself.
-func (s *Sensor) eachBooting(ctx context.Context, f store.InstanceFilter, what string, skipWarming bool, fn func(id string) error) error {
+func (s *Sensor) eachBooting(ctx context.Context, f store.InstanceFilter, what string, skipWarming bool, fn func(id store.InstanceID) error) error {
 	page := store.Page{Limit: store.MaxPageSize}
 	for {
 		ins, err := s.Store.ListInstances(ctx, f, page)
@@ -294,11 +294,11 @@ func (s *Sensor) eachBooting(ctx context.Context, f store.InstanceFilter, what s
 		if len(ins) < page.Limit {
 			return nil
 		}
-		page.After = ins[len(ins)-1].ID
+		page.After = ins[len(ins)-1].ID.String()
 	}
 }
 
-func (s *Sensor) timeOut(ctx context.Context, id string, limit time.Duration, now time.Time, res *Result) error {
+func (s *Sensor) timeOut(ctx context.Context, id store.InstanceID, limit time.Duration, now time.Time, res *Result) error {
 	// Tx may run fn again (a lost deadlock): count what committed.
 	n := 0
 	err := s.Store.Tx(ctx, func(q store.Queries) error {
@@ -354,12 +354,12 @@ func (s *Sensor) switchTimeouts(ctx context.Context, res *Result) error {
 	// Warming pool members too: the pool's warming timeout (10 min by
 	// default) would replace one whose root starts no agent later, and
 	// without saying why; errored, the reaper replaces it on its next tick.
-	return s.eachBooting(ctx, f, "switching", false, func(id string) error {
+	return s.eachBooting(ctx, f, "switching", false, func(id store.InstanceID) error {
 		return s.switchTimeOut(ctx, id, limit, now, res)
 	})
 }
 
-func (s *Sensor) switchTimeOut(ctx context.Context, id string, limit time.Duration, now time.Time, res *Result) error {
+func (s *Sensor) switchTimeOut(ctx context.Context, id store.InstanceID, limit time.Duration, now time.Time, res *Result) error {
 	n := 0
 	err := s.Store.Tx(ctx, func(q store.Queries) error {
 		n = 0

@@ -46,7 +46,7 @@ type fixture struct {
 	fake   *fake.Provider
 	svc    *instances.Service
 	sensor *liveness.Sensor
-	nodeID string
+	nodeID store.NodeID
 }
 
 var t0 = instancestest.T0
@@ -66,7 +66,7 @@ func (f *fixture) running(t *testing.T) *store.Instance {
 	if err := f.st.CreateInstance(f.ctx, in); err != nil {
 		t.Fatal(err)
 	}
-	m, err := f.fake.Provision(f.ctx, providers.Spec{InstanceID: in.ID})
+	m, err := f.fake.Provision(f.ctx, providers.Spec{InstanceID: in.ID.String()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +77,7 @@ func (f *fixture) running(t *testing.T) *store.Instance {
 	return in
 }
 
-func (f *fixture) heartbeat(t *testing.T, id string) {
+func (f *fixture) heartbeat(t *testing.T, id store.InstanceID) {
 	t.Helper()
 	if err := f.st.RecordHeartbeats(f.ctx, []store.Heartbeat{{InstanceID: id, At: f.clk.Now(), Phase: "ready"}}); err != nil {
 		t.Fatal(err)
@@ -93,7 +93,7 @@ func (f *fixture) tick(t *testing.T) liveness.Result {
 	return res
 }
 
-func (f *fixture) count(t *testing.T, id string, kind store.EventKind) int {
+func (f *fixture) count(t *testing.T, id store.InstanceID, kind store.EventKind) int {
 	t.Helper()
 	evs, err := f.st.ListEvents(f.ctx, store.EventFilter{InstanceID: id, Kind: kind}, store.Page{Limit: 100})
 	if err != nil {

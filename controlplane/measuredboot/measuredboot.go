@@ -64,7 +64,7 @@ const evEFIBootServicesApplication = 0x80000003
 // image, to have booted that image with Secure Boot on. ev has passed
 // attestation.VerifyEvidence: its PCRs are the quoted ones. A *Refusal
 // says what the node booted instead; other errors are the store's.
-func (p *Policy) Check(ctx context.Context, instanceID string, ev attestation.Evidence) error {
+func (p *Policy) Check(ctx context.Context, instanceID store.InstanceID, ev attestation.Evidence) error {
 	if p == nil || len(p.Images) == 0 {
 		return nil
 	}

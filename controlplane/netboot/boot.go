@@ -119,7 +119,7 @@ func bootMAC(r *http.Request) (string, error) {
 
 // bootingInstance finds the instance of mac's node that is in its boot
 // window, and the node's name; a refusal says why there is none.
-func (s *Server) bootingInstance(ctx context.Context, mac string) (string, string, *bootRefusal, error) {
+func (s *Server) bootingInstance(ctx context.Context, mac string) (store.InstanceID, string, *bootRefusal, error) {
 	node, err := s.Store.GetNodeByMAC(ctx, mac)
 	if errors.Is(err, store.ErrNotFound) {
 		return "", "", &bootRefusal{events.RefusedUnknownMAC, "no node has hardware address " + mac}, nil

@@ -78,7 +78,7 @@ func TestBootRouteServesTheNodesBootingInstanceOnce(t *testing.T) {
 func TestScriptByIDCarriesDHCP(t *testing.T) {
 	f := setup(t)
 	in := f.provision(t)
-	_, body := f.get(t, netboot.ScriptPath(in.ID))
+	_, body := f.get(t, netboot.ScriptPath(in.ID.String()))
 	if !strings.Contains(body, " ip=dhcp BOOTIF=01-${netX/mac:hexhyp} ") {
 		t.Fatalf("script by id lacks ip=dhcp and an iPXE-filled BOOTIF:\n%s", body)
 	}

@@ -40,13 +40,13 @@ func FuzzBootRoute(f *testing.F) {
 	fx := setup(f)
 	in := fx.provision(f)
 	h := fx.srv.Config.Handler
-	f.Add("/ipxe/"+in.ID, "")
-	f.Add("/ipxe/"+in.ID, "a=b&token=tbt_x")
-	f.Add("/ipxe/../ipxe/"+in.ID, "")
+	f.Add("/ipxe/"+in.ID.String(), "")
+	f.Add("/ipxe/"+in.ID.String(), "a=b&token=tbt_x")
+	f.Add("/ipxe/../ipxe/"+in.ID.String(), "")
 	f.Add("/ipxe/..%2f..%2fetc", "")
 	f.Add("/artifacts/sha256:"+strings.Repeat("0", 64), "")
 	f.Add("/artifacts/"+fx.svc.Artifacts.Kernel, "x=%zz")
-	f.Add("//ipxe//"+in.ID+"/", ";;")
+	f.Add("//ipxe//"+in.ID.String()+"/", ";;")
 	f.Add("/uki/boot", "mac=52:54:00:12:34:56")
 	f.Add("/uki/handoff", "mac=52:54:00:12:34:56&mac=x")
 	served := 0
@@ -65,7 +65,7 @@ func FuzzBootRoute(f *testing.F) {
 			t.Fatalf("GET %q ?%q: status %d: %s", path, query, rec.Code, body)
 		}
 		if servesToken(body, path, query) {
-			if rec.Code != http.StatusOK || path != netboot.ScriptPath(in.ID) {
+			if rec.Code != http.StatusOK || path != netboot.ScriptPath(in.ID.String()) {
 				t.Fatalf("GET %q ?%q (%d) answered with a token", path, query, rec.Code)
 			}
 			served++

@@ -224,7 +224,7 @@ func (s *Server) script(w http.ResponseWriter, r *http.Request) {
 	}
 	// The machine's address is unknown here: iPXE fills it in from the
 	// interface it booted from.
-	s.serveScript(w, r, id, "BOOTIF=01-${netX/mac:hexhyp}", true, false)
+	s.serveScript(w, r, store.InstanceID(id), "BOOTIF=01-${netX/mac:hexhyp}", true, false)
 }
 
 // allow applies the per-source rate limit of the unauthenticated script
@@ -250,7 +250,7 @@ func (s *Server) allow(w http.ResponseWriter, r *http.Request) bool {
 // handoff serves the per-boot data of a machine that booted its
 // template's signed image (uki.go) instead of a script: the same one-time
 // rule, the same token, without the boot lines the image already holds.
-func (s *Server) serveScript(w http.ResponseWriter, r *http.Request, id, bootIF string, byID, handoff bool) {
+func (s *Server) serveScript(w http.ResponseWriter, r *http.Request, id store.InstanceID, bootIF string, byID, handoff bool) {
 	ctx := r.Context()
 	now := s.Clock.Now()
 	var body string
@@ -309,11 +309,11 @@ func (s *Server) serveScript(w http.ResponseWriter, r *http.Request, id, bootIF 
 		}
 		what := "iPXE script"
 		if handoff {
-			what, body = "per-boot hand-off", Handoff(id, tok)
+			what, body = "per-boot hand-off", Handoff(id.String(), tok)
 		} else {
 			// A netbooted machine has no static address: the agent asks
 			// DHCP, on the interface it booted from first.
-			body = Script(boot.KernelURL, boot.InitramfsURL, WithSigners(boot.KernelArgs+" ip=dhcp "+bootIF, boot.Signers), s.Instances.AgentURL, tok, id, s.Instances.Fingerprint())
+			body = Script(boot.KernelURL, boot.InitramfsURL, WithSigners(boot.KernelArgs+" ip=dhcp "+bootIF, boot.Signers), s.Instances.AgentURL, tok, id.String(), s.Instances.Fingerprint())
 		}
 		_, err = events.E{Kind: events.NetbootServed, InstanceID: id,
 			Message: fmt.Sprintf("%s served to %s (instance %s)", what, r.RemoteAddr, st),
@@ -343,7 +343,7 @@ func (s *Server) serveScript(w http.ResponseWriter, r *http.Request, id, bootIF 
 
 // servedThisBoot reports whether the instance's script was served since
 // it last changed state: each boot window begins with a transition.
-func servedThisBoot(ctx context.Context, q store.Queries, id string) (bool, error) {
+func servedThisBoot(ctx context.Context, q store.Queries, id store.InstanceID) (bool, error) {
 	latest := func(kind store.EventKind) (int64, error) {
 		evs, err := q.ListEvents(ctx, store.EventFilter{Kind: kind, InstanceID: id}, store.Page{Limit: 1})
 		if err != nil || len(evs) == 0 {
@@ -365,16 +365,17 @@ func servedThisBoot(ctx context.Context, q store.Queries, id string) (bool, erro
 // refusedFetch is what the first refusal of a window recorded, for the
 // summary of the rest.
 type refusedFetch struct {
-	id, remote, reason string
-	status             int
+	id             store.InstanceID
+	remote, reason string
+	status         int
 }
 
 // refused leaves the trail of a refused fetch: a second fetch in one boot
 // may be someone else's attempt at the token. Refusals of one instance to
 // one source are coalesced: one event per window, then one with the count.
-func (s *Server) refused(ctx context.Context, id, remote string, ref *refusal) {
+func (s *Server) refused(ctx context.Context, id store.InstanceID, remote string, ref *refusal) {
 	now := s.Clock.Now()
-	write, held := s.refusals().Note(id+"/"+throttle.SourceKey(remote), now, refusedFetch{id, remote, ref.msg, ref.code})
+	write, held := s.refusals().Note(id.String()+"/"+throttle.SourceKey(remote), now, refusedFetch{id, remote, ref.msg, ref.code})
 	if !write {
 		return
 	}
@@ -397,7 +398,7 @@ func (s *Server) summary(ctx context.Context, sum throttle.Summary, now time.Tim
 		"first": sum.First.UTC().Format(time.RFC3339Nano), "last": sum.Last.UTC().Format(time.RFC3339Nano)})
 }
 
-func (s *Server) writeRefusal(ctx context.Context, id string, now time.Time, msg string, payload map[string]any) {
+func (s *Server) writeRefusal(ctx context.Context, id store.InstanceID, now time.Time, msg string, payload map[string]any) {
 	sev := events.Medium
 	if payload["status"] == http.StatusGone {
 		sev = events.High // a second fetch in one boot may be someone after the token

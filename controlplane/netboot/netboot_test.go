@@ -147,7 +147,7 @@ func (f *fixture) provisionWith(t testing.TB, provider string) *store.Instance {
 func TestScriptIsServedOncePerBoot(t *testing.T) {
 	f := setup(t)
 	in := f.provision(t)
-	code, body := f.get(t, netboot.ScriptPath(in.ID))
+	code, body := f.get(t, netboot.ScriptPath(in.ID.String()))
 	if code != http.StatusOK || !strings.HasPrefix(body, "#!ipxe\n") {
 		t.Fatalf("%d %q", code, body)
 	}
@@ -170,7 +170,7 @@ func TestScriptIsServedOncePerBoot(t *testing.T) {
 	}
 
 	// A second fetch in the same boot is refused and leaves a trail.
-	code, body = f.get(t, netboot.ScriptPath(in.ID))
+	code, body = f.get(t, netboot.ScriptPath(in.ID.String()))
 	if code != http.StatusGone || strings.Contains(body, "tbt_") {
 		t.Fatalf("second fetch: %d %q", code, body)
 	}
@@ -186,7 +186,7 @@ func TestScriptIsServedOncePerBoot(t *testing.T) {
 	if err := f.svc.AgentReady(f.ctx, in.ID); err != nil {
 		t.Fatal(err)
 	}
-	if code, _ := f.get(t, netboot.ScriptPath(in.ID)); code != http.StatusConflict {
+	if code, _ := f.get(t, netboot.ScriptPath(in.ID.String())); code != http.StatusConflict {
 		t.Fatalf("a running instance's script: %d", code)
 	}
 	cur, _ := f.st.GetInstance(f.ctx, in.ID)
@@ -196,7 +196,7 @@ func TestScriptIsServedOncePerBoot(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	code, body = f.get(t, netboot.ScriptPath(in.ID))
+	code, body = f.get(t, netboot.ScriptPath(in.ID.String()))
 	if code != http.StatusOK || strings.Contains(body, token) {
 		t.Fatalf("next boot: %d, same token reused: %v", code, strings.Contains(body, token))
 	}
@@ -223,7 +223,7 @@ func TestScriptRefusals(t *testing.T) {
 	if _, err := f.svc.Terminate(f.ctx, in.ID); err != nil {
 		t.Fatal(err)
 	}
-	if code, _ := f.get(t, netboot.ScriptPath(in.ID)); code != http.StatusConflict {
+	if code, _ := f.get(t, netboot.ScriptPath(in.ID.String())); code != http.StatusConflict {
 		t.Fatalf("a terminated instance's script: %d", code)
 	}
 }
@@ -258,7 +258,7 @@ func TestArtifacts(t *testing.T) {
 func TestScriptOnlyForNetbootingProviders(t *testing.T) {
 	f := setup(t)
 	in := f.provisionWith(t, external.Name)
-	code, body := f.get(t, netboot.ScriptPath(in.ID))
+	code, body := f.get(t, netboot.ScriptPath(in.ID.String()))
 	if code != http.StatusForbidden || !strings.Contains(body, "external provider") || strings.Contains(body, "tbt_") {
 		t.Fatalf("an external instance's script: %d %q", code, body)
 	}
@@ -279,7 +279,7 @@ func TestScriptRateLimit(t *testing.T) {
 	in := f.provision(t)
 	got := map[int]int{}
 	for range 10 {
-		code, _ := f.get(t, netboot.ScriptPath(in.ID))
+		code, _ := f.get(t, netboot.ScriptPath(in.ID.String()))
 		got[code]++
 	}
 	if got[http.StatusOK] != 1 || got[http.StatusGone] != 2 || got[http.StatusTooManyRequests] != 7 {
@@ -293,7 +293,7 @@ func TestScriptRateLimit(t *testing.T) {
 		t.Fatalf("rate-limited counter %v, want 7", n)
 	}
 	f.clk.Advance(2 * time.Second) // two tokens back
-	if code, _ := f.get(t, netboot.ScriptPath(in.ID)); code != http.StatusGone {
+	if code, _ := f.get(t, netboot.ScriptPath(in.ID.String())); code != http.StatusGone {
 		t.Fatalf("after the refill: %d", code)
 	}
 }
@@ -303,11 +303,11 @@ func TestScriptRateLimit(t *testing.T) {
 func TestRefusedFetchesAreCoalesced(t *testing.T) {
 	f := setup(t)
 	in := f.provision(t)
-	if code, _ := f.get(t, netboot.ScriptPath(in.ID)); code != http.StatusOK {
+	if code, _ := f.get(t, netboot.ScriptPath(in.ID.String())); code != http.StatusOK {
 		t.Fatal(code)
 	}
 	for range 500 {
-		if code, _ := f.get(t, netboot.ScriptPath(in.ID)); code != http.StatusGone {
+		if code, _ := f.get(t, netboot.ScriptPath(in.ID.String())); code != http.StatusGone {
 			t.Fatal(code)
 		}
 	}
@@ -353,12 +353,12 @@ func TestScriptCarriesTheActiveCA(t *testing.T) {
 	ca.fp.Store("sha256:" + strings.Repeat("01", 32))
 	f.svc.CA = ca
 	in := f.provision(t)
-	if _, body := f.get(t, netboot.ScriptPath(in.ID)); !strings.Contains(body, "tether.ca=sha256:"+strings.Repeat("01", 32)) {
+	if _, body := f.get(t, netboot.ScriptPath(in.ID.String())); !strings.Contains(body, "tether.ca=sha256:"+strings.Repeat("01", 32)) {
 		t.Fatalf("script before the rotation:\n%s", body)
 	}
 	ca.fp.Store("sha256:" + strings.Repeat("02", 32))
 	next := f.provision(t)
-	if _, body := f.get(t, netboot.ScriptPath(next.ID)); !strings.Contains(body, "tether.ca=sha256:"+strings.Repeat("02", 32)) {
+	if _, body := f.get(t, netboot.ScriptPath(next.ID.String())); !strings.Contains(body, "tether.ca=sha256:"+strings.Repeat("02", 32)) {
 		t.Fatalf("script after activate:\n%s", body)
 	}
 }

@@ -21,7 +21,7 @@ func TestScriptTokenSupersedesEarlierTokens(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	code, body := f.get(t, netboot.ScriptPath(in.ID))
+	code, body := f.get(t, netboot.ScriptPath(in.ID.String()))
 	if code != http.StatusOK {
 		t.Fatalf("%d %q", code, body)
 	}

@@ -141,7 +141,7 @@ const (
 )
 
 // ukiFor is the image of the template of the instance's node.
-func (s *Server) ukiFor(ctx context.Context, instanceID string) (UKI, *bootRefusal, error) {
+func (s *Server) ukiFor(ctx context.Context, instanceID store.InstanceID) (UKI, *bootRefusal, error) {
 	in, err := s.Store.GetInstance(ctx, instanceID)
 	if err != nil {
 		return UKI{}, nil, fmt.Errorf("read instance %s: %w", instanceID, err)
@@ -211,7 +211,7 @@ func (s *Server) ukiBoot(w http.ResponseWriter, r *http.Request) {
 	s.refuseUKI(w, r, mac, *ref)
 }
 
-func (s *Server) serveUKI(w http.ResponseWriter, r *http.Request, mac, id string, img UKI) {
+func (s *Server) serveUKI(w http.ResponseWriter, r *http.Request, mac string, id store.InstanceID, img UKI) {
 	f, err := s.Instances.Artifacts.Blobs.Open(img.Digest)
 	if err != nil {
 		s.Log.Error("netboot uki: the image is missing from the blob store", "template", img.Template, "digest", img.Digest, "err", err)

@@ -328,7 +328,7 @@ func TestUKIHandoff(t *testing.T) {
 			in := f.provision(t)
 			code, body := f.get(t, netboot.UKIHandoffPath(mac))
 			lines := strings.Split(strings.TrimSuffix(body, "\n"), "\n")
-			if code != http.StatusOK || lines[0] != "instance="+in.ID {
+			if code != http.StatusOK || lines[0] != "instance="+in.ID.String() {
 				t.Fatalf("%d %q", code, body)
 			}
 			if tpm && len(lines) != 1 {
@@ -338,7 +338,7 @@ func TestUKIHandoff(t *testing.T) {
 				t.Fatalf("hand-off without its token: %q", body)
 			}
 			code, body = f.get(t, netboot.UKIHandoffPath(mac))
-			if code != http.StatusGone || strings.Contains(body, "token=") || !strings.Contains(body, "hand-off of instance "+in.ID+" was already served") {
+			if code != http.StatusGone || strings.Contains(body, "token=") || !strings.Contains(body, "hand-off of instance "+in.ID.String()+" was already served") {
 				t.Fatalf("second fetch: %d %q", code, body)
 			}
 			evs, _ := f.st.ListEvents(f.ctx, store.EventFilter{InstanceID: in.ID, Kind: events.NetbootRefused, MinSeverity: events.High}, store.Page{Limit: 10})

@@ -272,7 +272,7 @@ func TestReplenishMembers(t *testing.T) {
 		if r.Provisioned != 3 || r.Failed != 0 {
 			t.Fatalf("replenish: %+v", r)
 		}
-		nodes := map[string]bool{}
+		nodes := map[store.NodeID]bool{}
 		for _, in := range e.members(p) {
 			n, err := e.st.GetNodeByID(e.ctx, in.NodeID)
 			must(t, err)
@@ -281,7 +281,7 @@ func TestReplenishMembers(t *testing.T) {
 			}
 			nodes[n.ID] = true
 			if in.PoolState != lifecycle.PoolWarming || in.PoolWarmingStartedAt == nil || !in.PoolWarmingStartedAt.Equal(t0) ||
-				in.OperationID != "pool/"+p.ID+"/"+n.Name || in.Status != lifecycle.Pending {
+				in.OperationID != "pool/"+p.ID.String()+"/"+n.Name || in.Status != lifecycle.Pending {
 				t.Fatalf("member: state %s warming %v op %q status %s", in.PoolState, in.PoolWarmingStartedAt, in.OperationID, in.Status)
 			}
 		}

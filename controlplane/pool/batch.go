@@ -32,7 +32,8 @@ const claimTimeout = 30 * time.Second
 // claimReq is one caller's claim: of the pool named by id or name, else
 // of any active pool, narrowed by class.
 type claimReq struct {
-	poolID, poolName, class string
+	poolID                  store.PoolID
+	poolName, class         string
 	acquiredBy, acquiredFor string
 
 	done   chan struct{}
@@ -70,7 +71,7 @@ func (s *Service) claims() *batcher {
 func (r *claimReq) key() string {
 	switch {
 	case r.poolID != "":
-		return "id:" + r.poolID + "/" + r.class
+		return "id:" + r.poolID.String() + "/" + r.class
 	case r.poolName != "":
 		return "name:" + r.poolName + "/" + r.class
 	}

@@ -20,8 +20,9 @@ import (
 // else any active pool with a ready member, narrowed by LifecycleClass.
 // AcquiredBy and AcquiredFor are free text recorded on the claim.
 type AcquireParams struct {
-	PoolID, PoolName, LifecycleClass string
-	AcquiredBy, AcquiredFor          string
+	PoolID                   store.PoolID
+	PoolName, LifecycleClass string
+	AcquiredBy, AcquiredFor  string
 }
 
 // Claim is an acquired member.
@@ -48,7 +49,7 @@ func (s *Service) Acquire(ctx context.Context, p AcquireParams) (*Claim, error) 
 	for _, f := range []struct {
 		name, v string
 		max     int
-	}{{"pool_id", p.PoolID, 64}, {"pool_name", p.PoolName, 63}, {"acquired_by", p.AcquiredBy, maxAttribution}, {"acquired_for", p.AcquiredFor, maxAttribution}} {
+	}{{"pool_id", string(p.PoolID), 64}, {"pool_name", p.PoolName, 63}, {"acquired_by", p.AcquiredBy, maxAttribution}, {"acquired_for", p.AcquiredFor, maxAttribution}} {
 		if len(f.v) > f.max {
 			return nil, fail.Invalid(f.name, "at most %d characters", f.max)
 		}
@@ -59,7 +60,7 @@ func (s *Service) Acquire(ctx context.Context, p AcquireParams) (*Claim, error) 
 	c, named, err := s.claims().claim(ctx, &claimReq{poolID: p.PoolID, poolName: p.PoolName, class: p.LifecycleClass,
 		acquiredBy: p.AcquiredBy, acquiredFor: p.AcquiredFor})
 	if errors.Is(err, errNoReady) {
-		poolID := ""
+		var poolID store.PoolID
 		if named != nil {
 			poolID = named.ID
 		}
@@ -127,7 +128,7 @@ func (s *Service) claimTx(ctx context.Context, q store.Queries, reqs []*claimReq
 	if err != nil {
 		return nil, nil, err
 	}
-	poolID := ""
+	var poolID store.PoolID
 	if named != nil {
 		poolID = named.ID
 	}
@@ -139,7 +140,7 @@ func (s *Service) claimTx(ctx context.Context, q store.Queries, reqs []*claimReq
 	if err != nil {
 		return named, nil, err
 	}
-	pools := map[string]*store.Pool{}
+	pools := map[store.PoolID]*store.Pool{}
 	out := make([]*Claim, len(reqs))
 	evs := make([]events.E, 0, len(ms))
 	for i, m := range ms {
@@ -175,7 +176,7 @@ func (s *Service) claimTx(ctx context.Context, q store.Queries, reqs []*claimReq
 // statements a claim (the node, its MACs, its EKs), which at 32 claimers
 // was most of what PostgreSQL spent on a claim.
 func nameNodes(ctx context.Context, q store.Queries, cs []*Claim) error {
-	ids := make([]string, 0, len(cs))
+	ids := make([]store.NodeID, 0, len(cs))
 	for _, c := range cs {
 		if c != nil {
 			ids = append(ids, c.Instance.NodeID)
@@ -205,7 +206,7 @@ func nameNodes(ctx context.Context, q store.Queries, cs []*Claim) error {
 // one ever saw it claimed, and its claim is made again on another member.
 // errNoReady when no claim got a member and none was parked (a parked
 // member must commit, claimed or not).
-func (s *Service) claimLive(ctx context.Context, q store.Queries, poolID, class string, cs []store.PoolClaim, now time.Time) ([]*store.Instance, error) {
+func (s *Service) claimLive(ctx context.Context, q store.Queries, poolID store.PoolID, class string, cs []store.PoolClaim, now time.Time) ([]*store.Instance, error) {
 	out := make([]*store.Instance, len(cs))
 	todo := make([]int, len(cs))
 	for i := range todo {
@@ -335,7 +336,7 @@ type Released struct {
 // with a fresh TTL anchor (reused), or fences it if it carries a cordon
 // marker (cordoned). Every disposition writes pool.released with the
 // claim's attribution and held_seconds.
-func (s *Service) Release(ctx context.Context, instanceID, by string) (*Released, error) {
+func (s *Service) Release(ctx context.Context, instanceID store.InstanceID, by string) (*Released, error) {
 	if instanceID == "" {
 		return nil, fail.Invalid("instance_id", "required")
 	}
@@ -424,7 +425,7 @@ func (s *Service) Release(ctx context.Context, instanceID, by string) (*Released
 // one transaction. It reports false when there was nothing to park: the
 // member ended after all, or a terminate of it is still under way (its
 // intent recorded), which the terminate reconciler finishes.
-func (s *Service) parkErrored(ctx context.Context, id, during string, terr error, emit bool) (bool, error) {
+func (s *Service) parkErrored(ctx context.Context, id store.InstanceID, during string, terr error, emit bool) (bool, error) {
 	now := s.Clock.Now()
 	parked := false
 	err := s.Store.Tx(ctx, func(q store.Queries) error {
@@ -459,7 +460,7 @@ func (s *Service) parkErrored(ctx context.Context, id, during string, terr error
 		}
 		_, err = events.E{Kind: events.PoolTerminateFailed, Severity: events.High, InstanceID: id, PoolID: in.PoolID,
 			Message: fmt.Sprintf("%s: terminate of member %s failed; parked errored, its machine may still run: %v", during, id, terr),
-			Payload: map[string]any{"failed_instance_ids": []string{id}, "during": during, "error": terr.Error()}}.Write(ctx, q, now)
+			Payload: map[string]any{"failed_instance_ids": []store.InstanceID{id}, "during": during, "error": terr.Error()}}.Write(ctx, q, now)
 		return err
 	})
 	return parked, err

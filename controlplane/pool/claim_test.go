@@ -50,10 +50,10 @@ func TestAcquireRace(t *testing.T) {
 // race runs n claimers at once and returns the distinct members claimed
 // and how many were told NoReadyMembers. A member claimed twice, or any
 // other error, fails the test.
-func race(t *testing.T, ctx context.Context, n int, acquire func(i int) (*pool.Claim, error)) (map[string]string, int) {
+func race(t *testing.T, ctx context.Context, n int, acquire func(i int) (*pool.Claim, error)) (map[store.InstanceID]string, int) {
 	t.Helper()
 	var mu sync.Mutex
-	got := map[string]string{}
+	got := map[store.InstanceID]string{}
 	exhausted := 0
 	start := make(chan struct{})
 	var wg sync.WaitGroup
@@ -154,7 +154,7 @@ func (f nodeNamesFail) Tx(ctx context.Context, fn func(store.Queries) error) err
 
 type nodeNamesFailQ struct{ store.Queries }
 
-func (nodeNamesFailQ) NodeNames(context.Context, []string) (map[string]string, error) {
+func (nodeNamesFailQ) NodeNames(context.Context, []store.NodeID) (map[store.NodeID]string, error) {
 	return nil, errNodeNames
 }
 
@@ -298,7 +298,7 @@ func TestAcquireValidation(t *testing.T) {
 		{"class mismatch", pool.AcquireParams{PoolName: "eph", LifecycleClass: store.ClassSpot}, codes.InvalidArgument, "lifecycle_class"},
 		{"long acquired_by", pool.AcquireParams{AcquiredBy: long}, codes.InvalidArgument, "acquired_by"},
 		{"long acquired_for", pool.AcquireParams{AcquiredFor: long}, codes.InvalidArgument, "acquired_for"},
-		{"long pool id", pool.AcquireParams{PoolID: long}, codes.InvalidArgument, "pool_id"},
+		{"long pool id", pool.AcquireParams{PoolID: store.PoolID(long)}, codes.InvalidArgument, "pool_id"},
 		{"long pool name", pool.AcquireParams{PoolName: long}, codes.InvalidArgument, "pool_name"},
 		{"unknown pool id", pool.AcquireParams{PoolID: "nope"}, codes.NotFound, ""},
 		{"unknown pool name", pool.AcquireParams{PoolName: "nope"}, codes.NotFound, ""},
@@ -428,7 +428,7 @@ func TestReleaseRefusals(t *testing.T) {
 	must(t, err)
 	tests := []struct {
 		name string
-		id   string
+		id   store.InstanceID
 		code codes.Code
 	}{
 		{"blank id", "", codes.InvalidArgument},

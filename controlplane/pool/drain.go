@@ -3,7 +3,7 @@ package pool
 import (
 	"context"
 	"fmt"
-	"sort"
+	"slices"
 	"sync"
 
 	"github.com/tetherfleet/tether/controlplane/events"
@@ -18,7 +18,7 @@ type DrainResult struct {
 	Drained          int
 	TerminateFailed  int
 	ClaimedRemaining int
-	FailedIDs        []string
+	FailedIDs        []store.InstanceID
 }
 
 // Drain winds a pool down: status draining (nothing is claimed from it or
@@ -36,7 +36,7 @@ func (s *Service) Drain(ctx context.Context, name string) (*DrainResult, error) 
 	// The caller leaving must not leave the drain half done and its
 	// counts unrecorded.
 	ctx = context.WithoutCancel(ctx)
-	var ready []string
+	var ready []store.InstanceID
 	if err := s.eachMember(ctx, p.ID, liveStatuses, func(in *store.Instance) error {
 		if in.PoolState == lifecycle.PoolReady {
 			ready = append(ready, in.ID)
@@ -45,7 +45,7 @@ func (s *Service) Drain(ctx context.Context, name string) (*DrainResult, error) 
 	}); err != nil {
 		return nil, fmt.Errorf("drain pool %s: %w", p.Name, err)
 	}
-	var fenced []string
+	var fenced []store.InstanceID
 	for _, id := range ready {
 		// Under the row lock: a member claimed a moment ago stays claimed.
 		ok, err := s.take(ctx, id, func(in *store.Instance) bool { return in.PoolState == lifecycle.PoolReady },
@@ -62,11 +62,11 @@ func (s *Service) Drain(ctx context.Context, name string) (*DrainResult, error) 
 	for id := range failed {
 		out.FailedIDs = append(out.FailedIDs, id)
 	}
-	sort.Strings(out.FailedIDs)
+	slices.Sort(out.FailedIDs)
 	if len(failed) > 0 {
 		errs := map[string]any{}
 		for id, err := range failed {
-			errs[id] = err.Error()
+			errs[id.String()] = err.Error()
 		}
 		if err := s.writeEvent(ctx, events.E{Kind: events.PoolTerminateFailed, Severity: events.High, PoolID: p.ID,
 			Message: fmt.Sprintf("drain of pool %s: %d of %d terminate(s) failed (%v); those members are parked errored and their machines may still run",
@@ -88,7 +88,7 @@ func (s *Service) Drain(ctx context.Context, name string) (*DrainResult, error) 
 // take runs mutate on a member under its row lock if it is not terminated
 // and ok(member) still holds, and writes the row. It reports whether it
 // did: what the caller decided on a snapshot may no longer be true.
-func (s *Service) take(ctx context.Context, id string, ok func(*store.Instance) bool, mutate func(store.Queries, *store.Instance) error) (bool, error) {
+func (s *Service) take(ctx context.Context, id store.InstanceID, ok func(*store.Instance) bool, mutate func(store.Queries, *store.Instance) error) (bool, error) {
 	took := false
 	err := s.Store.Tx(ctx, func(q store.Queries) error {
 		in, err := q.LockInstance(ctx, id)
@@ -110,7 +110,7 @@ func (s *Service) take(ctx context.Context, id string, ok func(*store.Instance) 
 
 // terminateMember terminates a member on its way out and, if that fails,
 // parks it errored. It returns nil when the member ended up terminated.
-func (s *Service) terminateMember(ctx context.Context, id, during string, emit bool) error {
+func (s *Service) terminateMember(ctx context.Context, id store.InstanceID, during string, emit bool) error {
 	_, terr := s.Instances.Terminate(ctx, id)
 	if terr == nil {
 		return nil
@@ -132,8 +132,8 @@ func (s *Service) terminateMember(ctx context.Context, id, during string, emit b
 
 // terminateAll terminates members with bounded concurrency and returns
 // the failures by member id.
-func (s *Service) terminateAll(ctx context.Context, ids []string, during string, emit bool) map[string]error {
-	failed := map[string]error{}
+func (s *Service) terminateAll(ctx context.Context, ids []store.InstanceID, during string, emit bool) map[store.InstanceID]error {
+	failed := map[store.InstanceID]error{}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, s.concurrency())

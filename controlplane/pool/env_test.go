@@ -157,7 +157,7 @@ func (e *env) counts(p *store.Pool) store.PoolCounts {
 
 // ready plays the agent of a warming member: phase=ready, with the pool's
 // hook, as the agent API does.
-func (e *env) ready(id string) {
+func (e *env) ready(id store.InstanceID) {
 	e.t.Helper()
 	if err := e.inst.AgentReady(e.ctx, id, e.svc.ReadyHook); err != nil {
 		e.t.Fatal(err)
@@ -167,9 +167,9 @@ func (e *env) ready(id string) {
 
 // present records the agent of id as connected, with a lease that outlasts
 // any test's fake clock: a claim takes only members whose agent is there.
-func present(t testing.TB, ctx context.Context, q store.Queries, id string) {
+func present(t testing.TB, ctx context.Context, q store.Queries, id store.InstanceID) {
 	t.Helper()
-	if err := q.OpenPresence(ctx, &store.Presence{InstanceID: id, Replica: "pool-test", StreamID: "s-" + id, ConnectedAt: t0,
+	if err := q.OpenPresence(ctx, &store.Presence{InstanceID: id, Replica: "pool-test", StreamID: "s-" + id.String(), ConnectedAt: t0,
 		LeaseUntil: t0.Add(100 * 365 * 24 * time.Hour)}); err != nil {
 		t.Fatal(err)
 	}
@@ -189,14 +189,14 @@ func (e *env) warm(p *store.Pool) []*store.Instance {
 }
 
 // heartbeat records a heartbeat for an instance at the clock's now.
-func (e *env) heartbeat(id string) {
+func (e *env) heartbeat(id store.InstanceID) {
 	e.t.Helper()
 	if err := e.st.RecordHeartbeats(e.ctx, []store.Heartbeat{{InstanceID: id, At: e.clk.Now(), Phase: "ready", Addresses: []string{"10.0.0.9"}}}); err != nil {
 		e.t.Fatal(err)
 	}
 }
 
-func (e *env) get(id string) *store.Instance {
+func (e *env) get(id store.InstanceID) *store.Instance {
 	e.t.Helper()
 	in, err := e.st.GetInstance(e.ctx, id)
 	if err != nil {

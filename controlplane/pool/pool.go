@@ -258,7 +258,7 @@ var liveStatuses = []lifecycle.State{lifecycle.Pending, lifecycle.Provisioning, 
 // (a claim, a release, a member terminated or fenced) calls it. It never
 // blocks: a nudge that finds the queue full is dropped, since the nudges
 // already queued and the reaper's tick cover it anyway.
-func (s *Service) Nudge(poolID string) { s.nudgeQueue().MemberLeft(poolID) }
+func (s *Service) Nudge(poolID store.PoolID) { s.nudgeQueue().MemberLeft(poolID) }
 
 func (s *Service) nudgeQueue() *Nudges {
 	s.nudgeOnce.Do(func() {
@@ -269,19 +269,19 @@ func (s *Service) nudgeQueue() *Nudges {
 	return s.Nudges
 }
 
-func (s *Service) nudgeCh() chan string { return s.nudgeQueue().ch }
+func (s *Service) nudgeCh() chan store.PoolID { return s.nudgeQueue().ch }
 
 // Nudges queues pools whose counts changed for the pool service to
 // replenish. It implements instances.PoolEvents.
-type Nudges struct{ ch chan string }
+type Nudges struct{ ch chan store.PoolID }
 
 // NewNudges makes an empty queue.
-func NewNudges() *Nudges { return &Nudges{ch: make(chan string, 64)} }
+func NewNudges() *Nudges { return &Nudges{ch: make(chan store.PoolID, 64)} }
 
 // MemberLeft queues poolID ("" for every active pool). It never blocks:
 // a nudge that finds the queue full is dropped, since the nudges already
 // queued and the reaper's tick cover it anyway.
-func (n *Nudges) MemberLeft(poolID string) {
+func (n *Nudges) MemberLeft(poolID store.PoolID) {
 	select {
 	case n.ch <- poolID:
 	default:
@@ -316,11 +316,11 @@ func (s *Service) ServeNudges(ctx context.Context) int {
 }
 
 // serve replenishes first and whatever queued meanwhile.
-func (s *Service) serve(ctx context.Context, first string) int {
+func (s *Service) serve(ctx context.Context, first store.PoolID) int {
 	ch := s.nudgeCh()
 	// Coalesce what queued meanwhile: twelve claims on one pool need one
 	// replenish, not twelve.
-	pending := map[string]bool{first: true}
+	pending := map[store.PoolID]bool{first: true}
 drain:
 	for {
 		select {
@@ -331,7 +331,7 @@ drain:
 		}
 	}
 	if pending[""] {
-		pending = map[string]bool{"": true}
+		pending = map[store.PoolID]bool{"": true}
 	}
 	for id := range pending {
 		s.replenishNudged(ctx, id)
@@ -339,8 +339,8 @@ drain:
 	return len(pending)
 }
 
-func (s *Service) replenishNudged(ctx context.Context, poolID string) {
-	ids := []string{poolID}
+func (s *Service) replenishNudged(ctx context.Context, poolID store.PoolID) {
+	ids := []store.PoolID{poolID}
 	if poolID == "" {
 		ids = nil
 		err := s.eachPool(ctx, func(p *store.Pool) error {
@@ -387,7 +387,7 @@ func (s *Service) eachPool(ctx context.Context, fn func(*store.Pool) error) erro
 // eachMember calls fn for every member of a pool in the given instance
 // states (all when none), a page at a time. fn sees a snapshot; whatever
 // it changes it re-reads under the row lock first.
-func (s *Service) eachMember(ctx context.Context, poolID string, statuses []lifecycle.State, fn func(*store.Instance) error) error {
+func (s *Service) eachMember(ctx context.Context, poolID store.PoolID, statuses []lifecycle.State, fn func(*store.Instance) error) error {
 	page := store.Page{Limit: store.MaxPageSize}
 	for {
 		ins, err := s.Store.ListInstances(ctx, store.InstanceFilter{PoolID: poolID, Statuses: statuses}, page)
@@ -402,6 +402,6 @@ func (s *Service) eachMember(ctx context.Context, poolID string, statuses []life
 		if len(ins) < page.Limit {
 			return nil
 		}
-		page.After = ins[len(ins)-1].ID
+		page.After = ins[len(ins)-1].ID.String()
 	}
 }

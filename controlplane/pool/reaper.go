@@ -135,7 +135,7 @@ func (s *Service) currentStaleAfter(ctx context.Context) (time.Duration, error) 
 
 // A terminate the recycle phase decided on.
 type termination struct {
-	id     string
+	id     store.InstanceID
 	ok     func(*store.Instance) bool
 	mutate func(store.Queries, *store.Instance) error
 	// counts picks the outcome counter.
@@ -334,7 +334,7 @@ func (s *Service) readyVerdict(p *store.Pool, in *store.Instance, pol Policy, no
 // retry is one rung of the errored-member ladder. The attempt is recorded
 // (count and next time) before the provider is called, so a crash or a new
 // leader cannot retry faster than the ladder allows.
-func (s *Service) retry(id string, pol Policy, now time.Time) termination {
+func (s *Service) retry(id store.InstanceID, pol Policy, now time.Time) termination {
 	due := func(c *store.Instance) bool {
 		return c.PoolState == lifecycle.PoolErrored && c.TerminateRequestedAt == nil && c.PoolTerminateAttempts < pol.TerminateMaxAttempts &&
 			(c.PoolNextTerminateAt == nil || !now.Before(*c.PoolNextTerminateAt))
@@ -400,7 +400,7 @@ func (s *Service) runTerminations(ctx context.Context, terms []termination, pol 
 
 // abandonIfSpent ends the ladder of a member whose last allowed attempt
 // just failed.
-func (s *Service) abandonIfSpent(ctx context.Context, id string, pol Policy, terr error) (bool, error) {
+func (s *Service) abandonIfSpent(ctx context.Context, id store.InstanceID, pol Policy, terr error) (bool, error) {
 	in, err := s.Store.GetInstance(ctx, id)
 	if err != nil {
 		return false, err
@@ -413,7 +413,7 @@ func (s *Service) abandonIfSpent(ctx context.Context, id string, pol Policy, ter
 
 // abandon gives up on an errored member, loudly: pool.terminate_abandoned
 // (high), and no further attempt. Its machine may still run and bill.
-func (s *Service) abandon(ctx context.Context, id string, pol Policy, last string) (bool, error) {
+func (s *Service) abandon(ctx context.Context, id store.InstanceID, pol Policy, last string) (bool, error) {
 	now := s.Clock.Now()
 	return s.take(ctx, id, func(c *store.Instance) bool {
 		return c.PoolState == lifecycle.PoolErrored && c.PoolTerminateAttempts >= pol.TerminateMaxAttempts && c.PoolNextTerminateAt != nil
@@ -491,7 +491,7 @@ func (s *Service) flagClaimed(ctx context.Context, in *store.Instance, pol Polic
 
 // prune deletes a dead member record past retention, re-checked under its
 // row lock, and its node once nothing else is left on it.
-func (s *Service) prune(ctx context.Context, id string, pol Policy) (pruned, nodeGone bool, err error) {
+func (s *Service) prune(ctx context.Context, id store.InstanceID, pol Policy) (pruned, nodeGone bool, err error) {
 	now := s.Clock.Now()
 	err = s.Store.Tx(ctx, func(q store.Queries) error {
 		in, err := q.LockInstance(ctx, id)

@@ -33,7 +33,7 @@ func (e *env) heartbeatAll(p *store.Pool) {
 	}
 }
 
-func (e *env) terminate(id string) {
+func (e *env) terminate(id store.InstanceID) {
 	e.t.Helper()
 	if _, err := e.inst.Terminate(e.ctx, id); err != nil {
 		e.t.Fatal(err)
@@ -352,7 +352,7 @@ func TestDrainIsTruthful(t *testing.T) {
 		if len(evs) != 1 || evs[0].Severity != events.High {
 			t.Fatalf("terminate_failed events: %v", evs)
 		}
-		if ids, _ := payload(t, evs[0])["failed_instance_ids"].([]any); len(ids) != 1 || ids[0] != failed.ID {
+		if ids, _ := payload(t, evs[0])["failed_instance_ids"].([]any); len(ids) != 1 || ids[0] != failed.ID.String() {
 			t.Fatalf("event ids: %v", payload(t, evs[0]))
 		}
 		if pl := e.pool("ci"); pl.Status != store.PoolDraining || pl.TargetSize != 4 {

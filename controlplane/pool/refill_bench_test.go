@@ -108,7 +108,7 @@ func reap(ctx context.Context, b *testing.B, svc *pool.Service) {
 
 // agent reports every warming member of the pool ready once its machine
 // booted (its instance left pending).
-func agent(ctx context.Context, b *testing.B, st store.Store, ready func(context.Context, string, ...instances.ReadyHook) error, hook instances.ReadyHook, poolID string) {
+func agent(ctx context.Context, b *testing.B, st store.Store, ready func(context.Context, store.InstanceID, ...instances.ReadyHook) error, hook instances.ReadyHook, poolID store.PoolID) {
 	for {
 		ins, err := st.ListInstances(ctx, store.InstanceFilter{PoolID: poolID, PoolStates: []lifecycle.PoolState{lifecycle.PoolWarming},
 			Statuses: []lifecycle.State{lifecycle.Provisioning, lifecycle.Starting}}, store.Page{Limit: store.MaxPageSize})

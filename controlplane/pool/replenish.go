@@ -66,7 +66,7 @@ func notActive(p *store.Pool) error {
 // would add again is already counted. Each member gets its own node, named
 // after the pool, and an operation id naming that node, so a replay of one
 // member's provision finds the instance it made.
-func (s *Service) replenish(ctx context.Context, poolID string) ReplenishResult {
+func (s *Service) replenish(ctx context.Context, poolID store.PoolID) ReplenishResult {
 	var r ReplenishResult
 	for i := 0; i <= MaxPoolSize; i++ {
 		want := 0
@@ -91,7 +91,7 @@ func (s *Service) replenish(ctx context.Context, poolID string) ReplenishResult 
 				return err
 			}
 			if _, err := s.Instances.ProvisionTx(ctx, q, instances.ProvisionParams{Node: node.Name, Provider: p.Provider,
-				Region: p.Region, InstanceType: p.InstanceType, OperationID: "pool/" + p.ID + "/" + node.Name, PoolID: p.ID}); err != nil {
+				Region: p.Region, InstanceType: p.InstanceType, OperationID: "pool/" + p.ID.String() + "/" + node.Name, PoolID: p.ID}); err != nil {
 				return fmt.Errorf("provision member of pool %s: %w", p.Name, err)
 			}
 			p.LastReplenishedAt = &now

@@ -44,11 +44,12 @@ func (t *Tracker) lease() time.Duration {
 
 // Stream is one open stream's presence.
 type Stream struct {
-	InstanceID, ID string
+	InstanceID store.InstanceID
+	ID         string
 }
 
 // Open records that this replica holds a new stream of instanceID.
-func (t *Tracker) Open(ctx context.Context, instanceID string) (Stream, error) {
+func (t *Tracker) Open(ctx context.Context, instanceID store.InstanceID) (Stream, error) {
 	now := t.Clock.Now()
 	s := Stream{InstanceID: instanceID, ID: uuid.Must(uuid.NewV7()).String()}
 	err := t.Store.OpenPresence(ctx, &store.Presence{InstanceID: instanceID, Replica: t.Replica, StreamID: s.ID,

@@ -13,9 +13,9 @@ import (
 	"github.com/tetherfleet/tether/internal/testkit/instancestest"
 )
 
-func live(t *testing.T, st store.Store, id string, at time.Time) bool {
+func live(t *testing.T, st store.Store, id store.InstanceID, at time.Time) bool {
 	t.Helper()
-	ps, err := st.ListPresence(context.Background(), []string{id})
+	ps, err := st.ListPresence(context.Background(), []store.InstanceID{id})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,7 +22,7 @@ const SourceStreamLost = "stream_lost"
 // machine the provider reports running leaves the row as it is: its agent
 // may be partitioned, which the fleet view shows as disconnected. It
 // reports whether the row moved.
-func (s *Syncer) Check(ctx context.Context, instanceID, source string) (bool, error) {
+func (s *Syncer) Check(ctx context.Context, instanceID store.InstanceID, source string) (bool, error) {
 	in, err := s.Store.GetInstance(ctx, instanceID)
 	if errors.Is(err, store.ErrNotFound) {
 		return false, nil
@@ -67,24 +67,24 @@ type Checks struct {
 	// signals thousands of dropped streams at once.
 	Workers int
 	// Done, if set, is told each finished check (tests wait on it).
-	Done func(instanceID string, moved bool, err error)
+	Done func(instanceID store.InstanceID, moved bool, err error)
 
 	mu      sync.Mutex
-	queued  map[string]string // instance -> source
-	order   []string
+	queued  map[store.InstanceID]string // instance -> source
+	order   []store.InstanceID
 	wake    chan struct{}
 	started bool
 }
 
 func (c *Checks) init() {
 	if c.queued == nil {
-		c.queued = map[string]string{}
+		c.queued = map[store.InstanceID]string{}
 		c.wake = make(chan struct{}, 1)
 	}
 }
 
 // Signal queues a check of instanceID.
-func (c *Checks) Signal(instanceID, source string) {
+func (c *Checks) Signal(instanceID store.InstanceID, source string) {
 	if c == nil || instanceID == "" {
 		return
 	}
@@ -107,10 +107,10 @@ func (c *Checks) Exit(e providers.Exit) {
 	if e.InstanceID == "" {
 		return // provider sync finds it on its next pass
 	}
-	c.Signal(e.InstanceID, "provider_exit: "+e.Detail)
+	c.Signal(store.InstanceID(e.InstanceID), "provider_exit: "+e.Detail)
 }
 
-func (c *Checks) next() (string, string, bool) {
+func (c *Checks) next() (store.InstanceID, string, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if len(c.order) == 0 {
@@ -161,7 +161,7 @@ func (c *Checks) Run(ctx context.Context) {
 	wg.Wait()
 }
 
-func (c *Checks) run(ctx context.Context, id, source string) {
+func (c *Checks) run(ctx context.Context, id store.InstanceID, source string) {
 	moved, err := c.Syncer.Check(ctx, id, source)
 	if err != nil && ctx.Err() == nil {
 		c.Syncer.Log.Warn("death signal: check failed; provider sync retries", "instance", id, "source", source, "err", err)

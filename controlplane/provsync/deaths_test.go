@@ -20,7 +20,7 @@ import (
 // member makes in a ready member of a pool of its own.
 func (f *fixture) member(t *testing.T, in *store.Instance) {
 	t.Helper()
-	p := &store.Pool{Name: "p-" + in.ID[len(in.ID)-8:], TemplateID: f.tplID, Provider: fake.Name, LifecycleClass: store.ClassEphemeral,
+	p := &store.Pool{Name: "p-" + in.ID.String()[len(in.ID)-8:], TemplateID: f.tplID, Provider: fake.Name, LifecycleClass: store.ClassEphemeral,
 		TargetSize: 1, MaxSize: 2, Status: store.PoolActive, CreatedAt: t0, UpdatedAt: t0}
 	if err := f.st.CreatePool(f.ctx, p); err != nil {
 		t.Fatal(err)
@@ -74,10 +74,10 @@ func TestStoppedMachineOfARunningRowGoesToError(t *testing.T) {
 
 // checks runs a Checks queue until the test ends and returns it with a
 // channel of the instances it finished.
-func (f *fixture) checks(t *testing.T) (*provsync.Checks, <-chan string) {
+func (f *fixture) checks(t *testing.T) (*provsync.Checks, <-chan store.InstanceID) {
 	t.Helper()
-	done := make(chan string, 16)
-	c := &provsync.Checks{Syncer: f.syncer, Workers: 2, Done: func(id string, _ bool, err error) {
+	done := make(chan store.InstanceID, 16)
+	c := &provsync.Checks{Syncer: f.syncer, Workers: 2, Done: func(id store.InstanceID, _ bool, err error) {
 		if err != nil {
 			t.Errorf("check %s: %v", id, err)
 		}
@@ -90,7 +90,7 @@ func (f *fixture) checks(t *testing.T) (*provsync.Checks, <-chan string) {
 	return c, done
 }
 
-func waitCheck(t *testing.T, done <-chan string, id string) {
+func waitCheck(t *testing.T, done <-chan store.InstanceID, id store.InstanceID) {
 	t.Helper()
 	for {
 		select {

@@ -101,14 +101,14 @@ func (s *Syncer) syncProvider(ctx context.Context, p providers.Provider, res *Re
 		return s.listFailed(p.Name(), err, res)
 	}
 	byID := map[string]providers.Machine{}
-	byInstance := map[string]providers.Machine{}
+	byInstance := map[store.InstanceID]providers.Machine{}
 	for _, m := range ms {
 		if m.State == providers.StateGone {
 			continue
 		}
 		byID[m.ID] = m
 		if m.InstanceID != "" {
-			byInstance[m.InstanceID] = m
+			byInstance[store.InstanceID(m.InstanceID)] = m
 		}
 	}
 	for _, in := range running {
@@ -129,7 +129,7 @@ func (s *Syncer) syncProvider(ctx context.Context, p providers.Provider, res *Re
 		if m.InstanceID == "" || m.State == providers.StateGone {
 			continue
 		}
-		in, err := s.Store.GetInstance(ctx, m.InstanceID)
+		in, err := s.Store.GetInstance(ctx, store.InstanceID(m.InstanceID))
 		if errors.Is(err, store.ErrNotFound) {
 			s.Log.Warn("provider sync: a machine names an instance this control plane does not know", "provider", p.Name(), "machine", m.ID, "instance", m.InstanceID)
 			continue
@@ -192,7 +192,7 @@ func (s *Syncer) listMachineOn(ctx context.Context, provider string) ([]*store.I
 		if len(ins) < page.Limit {
 			return out, nil
 		}
-		page.After = ins[len(ins)-1].ID
+		page.After = ins[len(ins)-1].ID.String()
 	}
 }
 
@@ -235,7 +235,7 @@ func (s *Syncer) confirmDead(ctx context.Context, p providers.Provider, in *stor
 	now := s.Clock.Now()
 	// Tx may run fn again (a lost deadlock): count what committed.
 	n := 0
-	var poolID string
+	var poolID store.PoolID
 	err = s.Store.Tx(ctx, func(q store.Queries) error {
 		n, poolID = 0, ""
 		cur, err := q.LockInstance(ctx, in.ID)
@@ -297,7 +297,7 @@ func (s *Syncer) confirmDead(ctx context.Context, p providers.Provider, in *stor
 
 // operationInProgress reports whether a worker task (a stop, reboot,
 // start or terminate) is under way on the instance.
-func operationInProgress(ctx context.Context, q store.Queries, instanceID string) (bool, error) {
+func operationInProgress(ctx context.Context, q store.Queries, instanceID store.InstanceID) (bool, error) {
 	ts, err := q.ListTasks(ctx, store.TaskFilter{InstanceID: instanceID, Target: store.TaskTargetWorker,
 		Statuses: []store.TaskStatus{store.TaskPending, store.TaskLeased, store.TaskRunning}}, store.Page{Limit: 1})
 	if err != nil {

@@ -22,7 +22,7 @@ type fixture struct {
 	st     store.Store
 	fake   *fake.Provider
 	syncer *provsync.Syncer
-	nodeID string
+	nodeID store.NodeID
 	tplID  store.TemplateID
 }
 
@@ -43,13 +43,13 @@ func (f *fixture) instance(t *testing.T, provider string, status lifecycle.State
 		t.Fatal(err)
 	}
 	if provider == fake.Name {
-		m, err := f.fake.Provision(f.ctx, providers.Spec{InstanceID: in.ID})
+		m, err := f.fake.Provision(f.ctx, providers.Spec{InstanceID: in.ID.String()})
 		if err != nil {
 			t.Fatal(err)
 		}
 		in.CloudInstanceID = m.ID
 	} else {
-		in.CloudInstanceID = external.IDPrefix + in.ID
+		in.CloudInstanceID = external.IDPrefix + in.ID.String()
 	}
 	if err := f.st.UpdateInstance(f.ctx, in); err != nil {
 		t.Fatal(err)
@@ -57,7 +57,7 @@ func (f *fixture) instance(t *testing.T, provider string, status lifecycle.State
 	return in
 }
 
-func (f *fixture) get(t *testing.T, id string) *store.Instance {
+func (f *fixture) get(t *testing.T, id store.InstanceID) *store.Instance {
 	t.Helper()
 	in, err := f.st.GetInstance(f.ctx, id)
 	if err != nil {
@@ -66,7 +66,7 @@ func (f *fixture) get(t *testing.T, id string) *store.Instance {
 	return in
 }
 
-func (f *fixture) events(t *testing.T, id string, kind store.EventKind) []*store.Event {
+func (f *fixture) events(t *testing.T, id store.InstanceID, kind store.EventKind) []*store.Event {
 	t.Helper()
 	evs, err := f.st.ListEvents(f.ctx, store.EventFilter{InstanceID: id, Kind: kind}, store.Page{Limit: 100})
 	if err != nil {
@@ -96,7 +96,7 @@ func TestRunningRowWithoutAMachineGoesToError(t *testing.T) {
 	}
 	// The live machine's row and the external one (whose provider cannot
 	// list) are left alone.
-	for _, id := range []string{alive.ID, ext.ID} {
+	for _, id := range []store.InstanceID{alive.ID, ext.ID} {
 		if got := f.get(t, id); got.Status != lifecycle.Running {
 			t.Fatalf("%s went %s", id, got.Status)
 		}

@@ -14,3 +14,21 @@ func (id TemplateID) String() string { return string(id) }
 type TaskID string
 
 func (id TaskID) String() string { return string(id) }
+
+// InstanceID names an instance: its record, and every record that names
+// one (a task's, an event's, a token's, a certificate's, a presence's).
+type InstanceID string
+
+func (id InstanceID) String() string { return string(id) }
+
+// NodeID names a node: its record, and the instances and EK bindings that
+// name it.
+type NodeID string
+
+func (id NodeID) String() string { return string(id) }
+
+// PoolID names a pool: its record, and the members and events that name
+// it.
+type PoolID string
+
+func (id PoolID) String() string { return string(id) }

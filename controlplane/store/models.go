@@ -118,7 +118,7 @@ type AuditFilter struct {
 
 // Node is a logical host; it outlives its instances.
 type Node struct {
-	ID            string
+	ID            NodeID
 	Name          string
 	TemplateID    TemplateID
 	Enabled       bool
@@ -231,8 +231,8 @@ type Cordon struct {
 // that a reader sees which fields move together while inst.PoolID and the
 // like still read as before.
 type Instance struct {
-	ID              string
-	NodeID          string
+	ID              InstanceID
+	NodeID          NodeID
 	Status          lifecycle.State
 	Provider        string
 	Region          string
@@ -253,7 +253,7 @@ type Instance struct {
 // PoolMember is an instance's place in a pool (docs/design.md §4); zero
 // for an instance of no pool.
 type PoolMember struct {
-	PoolID               string
+	PoolID               PoolID
 	PoolState            lifecycle.PoolState
 	PoolWarmingStartedAt *time.Time
 	// PoolReadyAt anchors the ready TTL; reuse resets it.
@@ -303,8 +303,8 @@ type Termination struct {
 // InstanceFilter narrows ListInstances and CountInstances. Zero fields
 // match everything.
 type InstanceFilter struct {
-	NodeID     string
-	PoolID     string
+	NodeID     NodeID
+	PoolID     PoolID
 	Provider   string
 	Statuses   []lifecycle.State
 	PoolStates []lifecycle.PoolState
@@ -326,7 +326,7 @@ type InstanceFilter struct {
 
 // Heartbeat is one coalesced agent heartbeat.
 type Heartbeat struct {
-	InstanceID     string
+	InstanceID     InstanceID
 	At             time.Time
 	Phase          string
 	AgentVersion   string
@@ -339,7 +339,7 @@ type Heartbeat struct {
 // Token is a bootstrap token; only its hash is stored.
 type Token struct {
 	Hash       string
-	InstanceID string
+	InstanceID InstanceID
 	ExpiresAt  time.Time
 	UsedAt     *time.Time
 	CreatedAt  time.Time
@@ -355,7 +355,7 @@ type Certificate struct {
 	Serial string
 	// Issuer is the fingerprint of the CA that signed it.
 	Issuer       string
-	InstanceID   string
+	InstanceID   InstanceID
 	Kind         CertKind
 	Subject      string
 	NotBefore    time.Time
@@ -393,7 +393,7 @@ type Authority struct {
 
 // CertificateFilter narrows ListCertificates.
 type CertificateFilter struct {
-	InstanceID string
+	InstanceID InstanceID
 	// Subject is the identity URI: every certificate an admin identity
 	// was ever issued carries the same one.
 	Subject string
@@ -403,7 +403,7 @@ type CertificateFilter struct {
 type Task struct {
 	ID         TaskID
 	Target     TaskTarget
-	InstanceID string
+	InstanceID InstanceID
 	Kind       TaskKind
 	// Payload is kind-specific JSON (exec: {"argv": [...], "timeout_seconds": N}).
 	Payload         json.RawMessage
@@ -430,7 +430,7 @@ func (t *Task) Terminal() bool {
 
 // TaskFilter narrows ListTasks.
 type TaskFilter struct {
-	InstanceID string
+	InstanceID InstanceID
 	Target     TaskTarget
 	Statuses   []TaskStatus
 }
@@ -439,7 +439,7 @@ type TaskFilter struct {
 type TaskClaim struct {
 	Target TaskTarget
 	// InstanceID narrows to one instance's tasks (agents); empty means any.
-	InstanceID string
+	InstanceID InstanceID
 	// TaskID narrows to one task (the push path leases the task it announces).
 	TaskID     TaskID
 	Owner      string
@@ -452,8 +452,8 @@ type Event struct {
 	ID            int64
 	Kind          EventKind
 	Severity      Severity
-	InstanceID    string
-	PoolID        string
+	InstanceID    InstanceID
+	PoolID        PoolID
 	CorrelationID string
 	Message       string
 	Payload       json.RawMessage // a JSON object
@@ -463,8 +463,8 @@ type Event struct {
 // EventFilter narrows event reads.
 type EventFilter struct {
 	Kind          EventKind
-	InstanceID    string
-	PoolID        string
+	InstanceID    InstanceID
+	PoolID        PoolID
 	CorrelationID string
 	MinSeverity   Severity
 }

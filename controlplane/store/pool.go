@@ -29,7 +29,7 @@ type PoolMetadata struct {
 
 // Pool is a set of pre-warmed instances.
 type Pool struct {
-	ID                string
+	ID                PoolID
 	Name              string
 	TemplateID        TemplateID
 	Provider          string
@@ -61,15 +61,15 @@ type PoolClaim struct {
 type PoolQueries interface {
 	CreatePool(ctx context.Context, p *Pool) error
 	GetPool(ctx context.Context, name string) (*Pool, error)
-	GetPoolByID(ctx context.Context, id string) (*Pool, error)
+	GetPoolByID(ctx context.Context, id PoolID) (*Pool, error)
 	// LockPool reads a pool and locks its row on PostgreSQL.
-	LockPool(ctx context.Context, id string) (*Pool, error)
+	LockPool(ctx context.Context, id PoolID) (*Pool, error)
 	ListPools(ctx context.Context, p Page) ([]*Pool, error)
 	UpdatePool(ctx context.Context, p *Pool) error
 	// DeletePool refuses (ErrConflict) while the pool has members that are
 	// not terminated.
-	DeletePool(ctx context.Context, id string) error
-	CountPoolMembers(ctx context.Context, poolID string) (PoolCounts, error)
+	DeletePool(ctx context.Context, id PoolID) error
+	CountPoolMembers(ctx context.Context, poolID PoolID) (PoolCounts, error)
 	// ClaimPoolMember locks and returns the oldest ready member (by warming
 	// start) of an active pool: SKIP LOCKED on PostgreSQL, so concurrent
 	// claimers never get the same member. With poolID empty it picks any
@@ -79,7 +79,7 @@ type PoolQueries interface {
 	// terminate is under way (terminate_requested_at set) is never handed out,
 	// nor one whose agent is not present at at (an open presence whose lease
 	// runs past at, see Presence).
-	ClaimPoolMember(ctx context.Context, poolID, class string, at time.Time) (*Instance, error)
+	ClaimPoolMember(ctx context.Context, poolID PoolID, class string, at time.Time) (*Instance, error)
 	// ClaimPoolMembers claims up to len(claims) ready members at once, as
 	// ClaimPoolMember selects them: the i-th oldest gets claims[i], state
 	// claimed and acquired at, and the stale flags reset, in one statement
@@ -87,9 +87,9 @@ type PoolQueries interface {
 	// claimed members in claims order (fewer when fewer are ready), or
 	// ErrNotFound when none is. The caller writes the claim events in the
 	// same transaction.
-	ClaimPoolMembers(ctx context.Context, poolID, class string, claims []PoolClaim, at time.Time) ([]*Instance, error)
+	ClaimPoolMembers(ctx context.Context, poolID PoolID, class string, claims []PoolClaim, at time.Time) ([]*Instance, error)
 	// DeletePoolMember deletes a dead member's row (status terminated or
 	// error): the pruning of docs/design.md §4.6. It refuses (ErrConflict) a member that
 	// is alive or not a pool member, so it cannot take a live machine's row.
-	DeletePoolMember(ctx context.Context, id string) error
+	DeletePoolMember(ctx context.Context, id InstanceID) error
 }

@@ -12,7 +12,7 @@ import (
 // stop being claimable when its leases do, and a restarted control plane
 // hands out nothing until the agents come back.
 type Presence struct {
-	InstanceID string
+	InstanceID InstanceID
 	// Replica names the replica that holds (or held) the stream.
 	Replica string
 	// StreamID tells one stream from the next of the same instance, so a
@@ -36,7 +36,7 @@ type PresenceQueries interface {
 	OpenPresence(ctx context.Context, p *Presence) error
 	// ClosePresence records that the stream streamID ended at at; a newer
 	// stream's presence is left alone. It reports whether it closed one.
-	ClosePresence(ctx context.Context, instanceID, streamID string, at time.Time) (bool, error)
+	ClosePresence(ctx context.Context, instanceID InstanceID, streamID string, at time.Time) (bool, error)
 	// RenewPresence extends the lease of every open presence replica
 	// holds to until, in one statement, and returns how many it renewed.
 	RenewPresence(ctx context.Context, replica string, until time.Time) (int64, error)
@@ -45,5 +45,5 @@ type PresenceQueries interface {
 	// whatever its predecessor left behind.
 	ExpirePresence(ctx context.Context, replica string, at time.Time) (int64, error)
 	// ListPresence returns the presence of each of ids that has one.
-	ListPresence(ctx context.Context, ids []string) (map[string]*Presence, error)
+	ListPresence(ctx context.Context, ids []InstanceID) (map[InstanceID]*Presence, error)
 }

@@ -181,10 +181,10 @@ type NodeQueries interface {
 	// them in a transaction when n has either, so a refusal leaves nothing.
 	CreateNode(ctx context.Context, n *Node) error
 	GetNode(ctx context.Context, name string) (*Node, error)
-	GetNodeByID(ctx context.Context, id string) (*Node, error)
+	GetNodeByID(ctx context.Context, id NodeID) (*Node, error)
 	// NodeNames maps node ids to names in one query, for lists that show
 	// a name beside each row; an id with no node is absent from the map.
-	NodeNames(ctx context.Context, ids []string) (map[string]string, error)
+	NodeNames(ctx context.Context, ids []NodeID) (map[NodeID]string, error)
 	// GetNodeByMAC finds the node owning a normalised hardware address.
 	GetNodeByMAC(ctx context.Context, mac string) (*Node, error)
 	// NodeByEK finds the node an EK hash (sha256:HEX, lower case) is bound
@@ -192,7 +192,7 @@ type NodeQueries interface {
 	NodeByEK(ctx context.Context, hash string) (*Node, error)
 	// EKNodeID is the id of the node an EK hash is bound to, without the
 	// node: what an attested enrollment checks on its every step.
-	EKNodeID(ctx context.Context, hash string) (string, error)
+	EKNodeID(ctx context.Context, hash string) (NodeID, error)
 	ListNodes(ctx context.Context, f NodeFilter, p Page) ([]*Node, error)
 	UpdateNode(ctx context.Context, n *Node) error
 	// DeleteNode refuses (ErrConflict) while a non-terminated instance of it exists.
@@ -215,21 +215,21 @@ type CredentialQueries interface {
 // InstanceQueries keep the instances and their heartbeats.
 type InstanceQueries interface {
 	CreateInstance(ctx context.Context, in *Instance) error
-	GetInstance(ctx context.Context, id string) (*Instance, error)
+	GetInstance(ctx context.Context, id InstanceID) (*Instance, error)
 	// InstanceStatus reads only an instance's state (ErrNotFound if there
 	// is no such instance): enrollment checks it for every certificate,
 	// and the whole row cost it a third of its store work.
-	InstanceStatus(ctx context.Context, id string) (lifecycle.State, error)
+	InstanceStatus(ctx context.Context, id InstanceID) (lifecycle.State, error)
 	// InstanceNode is an instance's node id and state, in one row: what
 	// an attested enrollment's opening checks before anything else.
-	InstanceNode(ctx context.Context, id string) (nodeID string, status lifecycle.State, err error)
+	InstanceNode(ctx context.Context, id InstanceID) (nodeID NodeID, status lifecycle.State, err error)
 	// EnrollGate reads an instance's state and whether its node or
 	// template requires attestation, in one query (ErrNotFound if there
 	// is no such instance).
-	EnrollGate(ctx context.Context, instanceID string) (EnrollGate, error)
+	EnrollGate(ctx context.Context, instanceID InstanceID) (EnrollGate, error)
 	// LockInstance reads an instance and, on PostgreSQL, locks its row
 	// until the transaction ends. Use it before a read-modify-write.
-	LockInstance(ctx context.Context, id string) (*Instance, error)
+	LockInstance(ctx context.Context, id InstanceID) (*Instance, error)
 	GetInstanceByOperationID(ctx context.Context, operationID string) (*Instance, error)
 	ListInstances(ctx context.Context, f InstanceFilter, p Page) ([]*Instance, error)
 	CountInstances(ctx context.Context, f InstanceFilter) (int, error)
@@ -249,7 +249,7 @@ type TokenQueries interface {
 	// otherwise, with the token.
 	ConsumeToken(ctx context.Context, hash, spentKey string, now time.Time) (*Token, error)
 	// ExpireInstanceTokens ends every unused token of an instance.
-	ExpireInstanceTokens(ctx context.Context, instanceID string, now time.Time) (int, error)
+	ExpireInstanceTokens(ctx context.Context, instanceID InstanceID, now time.Time) (int, error)
 }
 
 // CertificateQueries keep the issued certificates and their revocations.
@@ -266,7 +266,7 @@ type CertificateQueries interface {
 	RevokeCertificate(ctx context.Context, serial, reason string, now time.Time) (*Certificate, error)
 	// RevokeInstanceCertificates revokes every unrevoked certificate of an
 	// instance and returns their serials.
-	RevokeInstanceCertificates(ctx context.Context, instanceID, reason string, now time.Time) ([]string, error)
+	RevokeInstanceCertificates(ctx context.Context, instanceID InstanceID, reason string, now time.Time) ([]string, error)
 	// ListRevokedSerials lists revoked certificates that have not expired
 	// by now: the only ones a revocation check still needs.
 	ListRevokedSerials(ctx context.Context, now time.Time) ([]string, error)
@@ -304,13 +304,13 @@ type TaskQueries interface {
 	// something for their agent's stream: a pending agent task, or a
 	// leased or running one asked to cancel. It is the safety-net sweep
 	// behind task notifications: one query for every stream of a replica.
-	ListInstancesWithAgentWork(ctx context.Context) ([]string, error)
+	ListInstancesWithAgentWork(ctx context.Context) ([]InstanceID, error)
 	// AgentWork is what a new agent stream asks about its instance: is an
 	// agent task pending, and which leased or running ones are asked to
 	// cancel. Every stream asks it once on connect, so it is three index
 	// seeks in one statement, with no sort and no IN list (each of which
 	// made SQLite build a temporary b-tree per call).
-	AgentWork(ctx context.Context, instanceID string) (pending bool, cancels []*Task, err error)
+	AgentWork(ctx context.Context, instanceID InstanceID) (pending bool, cancels []*Task, err error)
 }
 
 // EventQueries keep the fleet events.

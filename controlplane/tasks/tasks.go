@@ -78,7 +78,7 @@ func (s *Service) LeaseDuration() time.Duration { return s.lease() }
 
 // CreateAgentTask queues a task for an instance's agent and wakes the
 // replica holding its stream.
-func (s *Service) CreateAgentTask(ctx context.Context, instanceID string, kind store.TaskKind, exec *Exec, maxAttempts int) (*store.Task, error) {
+func (s *Service) CreateAgentTask(ctx context.Context, instanceID store.InstanceID, kind store.TaskKind, exec *Exec, maxAttempts int) (*store.Task, error) {
 	if instanceID == "" {
 		return nil, fail.Invalid("instance_id", "required")
 	}
@@ -126,7 +126,7 @@ func (s *Service) CreateAgentTask(ctx context.Context, instanceID string, kind s
 			Message: fmt.Sprintf("%s task %s created", kind, t.ID)}).Write(ctx, q, now); err != nil {
 			return err
 		}
-		return q.Notify(ctx, store.ChannelTasks, instanceID)
+		return q.Notify(ctx, store.ChannelTasks, instanceID.String())
 	})
 	if err != nil {
 		return nil, err
@@ -184,17 +184,17 @@ func (s *Service) Cancel(ctx context.Context, id store.TaskID) (*store.Task, err
 		if err := q.UpdateTask(ctx, t); err != nil {
 			return err
 		}
-		return q.Notify(ctx, store.ChannelTasks, t.InstanceID)
+		return q.Notify(ctx, store.ChannelTasks, t.InstanceID.String())
 	})
 	return t, err
 }
 
 // Owner names the lease holder for an agent task.
-func Owner(instanceID string) string { return "agent:" + instanceID }
+func Owner(instanceID store.InstanceID) string { return "agent:" + instanceID.String() }
 
 // LeaseNext leases the oldest pending agent task of an instance, or
 // returns nil when there is none.
-func (s *Service) LeaseNext(ctx context.Context, instanceID string) (*store.Task, error) {
+func (s *Service) LeaseNext(ctx context.Context, instanceID store.InstanceID) (*store.Task, error) {
 	now := s.Clock.Now()
 	var t *store.Task
 	err := s.Store.Tx(ctx, func(q store.Queries) error {
@@ -228,7 +228,7 @@ var errWarming = errors.New("warming pool members lease no tasks")
 // and which leased or running ones were asked to cancel (store.AgentWork,
 // one statement of three index seeks). A stream checks this on every wake and poll; only when a task
 // is pending does it pay for a claim transaction.
-func (s *Service) Open(ctx context.Context, instanceID string) (pending bool, cancels []*store.Task, err error) {
+func (s *Service) Open(ctx context.Context, instanceID store.InstanceID) (pending bool, cancels []*store.Task, err error) {
 	return s.Store.AgentWork(ctx, instanceID)
 }
 
@@ -248,7 +248,7 @@ var ErrNotYours = errors.New("task belongs to another instance")
 
 // ApplyAgentUpdate records an agent's report on its own task. Running
 // renews the lease; the rest end the task.
-func (s *Service) ApplyAgentUpdate(ctx context.Context, instanceID string, u Update) (*store.Task, error) {
+func (s *Service) ApplyAgentUpdate(ctx context.Context, instanceID store.InstanceID, u Update) (*store.Task, error) {
 	if u.TaskID == "" {
 		return nil, fail.Invalid("task_update.task_id", "required")
 	}
@@ -315,7 +315,7 @@ func (s *Service) ExpireLeases(ctx context.Context) (int, error) {
 		}
 		for _, t := range changed {
 			if t.Status == store.TaskPending && t.Target == store.TaskTargetAgent {
-				if err := q.Notify(ctx, store.ChannelTasks, t.InstanceID); err != nil {
+				if err := q.Notify(ctx, store.ChannelTasks, t.InstanceID.String()); err != nil {
 					return err
 				}
 			}

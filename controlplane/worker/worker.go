@@ -276,7 +276,7 @@ func Enqueue(ctx context.Context, q store.Queries, t *store.Task) error {
 // NewLeased returns a worker task that its creator runs itself, leased to
 // owner from the start so no worker picks it up. Should the creator die,
 // the lease lapses and a worker finishes the job.
-func NewLeased(instanceID string, kind store.TaskKind, owner string, now time.Time, lease time.Duration) *store.Task {
+func NewLeased(instanceID store.InstanceID, kind store.TaskKind, owner string, now time.Time, lease time.Duration) *store.Task {
 	until := now.Add(orDefault(lease, DefaultLease))
 	return &store.Task{Target: store.TaskTargetWorker, InstanceID: instanceID, Kind: kind, Payload: []byte("{}"),
 		Status: store.TaskLeased, LeaseOwner: owner, LeaseExpiresAt: &until, MaxAttempts: DefaultMaxAttempts,

@@ -44,9 +44,9 @@ func TestRealLibvirtProviderSync(t *testing.T) {
 		if err := e.Store.CreateInstance(ctx, in); err != nil {
 			t.Fatal(err)
 		}
-		in.CloudInstanceID = in.ID
+		in.CloudInstanceID = in.ID.String()
 		if withDomain {
-			if _, err := p.Provision(ctx, providers.Spec{InstanceID: in.ID, Boot: boot}); err != nil {
+			if _, err := p.Provision(ctx, providers.Spec{InstanceID: in.ID.String(), Boot: boot}); err != nil {
 				t.Fatalf("provision %s: %v", in.ID, err)
 			}
 		}
@@ -72,7 +72,7 @@ func TestRealLibvirtProviderSync(t *testing.T) {
 	}
 	names := d.DomainNames(t)
 	slices.Sort(names)
-	want := []string{libvirt.DomainName(stranger), libvirt.DomainName(alive.ID)}
+	want := []string{libvirt.DomainName(stranger), libvirt.DomainName(alive.ID.String())}
 	slices.Sort(want)
 	if !slices.Equal(names, want) {
 		t.Fatalf("domains after sync = %v, want %v (the orphan destroyed)", names, want)

@@ -134,12 +134,12 @@ func seedBench(b *testing.B, ctx context.Context, st store.Store, p *v1.Pool, n 
 				}
 				w := t0.Add(time.Duration(i) * time.Millisecond)
 				in := &store.Instance{NodeID: node.ID, Status: lifecycle.Running, Provider: "qemu",
-					CloudInstanceID: node.Name, CreatedAt: w, UpdatedAt: w, PoolMember: store.PoolMember{PoolID: p.Id, PoolState: lifecycle.PoolReady, PoolWarmingStartedAt: &w, PoolReadyAt: &w}, AgentReport: store.AgentReport{LastHeartbeatAt: &w, Addresses: []string{"10.9.0.1"}}}
+					CloudInstanceID: node.Name, CreatedAt: w, UpdatedAt: w, PoolMember: store.PoolMember{PoolID: store.PoolID(p.Id), PoolState: lifecycle.PoolReady, PoolWarmingStartedAt: &w, PoolReadyAt: &w}, AgentReport: store.AgentReport{LastHeartbeatAt: &w, Addresses: []string{"10.9.0.1"}}}
 				if err := q.CreateInstance(ctx, in); err != nil {
 					return err
 				}
 				// Its agent counts as connected for the whole run.
-				if err := q.OpenPresence(ctx, &store.Presence{InstanceID: in.ID, Replica: "seed", StreamID: "s-" + in.ID, ConnectedAt: w,
+				if err := q.OpenPresence(ctx, &store.Presence{InstanceID: in.ID, Replica: "seed", StreamID: "s-" + in.ID.String(), ConnectedAt: w,
 					LeaseUntil: w.Add(100 * 365 * 24 * time.Hour)}); err != nil {
 					return err
 				}

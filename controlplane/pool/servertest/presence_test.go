@@ -29,7 +29,7 @@ type crashable struct {
 
 var errCrashed = errors.New("replica crashed")
 
-func (c *crashable) ClosePresence(ctx context.Context, id, stream string, at time.Time) (bool, error) {
+func (c *crashable) ClosePresence(ctx context.Context, id store.InstanceID, stream string, at time.Time) (bool, error) {
 	if c.dead.Load() {
 		return false, errCrashed
 	}
@@ -97,13 +97,13 @@ func TestMemberOfAKilledReplicaIsNotClaimed(t *testing.T) {
 	// The member's row: running and ready in the pool (what warming does).
 	deadline := time.Now().Add(15 * time.Second)
 	for {
-		row, err := st.GetInstance(ctx, in.Id)
+		row, err := st.GetInstance(ctx, store.InstanceID(in.Id))
 		if err != nil {
 			t.Fatal(err)
 		}
 		if row.Status == lifecycle.Running {
 			now := time.Now()
-			row.PoolID, row.PoolState, row.PoolWarmingStartedAt, row.PoolReadyAt = p.Id, lifecycle.PoolReady, &now, &now
+			row.PoolID, row.PoolState, row.PoolWarmingStartedAt, row.PoolReadyAt = store.PoolID(p.Id), lifecycle.PoolReady, &now, &now
 			if err := st.UpdateInstance(ctx, row); err != nil {
 				t.Fatal(err)
 			}
@@ -114,9 +114,9 @@ func TestMemberOfAKilledReplicaIsNotClaimed(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond) // polling a row another process moves
 	}
-	ps, err := st.ListPresence(ctx, []string{in.Id})
-	if err != nil || !ps[in.Id].Live(time.Now()) {
-		t.Fatalf("the agent's stream on replica a left no live presence: %+v %v", ps[in.Id], err)
+	ps, err := st.ListPresence(ctx, []store.InstanceID{store.InstanceID(in.Id)})
+	if err != nil || !ps[store.InstanceID(in.Id)].Live(time.Now()) {
+		t.Fatalf("the agent's stream on replica a left no live presence: %+v %v", ps[store.InstanceID(in.Id)], err)
 	}
 
 	// Kill replica a: nothing it held is closed or renewed again.
@@ -130,7 +130,7 @@ func TestMemberOfAKilledReplicaIsNotClaimed(t *testing.T) {
 	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "without a connected agent") {
 		t.Fatalf("acquire after the holding replica died = %v; want ResourceExhausted naming the absent agent", err)
 	}
-	row, err := st.GetInstance(ctx, in.Id)
+	row, err := st.GetInstance(ctx, store.InstanceID(in.Id))
 	if err != nil || row.PoolState != lifecycle.PoolReady {
 		t.Fatalf("the member must stay ready and unclaimed: %v %v", row.PoolState, err)
 	}
@@ -150,8 +150,8 @@ func TestMemberOfAKilledReplicaIsNotClaimed(t *testing.T) {
 				t.Fatalf("claimed %s, want %s", r.Instance.Id, in.Id)
 			}
 			got, err := b.Admin.GetInstance(ctx, &v1.GetInstanceRequest{Id: in.Id})
-			if err != nil || !got.GetAgentPresence().GetConnected() || got.AgentPresence.Replica == ps[in.Id].Replica {
-				t.Fatalf("presence after the move: %+v (%v); want connected to replica b, not %s", got.GetAgentPresence(), err, ps[in.Id].Replica)
+			if err != nil || !got.GetAgentPresence().GetConnected() || got.AgentPresence.Replica == ps[store.InstanceID(in.Id)].Replica {
+				t.Fatalf("presence after the move: %+v (%v); want connected to replica b, not %s", got.GetAgentPresence(), err, ps[store.InstanceID(in.Id)].Replica)
 			}
 			return
 		}

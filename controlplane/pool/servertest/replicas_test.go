@@ -44,12 +44,12 @@ func seedReady(t *testing.T, ctx context.Context, st store.Store, p *v1.Pool, n 
 			}
 			w := t0.Add(time.Duration(i) * time.Millisecond)
 			in := &store.Instance{NodeID: node.ID, Status: lifecycle.Running, Provider: "fake",
-				CloudInstanceID: node.Name, CreatedAt: w, UpdatedAt: w, PoolMember: store.PoolMember{PoolID: p.Id, PoolState: lifecycle.PoolReady, PoolWarmingStartedAt: &w, PoolReadyAt: &w}, AgentReport: store.AgentReport{LastHeartbeatAt: &w, Addresses: []string{"10.9.0.1"}}}
+				CloudInstanceID: node.Name, CreatedAt: w, UpdatedAt: w, PoolMember: store.PoolMember{PoolID: store.PoolID(p.Id), PoolState: lifecycle.PoolReady, PoolWarmingStartedAt: &w, PoolReadyAt: &w}, AgentReport: store.AgentReport{LastHeartbeatAt: &w, Addresses: []string{"10.9.0.1"}}}
 			if err := q.CreateInstance(ctx, in); err != nil {
 				return err
 			}
 			// Its agent counts as connected for the whole run.
-			if err := q.OpenPresence(ctx, &store.Presence{InstanceID: in.ID, Replica: "seed", StreamID: "s-" + in.ID, ConnectedAt: w,
+			if err := q.OpenPresence(ctx, &store.Presence{InstanceID: in.ID, Replica: "seed", StreamID: "s-" + in.ID.String(), ConnectedAt: w,
 				LeaseUntil: w.Add(100 * 365 * 24 * time.Hour)}); err != nil {
 				return err
 			}
@@ -118,7 +118,7 @@ func TestAcquireRaceAcrossReplicas(t *testing.T) {
 		if len(claimed) != 20 || exhausted != 12 || perReplica[0] == 0 || perReplica[1] == 0 {
 			t.Fatalf("round %d: %d claims (%v per replica), %d exhausted; want 20 and 12", round, len(claimed), perReplica, exhausted)
 		}
-		evs, err := st.ListEvents(ctx, store.EventFilter{Kind: "pool.claimed", PoolID: p.Id}, store.Page{Limit: 100})
+		evs, err := st.ListEvents(ctx, store.EventFilter{Kind: "pool.claimed", PoolID: store.PoolID(p.Id)}, store.Page{Limit: 100})
 		if err != nil || len(evs) != 20 {
 			t.Fatalf("round %d: %d claim events (%v)", round, len(evs), err)
 		}

@@ -54,12 +54,12 @@ func seedInstances(t *testing.T, s store.Store, n int) []*store.Instance {
 	return out
 }
 
-func event(kind, instanceID string) *store.Event {
+func event(kind string, instanceID store.InstanceID) *store.Event {
 	return &store.Event{Kind: store.EventKind(kind), Severity: store.SeverityLow, InstanceID: instanceID, Payload: []byte(`{}`), CreatedAt: t0}
 }
 
 // touch locks an instance row and writes it back with a new phase.
-func touch(ctx context.Context, q store.Queries, id, phase string) error {
+func touch(ctx context.Context, q store.Queries, id store.InstanceID, phase string) error {
 	in, err := q.LockInstance(ctx, id)
 	if err != nil {
 		return err
@@ -139,7 +139,7 @@ func TestTxRetriesDeadlockVictim(t *testing.T) {
 	var attempts atomic.Int32
 	firstLocked := [2]chan struct{}{make(chan struct{}), make(chan struct{})}
 	var onces [2]sync.Once
-	run := func(i int, first, second string) error {
+	run := func(i int, first, second store.InstanceID) error {
 		return s.Tx(ctx, func(q store.Queries) error {
 			attempts.Add(1)
 			if err := touch(ctx, q, first, fmt.Sprintf("w%d", i)); err != nil {

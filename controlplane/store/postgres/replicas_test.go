@@ -175,7 +175,7 @@ func TestReplicasEventWatchMissesNothing(t *testing.T) {
 			s := []*postgres.Store{a, b}[w%2]
 			for i := 0; i < perWriter; i++ {
 				err := s.Tx(ctx, func(q store.Queries) error {
-					if err := q.AppendEvent(ctx, &store.Event{Kind: "k", Severity: 1, InstanceID: strconv.Itoa(w), CreatedAt: t0}); err != nil {
+					if err := q.AppendEvent(ctx, &store.Event{Kind: "k", Severity: 1, InstanceID: store.InstanceID(strconv.Itoa(w)), CreatedAt: t0}); err != nil {
 						return err
 					}
 					// Keep the transactions open for different times, so that

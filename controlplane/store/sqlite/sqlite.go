@@ -186,7 +186,7 @@ func (s *Store) OpenPresence(ctx context.Context, p *store.Presence) error {
 }
 
 // ClosePresence implements store.PresenceQueries through the queue.
-func (s *Store) ClosePresence(ctx context.Context, instanceID, streamID string, at time.Time) (closed bool, err error) {
+func (s *Store) ClosePresence(ctx context.Context, instanceID store.InstanceID, streamID string, at time.Time) (closed bool, err error) {
 	err = s.Tx(ctx, func(q store.Queries) error {
 		closed, err = q.ClosePresence(ctx, instanceID, streamID, at)
 		return err

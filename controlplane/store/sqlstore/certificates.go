@@ -24,7 +24,7 @@ func scanCert(s scanner) (*store.Certificate, error) {
 
 func (q *queries) CreateCertificate(ctx context.Context, c *store.Certificate) error {
 	_, err := q.exec(ctx, `INSERT INTO certificates (`+certCols+`) VALUES (?,?,?,?,?,?,?,?,?,?)`,
-		c.Serial, c.InstanceID, string(c.Kind), c.Subject, ts(c.NotBefore), ts(c.NotAfter), nts(c.RevokedAt), c.RevokeReason, ts(c.CreatedAt), c.Issuer)
+		c.Serial, string(c.InstanceID), string(c.Kind), c.Subject, ts(c.NotBefore), ts(c.NotAfter), nts(c.RevokedAt), c.RevokeReason, ts(c.CreatedAt), c.Issuer)
 	if err != nil {
 		return fmt.Errorf("record certificate %s: %w", c.Serial, err)
 	}
@@ -44,7 +44,7 @@ func (q *queries) ListCertificates(ctx context.Context, f store.CertificateFilte
 	where, args := `serial > ?`, []any{p.After}
 	if f.InstanceID != "" {
 		where += ` AND instance_id = ?`
-		args = append(args, f.InstanceID)
+		args = append(args, string(f.InstanceID))
 	}
 	if f.Subject != "" {
 		where += ` AND subject = ?`
@@ -70,8 +70,8 @@ func (q *queries) RevokeCertificate(ctx context.Context, serial, reason string, 
 	return q.GetCertificate(ctx, serial)
 }
 
-func (q *queries) RevokeInstanceCertificates(ctx context.Context, instanceID, reason string, now time.Time) ([]string, error) {
-	rows, err := q.query(ctx, `SELECT serial FROM certificates WHERE instance_id = ? AND revoked_at IS NULL`, instanceID)
+func (q *queries) RevokeInstanceCertificates(ctx context.Context, instanceID store.InstanceID, reason string, now time.Time) ([]string, error) {
+	rows, err := q.query(ctx, `SELECT serial FROM certificates WHERE instance_id = ? AND revoked_at IS NULL`, string(instanceID))
 	if err != nil {
 		return nil, fmt.Errorf("revoke certificates of %s: %w", instanceID, err)
 	}
@@ -83,7 +83,7 @@ func (q *queries) RevokeInstanceCertificates(ctx context.Context, instanceID, re
 		return nil, nil
 	}
 	if _, err := q.exec(ctx, `UPDATE certificates SET revoked_at = ?, revoke_reason = ? WHERE instance_id = ? AND revoked_at IS NULL`,
-		ts(now), reason, instanceID); err != nil {
+		ts(now), reason, string(instanceID)); err != nil {
 		return nil, fmt.Errorf("revoke certificates of %s: %w", instanceID, err)
 	}
 	return serials, nil

@@ -51,7 +51,7 @@ func TestHeartbeatUpdateTexts(t *testing.T) {
 
 func TestNewestPerInstance(t *testing.T) {
 	at := func(s int) time.Time { return time.Unix(int64(s), 0) }
-	hb := func(id string, s int, phase string) store.Heartbeat {
+	hb := func(id store.InstanceID, s int, phase string) store.Heartbeat {
 		return store.Heartbeat{InstanceID: id, At: at(s), Phase: phase}
 	}
 	for _, tc := range []struct {
@@ -70,7 +70,7 @@ func TestNewestPerInstance(t *testing.T) {
 			orig := append([]store.Heartbeat(nil), tc.in...)
 			var got []string
 			for _, h := range newestPerInstance(tc.in) {
-				got = append(got, h.InstanceID+"/"+h.Phase)
+				got = append(got, h.InstanceID.String()+"/"+h.Phase)
 			}
 			if fmt.Sprint(got) != fmt.Sprint(tc.want) {
 				t.Fatalf("got %v, want %v", got, tc.want)

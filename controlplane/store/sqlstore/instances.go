@@ -43,7 +43,7 @@ func scanInstance(s scanner) (*store.Instance, error) {
 	if in.PoolState, err = parseStoredPoolState(poolState); err != nil {
 		return nil, fmt.Errorf("instance %s: %w", in.ID, err)
 	}
-	in.OperationID, in.PoolID = opID.String, poolID.String
+	in.OperationID, in.PoolID = opID.String, store.PoolID(poolID.String)
 	in.PoolWarmingStartedAt, in.PoolReadyAt, in.PoolAcquiredAt = fromNTS(warming), fromNTS(ready), fromNTS(acquired)
 	in.PoolNextTerminateAt = fromNTS(nextTerm)
 	if cordonAt.Valid {
@@ -82,8 +82,8 @@ func instanceArgs(in *store.Instance) ([]any, error) {
 	if err != nil {
 		return nil, fmt.Errorf("instance %s: %w", in.ID, err)
 	}
-	return []any{in.ID, in.NodeID, status, in.Provider, in.Region, in.InstanceType, in.CloudInstanceID, nstr(in.OperationID),
-		nstr(in.PoolID), poolState, nts(in.PoolWarmingStartedAt), nts(in.PoolReadyAt), nts(in.PoolAcquiredAt), in.ClaimID, in.AcquiredBy, in.AcquiredFor,
+	return []any{string(in.ID), string(in.NodeID), status, in.Provider, in.Region, in.InstanceType, in.CloudInstanceID, nstr(in.OperationID),
+		nstr(string(in.PoolID)), poolState, nts(in.PoolWarmingStartedAt), nts(in.PoolReadyAt), nts(in.PoolAcquiredAt), in.ClaimID, in.AcquiredBy, in.AcquiredFor,
 		in.PoolTerminateAttempts, nts(in.PoolNextTerminateAt), in.ClaimedStaleFlagged, in.HeartbeatStaleFlagged,
 		in.Hold, in.HoldReason, cordonBy, cordonReason, cordonAt, cordonBefore,
 		nts(in.LastHeartbeatAt), in.AgentPhase, in.AgentVersion, jsonList(in.RunningModules), in.AgentError, jsonList(in.Addresses), in.BootID, nts(in.SilentSince),
@@ -107,7 +107,7 @@ var instanceUpdate = func() string {
 
 func (q *queries) CreateInstance(ctx context.Context, in *store.Instance) error {
 	if in.ID == "" {
-		in.ID = newID()
+		in.ID = store.InstanceID(newID())
 	}
 	args, err := instanceArgs(in)
 	if err != nil {
@@ -119,21 +119,21 @@ func (q *queries) CreateInstance(ctx context.Context, in *store.Instance) error 
 	return nil
 }
 
-func (q *queries) getInstance(ctx context.Context, suffix, id string) (*store.Instance, error) {
-	in, err := scanInstance(q.row(ctx, `SELECT `+instanceCols+` FROM instances WHERE id = ?`+suffix, id))
+func (q *queries) getInstance(ctx context.Context, suffix string, id store.InstanceID) (*store.Instance, error) {
+	in, err := scanInstance(q.row(ctx, `SELECT `+instanceCols+` FROM instances WHERE id = ?`+suffix, string(id)))
 	if err != nil {
 		return nil, notFound(q.db.classify(err), "instance", id)
 	}
 	return in, nil
 }
 
-func (q *queries) GetInstance(ctx context.Context, id string) (*store.Instance, error) {
+func (q *queries) GetInstance(ctx context.Context, id store.InstanceID) (*store.Instance, error) {
 	return q.getInstance(ctx, "", id)
 }
 
-func (q *queries) InstanceStatus(ctx context.Context, id string) (lifecycle.State, error) {
+func (q *queries) InstanceStatus(ctx context.Context, id store.InstanceID) (lifecycle.State, error) {
 	var status string
-	if err := q.row(ctx, `SELECT status FROM instances WHERE id = ?`, id).Scan(&status); err != nil {
+	if err := q.row(ctx, `SELECT status FROM instances WHERE id = ?`, string(id)).Scan(&status); err != nil {
 		return "", notFound(q.db.classify(err), "instance", id)
 	}
 	st, err := parseStoredState(status)
@@ -143,9 +143,10 @@ func (q *queries) InstanceStatus(ctx context.Context, id string) (lifecycle.Stat
 	return st, nil
 }
 
-func (q *queries) InstanceNode(ctx context.Context, id string) (string, lifecycle.State, error) {
-	var node, status string
-	if err := q.row(ctx, `SELECT node_id, status FROM instances WHERE id = ?`, id).Scan(&node, &status); err != nil {
+func (q *queries) InstanceNode(ctx context.Context, id store.InstanceID) (store.NodeID, lifecycle.State, error) {
+	var node store.NodeID
+	var status string
+	if err := q.row(ctx, `SELECT node_id, status FROM instances WHERE id = ?`, string(id)).Scan(&node, &status); err != nil {
 		return "", "", notFound(q.db.classify(err), "instance", id)
 	}
 	st, err := parseStoredState(status)
@@ -155,11 +156,11 @@ func (q *queries) InstanceNode(ctx context.Context, id string) (string, lifecycl
 	return node, st, nil
 }
 
-func (q *queries) EnrollGate(ctx context.Context, id string) (store.EnrollGate, error) {
+func (q *queries) EnrollGate(ctx context.Context, id store.InstanceID) (store.EnrollGate, error) {
 	var g store.EnrollGate
 	var status string
 	if err := q.row(ctx, `SELECT i.status, n.require_attestation, t.require_attestation FROM instances i
-		JOIN nodes n ON n.id = i.node_id JOIN templates t ON t.id = n.template_id WHERE i.id = ?`, id).
+		JOIN nodes n ON n.id = i.node_id JOIN templates t ON t.id = n.template_id WHERE i.id = ?`, string(id)).
 		Scan(&status, &g.NodeRequiresAttestation, &g.TemplateRequiresAttestation); err != nil {
 		return g, notFound(q.db.classify(err), "instance", id)
 	}
@@ -171,7 +172,7 @@ func (q *queries) EnrollGate(ctx context.Context, id string) (store.EnrollGate, 
 	return g, nil
 }
 
-func (q *queries) LockInstance(ctx context.Context, id string) (*store.Instance, error) {
+func (q *queries) LockInstance(ctx context.Context, id store.InstanceID) (*store.Instance, error) {
 	return q.getInstance(ctx, q.db.dialect.LockRow(), id)
 }
 
@@ -187,10 +188,10 @@ func instanceWhere(f store.InstanceFilter) (string, []any, error) {
 	conds := []string{"1 = 1"}
 	var args []any
 	if f.NodeID != "" {
-		conds, args = append(conds, "node_id = ?"), append(args, f.NodeID)
+		conds, args = append(conds, "node_id = ?"), append(args, string(f.NodeID))
 	}
 	if f.PoolID != "" {
-		conds, args = append(conds, "pool_id = ?"), append(args, f.PoolID)
+		conds, args = append(conds, "pool_id = ?"), append(args, string(f.PoolID))
 	}
 	if f.Provider != "" {
 		conds, args = append(conds, "provider = ?"), append(args, f.Provider)
@@ -268,7 +269,7 @@ func (q *queries) UpdateInstance(ctx context.Context, in *store.Instance) error 
 	// (second to last), then key the WHERE on id.
 	upd := make([]any, 0, len(args))
 	upd = append(upd, args[1:len(args)-2]...)
-	upd = append(upd, args[len(args)-1], in.ID)
+	upd = append(upd, args[len(args)-1], string(in.ID))
 	res, err := q.exec(ctx, instanceUpdate, upd...)
 	return mustAffect(res, err, "instance", in.ID)
 }
@@ -339,7 +340,7 @@ func (q *queries) RecordHeartbeats(ctx context.Context, hbs []store.Heartbeat) e
 		chunk := hbs[done : done+n]
 		args := make([]any, 0, 8*n)
 		for _, hb := range chunk {
-			args = append(args, hb.InstanceID, ts(hb.At), hb.Phase, hb.AgentVersion, jsonList(hb.RunningModules),
+			args = append(args, string(hb.InstanceID), ts(hb.At), hb.Phase, hb.AgentVersion, jsonList(hb.RunningModules),
 				hb.AgentError, jsonList(hb.Addresses), hb.BootID)
 		}
 		if _, err := q.exec(ctx, heartbeatUpdates[bits.Len(uint(n))-1], args...); err != nil {
@@ -358,7 +359,7 @@ func (q *queries) RecordHeartbeats(ctx context.Context, hbs []store.Heartbeat) e
 // flushing overlapping batches) one row order to lock in.
 func newestPerInstance(hbs []store.Heartbeat) []store.Heartbeat {
 	out := slices.Clone(hbs)
-	slices.SortStableFunc(out, func(a, b store.Heartbeat) int { return strings.Compare(a.InstanceID, b.InstanceID) })
+	slices.SortStableFunc(out, func(a, b store.Heartbeat) int { return strings.Compare(string(a.InstanceID), string(b.InstanceID)) })
 	keep := out[:0]
 	for _, hb := range out {
 		if n := len(keep); n > 0 && keep[n-1].InstanceID == hb.InstanceID {

@@ -30,7 +30,7 @@ func scanNode(s scanner) (*store.Node, error) {
 
 func (q *queries) CreateNode(ctx context.Context, n *store.Node) error {
 	if n.ID == "" {
-		n.ID = newID()
+		n.ID = store.NodeID(newID())
 	}
 	b := n.BMC
 	_, err := q.exec(ctx, `INSERT INTO nodes (`+nodeCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
@@ -119,8 +119,8 @@ func (q *queries) loadEKs(ctx context.Context, nodes ...*store.Node) error {
 	if len(nodes) == 0 {
 		return nil
 	}
-	byID := make(map[string]*store.Node, len(nodes))
-	ids := make([]string, 0, len(nodes))
+	byID := make(map[store.NodeID]*store.Node, len(nodes))
+	ids := make([]store.NodeID, 0, len(nodes))
 	for _, n := range nodes {
 		byID[n.ID] = n
 		ids = append(ids, n.ID)
@@ -138,7 +138,7 @@ func (q *queries) loadEKs(ctx context.Context, nodes ...*store.Node) error {
 		return fmt.Errorf("read endorsement keys: %w", err)
 	}
 	for _, p := range pairs {
-		n := byID[p[0]]
+		n := byID[store.NodeID(p[0])]
 		n.EKHashes = append(n.EKHashes, p[1])
 	}
 	return nil
@@ -164,8 +164,8 @@ func (q *queries) NodeByEK(ctx context.Context, hash string) (*store.Node, error
 	return n, q.loadHardware(ctx, n)
 }
 
-func (q *queries) EKNodeID(ctx context.Context, hash string) (string, error) {
-	var id string
+func (q *queries) EKNodeID(ctx context.Context, hash string) (store.NodeID, error) {
+	var id store.NodeID
 	if err := q.row(ctx, `SELECT node_id FROM node_eks WHERE ek_hash = ?`, hash).Scan(&id); err != nil {
 		err = q.db.classify(err)
 		if errors.Is(err, sql.ErrNoRows) {
@@ -213,8 +213,8 @@ func (q *queries) loadMACs(ctx context.Context, nodes ...*store.Node) error {
 	if len(nodes) == 0 {
 		return nil
 	}
-	byID := make(map[string]*store.Node, len(nodes))
-	ids := make([]string, 0, len(nodes))
+	byID := make(map[store.NodeID]*store.Node, len(nodes))
+	ids := make([]store.NodeID, 0, len(nodes))
 	for _, n := range nodes {
 		byID[n.ID] = n
 		ids = append(ids, n.ID)
@@ -232,7 +232,7 @@ func (q *queries) loadMACs(ctx context.Context, nodes ...*store.Node) error {
 		return fmt.Errorf("read hardware addresses: %w", err)
 	}
 	for _, p := range pairs {
-		n := byID[p[0]]
+		n := byID[store.NodeID(p[0])]
 		n.MACs = append(n.MACs, p[1])
 	}
 	return nil
@@ -258,29 +258,30 @@ func (q *queries) GetNode(ctx context.Context, name string) (*store.Node, error)
 	return n, q.loadHardware(ctx, n)
 }
 
-func (q *queries) GetNodeByID(ctx context.Context, id string) (*store.Node, error) {
-	n, err := scanNode(q.row(ctx, `SELECT `+nodeCols+` FROM nodes WHERE id = ?`, id))
+func (q *queries) GetNodeByID(ctx context.Context, id store.NodeID) (*store.Node, error) {
+	n, err := scanNode(q.row(ctx, `SELECT `+nodeCols+` FROM nodes WHERE id = ?`, string(id)))
 	if err != nil {
 		return nil, notFound(q.db.classify(err), "node", id)
 	}
 	return n, q.loadHardware(ctx, n)
 }
 
-func (q *queries) NodeNames(ctx context.Context, ids []string) (map[string]string, error) {
-	out := make(map[string]string, len(ids))
+func (q *queries) NodeNames(ctx context.Context, ids []store.NodeID) (map[store.NodeID]string, error) {
+	out := make(map[store.NodeID]string, len(ids))
 	// Chunks keep each statement well under SQLite's bound-variable limit.
 	for start := 0; start < len(ids); start += 500 {
 		chunk := ids[start:min(len(ids), start+500)]
 		args := make([]any, len(chunk))
 		for i, id := range chunk {
-			args[i] = id
+			args[i] = string(id)
 		}
 		rows, err := q.query(ctx, `SELECT id, name FROM nodes WHERE id IN (?`+strings.Repeat(`,?`, len(chunk)-1)+`)`, args...)
 		if err != nil {
 			return nil, fmt.Errorf("node names: %w", err)
 		}
 		for rows.Next() {
-			var id, name string
+			var id store.NodeID
+			var name string
 			if err := rows.Scan(&id, &name); err != nil {
 				rows.Close()
 				return nil, fmt.Errorf("node names: %w", q.db.classify(err))

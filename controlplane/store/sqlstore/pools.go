@@ -38,10 +38,10 @@ func poolMeta(p *store.Pool) string {
 
 func (q *queries) CreatePool(ctx context.Context, p *store.Pool) error {
 	if p.ID == "" {
-		p.ID = newID()
+		p.ID = store.PoolID(newID())
 	}
 	_, err := q.exec(ctx, `INSERT INTO pools (`+poolCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
-		p.ID, p.Name, p.TemplateID, p.Provider, p.Region, p.InstanceType, p.LifecycleClass, p.TargetSize, p.MinSize, p.MaxSize,
+		string(p.ID), p.Name, p.TemplateID, p.Provider, p.Region, p.InstanceType, p.LifecycleClass, p.TargetSize, p.MinSize, p.MaxSize,
 		p.Status, poolMeta(p), nts(p.LastReplenishedAt), ts(p.CreatedAt), ts(p.UpdatedAt))
 	if err != nil {
 		return fmt.Errorf("create pool %q: %w", p.Name, err)
@@ -61,12 +61,12 @@ func (q *queries) GetPool(ctx context.Context, name string) (*store.Pool, error)
 	return q.getPool(ctx, "name", name, "")
 }
 
-func (q *queries) GetPoolByID(ctx context.Context, id string) (*store.Pool, error) {
-	return q.getPool(ctx, "id", id, "")
+func (q *queries) GetPoolByID(ctx context.Context, id store.PoolID) (*store.Pool, error) {
+	return q.getPool(ctx, "id", string(id), "")
 }
 
-func (q *queries) LockPool(ctx context.Context, id string) (*store.Pool, error) {
-	return q.getPool(ctx, "id", id, q.db.dialect.LockRow())
+func (q *queries) LockPool(ctx context.Context, id store.PoolID) (*store.Pool, error) {
+	return q.getPool(ctx, "id", string(id), q.db.dialect.LockRow())
 }
 
 func (q *queries) ListPools(ctx context.Context, p store.Page) ([]*store.Pool, error) {
@@ -86,25 +86,25 @@ func (q *queries) UpdatePool(ctx context.Context, p *store.Pool) error {
 	res, err := q.exec(ctx, `UPDATE pools SET template_id = ?, provider = ?, region = ?, instance_type = ?, lifecycle_class = ?,
 		target_size = ?, min_size = ?, max_size = ?, status = ?, metadata = ?, last_replenished_at = ?, updated_at = ? WHERE id = ?`,
 		p.TemplateID, p.Provider, p.Region, p.InstanceType, p.LifecycleClass, p.TargetSize, p.MinSize, p.MaxSize,
-		p.Status, poolMeta(p), nts(p.LastReplenishedAt), ts(p.UpdatedAt), p.ID)
+		p.Status, poolMeta(p), nts(p.LastReplenishedAt), ts(p.UpdatedAt), string(p.ID))
 	return mustAffect(res, err, "pool", p.Name)
 }
 
-func (q *queries) DeletePool(ctx context.Context, id string) error {
+func (q *queries) DeletePool(ctx context.Context, id store.PoolID) error {
 	var live int
-	if err := q.row(ctx, `SELECT COUNT(*) FROM instances WHERE pool_id = ? AND status <> 'terminated'`, id).Scan(&live); err != nil {
+	if err := q.row(ctx, `SELECT COUNT(*) FROM instances WHERE pool_id = ? AND status <> 'terminated'`, string(id)).Scan(&live); err != nil {
 		return fmt.Errorf("delete pool: %w", q.db.classify(err))
 	}
 	if live > 0 {
 		return store.Errorf(store.ErrConflict, "pool has %d members that are not terminated", live)
 	}
-	res, err := q.exec(ctx, `DELETE FROM pools WHERE id = ?`, id)
+	res, err := q.exec(ctx, `DELETE FROM pools WHERE id = ?`, string(id))
 	return mustAffect(res, err, "pool", id)
 }
 
-func (q *queries) CountPoolMembers(ctx context.Context, poolID string) (store.PoolCounts, error) {
+func (q *queries) CountPoolMembers(ctx context.Context, poolID store.PoolID) (store.PoolCounts, error) {
 	var c store.PoolCounts
-	rows, err := q.query(ctx, `SELECT pool_state, COUNT(*) FROM instances WHERE pool_id = ? AND status <> 'terminated' GROUP BY pool_state`, poolID)
+	rows, err := q.query(ctx, `SELECT pool_state, COUNT(*) FROM instances WHERE pool_id = ? AND status <> 'terminated' GROUP BY pool_state`, string(poolID))
 	if err != nil {
 		return c, fmt.Errorf("count pool members: %w", err)
 	}
@@ -135,7 +135,7 @@ func (q *queries) CountPoolMembers(ctx context.Context, poolID string) (store.Po
 	return c, rows.Err()
 }
 
-func (q *queries) ClaimPoolMember(ctx context.Context, poolID, class string, at time.Time) (*store.Instance, error) {
+func (q *queries) ClaimPoolMember(ctx context.Context, poolID store.PoolID, class string, at time.Time) (*store.Instance, error) {
 	ins, err := q.readyMembers(ctx, poolID, class, 1, at)
 	if err != nil {
 		return nil, err
@@ -146,12 +146,12 @@ func (q *queries) ClaimPoolMember(ctx context.Context, poolID, class string, at 
 // readyMembers locks up to n ready members of active pools, oldest first,
 // whose agent is present at at (a live stream on some replica, its lease
 // unexpired): a row alone is no evidence that the machine still runs.
-func (q *queries) readyMembers(ctx context.Context, poolID, class string, n int, at time.Time) ([]*store.Instance, error) {
+func (q *queries) readyMembers(ctx context.Context, poolID store.PoolID, class string, n int, at time.Time) ([]*store.Instance, error) {
 	conds := `i.pool_state = 'ready' AND i.status = 'running' AND i.terminate_requested_at IS NULL AND p.status = 'active' AND ` + livePresence
 	args := []any{ts(at)}
 	if poolID != "" {
 		conds += ` AND i.pool_id = ?`
-		args = append(args, poolID)
+		args = append(args, string(poolID))
 	}
 	if class != "" {
 		conds += ` AND p.lifecycle_class = ?`
@@ -183,7 +183,7 @@ func (q *queries) readyMembers(ctx context.Context, poolID, class string, n int,
 	return out, nil
 }
 
-func (q *queries) ClaimPoolMembers(ctx context.Context, poolID, class string, claims []store.PoolClaim, at time.Time) ([]*store.Instance, error) {
+func (q *queries) ClaimPoolMembers(ctx context.Context, poolID store.PoolID, class string, claims []store.PoolClaim, at time.Time) ([]*store.Instance, error) {
 	if len(claims) == 0 {
 		return nil, fmt.Errorf("claim pool members: no claims")
 	}
@@ -197,7 +197,7 @@ func (q *queries) ClaimPoolMembers(ctx context.Context, poolID, class string, cl
 		b.WriteString(col + " = CASE id")
 		for i, in := range ins {
 			b.WriteString(" WHEN ? THEN ?")
-			*args = append(*args, in.ID, v(claims[i]))
+			*args = append(*args, string(in.ID), v(claims[i]))
 		}
 		b.WriteString(" END")
 		return b.String()
@@ -214,7 +214,7 @@ func (q *queries) ClaimPoolMembers(ctx context.Context, poolID, class string, cl
 	}
 	ids := make([]any, len(ins))
 	for i, in := range ins {
-		ids[i] = in.ID
+		ids[i] = string(in.ID)
 	}
 	args = append(args, ids...)
 	res, err := q.exec(ctx, `UPDATE instances SET pool_state = ?, pool_acquired_at = ?, updated_at = ?, claimed_stale_flagged = ?,
@@ -235,8 +235,8 @@ func (q *queries) ClaimPoolMembers(ctx context.Context, poolID, class string, cl
 	return ins, nil
 }
 
-func (q *queries) DeletePoolMember(ctx context.Context, id string) error {
-	res, err := q.exec(ctx, `DELETE FROM instances WHERE id = ? AND pool_id IS NOT NULL AND status IN ('terminated', 'error')`, id)
+func (q *queries) DeletePoolMember(ctx context.Context, id store.InstanceID) error {
+	res, err := q.exec(ctx, `DELETE FROM instances WHERE id = ? AND pool_id IS NOT NULL AND status IN ('terminated', 'error')`, string(id))
 	if err != nil {
 		return fmt.Errorf("delete pool member %s: %w", id, err)
 	}

@@ -18,16 +18,16 @@ func (q *queries) OpenPresence(ctx context.Context, p *store.Presence) error {
 		VALUES (?, ?, ?, ?, ?, NULL)
 		ON CONFLICT (instance_id) DO UPDATE SET replica = excluded.replica, stream_id = excluded.stream_id,
 			connected_at = excluded.connected_at, lease_until = excluded.lease_until, lost_at = NULL`,
-		p.InstanceID, p.Replica, p.StreamID, ts(p.ConnectedAt), ts(p.LeaseUntil))
+		string(p.InstanceID), p.Replica, p.StreamID, ts(p.ConnectedAt), ts(p.LeaseUntil))
 	if err != nil {
 		return fmt.Errorf("open presence of %s: %w", p.InstanceID, err)
 	}
 	return nil
 }
 
-func (q *queries) ClosePresence(ctx context.Context, instanceID, streamID string, at time.Time) (bool, error) {
+func (q *queries) ClosePresence(ctx context.Context, instanceID store.InstanceID, streamID string, at time.Time) (bool, error) {
 	res, err := q.exec(ctx, `UPDATE agent_presence SET lost_at = ?, lease_until = ? WHERE instance_id = ? AND stream_id = ? AND lost_at IS NULL`,
-		ts(at), ts(at), instanceID, streamID)
+		ts(at), ts(at), string(instanceID), streamID)
 	if err != nil {
 		return false, fmt.Errorf("close presence of %s: %w", instanceID, err)
 	}
@@ -68,8 +68,8 @@ func (q *queries) ExpirePresence(ctx context.Context, replica string, at time.Ti
 	return n, nil
 }
 
-func (q *queries) ListPresence(ctx context.Context, ids []string) (map[string]*store.Presence, error) {
-	out := make(map[string]*store.Presence, len(ids))
+func (q *queries) ListPresence(ctx context.Context, ids []store.InstanceID) (map[store.InstanceID]*store.Presence, error) {
+	out := make(map[store.InstanceID]*store.Presence, len(ids))
 	for len(ids) > 0 {
 		chunk := ids[:min(len(ids), 500)]
 		ids = ids[len(chunk):]

@@ -57,7 +57,7 @@ func taskArgs(t *store.Task) ([]any, error) {
 	if out == nil {
 		out = []byte{}
 	}
-	return []any{string(t.ID), target, t.InstanceID, string(t.Kind), jsonObject(t.Payload), status, t.LeaseOwner, nts(t.LeaseExpiresAt), t.Attempts, t.MaxAttempts,
+	return []any{string(t.ID), target, string(t.InstanceID), string(t.Kind), jsonObject(t.Payload), status, t.LeaseOwner, nts(t.LeaseExpiresAt), t.Attempts, t.MaxAttempts,
 		exit, out, t.OutputTruncated, t.ErrorMessage, t.Progress, t.CancelRequested, ts(t.CreatedAt), ts(t.UpdatedAt)}, nil
 }
 
@@ -95,7 +95,7 @@ func (q *queries) ListTasks(ctx context.Context, f store.TaskFilter, p store.Pag
 	p = p.Normalize()
 	conds, args := []string{"id > ?"}, []any{p.After}
 	if f.InstanceID != "" {
-		conds, args = append(conds, "instance_id = ?"), append(args, f.InstanceID)
+		conds, args = append(conds, "instance_id = ?"), append(args, string(f.InstanceID))
 	}
 	if f.Target != "" {
 		conds, args = append(conds, "target = ?"), append(args, string(f.Target))
@@ -128,7 +128,7 @@ func (q *queries) UpdateTask(ctx context.Context, t *store.Task) error {
 func (q *queries) ClaimTask(ctx context.Context, c store.TaskClaim) (*store.Task, error) {
 	conds, args := []string{"status = 'pending'", "target = ?"}, []any{string(c.Target)}
 	if c.InstanceID != "" {
-		conds, args = append(conds, "instance_id = ?"), append(args, c.InstanceID)
+		conds, args = append(conds, "instance_id = ?"), append(args, string(c.InstanceID))
 	}
 	if c.TaskID != "" {
 		conds, args = append(conds, "id = ?"), append(args, string(c.TaskID))
@@ -142,7 +142,7 @@ func (q *queries) ClaimTask(ctx context.Context, c store.TaskClaim) (*store.Task
 		WHERE id = (`+pick+`) AND status = 'pending' RETURNING `+taskCols,
 		append([]any{c.Owner, ts(c.LeaseUntil), ts(c.Now)}, args...)...))
 	if err != nil {
-		return nil, notFound(q.db.classify(err), "pending task for", string(c.Target)+"/"+c.InstanceID+c.TaskID.String())
+		return nil, notFound(q.db.classify(err), "pending task for", string(c.Target)+"/"+c.InstanceID.String()+c.TaskID.String())
 	}
 	return t, nil
 }
@@ -182,9 +182,10 @@ var agentWork = `SELECT ` + taskCols + ` FROM (SELECT ` + taskCols + ` FROM task
 	UNION ALL SELECT ` + taskCols + ` FROM tasks WHERE status = 'leased' AND target = ? AND instance_id = ? AND cancel_requested = ?
 	UNION ALL SELECT ` + taskCols + ` FROM tasks WHERE status = 'running' AND target = ? AND instance_id = ? AND cancel_requested = ?`
 
-func (q *queries) AgentWork(ctx context.Context, instanceID string) (bool, []*store.Task, error) {
+func (q *queries) AgentWork(ctx context.Context, instanceID store.InstanceID) (bool, []*store.Task, error) {
 	a := store.TaskTargetAgent
-	rows, err := q.query(ctx, agentWork, a, instanceID, a, instanceID, true, a, instanceID, true)
+	id := string(instanceID)
+	rows, err := q.query(ctx, agentWork, a, id, a, id, true, a, id, true)
 	if err != nil {
 		return false, nil, fmt.Errorf("agent work of %s: %w", instanceID, err)
 	}
@@ -204,14 +205,14 @@ func (q *queries) AgentWork(ctx context.Context, instanceID string) (bool, []*st
 	return pending, cancels, nil
 }
 
-func (q *queries) ListInstancesWithAgentWork(ctx context.Context) ([]string, error) {
+func (q *queries) ListInstancesWithAgentWork(ctx context.Context) ([]store.InstanceID, error) {
 	rows, err := q.query(ctx, `SELECT DISTINCT instance_id FROM tasks WHERE target = ?
 		AND (status = 'pending' OR (status IN ('leased', 'running') AND cancel_requested = ?))`, string(store.TaskTargetAgent), true)
 	if err != nil {
 		return nil, fmt.Errorf("list instances with agent work: %w", err)
 	}
-	ids, err := collect(q, rows, func(s scanner) (string, error) {
-		var id string
+	ids, err := collect(q, rows, func(s scanner) (store.InstanceID, error) {
+		var id store.InstanceID
 		return id, s.Scan(&id)
 	})
 	if err != nil {

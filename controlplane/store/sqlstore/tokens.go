@@ -24,7 +24,7 @@ func scanToken(s scanner) (*store.Token, error) {
 
 func (q *queries) CreateToken(ctx context.Context, t *store.Token) error {
 	_, err := q.exec(ctx, `INSERT INTO tokens (`+tokenCols+`) VALUES (?,?,?,?,?,?)`,
-		t.Hash, t.InstanceID, ts(t.ExpiresAt), nts(t.UsedAt), ts(t.CreatedAt), t.SpentKey)
+		t.Hash, string(t.InstanceID), ts(t.ExpiresAt), nts(t.UsedAt), ts(t.CreatedAt), t.SpentKey)
 	if err != nil {
 		return fmt.Errorf("create token for instance %s: %w", t.InstanceID, err)
 	}
@@ -62,9 +62,9 @@ func (q *queries) ConsumeToken(ctx context.Context, hash, spentKey string, now t
 	return t, fmt.Errorf("%w: %w", store.ErrConflict, store.ErrTokenExpired)
 }
 
-func (q *queries) ExpireInstanceTokens(ctx context.Context, instanceID string, now time.Time) (int, error) {
+func (q *queries) ExpireInstanceTokens(ctx context.Context, instanceID store.InstanceID, now time.Time) (int, error) {
 	res, err := q.exec(ctx, `UPDATE tokens SET expires_at = ? WHERE instance_id = ? AND used_at IS NULL AND expires_at > ?`,
-		ts(now), instanceID, ts(now))
+		ts(now), string(instanceID), ts(now))
 	if err != nil {
 		return 0, fmt.Errorf("expire tokens of %s: %w", instanceID, err)
 	}

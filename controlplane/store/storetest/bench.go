@@ -29,9 +29,9 @@ func BenchRecordHeartbeats(b *testing.B, s store.Store, serverCPU func() (time.D
 	// No deadline: ctx's 30 s would end a -count 3 run midway.
 	c := context.Background()
 	n := seedNode(b, s, "bench")
-	ids := make([]string, 0, benchFleet)
+	ids := make([]store.InstanceID, 0, benchFleet)
 	for len(ids) < benchFleet {
-		var created []string // per attempt: Tx may run fn again
+		var created []store.InstanceID // per attempt: Tx may run fn again
 		must(b, s.Tx(c, func(q store.Queries) error {
 			created = created[:0]
 			for range 1000 {
@@ -105,10 +105,10 @@ func readServerCPU(b *testing.B, serverCPU func() (time.Duration, error)) time.D
 func BenchStreamTaskCheck(b *testing.B, s store.Store) {
 	c := context.Background()
 	const instances = 2000
-	ids := make([]string, instances)
+	ids := make([]store.InstanceID, instances)
 	must(b, s.Tx(c, func(q store.Queries) error {
 		for i := range ids {
-			ids[i] = "bench-" + strconv.Itoa(i)
+			ids[i] = store.InstanceID("bench-" + strconv.Itoa(i))
 			for j := range 4 {
 				t := newTask(ids[i], store.TaskTargetAgent, t0.Add(time.Duration(j)*time.Second))
 				t.Status = store.TaskSucceeded
@@ -126,10 +126,10 @@ func BenchStreamTaskCheck(b *testing.B, s store.Store) {
 	}))
 	for _, tc := range []struct {
 		name  string
-		check func(id string) error
+		check func(id store.InstanceID) error
 	}{
-		{"AgentWork", func(id string) error { _, _, err := s.AgentWork(c, id); return err }},
-		{"ListTasks", func(id string) error {
+		{"AgentWork", func(id store.InstanceID) error { _, _, err := s.AgentWork(c, id); return err }},
+		{"ListTasks", func(id store.InstanceID) error {
 			_, err := s.ListTasks(c, store.TaskFilter{InstanceID: id, Target: store.TaskTargetAgent,
 				Statuses: []store.TaskStatus{store.TaskPending, store.TaskLeased, store.TaskRunning}}, store.Page{Limit: store.MaxPageSize})
 			return err

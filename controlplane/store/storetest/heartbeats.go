@@ -16,10 +16,10 @@ const hbFleet = 1200
 
 // seedHeartbeatFleet creates hbFleet instances in one transaction, each
 // shaped by prep (which sees its index), and returns their ids in order.
-func seedHeartbeatFleet(t *testing.T, s store.Store, prep func(i int, in *store.Instance)) []string {
+func seedHeartbeatFleet(t *testing.T, s store.Store, prep func(i int, in *store.Instance)) []store.InstanceID {
 	c := ctx(t)
 	n := seedNode(t, s, "fleet")
-	ids := make([]string, hbFleet)
+	ids := make([]store.InstanceID, hbFleet)
 	must(t, s.Tx(c, func(q store.Queries) error {
 		for i := range ids {
 			in := newInstance(n.ID, lifecycle.Running)
@@ -38,9 +38,9 @@ func seedHeartbeatFleet(t *testing.T, s store.Store, prep func(i int, in *store.
 }
 
 // fleetByID reads every instance.
-func fleetByID(t *testing.T, s store.Store) map[string]*store.Instance {
+func fleetByID(t *testing.T, s store.Store) map[store.InstanceID]*store.Instance {
 	c := ctx(t)
-	out := make(map[string]*store.Instance)
+	out := make(map[store.InstanceID]*store.Instance)
 	p := store.Page{Limit: store.MaxPageSize}
 	for {
 		page, err := s.ListInstances(c, store.InstanceFilter{}, p)
@@ -51,13 +51,13 @@ func fleetByID(t *testing.T, s store.Store) map[string]*store.Instance {
 		if len(page) < p.Limit {
 			return out
 		}
-		p.After = page[len(page)-1].ID
+		p.After = page[len(page)-1].ID.String()
 	}
 }
 
 // fleetHeartbeat is instance i's heartbeat: every field differs per
 // instance, so a value written to the wrong row or column shows.
-func fleetHeartbeat(id string, i int, at time.Time, tag string) store.Heartbeat {
+func fleetHeartbeat(id store.InstanceID, i int, at time.Time, tag string) store.Heartbeat {
 	return store.Heartbeat{
 		InstanceID: id, At: at,
 		Phase:          fmt.Sprintf("%s-phase-%d", tag, i),
@@ -100,14 +100,14 @@ func testHeartbeatBatch(t *testing.T, s store.Store) {
 			in.LastHeartbeatAt, in.AgentPhase = &t0, "older"
 		} // 3: never heartbeated
 	})
-	want := make(map[string]store.Heartbeat, len(ids))
+	want := make(map[store.InstanceID]store.Heartbeat, len(ids))
 	var batch []store.Heartbeat
 	for i, id := range ids {
 		hb := fleetHeartbeat(id, i, at, "b")
 		want[id] = hb
 		batch = append(batch, hb)
 		if i%100 == 50 { // an instance that does not exist is skipped, not an error
-			batch = append(batch, fleetHeartbeat(fmt.Sprintf("no-such-instance-%d", i), i, at, "ghost"))
+			batch = append(batch, fleetHeartbeat(store.InstanceID(fmt.Sprintf("no-such-instance-%d", i)), i, at, "ghost"))
 		}
 	}
 	// Duplicates (the hub keys by instance, so only a bug sends them):

@@ -124,7 +124,7 @@ func testEnrollGate(t *testing.T, s store.Store) {
 	must(t, s.CreateInstance(c, pi))
 	must(t, s.CreateInstance(c, si))
 
-	check := func(id string, want store.EnrollGate) {
+	check := func(id store.InstanceID, want store.EnrollGate) {
 		t.Helper()
 		g, err := s.EnrollGate(c, id)
 		must(t, err)

@@ -13,13 +13,13 @@ import (
 func testPresence(t *testing.T, s store.Store) {
 	c := ctx(t)
 	lease := 15 * time.Second
-	open := func(id, replica, stream string, at time.Time) {
+	open := func(id store.InstanceID, replica, stream string, at time.Time) {
 		t.Helper()
 		must(t, s.OpenPresence(c, &store.Presence{InstanceID: id, Replica: replica, StreamID: stream, ConnectedAt: at, LeaseUntil: at.Add(lease)}))
 	}
-	get := func(id string) *store.Presence {
+	get := func(id store.InstanceID) *store.Presence {
 		t.Helper()
-		ps, err := s.ListPresence(c, []string{id})
+		ps, err := s.ListPresence(c, []store.InstanceID{id})
 		must(t, err)
 		return ps[id]
 	}
@@ -63,7 +63,7 @@ func testPresence(t *testing.T, s store.Store) {
 	if n != 1 || get("i-3").Live(t0.Add(12*time.Second)) {
 		t.Fatalf("ExpirePresence(all) expired %d, want the one left", n)
 	}
-	ps, err := s.ListPresence(c, []string{"i-1", "i-2", "i-3", "i-none"})
+	ps, err := s.ListPresence(c, []store.InstanceID{"i-1", "i-2", "i-3", "i-none"})
 	must(t, err)
 	if len(ps) != 3 || ps["i-none"] != nil {
 		t.Fatalf("ListPresence = %d entries", len(ps))

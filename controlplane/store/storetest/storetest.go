@@ -119,7 +119,7 @@ func ref(name, version string) store.ModuleRef {
 	return store.ModuleRef{Name: name, Version: version}
 }
 
-func newInstance(nodeID string, status lifecycle.State) *store.Instance {
+func newInstance(nodeID store.NodeID, status lifecycle.State) *store.Instance {
 	return &store.Instance{NodeID: nodeID, Status: status, Provider: "fake", CreatedAt: t0, UpdatedAt: t0}
 }
 
@@ -259,7 +259,7 @@ func testNodes(t *testing.T, s store.Store) {
 	}
 	// NodeNames answers many ids at once (more than one chunk) and leaves
 	// unknown ones out.
-	ids := []string{n.ID, "no-such-node"}
+	ids := []store.NodeID{n.ID, "no-such-node"}
 	for i := 0; i < 600; i++ {
 		extra := &store.Node{Name: fmt.Sprintf("bulk-%03d", i), TemplateID: tpl.ID, Config: []byte(`{}`), CreatedAt: t0, UpdatedAt: t0}
 		must(t, s.CreateNode(c, extra))
@@ -517,20 +517,20 @@ func testUpdatedBefore(t *testing.T, s store.Store) {
 	cases := []struct {
 		name   string
 		filter store.InstanceFilter
-		want   []string
+		want   []store.InstanceID
 	}{
 		{"before both", store.InstanceFilter{UpdatedBefore: ptr(t0)}, nil},
-		{"between", store.InstanceFilter{UpdatedBefore: ptr(t0.Add(time.Minute)), Statuses: []lifecycle.State{lifecycle.Provisioning}}, []string{old.ID}},
-		{"after both", store.InstanceFilter{UpdatedBefore: ptr(t0.Add(2 * time.Hour)), Statuses: []lifecycle.State{lifecycle.Provisioning}}, []string{old.ID, recent.ID}},
-		{"any status", store.InstanceFilter{UpdatedBefore: ptr(t0.Add(time.Minute))}, []string{old.ID, other.ID}},
+		{"between", store.InstanceFilter{UpdatedBefore: ptr(t0.Add(time.Minute)), Statuses: []lifecycle.State{lifecycle.Provisioning}}, []store.InstanceID{old.ID}},
+		{"after both", store.InstanceFilter{UpdatedBefore: ptr(t0.Add(2 * time.Hour)), Statuses: []lifecycle.State{lifecycle.Provisioning}}, []store.InstanceID{old.ID, recent.ID}},
+		{"any status", store.InstanceFilter{UpdatedBefore: ptr(t0.Add(time.Minute))}, []store.InstanceID{old.ID, other.ID}},
 		// The switch timeout reads instances by the phase the heartbeat set.
-		{"agent phase", store.InstanceFilter{AgentPhase: "pulling"}, []string{old.ID}},
+		{"agent phase", store.InstanceFilter{AgentPhase: "pulling"}, []store.InstanceID{old.ID}},
 		{"another agent phase", store.InstanceFilter{AgentPhase: "switching"}, nil},
 	}
 	for _, tc := range cases {
 		got, err := s.ListInstances(c, tc.filter, store.Page{})
 		must(t, err)
-		var ids []string
+		var ids []store.InstanceID
 		for _, in := range got {
 			ids = append(ids, in.ID)
 		}
@@ -707,7 +707,7 @@ func testCertificates(t *testing.T, s store.Store) {
 	}
 }
 
-func newTask(instanceID string, target store.TaskTarget, at time.Time) *store.Task {
+func newTask(instanceID store.InstanceID, target store.TaskTarget, at time.Time) *store.Task {
 	return &store.Task{Target: target, InstanceID: instanceID, Kind: "exec", Payload: []byte(`{"argv":["true"]}`),
 		Status: store.TaskPending, MaxAttempts: 3, CreatedAt: at, UpdatedAt: at}
 }
@@ -762,12 +762,12 @@ func testTasks(t *testing.T, s store.Store) {
 // agent task or a cancellation to relay, once, and nothing else.
 func testInstancesWithAgentWork(t *testing.T, s store.Store) {
 	c := ctx(t)
-	add := func(instance string, target store.TaskTarget, status store.TaskStatus, cancel bool) {
+	add := func(instance store.InstanceID, target store.TaskTarget, status store.TaskStatus, cancel bool) {
 		tk := newTask(instance, target, t0)
 		tk.Status, tk.CancelRequested = status, cancel
 		if status == store.TaskLeased || status == store.TaskRunning {
 			until := t0.Add(time.Minute)
-			tk.LeaseOwner, tk.LeaseExpiresAt = "agent:"+instance, &until
+			tk.LeaseOwner, tk.LeaseExpiresAt = "agent:"+instance.String(), &until
 		}
 		must(t, s.CreateTask(c, tk))
 	}
@@ -787,7 +787,7 @@ func testInstancesWithAgentWork(t *testing.T, s store.Store) {
 	got, err = s.ListInstancesWithAgentWork(c)
 	must(t, err)
 	slices.Sort(got)
-	if want := []string{"leased-cancel", "pending", "pending-twice", "running-cancel"}; !slices.Equal(got, want) {
+	if want := []store.InstanceID{"leased-cancel", "pending", "pending-twice", "running-cancel"}; !slices.Equal(got, want) {
 		t.Fatalf("instances with agent work = %v, want %v", got, want)
 	}
 	// What each instance's stream sees on connect.
@@ -798,7 +798,7 @@ func testInstancesWithAgentWork(t *testing.T, s store.Store) {
 	add("both", store.TaskTargetWorker, store.TaskRunning, true)
 	add("both", store.TaskTargetAgent, store.TaskSucceeded, true)
 	for _, tc := range []struct {
-		instance string
+		instance store.InstanceID
 		pending  bool
 		cancels  int
 	}{
@@ -906,8 +906,8 @@ func testEvents(t *testing.T, s store.Store) {
 	kinds := []struct {
 		kind     store.EventKind
 		sev      store.Severity
-		instance string
-		pool     string
+		instance store.InstanceID
+		pool     store.PoolID
 		corr     string
 	}{
 		{"instance.silent", store.SeverityMedium, "i1", "", ""},
@@ -996,7 +996,7 @@ func seedPool(t *testing.T, s store.Store, name string) *store.Pool {
 	return p
 }
 
-func addMembers(t *testing.T, s store.Store, p *store.Pool, nodeID string, state lifecycle.PoolState, n int) []*store.Instance {
+func addMembers(t *testing.T, s store.Store, p *store.Pool, nodeID store.NodeID, state lifecycle.PoolState, n int) []*store.Instance {
 	var out []*store.Instance
 	for i := 0; i < n; i++ {
 		in := newInstance(nodeID, lifecycle.Running)
@@ -1005,7 +1005,7 @@ func addMembers(t *testing.T, s store.Store, p *store.Pool, nodeID string, state
 		in.PoolWarmingStartedAt = &w
 		must(t, s.CreateInstance(ctx(t), in))
 		// Present for the length of any test: a claim needs its agent there.
-		must(t, s.OpenPresence(ctx(t), &store.Presence{InstanceID: in.ID, Replica: "storetest", StreamID: "s-" + in.ID,
+		must(t, s.OpenPresence(ctx(t), &store.Presence{InstanceID: in.ID, Replica: "storetest", StreamID: "s-" + in.ID.String(),
 			ConnectedAt: t0, LeaseUntil: t0.Add(365 * 24 * time.Hour)}))
 		out = append(out, in)
 	}
@@ -1124,14 +1124,14 @@ func testPoolClaimRace(t *testing.T, s store.Store) {
 	n := seedNode(t, s, "member")
 	addMembers(t, s, p, n.ID, lifecycle.PoolReady, 20)
 	var mu sync.Mutex
-	claimed := map[string]bool{}
+	claimed := map[store.InstanceID]bool{}
 	exhausted := 0
 	var wg sync.WaitGroup
 	for i := 0; i < 32; i++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			var id string
+			var id store.InstanceID
 			err := s.Tx(c, func(q store.Queries) error {
 				m, err := q.ClaimPoolMember(c, p.ID, "", t0)
 				if err != nil {

@@ -55,7 +55,7 @@ func BenchmarkFleetPage(b *testing.B) {
 				// A fresh heartbeat, or liveness spends the run presuming them dead.
 				hb := time.Now().Add(time.Hour)
 				if err := q.CreateInstance(ctx, &store.Instance{NodeID: node.ID, Status: "running", Provider: "external",
-					CloudInstanceID: node.Name, CreatedAt: w, UpdatedAt: w, PoolMember: store.PoolMember{PoolID: pool.Id, PoolState: lifecycle.PoolReady, PoolWarmingStartedAt: &w, PoolReadyAt: &w}, AgentReport: store.AgentReport{LastHeartbeatAt: &hb, Addresses: []string{"10.9.0.1"}}}); err != nil {
+					CloudInstanceID: node.Name, CreatedAt: w, UpdatedAt: w, PoolMember: store.PoolMember{PoolID: store.PoolID(pool.Id), PoolState: lifecycle.PoolReady, PoolWarmingStartedAt: &w, PoolReadyAt: &w}, AgentReport: store.AgentReport{LastHeartbeatAt: &hb, Addresses: []string{"10.9.0.1"}}}); err != nil {
 					return err
 				}
 			}

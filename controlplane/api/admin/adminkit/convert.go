@@ -132,16 +132,16 @@ func ModuleProto(m *store.Module) *v1.Module {
 
 // NodeProto converts a node.
 func NodeProto(n *store.Node, templateName string) *v1.Node {
-	return &v1.Node{Id: n.ID, Name: n.Name, TemplateId: n.TemplateID.String(), TemplateName: templateName, Enabled: n.Enabled,
+	return &v1.Node{Id: n.ID.String(), Name: n.Name, TemplateId: n.TemplateID.String(), TemplateName: templateName, Enabled: n.Enabled,
 		Config: JSONStruct(n.Config), PublicAddress: n.PublicAddress, Macs: n.MACs, EkHashes: n.EKHashes, RequireAttestation: n.RequireAttestation, Bmc: NodeBMCProto(n.BMC), CreatedAt: Timestamp(n.CreatedAt), UpdatedAt: Timestamp(n.UpdatedAt)}
 }
 
 // InstanceProto converts an instance.
 func InstanceProto(in *store.Instance, nodeName string) *v1.Instance {
 	p := &v1.Instance{
-		Id: in.ID, NodeId: in.NodeID, NodeName: nodeName, Status: InstanceStatus(in.Status), Provider: in.Provider,
+		Id: in.ID.String(), NodeId: in.NodeID.String(), NodeName: nodeName, Status: InstanceStatus(in.Status), Provider: in.Provider,
 		Region: in.Region, InstanceType: in.InstanceType, CloudInstanceId: in.CloudInstanceID, OperationId: in.OperationID,
-		PoolId: in.PoolID, PoolState: PoolState(in.PoolState), PoolWarmingStartedAt: TimestampPtr(in.PoolWarmingStartedAt),
+		PoolId: in.PoolID.String(), PoolState: PoolState(in.PoolState), PoolWarmingStartedAt: TimestampPtr(in.PoolWarmingStartedAt),
 		PoolReadyAt: TimestampPtr(in.PoolReadyAt), PoolAcquiredAt: TimestampPtr(in.PoolAcquiredAt), ClaimId: in.ClaimID,
 		Hold: in.Hold, HoldReason: in.HoldReason, LastHeartbeatAt: TimestampPtr(in.LastHeartbeatAt), AgentPhase: AgentPhase(in.AgentPhase),
 		AgentVersion: in.AgentVersion, RunningModuleDigests: in.RunningModules, ErrorMessage: in.ErrorMessage,
@@ -171,14 +171,14 @@ func PresenceProto(p *store.Presence, now time.Time) *v1.AgentPresence {
 
 // CertProto converts a certificate.
 func CertProto(c *store.Certificate) *v1.Certificate {
-	return &v1.Certificate{Serial: c.Serial, InstanceId: c.InstanceID, Kind: protoconv.CertKind(c.Kind), Subject: c.Subject,
+	return &v1.Certificate{Serial: c.Serial, InstanceId: c.InstanceID.String(), Kind: protoconv.CertKind(c.Kind), Subject: c.Subject,
 		NotBefore: Timestamp(c.NotBefore), NotAfter: Timestamp(c.NotAfter), RevokedAt: TimestampPtr(c.RevokedAt), RevokeReason: c.RevokeReason}
 }
 
 // TaskProto converts a task.
 func TaskProto(t *store.Task) *v1.Task {
 	p := &v1.Task{
-		Id: t.ID.String(), Target: protoconv.TaskTarget(t.Target), InstanceId: t.InstanceID, Kind: protoconv.TaskKind(t.Kind), Status: protoconv.TaskStatus(t.Status),
+		Id: t.ID.String(), Target: protoconv.TaskTarget(t.Target), InstanceId: t.InstanceID.String(), Kind: protoconv.TaskKind(t.Kind), Status: protoconv.TaskStatus(t.Status),
 		LeaseOwner: t.LeaseOwner, LeaseExpiresAt: TimestampPtr(t.LeaseExpiresAt), Attempts: int32(t.Attempts), MaxAttempts: int32(t.MaxAttempts),
 		ErrorMessage: t.ErrorMessage, Progress: t.Progress, CreatedAt: Timestamp(t.CreatedAt), UpdatedAt: Timestamp(t.UpdatedAt),
 	}
@@ -200,8 +200,8 @@ func TaskProto(t *store.Task) *v1.Task {
 
 // EventProto converts an event.
 func EventProto(e *store.Event) *v1.FleetEvent {
-	return &v1.FleetEvent{Id: strconv.FormatInt(e.ID, 10), Kind: e.Kind.String(), Severity: protoconv.Severity(e.Severity), InstanceId: e.InstanceID,
-		PoolId: e.PoolID, CorrelationId: e.CorrelationID, Message: e.Message, Payload: JSONStruct(e.Payload), CreatedAt: Timestamp(e.CreatedAt)}
+	return &v1.FleetEvent{Id: strconv.FormatInt(e.ID, 10), Kind: e.Kind.String(), Severity: protoconv.Severity(e.Severity), InstanceId: e.InstanceID.String(),
+		PoolId: e.PoolID.String(), CorrelationId: e.CorrelationID, Message: e.Message, Payload: JSONStruct(e.Payload), CreatedAt: Timestamp(e.CreatedAt)}
 }
 
 // TemplateConsole is what a template's console reads as: rows from before
@@ -238,8 +238,8 @@ func PoolStatus(name string) v1.PoolStatus {
 
 // InstanceReads are the reads InstanceOut makes.
 type InstanceReads interface {
-	GetNodeByID(ctx context.Context, id string) (*store.Node, error)
-	ListPresence(ctx context.Context, ids []string) (map[string]*store.Presence, error)
+	GetNodeByID(ctx context.Context, id store.NodeID) (*store.Node, error)
+	ListPresence(ctx context.Context, ids []store.InstanceID) (map[store.InstanceID]*store.Presence, error)
 }
 
 // InstanceOut converts an instance with its node's name and whether a
@@ -250,10 +250,19 @@ func InstanceOut(ctx context.Context, q InstanceReads, now time.Time, in *store.
 		return nil, err
 	}
 	out := InstanceProto(in, n.Name)
-	ps, err := q.ListPresence(ctx, []string{in.ID})
+	ps, err := q.ListPresence(ctx, []store.InstanceID{in.ID})
 	if err != nil {
 		return nil, err
 	}
 	out.AgentPresence = PresenceProto(ps[in.ID], now)
 	return out, nil
+}
+
+// IDStrings turns typed ids into a response's repeated string field.
+func IDStrings[ID ~string](ids []ID) []string {
+	out := make([]string, len(ids))
+	for i, id := range ids {
+		out[i] = string(id)
+	}
+	return out
 }

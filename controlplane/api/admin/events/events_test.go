@@ -20,7 +20,7 @@ func serve(t *testing.T) (*adminevents.Server, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return s, in.ID
+	return s, in.ID.String()
 }
 
 func TestEventRPCs(t *testing.T) {

@@ -88,7 +88,7 @@ func TestFleetRefusesBadInput(t *testing.T) {
 			return err
 		}, "instance_id"},
 		{"token living past a week", func() error {
-			_, err := s.CreateBootstrapToken(ctx, &v1.CreateBootstrapTokenRequest{InstanceId: in.ID, TtlSeconds: 8 * 24 * 3600})
+			_, err := s.CreateBootstrapToken(ctx, &v1.CreateBootstrapTokenRequest{InstanceId: in.ID.String(), TtlSeconds: 8 * 24 * 3600})
 			return err
 		}, "ttl_seconds"},
 		{"revoke naming no serial", func() error {

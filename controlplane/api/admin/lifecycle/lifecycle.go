@@ -80,25 +80,25 @@ func (a *Server) instanceReply(ctx context.Context, in *store.Instance, err erro
 
 // StartInstance implements AdminService.
 func (a *Server) StartInstance(ctx context.Context, req *v1.InstanceActionRequest) (*v1.Instance, error) {
-	in, err := a.cfg.Instances.Start(ctx, req.Id)
+	in, err := a.cfg.Instances.Start(ctx, store.InstanceID(req.Id))
 	return a.instanceReply(ctx, in, err)
 }
 
 // StopInstance implements AdminService.
 func (a *Server) StopInstance(ctx context.Context, req *v1.InstanceActionRequest) (*v1.Instance, error) {
-	in, err := a.cfg.Instances.Stop(ctx, req.Id)
+	in, err := a.cfg.Instances.Stop(ctx, store.InstanceID(req.Id))
 	return a.instanceReply(ctx, in, err)
 }
 
 // RebootInstance implements AdminService.
 func (a *Server) RebootInstance(ctx context.Context, req *v1.InstanceActionRequest) (*v1.Instance, error) {
-	in, err := a.cfg.Instances.Reboot(ctx, req.Id)
+	in, err := a.cfg.Instances.Reboot(ctx, store.InstanceID(req.Id))
 	return a.instanceReply(ctx, in, err)
 }
 
 // TerminateInstance implements AdminService.
 func (a *Server) TerminateInstance(ctx context.Context, req *v1.InstanceActionRequest) (*v1.Instance, error) {
-	in, err := a.cfg.Instances.Terminate(ctx, req.Id)
+	in, err := a.cfg.Instances.Terminate(ctx, store.InstanceID(req.Id))
 	if err == nil && a.cfg.Revoked != nil {
 		// Cut this replica's streams at once; other replicas hear the
 		// revocation notifications the terminate queued.
@@ -115,19 +115,19 @@ func (a *Server) TerminateInstance(ctx context.Context, req *v1.InstanceActionRe
 
 // HoldInstance implements AdminService.
 func (a *Server) HoldInstance(ctx context.Context, req *v1.HoldInstanceRequest) (*v1.Instance, error) {
-	in, err := a.cfg.Instances.Hold(ctx, req.Id, req.Reason, adminkit.CallerName(ctx))
+	in, err := a.cfg.Instances.Hold(ctx, store.InstanceID(req.Id), req.Reason, adminkit.CallerName(ctx))
 	return a.instanceReply(ctx, in, err)
 }
 
 // UnholdInstance implements AdminService.
 func (a *Server) UnholdInstance(ctx context.Context, req *v1.InstanceActionRequest) (*v1.Instance, error) {
-	in, err := a.cfg.Instances.Unhold(ctx, req.Id, adminkit.CallerName(ctx))
+	in, err := a.cfg.Instances.Unhold(ctx, store.InstanceID(req.Id), adminkit.CallerName(ctx))
 	return a.instanceReply(ctx, in, err)
 }
 
 // CordonInstance implements AdminService.
 func (a *Server) CordonInstance(ctx context.Context, req *v1.CordonInstanceRequest) (*v1.CordonInstanceResponse, error) {
-	in, state, err := a.cfg.Instances.Cordon(ctx, req.Id, req.Reason, adminkit.CallerName(ctx))
+	in, state, err := a.cfg.Instances.Cordon(ctx, store.InstanceID(req.Id), req.Reason, adminkit.CallerName(ctx))
 	out, err := a.instanceReply(ctx, in, err)
 	if err != nil {
 		return nil, err
@@ -137,7 +137,7 @@ func (a *Server) CordonInstance(ctx context.Context, req *v1.CordonInstanceReque
 
 // UncordonInstance implements AdminService.
 func (a *Server) UncordonInstance(ctx context.Context, req *v1.InstanceActionRequest) (*v1.UncordonInstanceResponse, error) {
-	in, state, err := a.cfg.Instances.Uncordon(ctx, req.Id, adminkit.CallerName(ctx))
+	in, state, err := a.cfg.Instances.Uncordon(ctx, store.InstanceID(req.Id), adminkit.CallerName(ctx))
 	out, err := a.instanceReply(ctx, in, err)
 	if err != nil {
 		return nil, err
@@ -147,7 +147,7 @@ func (a *Server) UncordonInstance(ctx context.Context, req *v1.InstanceActionReq
 
 // DrainInstance implements AdminService.
 func (a *Server) DrainInstance(ctx context.Context, req *v1.DrainInstanceRequest) (*v1.DrainInstanceResponse, error) {
-	in, state, err := a.cfg.Instances.Drain(ctx, req.Id, req.Reason, adminkit.CallerName(ctx))
+	in, state, err := a.cfg.Instances.Drain(ctx, store.InstanceID(req.Id), req.Reason, adminkit.CallerName(ctx))
 	out, err := a.instanceReply(ctx, in, err)
 	if err != nil {
 		return nil, err
@@ -163,7 +163,7 @@ func (a *Server) GetInstanceConsole(req *v1.GetInstanceConsoleRequest, stream v1
 		return fail.Invalid("tail_bytes", "must not be negative")
 	}
 	ctx := stream.Context()
-	path, err := a.cfg.Instances.ConsoleLogPath(ctx, req.Id)
+	path, err := a.cfg.Instances.ConsoleLogPath(ctx, store.InstanceID(req.Id))
 	if err != nil {
 		return err
 	}
@@ -217,7 +217,7 @@ func (a *Server) GetInstanceConsole(req *v1.GetInstanceConsoleRequest, stream v1
 // CreateSeedISO returns a seed ISO (TETHERSEED) holding a fresh one-time
 // token. Admin only: the image is a credential.
 func (a *Server) CreateSeedISO(ctx context.Context, req *v1.CreateSeedISORequest) (*v1.CreateSeedISOResponse, error) {
-	m, err := a.cfg.Instances.SeedMaterial(ctx, req.Id)
+	m, err := a.cfg.Instances.SeedMaterial(ctx, store.InstanceID(req.Id))
 	if err != nil {
 		return nil, err
 	}

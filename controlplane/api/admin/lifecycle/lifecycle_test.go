@@ -10,6 +10,7 @@ import (
 	"github.com/tetherfleet/tether/controlplane/api/admin/adminkit"
 	"github.com/tetherfleet/tether/controlplane/api/admin/lifecycle"
 	"github.com/tetherfleet/tether/controlplane/fail"
+	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/internal/testkit/admintest"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
@@ -24,13 +25,13 @@ func serve(t *testing.T) (*lifecycle.Server, *admintest.Env, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return s, env, in.ID
+	return s, env, in.ID.String()
 }
 
 // state is what a refused call must leave as it was.
 func state(t *testing.T, env *admintest.Env, id string) string {
 	t.Helper()
-	in, err := env.Store.GetInstance(context.Background(), id)
+	in, err := env.Store.GetInstance(context.Background(), store.InstanceID(id))
 	if err != nil {
 		t.Fatal(err)
 	}

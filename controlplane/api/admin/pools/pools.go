@@ -58,7 +58,7 @@ func PoolProto(v *pool.View) *v1.Pool {
 	m := pool.Effective(p)
 	days := int32(*m.RecordRetentionDays)
 	out := &v1.Pool{
-		Id: p.ID, Name: p.Name, TemplateId: p.TemplateID.String(), TemplateName: v.TemplateName, Provider: p.Provider, Region: p.Region,
+		Id: p.ID.String(), Name: p.Name, TemplateId: p.TemplateID.String(), TemplateName: v.TemplateName, Provider: p.Provider, Region: p.Region,
 		InstanceType: p.InstanceType, LifecycleClass: adminkit.LifecycleClass(p.LifecycleClass), TargetSize: int32(p.TargetSize),
 		MinSize: int32(p.MinSize), MaxSize: int32(p.MaxSize), Status: adminkit.PoolStatus(p.Status),
 		Metadata: &v1.PoolMetadata{WarmingTimeoutSeconds: int32(m.WarmingTimeoutSeconds), ReadyTtlSeconds: int32(m.ReadyTTLSeconds),
@@ -70,7 +70,7 @@ func PoolProto(v *pool.View) *v1.Pool {
 	}
 	for _, mb := range v.Members {
 		in := mb.Instance
-		out.Members = append(out.Members, &v1.PoolMember{InstanceId: in.ID, NodeName: mb.NodeName, PoolState: adminkit.PoolState(in.PoolState),
+		out.Members = append(out.Members, &v1.PoolMember{InstanceId: in.ID.String(), NodeName: mb.NodeName, PoolState: adminkit.PoolState(in.PoolState),
 			Status: adminkit.InstanceStatus(in.Status), PoolWarmingStartedAt: adminkit.TimestampPtr(in.PoolWarmingStartedAt), PoolAcquiredAt: adminkit.TimestampPtr(in.PoolAcquiredAt)})
 	}
 	return out
@@ -180,7 +180,7 @@ func (a *Server) DrainPool(ctx context.Context, req *v1.PoolActionRequest) (*v1.
 		return nil, err
 	}
 	return &v1.DrainPoolResponse{Pool: PoolProto(r.View), Drained: int32(r.Drained), TerminateFailed: int32(r.TerminateFailed),
-		ClaimedRemaining: int32(r.ClaimedRemaining), FailedInstanceIds: r.FailedIDs}, nil
+		ClaimedRemaining: int32(r.ClaimedRemaining), FailedInstanceIds: adminkit.IDStrings(r.FailedIDs)}, nil
 }
 
 func (a *Server) DeletePool(ctx context.Context, req *v1.PoolActionRequest) (*v1.DeletePoolResponse, error) {
@@ -225,13 +225,13 @@ func (a *Server) AcquirePoolMember(ctx context.Context, req *v1.AcquirePoolMembe
 	if err != nil {
 		return nil, err
 	}
-	c, err := ps.Acquire(ctx, pool.AcquireParams{PoolID: req.PoolId, PoolName: req.PoolName,
+	c, err := ps.Acquire(ctx, pool.AcquireParams{PoolID: store.PoolID(req.PoolId), PoolName: req.PoolName,
 		LifecycleClass: adminkit.LifecycleClassName(req.LifecycleClass), AcquiredBy: req.AcquiredBy, AcquiredFor: req.AcquiredFor})
 	if err != nil {
 		return nil, err
 	}
 	return &v1.AcquirePoolMemberResponse{ClaimId: c.ID, Instance: adminkit.InstanceProto(c.Instance, c.NodeName),
-		PoolId: c.Pool.ID, PoolName: c.Pool.Name}, nil
+		PoolId: c.Pool.ID.String(), PoolName: c.Pool.Name}, nil
 }
 
 func (a *Server) ReleasePoolMember(ctx context.Context, req *v1.ReleasePoolMemberRequest) (*v1.ReleasePoolMemberResponse, error) {
@@ -239,7 +239,7 @@ func (a *Server) ReleasePoolMember(ctx context.Context, req *v1.ReleasePoolMembe
 	if err != nil {
 		return nil, err
 	}
-	r, err := ps.Release(ctx, req.InstanceId, adminkit.CallerName(ctx))
+	r, err := ps.Release(ctx, store.InstanceID(req.InstanceId), adminkit.CallerName(ctx))
 	if err != nil {
 		return nil, err
 	}

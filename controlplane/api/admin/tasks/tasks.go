@@ -57,7 +57,7 @@ func (a *Server) CreateTask(ctx context.Context, req *v1.CreateTaskRequest) (*v1
 	if err != nil {
 		return nil, fail.Invalid("kind", "%v", err)
 	}
-	t, err := a.cfg.Tasks.CreateAgentTask(ctx, req.InstanceId, kind, exec, int(req.MaxAttempts))
+	t, err := a.cfg.Tasks.CreateAgentTask(ctx, store.InstanceID(req.InstanceId), kind, exec, int(req.MaxAttempts))
 	if err != nil {
 		return nil, err
 	}
@@ -90,7 +90,7 @@ func (a *Server) ListTasks(ctx context.Context, req *v1.ListTasksRequest) (*v1.L
 	if err != nil {
 		return nil, fail.Invalid("status", "%v", err)
 	}
-	f := store.TaskFilter{InstanceID: req.InstanceId, Target: target}
+	f := store.TaskFilter{InstanceID: store.InstanceID(req.InstanceId), Target: target}
 	if status != "" {
 		f.Statuses = []store.TaskStatus{status}
 	}

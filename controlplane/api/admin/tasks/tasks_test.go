@@ -20,7 +20,7 @@ func serve(t *testing.T) (*admintasks.Server, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return s, in.ID
+	return s, in.ID.String()
 }
 
 func listed(t *testing.T, s *admintasks.Server, id string) string {

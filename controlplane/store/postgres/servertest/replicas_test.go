@@ -141,7 +141,7 @@ func TestLostNotificationReachesAgentBySweep(t *testing.T) {
 	}
 	defer raw.Close()
 	now := time.Now()
-	task := &store.Task{Target: store.TaskTargetAgent, InstanceID: ag.instance, Kind: "reboot", Payload: []byte(`{}`),
+	task := &store.Task{Target: store.TaskTargetAgent, InstanceID: store.InstanceID(ag.instance), Kind: "reboot", Payload: []byte(`{}`),
 		Status: store.TaskPending, MaxAttempts: 1, CreatedAt: now, UpdatedAt: now}
 	if err := raw.CreateTask(ctx, task); err != nil { // no Notify: the hint is lost
 		t.Fatal(err)
