@@ -15,6 +15,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"debug/pe"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -124,7 +125,7 @@ func Build(ctx context.Context, t Tools, s Spec, out string) error {
 		return err
 	}
 	files := map[string]string{".osrel": osrel, ".cmdline": cmdline, ".linux": s.Kernel, ".initrd": initrd}
-	next, align, err := stubEnd(s.Stub)
+	next, align, stamp, err := stubEnd(s.Stub)
 	if err != nil {
 		return err
 	}
@@ -142,15 +143,19 @@ func Build(ctx context.Context, t Tools, s Spec, out string) error {
 	if err := run(ctx, t.Objcopy, args...); err != nil {
 		return err
 	}
+	if err := restamp(staged, stamp); err != nil {
+		return err
+	}
 	return os.Rename(staged, out)
 }
 
 // stubEnd returns where the first added section goes (the end of the
-// stub's last section, aligned) and the stub's section alignment.
-func stubEnd(stub string) (next, align uint64, err error) {
+// stub's last section, aligned), the stub's section alignment and its
+// COFF timestamp.
+func stubEnd(stub string) (next, align uint64, stamp uint32, err error) {
 	f, err := pe.Open(stub)
 	if err != nil {
-		return 0, 0, fmt.Errorf("uki: the EFI stub %s is not a PE image: %w", stub, err)
+		return 0, 0, 0, fmt.Errorf("uki: the EFI stub %s is not a PE image: %w", stub, err)
 	}
 	defer f.Close()
 	var base uint64
@@ -160,24 +165,77 @@ func stubEnd(stub string) (next, align uint64, err error) {
 	case *pe.OptionalHeader32:
 		base, align = uint64(h.ImageBase), uint64(h.SectionAlignment)
 	default:
-		return 0, 0, fmt.Errorf("uki: the EFI stub %s has no optional header", stub)
+		return 0, 0, 0, fmt.Errorf("uki: the EFI stub %s has no optional header", stub)
 	}
 	if align == 0 {
-		return 0, 0, fmt.Errorf("uki: the EFI stub %s has a section alignment of 0", stub)
+		return 0, 0, 0, fmt.Errorf("uki: the EFI stub %s has a section alignment of 0", stub)
 	}
 	for _, s := range f.Sections {
 		for _, want := range sectionOrder {
 			if s.Name == want {
-				return 0, 0, fmt.Errorf("uki: %s already has a %s section: give the bare stub, not an image", stub, want)
+				return 0, 0, 0, fmt.Errorf("uki: %s already has a %s section: give the bare stub, not an image", stub, want)
 			}
 		}
 		size := max(uint64(s.VirtualSize), uint64(s.Size))
 		next = max(next, base+uint64(s.VirtualAddress)+size)
 	}
-	return alignUp(next, align), align, nil
+	return alignUp(next, align), align, f.FileHeader.TimeDateStamp, nil
 }
 
 func alignUp(n, a uint64) uint64 { return (n + a - 1) / a * a }
+
+// restamp gives the image the COFF timestamp stamp and the PE checksum
+// that goes with it. objcopy (binutils 2.40, which ignores
+// SOURCE_DATE_EPOCH for PE) stamps what it writes with the time of day and
+// checksums that, so two builds of the same inputs differed whenever a
+// second passed between them, and a digest pinned in a measured-boot
+// policy could not be rebuilt. The image keeps its stub's stamp.
+func restamp(path string, stamp uint32) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("uki: %w", err)
+	}
+	if len(b) < 0x40 {
+		return fmt.Errorf("uki: %s is too short for a PE image", path)
+	}
+	// "PE\0\0", then the COFF header: Machine, NumberOfSections,
+	// TimeDateStamp; the optional header's CheckSum is 64 bytes into it.
+	pe := int(binary.LittleEndian.Uint32(b[0x3c:]))
+	stampAt, sumAt := pe+8, pe+4+20+64
+	if sumAt+4 > len(b) || string(b[pe:pe+4]) != "PE\x00\x00" {
+		return fmt.Errorf("uki: %s has no PE header where its DOS header points", path)
+	}
+	binary.LittleEndian.PutUint32(b[stampAt:], stamp)
+	if binary.LittleEndian.Uint32(b[sumAt:]) != 0 {
+		binary.LittleEndian.PutUint32(b[sumAt:], peChecksum(b, sumAt))
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		return fmt.Errorf("uki: %w", err)
+	}
+	return nil
+}
+
+// peChecksum is the PE image checksum (the one the Windows loader and
+// objcopy compute): 16-bit words summed with the carry folded back, the
+// CheckSum field itself counted as zero, plus the file's length.
+func peChecksum(b []byte, sumAt int) uint32 {
+	var sum uint32
+	for i := 0; i < len(b); i += 2 {
+		var w uint32
+		switch {
+		case i == sumAt || i == sumAt+2:
+			continue
+		case i+1 < len(b):
+			w = uint32(binary.LittleEndian.Uint16(b[i:]))
+		default:
+			w = uint32(b[i])
+		}
+		sum += w
+		sum = (sum & 0xffff) + (sum >> 16)
+	}
+	sum = (sum & 0xffff) + (sum >> 16)
+	return sum + uint32(len(b))
+}
 
 // Signer is a Secure Boot db key and its certificate (PEM files; the key
 // unencrypted).

@@ -3,6 +3,7 @@ package uki
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"io"
 	"os"
 	"path/filepath"
@@ -176,5 +177,46 @@ func wantLZ4Of(t *testing.T, sec, raw []byte) {
 	}
 	if !bytes.Equal(got, raw) {
 		t.Fatalf(".initrd unpacks to %d bytes, want the %d given", len(got), len(raw))
+	}
+}
+
+// The image keeps its stub's COFF timestamp, with a PE checksum that
+// matches its bytes, so it does not depend on when it was built
+// (objcopy stamps the time of day); the checksum is computed as objcopy
+// computes it.
+func TestBuildKeepsTheStubsTimestamp(t *testing.T) {
+	tl := tools(t, false)
+	dir, kernel, initrd := inputs(t)
+	out := filepath.Join(dir, "a.efi")
+	if err := Build(context.Background(), tl, Spec{Kernel: kernel, Initramfs: initrd, Compress: CompressNone}, out); err != nil {
+		t.Fatal(err)
+	}
+	_, _, stamp, err := stubEnd(DefaultStub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	header := func(path string) (b []byte, gotStamp, sum uint32, sumAt int) {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pe := int(binary.LittleEndian.Uint32(b[0x3c:]))
+		sumAt = pe + 4 + 20 + 64
+		return b, binary.LittleEndian.Uint32(b[pe+8:]), binary.LittleEndian.Uint32(b[sumAt:]), sumAt
+	}
+	b, got, sum, sumAt := header(out)
+	if got != stamp {
+		t.Fatalf("image stamped %d, want the stub's %d", got, stamp)
+	}
+	if sum != 0 && peChecksum(b, sumAt) != sum {
+		t.Fatalf("image checksum %#x does not match its bytes (%#x)", sum, peChecksum(b, sumAt))
+	}
+	// objcopy's own checksum of a copy it writes is what peChecksum gives.
+	raw := filepath.Join(dir, "raw.efi")
+	if err := run(context.Background(), tl.Objcopy, "--add-section", ".x="+kernel, DefaultStub, raw); err != nil {
+		t.Fatal(err)
+	}
+	if b, _, sum, sumAt := header(raw); sum == 0 || peChecksum(b, sumAt) != sum {
+		t.Fatalf("objcopy's checksum %#x, peChecksum %#x", sum, peChecksum(b, sumAt))
 	}
 }
