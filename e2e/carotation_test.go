@@ -293,10 +293,13 @@ func TestCARotationThousandAgents(t *testing.T) {
 			return fmt.Errorf("agent %d renewed under key id %s, want the new CA's %s", a.i, got, secondSKI)
 		}
 		oldConn, oldStream, oldClosing := a.conn, a.stream, a.closing
+		// The new stream replaces the old one as soon as tetherd registers
+		// it, which can be before connect returns: the old stream's end is
+		// this agent's own doing from here on.
+		oldClosing.Store(true)
 		if err := f.connect(ctx, a); err != nil {
 			return fmt.Errorf("agent %d reconnect: %w", a.i, err)
 		}
-		oldClosing.Store(true)
 		_ = oldStream.CloseSend()
 		oldConn.Close()
 		return nil
