@@ -615,6 +615,20 @@ func (h *harness) agent(ctx context.Context, cancel context.CancelFunc, token st
 		return
 	}
 	csr := string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}))
+	// The replay below is somebody else's: the token with another key.
+	// The agent's own retry (same token, same key) after an answer lost in
+	// a kill is the same enrollment and is answered (design §3.3).
+	_, other, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		h.callErr(err)
+		return
+	}
+	otherDER, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{}, other)
+	if err != nil {
+		h.callErr(err)
+		return
+	}
+	otherCSR := string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: otherDER}))
 	conns, err := h.dl.dialAll(nil)
 	if err != nil {
 		h.callErr(err)
@@ -633,7 +647,7 @@ func (h *harness) agent(ctx context.Context, cancel context.CancelFunc, token st
 		if err != nil {
 			h.callErr(err)
 			if c := status.Code(err); c != codes.Unavailable && c != codes.DeadlineExceeded || ctx.Err() != nil {
-				return // spent or refused (an answer lost in a kill); the instance's boot timeout owns it
+				return // refused (spent by another key, expired, terminated); the instance's boot timeout owns it
 			}
 			cur = h.next(cur)
 			if !sleep(ctx, 500*time.Millisecond) {
@@ -650,7 +664,7 @@ func (h *harness) agent(ctx context.Context, cancel context.CancelFunc, token st
 		// The replay goes to another replica when there is one: a token
 		// spent on one must be spent on all.
 		cctx, cancel := h.call(ctx)
-		_, rerr := v1.NewEnrollmentServiceClient(conns[(cur+1)%len(conns)]).Enroll(cctx, &v1.EnrollRequest{Token: token, CsrPem: csr})
+		_, rerr := v1.NewEnrollmentServiceClient(conns[(cur+1)%len(conns)]).Enroll(cctx, &v1.EnrollRequest{Token: token, CsrPem: otherCSR})
 		cancel()
 		if c := status.Code(rerr); c != codes.Unavailable && c != codes.DeadlineExceeded {
 			h.ledger.Replay(rerr == nil)
