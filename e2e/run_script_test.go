@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -45,7 +46,7 @@ func TestRunScriptCtrlCStopsEverything(t *testing.T) {
 		}, "is still running; stopping it", true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := startRunScript(t, tc.piped)
+			r := startRunScript(t, tc.piped, filepath.Join(t.TempDir(), "data"), "", runningLine)
 			tc.before(t, r)
 			if err := syscall.Kill(-r.cmd.Process.Pid, syscall.SIGINT); err != nil {
 				t.Fatal(err)
@@ -81,17 +82,82 @@ func TestRunScriptCtrlCStopsEverything(t *testing.T) {
 	}
 }
 
+// A pool's replenisher would replace the VMs the Ctrl-C terminates, so the
+// cleanup pauses the active pools; the next run resumes those, and only
+// those: a pool the operator paused stays paused.
+func TestRunScriptResumesThePoolsItPaused(t *testing.T) {
+	data := filepath.Join(t.TempDir(), "data")
+	r := startRunScript(t, false, data, "", runningLine)
+	// Target 0: pools that cost no VM.
+	r.ctl(t, "pool", "create", "busy", "--template", "example", "--provider", "qemu", "--target", "0")
+	r.ctl(t, "pool", "create", "held", "--template", "example", "--provider", "qemu", "--target", "0")
+	r.ctl(t, "pool", "pause", "held")
+	r.ctrlC(t)
+
+	again := startRunScript(t, false, data, r.addr, "resuming pool")
+	busy := again.ctl(t, "pool", "get", "busy", "-o", "json")
+	held := again.ctl(t, "pool", "get", "held", "-o", "json")
+	again.ctrlC(t)
+	said := again.out.String()
+	if !strings.Contains(said, "resuming pool busy (paused when the last run stopped)") || strings.Contains(said, "resuming pool held") {
+		t.Fatalf("the second run should resume busy and only busy:\n%s", said)
+	}
+	for _, c := range []struct{ got, want string }{{busy, "POOL_STATUS_ACTIVE"}, {held, "POOL_STATUS_PAUSED"}} {
+		if !regexp.MustCompile(`"status":\s*"` + c.want + `"`).MatchString(c.got) {
+			t.Fatalf("after the second run's start, want %s:\n%s", c.want, c.got)
+		}
+	}
+}
+
+// ctl runs the run's bin/tetherctl as its admin and returns its stdout.
+func (r *scriptRun) ctl(t *testing.T, args ...string) string {
+	t.Helper()
+	args = append([]string{"--config", filepath.Join(r.data, "admin", "tetherconfig.yaml"), "--endpoint", r.addr}, args...)
+	cmd := exec.Command(filepath.Join(r.cmd.Dir, "bin", "tetherctl"), args...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("tetherctl %s: %v\n%s", strings.Join(args, " "), err, stderr.String())
+	}
+	return string(out)
+}
+
+// ctrlC sends the run's process group SIGINT, as a terminal's Ctrl-C does,
+// and waits for the script to finish its cleanup.
+func (r *scriptRun) ctrlC(t *testing.T) {
+	t.Helper()
+	if err := syscall.Kill(-r.cmd.Process.Pid, syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- r.cmd.Wait() }()
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Fatalf("run.sh after Ctrl-C: %v\n%s", err, r.out.String())
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("run.sh did not stop within 2 minutes of Ctrl-C:\n%s", r.out.String())
+	}
+}
+
 type scriptRun struct {
 	cmd      *exec.Cmd
 	data     string
+	addr     string
 	out      *syncBuffer
 	tetherd  int
 	machines string
 }
 
-// startRunScript starts scripts/run.sh on a temp data dir and a free port,
-// and returns once it says the instance runs.
-func startRunScript(t *testing.T, piped bool) *scriptRun {
+// runningLine is what run.sh says once its instance runs.
+const runningLine = " is running. Try"
+
+// startRunScript starts scripts/run.sh on data (a new one for each run, or
+// an earlier run's) and addr (a free port when ""), and returns once it
+// says until.
+func startRunScript(t *testing.T, piped bool, data, addr, until string) *scriptRun {
 	t.Helper()
 	requireVM(t)
 	if _, err := exec.LookPath("setsid"); err != nil {
@@ -101,15 +167,17 @@ func startRunScript(t *testing.T, piped bool) *scriptRun {
 	if err != nil {
 		t.Fatal(err)
 	}
-	data := filepath.Join(t.TempDir(), "data")
-	r := &scriptRun{out: &syncBuffer{}, data: data}
+	if addr == "" {
+		addr = freeAddr(t)
+	}
+	r := &scriptRun{out: &syncBuffer{}, data: data, addr: addr}
 	r.cmd = exec.Command("bash", filepath.Join(root, "scripts", "run.sh"))
 	if piped {
 		// As typed: make run 2>&1 | tee run.log (tee in the same group).
 		r.cmd = exec.Command("bash", "-c", `bash "$0" 2>&1 | tee "$1"`, filepath.Join(root, "scripts", "run.sh"), filepath.Join(t.TempDir(), "run.log"))
 	}
 	r.cmd.Dir = root
-	r.cmd.Env = append(os.Environ(), "TETHER_RUN_DATA="+data, "TETHER_RUN_ADDR="+freeAddr(t))
+	r.cmd.Env = append(os.Environ(), "TETHER_RUN_DATA="+data, "TETHER_RUN_ADDR="+addr)
 	r.cmd.Stdout, r.cmd.Stderr = r.out, r.out
 	// Its own process group, as a terminal's foreground job.
 	r.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -131,9 +199,10 @@ func startRunScript(t *testing.T, piped bool) *scriptRun {
 	// Polling an external process, with a deadline: the script builds,
 	// boots a VM under TCG and then prints this line.
 	deadline := time.Now().Add(bootTimeout + 5*time.Minute)
-	for !strings.Contains(r.out.String(), " is running. Try") {
-		if time.Now().After(deadline) {
-			t.Fatalf("run.sh did not report a running instance:\n%s", r.out.String())
+	for !strings.Contains(r.out.String(), until) {
+		// Nothing is said after the running line: waiting longer is futile.
+		if time.Now().After(deadline) || strings.Contains(r.out.String(), runningLine) {
+			t.Fatalf("run.sh did not say %q:\n%s", until, r.out.String())
 		}
 		if r.cmd.ProcessState != nil || !alive(r.cmd.Process.Pid) {
 			t.Fatalf("run.sh exited early:\n%s", r.out.String())
@@ -154,7 +223,7 @@ func startRunScript(t *testing.T, piped bool) *scriptRun {
 	if r.tetherd == 0 || r.machines == "" {
 		t.Fatalf("no tetherd serve of this run (data %s) found", data)
 	}
-	if len(processesMentioning(r.machines)) == 0 {
+	if until == runningLine && len(processesMentioning(r.machines)) == 0 {
 		t.Fatalf("no QEMU of this run is alive before Ctrl-C: the test would prove nothing\n%s", r.out.String())
 	}
 	return r

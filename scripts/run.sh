@@ -125,13 +125,23 @@ cleanup() {
   # stopping the VMs comes first.
   trap '' PIPE
   set +e
-  exec > >(tee -p -a "$data/cleanup.log" 2>/dev/null) 2>&1
+  # When stdout is not the terminal (that pipe), the terminal still hears
+  # how the stop goes.
+  local tty=()
+  if [ ! -t 1 ] && { : >/dev/tty; } 2>/dev/null; then tty=(/dev/tty); fi
+  exec > >(tee -p -a "$data/cleanup.log" "${tty[@]}" 2>/dev/null) 2>&1
   echo
   say "stopping: terminating QEMU instances, then tetherd (this takes a few seconds)"
   if kill -0 "$tetherd" 2>/dev/null && ctl node list --limit 1 >/dev/null 2>&1; then
-    # No pool may replace what is terminated below.
+    # No pool may replace what is terminated below. The pools paused here
+    # are named in $data/paused-by-run, so that the next run resumes them
+    # and leaves alone a pool the operator paused.
     for pool in $(ctl pool list 2>/dev/null | awk 'NR > 1 && $2 == "active" {print $1}'); do
-      ctl pool pause "$pool" >/dev/null 2>&1 || echo "could not pause pool $pool (see $data/tetherd.log)"
+      if ctl pool pause "$pool" >/dev/null 2>&1; then
+        echo "$pool" >>"$data/paused-by-run"
+      else
+        echo "could not pause pool $pool (see $data/tetherd.log)"
+      fi
     done
     # Every VM this tetherd started, pool members included (columns: ID NODE STATUS PHASE PROVIDER ...).
     for id in $(ctl instance list 2>/dev/null | awk 'NR > 1 && $5 == "qemu" && $3 != "terminated" {print $1}'); do
@@ -166,6 +176,18 @@ for _ in $(seq 1 100); do
   kill -0 "$tetherd" 2>/dev/null || { cat "$data/tetherd.log" >&2; die "tetherd exited; its log is above"; }
   sleep 0.1
 done
+
+# The pools the last run's Ctrl-C paused come back as they were.
+if [ -f "$data/paused-by-run" ]; then
+  for pool in $(sort -u "$data/paused-by-run"); do
+    if ctl pool activate "$pool" >/dev/null 2>&1; then
+      say "resuming pool $pool (paused when the last run stopped)"
+    else
+      echo "could not resume pool $pool: tetherctl pool activate $pool" >&2
+    fi
+  done
+  rm -f "$data/paused-by-run"
+fi
 
 # 4. Module, template, node, instance.
 say "pushing the example root module"
@@ -215,6 +237,12 @@ ctl instance wait "$id" | sed -u 's/^/  tetherd /' || { stop_follower; die "the 
 sleep 0.5
 stop_follower
 
+# A pool made in an earlier run is there to claim from; else, make one.
+pooltry="bin/tetherctl pool create ci --template $template --provider qemu --target 2"
+if ctl pool get ci >/dev/null 2>&1; then
+  pooltry="bin/tetherctl pool acquire ci    # pool ci, made in an earlier run"
+fi
+
 cat <<EOF2
 
 Instance $id is running. Try, in another terminal:
@@ -223,7 +251,7 @@ Instance $id is running. Try, in another terminal:
   bin/tetherctl instance list
   bin/tetherctl task create --instance $id --wait exec -- cat /etc/os-release
   bin/tetherctl instance console $id
-  bin/tetherctl pool create ci --template $template --provider qemu --target 2
+  $pooltry
   bin/tetherctl events --watch
 
 tetherd keeps running; Ctrl-C here terminates the VMs and stops it.
