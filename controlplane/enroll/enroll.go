@@ -280,7 +280,7 @@ func (s *Service) Renew(ctx context.Context, instanceID store.InstanceID, curren
 }
 
 func (s *Service) record(cert *x509.Certificate, instanceID store.InstanceID, now time.Time) *store.Certificate {
-	return &store.Certificate{Serial: ca.SerialString(cert), InstanceID: instanceID, Kind: store.CertKindNode, Issuer: pki.Fingerprint(s.CA.IssuerOf(cert).Raw),
+	return &store.Certificate{Serial: store.CertSerial(ca.SerialString(cert)), InstanceID: instanceID, Kind: store.CertKindNode, Issuer: pki.Fingerprint(s.CA.IssuerOf(cert).Raw),
 		Subject: pki.InstanceURI(instanceID.String()).String(), NotBefore: cert.NotBefore, NotAfter: cert.NotAfter, CreatedAt: now}
 }
 

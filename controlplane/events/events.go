@@ -144,7 +144,7 @@ type E struct {
 	Severity      store.Severity
 	InstanceID    store.InstanceID
 	PoolID        store.PoolID
-	CorrelationID string
+	CorrelationID store.CorrelationID
 	Message       string
 	Payload       map[string]any
 }

@@ -241,7 +241,7 @@ func (s *Service) ProvisionTx(ctx context.Context, q store.Queries, p ProvisionP
 			return nil, err
 		}
 		out.TaskID = t.ID
-		if _, err := (events.E{Kind: events.TaskCreated, InstanceID: in.ID, CorrelationID: t.ID.String(),
+		if _, err := (events.E{Kind: events.TaskCreated, InstanceID: in.ID, CorrelationID: t.ID.Correlation(),
 			Message: fmt.Sprintf("provision task %s created", t.ID)}).Write(ctx, q, now); err != nil {
 			return nil, err
 		}

@@ -245,13 +245,13 @@ func (s *Service) recordMachine(ctx context.Context, t *store.Task, p providers.
 		if err := q.UpdateInstance(ctx, in); err != nil {
 			return err
 		}
-		if _, err := (events.E{Kind: events.InstanceMachineCreated, InstanceID: in.ID, CorrelationID: t.ID.String(),
+		if _, err := (events.E{Kind: events.InstanceMachineCreated, InstanceID: in.ID, CorrelationID: t.ID.Correlation(),
 			Message: fmt.Sprintf("provider %s created machine %s", p.Name(), m.ID),
 			Payload: map[string]any{"provider": p.Name(), "machine": m.ID, "state": string(m.State)}}).Write(ctx, q, now); err != nil {
 			return err
 		}
 		if lost {
-			if _, err := (events.E{Kind: events.InstanceProviderAnswerLost, Severity: events.Medium, InstanceID: in.ID, CorrelationID: t.ID.String(),
+			if _, err := (events.E{Kind: events.InstanceProviderAnswerLost, Severity: events.Medium, InstanceID: in.ID, CorrelationID: t.ID.Correlation(),
 				Message: fmt.Sprintf("provision reported %v, but machine %s exists; recorded it", perr, m.ID),
 				Payload: map[string]any{"op": TaskProvision, "error": perr.Error(), "observed": string(m.State)}}).Write(ctx, q, now); err != nil {
 				return err
@@ -271,7 +271,7 @@ func (s *Service) recordMachine(ctx context.Context, t *store.Task, p providers.
 	if terr != nil {
 		sev, msg = events.High, fmt.Sprintf("machine %s of a terminated instance could not be destroyed: %v (provider sync will retry)", m.ID, terr)
 	}
-	return s.writeEvent(ctx, events.E{Kind: events.InstanceMachineDestroyed, Severity: sev, InstanceID: t.InstanceID, CorrelationID: t.ID.String(),
+	return s.writeEvent(ctx, events.E{Kind: events.InstanceMachineDestroyed, Severity: sev, InstanceID: t.InstanceID, CorrelationID: t.ID.Correlation(),
 		Message: msg, Payload: map[string]any{"machine": m.ID, "error": errText(terr)}})
 }
 
@@ -308,7 +308,7 @@ func (s *Service) failProvision(ctx context.Context, t *store.Task, cause error)
 				return err
 			}
 		}
-		if _, err := (events.E{Kind: events.InstanceProviderFailed, Severity: events.High, InstanceID: in.ID, CorrelationID: t.ID.String(),
+		if _, err := (events.E{Kind: events.InstanceProviderFailed, Severity: events.High, InstanceID: in.ID, CorrelationID: t.ID.Correlation(),
 			Message: msg, Payload: map[string]any{"op": TaskProvision, "provider": in.Provider, "error": worker.Message(cause),
 				"kind": string(errKind(cause))}}).Write(ctx, q, now); err != nil {
 			return err

@@ -156,7 +156,7 @@ func (s *Service) markTerminated(ctx context.Context, id store.InstanceID, machi
 			return err
 		}
 		for _, serial := range serials {
-			if err := q.Notify(ctx, store.ChannelRevocations, serial); err != nil {
+			if err := q.Notify(ctx, store.ChannelRevocations, serial.String()); err != nil {
 				return err
 			}
 		}

@@ -27,7 +27,7 @@ type AcquireParams struct {
 
 // Claim is an acquired member.
 type Claim struct {
-	ID       string
+	ID       store.ClaimID
 	Pool     *store.Pool
 	Instance *store.Instance
 	NodeName string
@@ -134,7 +134,7 @@ func (s *Service) claimTx(ctx context.Context, q store.Queries, reqs []*claimReq
 	}
 	cs := make([]store.PoolClaim, len(reqs))
 	for i, r := range reqs {
-		cs[i] = store.PoolClaim{ClaimID: uuid.Must(uuid.NewV7()).String(), AcquiredBy: r.acquiredBy, AcquiredFor: r.acquiredFor}
+		cs[i] = store.PoolClaim{ClaimID: store.ClaimID(uuid.Must(uuid.NewV7()).String()), AcquiredBy: r.acquiredBy, AcquiredFor: r.acquiredFor}
 	}
 	ms, err := s.claimLive(ctx, q, poolID, r0.class, cs, now)
 	if err != nil {
@@ -157,7 +157,7 @@ func (s *Service) claimTx(ctx context.Context, q store.Queries, reqs []*claimReq
 				pools[m.PoolID] = owner
 			}
 		}
-		evs = append(evs, events.E{Kind: events.PoolClaimed, InstanceID: m.ID, PoolID: m.PoolID, CorrelationID: m.ClaimID,
+		evs = append(evs, events.E{Kind: events.PoolClaimed, InstanceID: m.ID, PoolID: m.PoolID, CorrelationID: m.ClaimID.Correlation(),
 			Message: fmt.Sprintf("claim %s: member %s of pool %s claimed by %q for %q", m.ClaimID, m.ID, owner.Name, r.acquiredBy, r.acquiredFor),
 			Payload: claims.Attribution(m, owner.Name)})
 		out[i] = &Claim{ID: m.ClaimID, Pool: owner, Instance: m}
@@ -319,7 +319,7 @@ func (s *Service) noReady(ctx context.Context, named *store.Pool, class string) 
 type Released struct {
 	// Disposition is recycled, reused, cordoned or errored.
 	Disposition string
-	ClaimID     string
+	ClaimID     store.ClaimID
 	Held        time.Duration
 	Instance    *store.Instance
 	NodeName    string

@@ -83,7 +83,7 @@ func Close(ctx context.Context, q store.Queries, in *store.Instance, disposition
 		msg += ": " + failure
 	}
 	if _, err := (events.E{Kind: events.PoolReleased, Severity: sev, InstanceID: in.ID, PoolID: in.PoolID,
-		CorrelationID: in.ClaimID, Message: msg, Payload: payload}).Write(ctx, q, now); err != nil {
+		CorrelationID: in.ClaimID.Correlation(), Message: msg, Payload: payload}).Write(ctx, q, now); err != nil {
 		return 0, fmt.Errorf("close claim %s: %w", in.ClaimID, err)
 	}
 	in.ClaimID, in.AcquiredBy, in.AcquiredFor, in.PoolAcquiredAt = "", "", "", nil
