@@ -146,7 +146,8 @@ type E struct {
 	PoolID        store.PoolID
 	CorrelationID store.CorrelationID
 	Message       string
-	Payload       map[string]any
+	// Payload is a Payload, or (until every writer has one) a map.
+	Payload any
 }
 
 // Write appends e through q (so it commits or rolls back with the caller's
@@ -167,7 +168,7 @@ func (e E) event(now time.Time) (*store.Event, error) {
 		return nil, fmt.Errorf("write event: %w", err)
 	}
 	payload := []byte("{}")
-	if len(e.Payload) > 0 {
+	if m, isMap := e.Payload.(map[string]any); e.Payload != nil && (!isMap || len(m) > 0) {
 		b, err := json.Marshal(e.Payload)
 		if err != nil {
 			return nil, fmt.Errorf("event %s payload: %w", e.Kind, err)
