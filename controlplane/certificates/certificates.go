@@ -44,7 +44,7 @@ func (s *Service) Revoke(ctx context.Context, serial store.CertSerial, reason, b
 		}
 		if _, err := (events.E{Kind: events.CertRevoked, Severity: events.Medium, InstanceID: c.InstanceID,
 			Message: "certificate " + c.Serial.String() + " revoked: " + c.RevokeReason,
-			Payload: map[string]any{"serial": c.Serial, "by": by}}).Write(ctx, q, now); err != nil {
+			Payload: events.CertRevokedPayload{By: by, Serial: c.Serial}}).Write(ctx, q, now); err != nil {
 			return err
 		}
 		return q.Notify(ctx, store.ChannelRevocations, c.Serial.String())

@@ -79,7 +79,7 @@ func (s *Service) IssueIdentity(ctx context.Context, in IdentityIssue) (*Issued,
 			return err
 		}
 		_, err = events.E{Kind: events.CertIssued, Message: "admin identity " + in.Name + " (" + in.Role.String() + ") certificate " + serial.String() + " issued",
-			Payload: map[string]any{"identity": in.Name, "role": in.Role, "serial": serial, "by": in.By}}.Write(ctx, q, now)
+			Payload: events.IdentityIssuedPayload{By: in.By, Identity: in.Name, Role: in.Role, Serial: serial}}.Write(ctx, q, now)
 		return err
 	})
 	if err != nil {
@@ -118,7 +118,7 @@ func (s *Service) RevokeAdminIdentity(ctx context.Context, name, by string) (*st
 		}
 		if _, err := (events.E{Kind: events.CertRevoked, Severity: events.Medium,
 			Message: "admin identity " + id.Name + " revoked (certificates " + joinSerials(serials) + ")",
-			Payload: map[string]any{"identity": id.Name, "serial": id.Serial, "serials": serials, "by": by}}).Write(ctx, q, now); err != nil {
+			Payload: events.IdentityRevokedPayload{By: by, Identity: id.Name, Serial: id.Serial, Serials: serials}}).Write(ctx, q, now); err != nil {
 			return err
 		}
 		for _, serial := range serials {

@@ -180,13 +180,13 @@ func adoptInitAdmin(ctx context.Context, st store.Store, authority *ca.CA, dataD
 		}
 		adopted = true
 		if _, err := (events.E{Kind: events.CertIssued, Message: "admin identity " + id.Name + " (" + id.Role + ") certificate " + serial.String() + " recorded from tetherd init",
-			Payload: map[string]any{"identity": id.Name, "role": id.Role, "serial": serial, "by": "tetherd init"}}).Write(ctx, q, now); err != nil {
+			Payload: events.IdentityIssuedPayload{By: "tetherd init", Identity: id.Name, Role: store.Role(id.Role), Serial: serial}}).Write(ctx, q, now); err != nil {
 			return err
 		}
 		if len(revoked) > 0 {
 			if _, err := (events.E{Kind: events.CertRevoked, Severity: events.Medium,
 				Message: "admin identity " + id.Name + " rotated: its earlier certificates are revoked",
-				Payload: map[string]any{"identity": id.Name, "serials": revoked, "by": "tetherd init --rotate-admin"}}).Write(ctx, q, now); err != nil {
+				Payload: events.IdentityRotatedPayload{By: "tetherd init --rotate-admin", Identity: id.Name, Serials: revoked}}).Write(ctx, q, now); err != nil {
 				return err
 			}
 		}

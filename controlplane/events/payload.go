@@ -49,6 +49,46 @@ type RefusedPayload struct {
 	UsedAt string `json:"used_at,omitempty"`
 }
 
+// EKMovedPayload: the first enroll.ek_mismatch of a window for an EK
+// bound to another node (BoundTo); Registered is the node's own EKs.
+type EKMovedPayload struct {
+	BoundTo    string   `json:"bound_to"`
+	Count      int      `json:"count"`
+	EK         string   `json:"ek"`
+	Node       string   `json:"node"`
+	Registered []string `json:"registered"`
+}
+
+// EKChangedPayload: the first enroll.ek_mismatch of a window for an EK
+// bound to no node, from a node with others registered.
+type EKChangedPayload struct {
+	Count      int      `json:"count"`
+	EK         string   `json:"ek"`
+	Node       string   `json:"node"`
+	Registered []string `json:"registered"`
+}
+
+// AttestRefusedPayload: the first enroll.refused of a window of an
+// attested enrollment, for a reason that names no other machine.
+type AttestRefusedPayload struct {
+	Attested bool   `json:"attested"`
+	Count    int    `json:"count"`
+	EK       string `json:"ek"`
+}
+
+// MeasuredBootRefusedPayload: the first enroll.refused of a window by the
+// measured-boot policy: what the template expected, what was booted.
+type MeasuredBootRefusedPayload struct {
+	Attested     bool     `json:"attested"`
+	Booted       []string `json:"booted"`
+	Count        int      `json:"count"`
+	EK           string   `json:"ek"`
+	Expected     string   `json:"expected"`
+	MeasuredBoot bool     `json:"measured_boot"`
+	SecureBoot   bool     `json:"secure_boot"`
+	Template     string   `json:"template"`
+}
+
 // CoalescedPayload: what an enrollment refusal window held back.
 type CoalescedPayload struct {
 	Coalesced bool   `json:"coalesced"`
@@ -561,6 +601,10 @@ func (EnrolledPayload) payload()            {}
 func (AttestedPayload) payload()            {}
 func (RenewedPayload) payload()             {}
 func (RefusedPayload) payload()             {}
+func (EKMovedPayload) payload()             {}
+func (EKChangedPayload) payload()           {}
+func (AttestRefusedPayload) payload()       {}
+func (MeasuredBootRefusedPayload) payload() {}
 func (CoalescedPayload) payload()           {}
 func (CertRevokedPayload) payload()         {}
 func (IdentityIssuedPayload) payload()      {}
