@@ -297,7 +297,7 @@ func (s *Service) ApplyAgentUpdate(ctx context.Context, instanceID store.Instanc
 			}
 			_, err = events.E{Kind: events.TaskFinished, Severity: sev, InstanceID: instanceID, CorrelationID: t.ID.Correlation(),
 				Message: fmt.Sprintf("%s task %s %s", t.Kind, t.ID, t.Status),
-				Payload: map[string]any{"status": t.Status, "exit_code": t.ExitCode, "error": t.ErrorMessage}}.Write(ctx, q, now)
+				Payload: events.AgentTaskFinishedPayload{Error: t.ErrorMessage, ExitCode: t.ExitCode, Status: t.Status}}.Write(ctx, q, now)
 		}
 		return err
 	})
