@@ -279,8 +279,8 @@ func (s *Service) parkExited(ctx context.Context, q store.Queries, m *store.Inst
 		return fmt.Errorf("park member %s whose machine exited: %w", m.ID, err)
 	}
 	if _, err := (events.E{Kind: events.InstanceErrored, Severity: events.High, InstanceID: m.ID, PoolID: m.PoolID, Message: reason,
-		Payload: map[string]any{"provider": m.Provider, "machine": m.CloudInstanceID, "source": "claim", "observed": "exited",
-			"detail": detail}}).Write(ctx, q, now); err != nil {
+		Payload: events.MachineExitedPayload{Detail: detail, Machine: m.CloudInstanceID, Observed: "exited",
+			Provider: m.Provider, Source: "claim"}}).Write(ctx, q, now); err != nil {
 		return fmt.Errorf("park member %s whose machine exited: %w", m.ID, err)
 	}
 	// A nudge of a transaction that then rolls back costs one replenish
@@ -460,7 +460,7 @@ func (s *Service) parkErrored(ctx context.Context, id store.InstanceID, during s
 		}
 		_, err = events.E{Kind: events.PoolTerminateFailed, Severity: events.High, InstanceID: id, PoolID: in.PoolID,
 			Message: fmt.Sprintf("%s: terminate of member %s failed; parked errored, its machine may still run: %v", during, id, terr),
-			Payload: map[string]any{"failed_instance_ids": []store.InstanceID{id}, "during": during, "error": terr.Error()}}.Write(ctx, q, now)
+			Payload: events.TerminateFailuresPayload{During: during, Error: terr.Error(), FailedInstanceIDs: []store.InstanceID{id}}}.Write(ctx, q, now)
 		return err
 	})
 	return parked, err
@@ -489,6 +489,6 @@ func (s *Service) ReadyHook(ctx context.Context, q store.Queries, in *store.Inst
 	}
 	_, err := events.E{Kind: events.PoolMemberReady, InstanceID: in.ID, PoolID: in.PoolID,
 		Message: fmt.Sprintf("member %s is %s after warming %s", in.ID, state, warm.Truncate(time.Second)),
-		Payload: map[string]any{"pool_state": state, "warm_seconds": int64(warm / time.Second)}}.Write(ctx, q, now)
+		Payload: events.MemberReadyPayload{PoolState: state, WarmSeconds: int64(warm / time.Second)}}.Write(ctx, q, now)
 	return err
 }
