@@ -146,8 +146,8 @@ type E struct {
 	PoolID        store.PoolID
 	CorrelationID store.CorrelationID
 	Message       string
-	// Payload is a Payload, or (until every writer has one) a map.
-	Payload any
+	// Payload is the kind's payload (payload.go); nil stores {}.
+	Payload Payload
 }
 
 // Write appends e through q (so it commits or rolls back with the caller's
@@ -168,7 +168,7 @@ func (e E) event(now time.Time) (*store.Event, error) {
 		return nil, fmt.Errorf("write event: %w", err)
 	}
 	payload := []byte("{}")
-	if m, isMap := e.Payload.(map[string]any); e.Payload != nil && (!isMap || len(m) > 0) {
+	if e.Payload != nil {
 		b, err := json.Marshal(e.Payload)
 		if err != nil {
 			return nil, fmt.Errorf("event %s payload: %w", e.Kind, err)

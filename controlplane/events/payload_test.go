@@ -4,6 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"reflect"
 	"slices"
 	"strings"
@@ -266,6 +269,34 @@ func TestPayloadFieldsAreSorted(t *testing.T) {
 		if !slices.IsSorted(names) {
 			t.Errorf("%s fields %v are not in sorted order", typ.Name(), names)
 		}
+	}
+}
+
+// TestEveryPayloadHasACase: a payload type added to payload.go without a
+// case here would escape the tests above.
+func TestEveryPayloadHasACase(t *testing.T) {
+	f, err := parser.ParseFile(token.NewFileSet(), "payload.go", nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	covered := map[string]bool{"RestoredPayload": true} // TestRestoredPayloadKeepsItsText
+	for _, tc := range payloadCases {
+		covered[reflect.TypeOf(tc.typed).Name()] = true
+	}
+	n := 0
+	ast.Inspect(f, func(node ast.Node) bool {
+		if ts, ok := node.(*ast.TypeSpec); ok {
+			if _, isStruct := ts.Type.(*ast.StructType); isStruct {
+				n++
+				if !covered[ts.Name.Name] {
+					t.Errorf("payload %s has no case in payloadCases", ts.Name.Name)
+				}
+			}
+		}
+		return true
+	})
+	if n < 50 {
+		t.Fatalf("found %d payload structs in payload.go; the parse missed them", n)
 	}
 }
 
