@@ -68,7 +68,7 @@ func (a *Authenticator) authenticate(ctx context.Context) (Caller, error) {
 	if err != nil {
 		return Caller{}, fail.Unauthenticated("client certificate refused: %v", err)
 	}
-	serial := ca.SerialString(cert)
+	serial := store.CertSerial(ca.SerialString(cert))
 	if err := a.Revoked.Check(serial); err != nil {
 		return Caller{}, err
 	}

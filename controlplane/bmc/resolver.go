@@ -107,7 +107,7 @@ func (r *Resolver) Warn(ctx context.Context, node, msg string) {
 	now := r.Clock.Now()
 	err := r.Store.Tx(context.WithoutCancel(ctx), func(q store.Queries) error {
 		_, err := events.E{Kind: events.BMCTLSUnverified, Severity: events.Medium, Message: msg,
-			Payload: map[string]any{"node": node}}.Write(ctx, q, now)
+			Payload: events.BMCTLSUnverifiedPayload{Node: node}}.Write(ctx, q, now)
 		return err
 	})
 	if err != nil && r.Log != nil {

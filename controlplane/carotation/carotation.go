@@ -108,7 +108,7 @@ func (s *Service) adopt(ctx context.Context) error {
 		}
 		_, err = events.E{Kind: events.CAAdopted, Severity: events.Low,
 			Message: fmt.Sprintf("the data dir's CA %s is the active CA of the rotation set (%d certificates recorded before are its)", fp, n),
-			Payload: map[string]any{"fingerprint": fp, "certificates": n}}.Write(ctx, q, now)
+			Payload: events.CAAdoptedPayload{Certificates: n, Fingerprint: fp}}.Write(ctx, q, now)
 		return err
 	})
 }

@@ -293,7 +293,7 @@ func newCSR(t *testing.T) *x509.CertificateRequest {
 
 func record(t *testing.T, st store.Store, c *x509.Certificate, issuer string, now time.Time) {
 	t.Helper()
-	if err := st.CreateCertificate(context.Background(), &store.Certificate{Serial: ca.SerialString(c), InstanceID: "",
+	if err := st.CreateCertificate(context.Background(), &store.Certificate{Serial: store.CertSerial(ca.SerialString(c)), InstanceID: "",
 		Kind: store.CertKindNode, Issuer: issuer, NotBefore: c.NotBefore, NotAfter: c.NotAfter, CreatedAt: now}); err != nil {
 		t.Fatal(err)
 	}

@@ -130,7 +130,7 @@ func (s *Service) Prepare(ctx context.Context, keyType, by string) (*CA, error) 
 		}
 		return s.record(ctx, q, now, events.E{Kind: events.CAPrepared, Severity: events.High,
 			Message: fmt.Sprintf("CA %s prepared (cross-signed by the active CA %s); every replica trusts it, none signs with it until `tetherctl ca activate`", fp, active.Fingerprint),
-			Payload: map[string]any{"fingerprint": fp, "active": active.Fingerprint, "by": by}}, fp)
+			Payload: events.CAPreparedPayload{Active: active.Fingerprint, By: by, Fingerprint: fp}}, fp)
 	})
 	if err != nil {
 		return nil, err
@@ -192,7 +192,7 @@ func (s *Service) Activate(ctx context.Context, fp, by string) (*CA, error) {
 		}
 		return s.record(ctx, q, now, events.E{Kind: events.CAActivated, Severity: events.High,
 			Message: fmt.Sprintf("CA %s activated: it signs every certificate from now on, and boots are handed its fingerprint; %s is old, trusted until `tetherctl ca retire`", prepared.Fingerprint, old),
-			Payload: map[string]any{"fingerprint": prepared.Fingerprint, "old": old, "by": by}}, prepared.Fingerprint)
+			Payload: events.CAActivatedPayload{By: by, Fingerprint: prepared.Fingerprint, Old: old}}, prepared.Fingerprint)
 	})
 	if err != nil {
 		return nil, err
@@ -252,7 +252,7 @@ func (s *Service) Retire(ctx context.Context, fp, by string) (*CA, error) {
 		a.State, a.UpdatedAt, out = store.AuthorityRetired, now, a
 		return s.record(ctx, q, now, events.E{Kind: events.CARetired, Severity: events.High,
 			Message: fmt.Sprintf("CA %s retired (it was %s): no replica trusts a certificate it signed any more", fp, from),
-			Payload: map[string]any{"fingerprint": fp, "was": from, "by": by}}, fp)
+			Payload: events.CARetiredPayload{By: by, Fingerprint: fp, Was: from}}, fp)
 	})
 	if err != nil {
 		return nil, err

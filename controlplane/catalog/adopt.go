@@ -159,7 +159,7 @@ func (s *Service) AdoptNode(ctx context.Context, a Adoption) (*Adopted, error) {
 		}
 		if _, err := (events.E{Kind: events.NodeAdopted, Severity: events.Medium, CorrelationID: events.AnnounceCorrelation(a.MAC),
 			Message: fmt.Sprintf("machine %s adopted as node %q (%s) with endorsement key %s, %s", a.MAC, n.Name, how, ek, seenText),
-			Payload: map[string]any{"node": n.Name, "mac": a.MAC, "ek": ek, "created": created, "announced": announced}}).Write(ctx, q, now); err != nil {
+			Payload: events.NodeAdoptedPayload{Announced: announced, Created: created, EK: ek, MAC: a.MAC, Node: n.Name}}).Write(ctx, q, now); err != nil {
 			return err
 		}
 		out = &Adopted{Node: n, Template: tplName, Created: created, Announced: announced}
@@ -189,10 +189,7 @@ func announcedEKs(ctx context.Context, q store.EventQueries, mac string) ([]stri
 	}
 	var out []string
 	for _, e := range evs {
-		var p struct {
-			MAC string `json:"mac"`
-			EK  string `json:"ek"`
-		}
+		var p events.AnnouncedPayload
 		if json.Unmarshal(e.Payload, &p) != nil || p.MAC != mac || p.EK == "" || slices.Contains(out, p.EK) {
 			continue
 		}

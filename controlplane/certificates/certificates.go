@@ -6,7 +6,7 @@ package certificates
 import (
 	"context"
 	"errors"
-	"sort"
+	"slices"
 	"time"
 
 	"github.com/tetherfleet/tether/controlplane/events"
@@ -31,7 +31,7 @@ const DefaultReason = "revoked by operator"
 // Revoke marks serial revoked with reason (DefaultReason if empty), writes
 // cert.revoked naming who asked, and notifies every replica's revocation
 // set once the transaction commits.
-func (s *Service) Revoke(ctx context.Context, serial, reason, by string) (*store.Certificate, error) {
+func (s *Service) Revoke(ctx context.Context, serial store.CertSerial, reason, by string) (*store.Certificate, error) {
 	if reason == "" {
 		reason = DefaultReason
 	}
@@ -43,11 +43,11 @@ func (s *Service) Revoke(ctx context.Context, serial, reason, by string) (*store
 			return err
 		}
 		if _, err := (events.E{Kind: events.CertRevoked, Severity: events.Medium, InstanceID: c.InstanceID,
-			Message: "certificate " + c.Serial + " revoked: " + c.RevokeReason,
-			Payload: map[string]any{"serial": c.Serial, "by": by}}).Write(ctx, q, now); err != nil {
+			Message: "certificate " + c.Serial.String() + " revoked: " + c.RevokeReason,
+			Payload: events.CertRevokedPayload{By: by, Serial: c.Serial}}).Write(ctx, q, now); err != nil {
 			return err
 		}
-		return q.Notify(ctx, store.ChannelRevocations, c.Serial)
+		return q.Notify(ctx, store.ChannelRevocations, c.Serial.String())
 	})
 	if err != nil {
 		return nil, err
@@ -60,9 +60,9 @@ func (s *Service) Revoke(ctx context.Context, serial, reason, by string) (*store
 // identity's subject), inside the caller's transaction, and returns the
 // serials it revoked now, sorted. The caller writes the event and the
 // notifications.
-func RevokeIdentity(ctx context.Context, q store.Queries, id *store.AdminIdentity, reason string, now time.Time) ([]string, error) {
+func RevokeIdentity(ctx context.Context, q store.Queries, id *store.AdminIdentity, reason string, now time.Time) ([]store.CertSerial, error) {
 	subject := pki.Identity{Kind: pki.KindAdmin, Name: id.Name, Role: id.Role.String()}.String()
-	live := map[string]bool{id.Serial: true}
+	live := map[store.CertSerial]bool{id.Serial: true}
 	for page := (store.Page{Limit: store.MaxPageSize}); ; {
 		certs, err := q.ListCertificates(ctx, store.CertificateFilter{Subject: subject}, page)
 		if err != nil {
@@ -74,9 +74,9 @@ func RevokeIdentity(ctx context.Context, q store.Queries, id *store.AdminIdentit
 		if len(certs) < page.Limit {
 			break
 		}
-		page.After = certs[len(certs)-1].Serial
+		page.After = certs[len(certs)-1].Serial.String()
 	}
-	var out []string
+	var out []store.CertSerial
 	for serial, ok := range live {
 		if !ok {
 			continue
@@ -88,6 +88,6 @@ func RevokeIdentity(ctx context.Context, q store.Queries, id *store.AdminIdentit
 		}
 		out = append(out, serial)
 	}
-	sort.Strings(out)
+	slices.Sort(out)
 	return out, nil
 }

@@ -54,7 +54,7 @@ func (s *Service) IssueIdentity(ctx context.Context, in IdentityIssue) (*Issued,
 		return nil, fail.Internal("sign identity %s: %v", in.Name, err)
 	}
 	now := s.Clock.Now()
-	serial := ca.SerialString(cert)
+	serial := store.CertSerial(ca.SerialString(cert))
 	issuer := s.CA.IssuerOf(cert)
 	id := &store.AdminIdentity{Name: in.Name, Role: in.Role, Serial: serial, NotAfter: cert.NotAfter, CreatedAt: now}
 	err = s.Store.Tx(ctx, func(q store.Queries) error {
@@ -78,8 +78,8 @@ func (s *Service) IssueIdentity(ctx context.Context, in IdentityIssue) (*Issued,
 		if err := q.PutAdminIdentity(ctx, id); err != nil {
 			return err
 		}
-		_, err = events.E{Kind: events.CertIssued, Message: "admin identity " + in.Name + " (" + in.Role.String() + ") certificate " + serial + " issued",
-			Payload: map[string]any{"identity": in.Name, "role": in.Role, "serial": serial, "by": in.By}}.Write(ctx, q, now)
+		_, err = events.E{Kind: events.CertIssued, Message: "admin identity " + in.Name + " (" + in.Role.String() + ") certificate " + serial.String() + " issued",
+			Payload: events.IdentityIssuedPayload{By: in.By, Identity: in.Name, Role: in.Role, Serial: serial}}.Write(ctx, q, now)
 		return err
 	})
 	if err != nil {
@@ -94,10 +94,10 @@ func (s *Service) IssueIdentity(ctx context.Context, in IdentityIssue) (*Issued,
 // one transaction. It returns the identity and the serials revoked now,
 // which the caller adds to its own revocation set at once. Revoking a
 // revoked identity again revokes any of its certificates still left.
-func (s *Service) RevokeAdminIdentity(ctx context.Context, name, by string) (*store.AdminIdentity, []string, error) {
+func (s *Service) RevokeAdminIdentity(ctx context.Context, name, by string) (*store.AdminIdentity, []store.CertSerial, error) {
 	now := s.Clock.Now()
 	var id *store.AdminIdentity
-	var serials []string
+	var serials []store.CertSerial
 	err := s.Store.Tx(ctx, func(q store.Queries) error {
 		var err error
 		if id, err = q.GetAdminIdentity(ctx, name); err != nil {
@@ -117,12 +117,12 @@ func (s *Service) RevokeAdminIdentity(ctx context.Context, name, by string) (*st
 			return nil
 		}
 		if _, err := (events.E{Kind: events.CertRevoked, Severity: events.Medium,
-			Message: "admin identity " + id.Name + " revoked (certificates " + strings.Join(serials, ", ") + ")",
-			Payload: map[string]any{"identity": id.Name, "serial": id.Serial, "serials": serials, "by": by}}).Write(ctx, q, now); err != nil {
+			Message: "admin identity " + id.Name + " revoked (certificates " + joinSerials(serials) + ")",
+			Payload: events.IdentityRevokedPayload{By: by, Identity: id.Name, Serial: id.Serial, Serials: serials}}).Write(ctx, q, now); err != nil {
 			return err
 		}
 		for _, serial := range serials {
-			if err := q.Notify(ctx, store.ChannelRevocations, serial); err != nil {
+			if err := q.Notify(ctx, store.ChannelRevocations, serial.String()); err != nil {
 				return err
 			}
 		}
@@ -132,4 +132,13 @@ func (s *Service) RevokeAdminIdentity(ctx context.Context, name, by string) (*st
 		return nil, nil, err
 	}
 	return id, serials, nil
+}
+
+// joinSerials lists serials for an event's message.
+func joinSerials(serials []store.CertSerial) string {
+	s := make([]string, len(serials))
+	for i, x := range serials {
+		s[i] = x.String()
+	}
+	return strings.Join(s, ", ")
 }

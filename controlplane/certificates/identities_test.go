@@ -65,7 +65,7 @@ func TestIssueAndRevokeIdentity(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.Identity.Serial != ca.SerialString(got.Cert) || got.Issuer == nil {
+	if got.Identity.Serial.String() != ca.SerialString(got.Cert) || got.Issuer == nil {
 		t.Fatalf("IssueIdentity = %+v; want the certificate's serial recorded and its issuer", got.Identity)
 	}
 	if c, err := st.GetCertificate(ctx, got.Identity.Serial); err != nil || c.Kind != "admin" {

@@ -108,9 +108,10 @@ func recordRestore(ctx context.Context, st store.Store, dataDir string, now time
 		msg += fmt.Sprintf("; %d module blobs deleted while the backup ran are missing", n)
 	}
 	if err := st.Tx(ctx, func(q store.Queries) error {
-		return q.AppendEvent(ctx, &store.Event{Kind: events.ControlPlaneRestored, Severity: events.High, Message: msg, CreatedAt: now,
-			Payload: []byte(fmt.Sprintf(`{"backup_created_at":%q,"restored_at":%q,"keys_only":%t,"missing_blobs":%d}`,
-				mk.BackupCreated.Format(time.RFC3339Nano), mk.Restored.Format(time.RFC3339Nano), mk.KeysOnly, len(mk.MissingBlobs)))})
+		_, err := events.E{Kind: events.ControlPlaneRestored, Severity: events.High, Message: msg,
+			Payload: events.RestoredPayload{BackupCreatedAt: mk.BackupCreated.Format(time.RFC3339Nano), RestoredAt: mk.Restored.Format(time.RFC3339Nano),
+				KeysOnly: mk.KeysOnly, MissingBlobs: len(mk.MissingBlobs)}}.Write(ctx, q, now)
+		return err
 	}); err != nil {
 		return fmt.Errorf("serve: record the restore: %w", err)
 	}

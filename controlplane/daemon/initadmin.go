@@ -141,8 +141,8 @@ func adoptInitAdmin(ctx context.Context, st store.Store, authority *ca.CA, dataD
 	if id.Kind != pki.KindAdmin {
 		return fmt.Errorf("adopt the init admin certificate %s: it is a %s certificate, not an admin's", path, id.Kind)
 	}
-	serial := ca.SerialString(cert)
-	var revoked []string
+	serial := store.CertSerial(ca.SerialString(cert))
+	var revoked []store.CertSerial
 	adopted := false
 	err = st.Tx(ctx, func(q store.Queries) error {
 		revoked, adopted = nil, false
@@ -179,19 +179,19 @@ func adoptInitAdmin(ctx context.Context, st store.Store, authority *ca.CA, dataD
 			return err
 		}
 		adopted = true
-		if _, err := (events.E{Kind: events.CertIssued, Message: "admin identity " + id.Name + " (" + id.Role + ") certificate " + serial + " recorded from tetherd init",
-			Payload: map[string]any{"identity": id.Name, "role": id.Role, "serial": serial, "by": "tetherd init"}}).Write(ctx, q, now); err != nil {
+		if _, err := (events.E{Kind: events.CertIssued, Message: "admin identity " + id.Name + " (" + id.Role + ") certificate " + serial.String() + " recorded from tetherd init",
+			Payload: events.IdentityIssuedPayload{By: "tetherd init", Identity: id.Name, Role: store.Role(id.Role), Serial: serial}}).Write(ctx, q, now); err != nil {
 			return err
 		}
 		if len(revoked) > 0 {
 			if _, err := (events.E{Kind: events.CertRevoked, Severity: events.Medium,
 				Message: "admin identity " + id.Name + " rotated: its earlier certificates are revoked",
-				Payload: map[string]any{"identity": id.Name, "serials": revoked, "by": "tetherd init --rotate-admin"}}).Write(ctx, q, now); err != nil {
+				Payload: events.IdentityRotatedPayload{By: "tetherd init --rotate-admin", Identity: id.Name, Serials: revoked}}).Write(ctx, q, now); err != nil {
 				return err
 			}
 		}
 		for _, s := range revoked {
-			if err := q.Notify(ctx, store.ChannelRevocations, s); err != nil {
+			if err := q.Notify(ctx, store.ChannelRevocations, s.String()); err != nil {
 				return err
 			}
 		}

@@ -292,7 +292,7 @@ func (g *guardedStore) ExpireTaskLeases(a0 context.Context, a1 time.Time) ([]*st
 	return g.Store.ExpireTaskLeases(a0, a1)
 }
 
-func (g *guardedStore) GetCertificate(a0 context.Context, a1 string) (*store.Certificate, error) {
+func (g *guardedStore) GetCertificate(a0 context.Context, a1 store.CertSerial) (*store.Certificate, error) {
 	g.use("GetCertificate")
 	return g.Store.GetCertificate(a0, a1)
 }
@@ -392,7 +392,7 @@ func (g *guardedStore) ListPools(a0 context.Context, a1 store.Page) ([]*store.Po
 	return g.Store.ListPools(a0, a1)
 }
 
-func (g *guardedStore) ListRevokedSerials(a0 context.Context, a1 time.Time) ([]string, error) {
+func (g *guardedStore) ListRevokedSerials(a0 context.Context, a1 time.Time) ([]store.CertSerial, error) {
 	g.use("ListRevokedSerials")
 	return g.Store.ListRevokedSerials(a0, a1)
 }
@@ -442,12 +442,12 @@ func (g *guardedStore) RecordHeartbeats(a0 context.Context, a1 []store.Heartbeat
 	return g.Store.RecordHeartbeats(a0, a1)
 }
 
-func (g *guardedStore) RevokeCertificate(a0 context.Context, a1 string, a2 string, a3 time.Time) (*store.Certificate, error) {
+func (g *guardedStore) RevokeCertificate(a0 context.Context, a1 store.CertSerial, a2 string, a3 time.Time) (*store.Certificate, error) {
 	g.use("RevokeCertificate")
 	return g.Store.RevokeCertificate(a0, a1, a2, a3)
 }
 
-func (g *guardedStore) RevokeInstanceCertificates(a0 context.Context, a1 store.InstanceID, a2 string, a3 time.Time) ([]string, error) {
+func (g *guardedStore) RevokeInstanceCertificates(a0 context.Context, a1 store.InstanceID, a2 string, a3 time.Time) ([]store.CertSerial, error) {
 	g.use("RevokeInstanceCertificates")
 	return g.Store.RevokeInstanceCertificates(a0, a1, a2, a3)
 }

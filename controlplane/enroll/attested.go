@@ -171,8 +171,8 @@ func (s *Service) FinishAttested(ctx context.Context, a *Attestation, secret []b
 		}
 		_, err = events.E{Kind: events.EnrollSucceeded, InstanceID: a.InstanceID,
 			Message: "enrolled by TPM attestation (EK " + a.EKHash + "); certificate " + ca.SerialString(cert),
-			Payload: map[string]any{"serial": ca.SerialString(cert), "not_after": cert.NotAfter.UTC().Format(time.RFC3339),
-				"attested": true, "ek": a.EKHash, "event_log": res.EventLog, "events": res.Events}}.Write(ctx, q, now)
+			Payload: events.AttestedPayload{Attested: true, EK: a.EKHash, EventLog: res.EventLog, Events: res.Events,
+				NotAfter: cert.NotAfter.UTC().Format(time.RFC3339), Serial: store.CertSerial(ca.SerialString(cert))}}.Write(ctx, q, now)
 		return err
 	})
 	switch {
@@ -202,7 +202,7 @@ func (s *Service) ekMismatch(ctx context.Context, inst *store.Instance, node *st
 		msg := fmt.Sprintf("instance %s of node %s presented EK %s, which is bound to node %s", inst.ID, node.Name, ekHash, other.Name)
 		s.note(ctx, "ekmoved/"+inst.ID.String()+"/"+ekHash, now, refusal{kind: events.EnrollEKMismatch, severity: events.High, instanceID: inst.ID,
 			message: "attested enrollment refused: " + msg},
-			map[string]any{"ek": ekHash, "node": node.Name, "bound_to": other.Name, "registered": node.EKHashes})
+			events.EKMovedPayload{BoundTo: other.Name, Count: 1, EK: ekHash, Node: node.Name, Registered: node.EKHashes})
 		return fail.Denied("attested enrollment refused: %s; an operator must move the binding (tetherctl node update)", msg)
 	case err != nil && !errors.Is(err, store.ErrNotFound):
 		return fmt.Errorf("look up EK %s: %w", ekHash, err)
@@ -210,7 +210,7 @@ func (s *Service) ekMismatch(ctx context.Context, inst *store.Instance, node *st
 		msg := fmt.Sprintf("node %s presented EK %s, but its registered EK is %s", node.Name, ekHash, strings.Join(node.EKHashes, ", "))
 		s.note(ctx, "ekchanged/"+inst.ID.String()+"/"+ekHash, now, refusal{kind: events.EnrollEKMismatch, severity: events.High, instanceID: inst.ID,
 			message: "attested enrollment refused: " + msg},
-			map[string]any{"ek": ekHash, "node": node.Name, "registered": node.EKHashes})
+			events.EKChangedPayload{Count: 1, EK: ekHash, Node: node.Name, Registered: node.EKHashes})
 		return fail.Denied("attested enrollment refused: %s; if the TPM was replaced, bind the new one: tetherctl node update %s --ek %s", msg, node.Name, ekHash)
 	default:
 		s.refusedAttest(ctx, inst.ID, ekHash, now, "node "+node.Name+" has no EK bound")
@@ -223,7 +223,7 @@ func (s *Service) ekMismatch(ctx context.Context, inst *store.Instance, node *st
 // reason that names no other machine.
 func (s *Service) refusedAttest(ctx context.Context, instanceID store.InstanceID, ekHash string, now time.Time, why string) {
 	s.note(ctx, "attest/"+instanceID.String()+"/"+ekHash+"/"+why, now, refusal{kind: events.EnrollRefused, severity: events.Medium, instanceID: instanceID,
-		message: "attested enrollment refused: " + why}, map[string]any{"ek": ekHash, "attested": true})
+		message: "attested enrollment refused: " + why}, events.AttestRefusedPayload{Attested: true, Count: 1, EK: ekHash})
 }
 
 // reason is the short cause of a verification error, for the event key:

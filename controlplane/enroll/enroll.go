@@ -213,7 +213,7 @@ func (s *Service) issueTx(ctx context.Context, q store.Queries, instanceID store
 		return err
 	}
 	_, err = events.E{Kind: kind, InstanceID: instanceID, Message: msg,
-		Payload: map[string]any{"serial": ca.SerialString(cert), "not_after": cert.NotAfter.UTC().Format(time.RFC3339)}}.Write(ctx, q, now)
+		Payload: events.EnrolledPayload{NotAfter: cert.NotAfter.UTC().Format(time.RFC3339), Serial: store.CertSerial(ca.SerialString(cert))}}.Write(ctx, q, now)
 	return err
 }
 
@@ -270,7 +270,7 @@ func (s *Service) Renew(ctx context.Context, instanceID store.InstanceID, curren
 			return err
 		}
 		_, err := events.E{Kind: events.CertRenewed, InstanceID: instanceID, Message: "certificate renewed: " + ca.SerialString(cert),
-			Payload: map[string]any{"serial": ca.SerialString(cert)}}.Write(ctx, q, now)
+			Payload: events.RenewedPayload{Serial: store.CertSerial(ca.SerialString(cert))}}.Write(ctx, q, now)
 		return err
 	})
 	if err != nil {
@@ -280,7 +280,7 @@ func (s *Service) Renew(ctx context.Context, instanceID store.InstanceID, curren
 }
 
 func (s *Service) record(cert *x509.Certificate, instanceID store.InstanceID, now time.Time) *store.Certificate {
-	return &store.Certificate{Serial: ca.SerialString(cert), InstanceID: instanceID, Kind: store.CertKindNode, Issuer: pki.Fingerprint(s.CA.IssuerOf(cert).Raw),
+	return &store.Certificate{Serial: store.CertSerial(ca.SerialString(cert)), InstanceID: instanceID, Kind: store.CertKindNode, Issuer: pki.Fingerprint(s.CA.IssuerOf(cert).Raw),
 		Subject: pki.InstanceURI(instanceID.String()).String(), NotBefore: cert.NotBefore, NotAfter: cert.NotAfter, CreatedAt: now}
 }
 
@@ -297,23 +297,24 @@ type refusal struct {
 // already spent, which an operator must look at. Replays of one token are
 // coalesced: one event per window, and a summary with the count.
 func (s *Service) reused(ctx context.Context, tok *store.Token, now time.Time) {
-	payload := map[string]any{}
+	var usedAt string
 	if tok.UsedAt != nil {
-		payload["used_at"] = tok.UsedAt.UTC().Format(time.RFC3339)
+		usedAt = tok.UsedAt.UTC().Format(time.RFC3339)
 	}
 	s.note(ctx, "reused/"+tok.Hash, now, refusal{kind: events.EnrollTokenReused, severity: events.High, instanceID: tok.InstanceID,
 		message: fmt.Sprintf("a bootstrap token of instance %s was presented again after it was used", tok.InstanceID)},
-		payload)
+		events.RefusedPayload{Count: 1, UsedAt: usedAt})
 }
 
 func (s *Service) refused(ctx context.Context, instanceID store.InstanceID, now time.Time, why string) {
 	s.note(ctx, "refused/"+instanceID.String()+"/"+why, now, refusal{kind: events.EnrollRefused, severity: events.Medium, instanceID: instanceID,
-		message: "enrollment refused: " + why}, nil)
+		message: "enrollment refused: " + why}, events.RefusedPayload{Count: 1})
 }
 
 // note writes the event of a refusal unless one for the same key was
-// written this window, in which case it is only counted.
-func (s *Service) note(ctx context.Context, key string, now time.Time, r refusal, payload map[string]any) {
+// written this window, in which case it is only counted. p is the
+// event's payload, its count 1.
+func (s *Service) note(ctx context.Context, key string, now time.Time, r refusal, p events.Payload) {
 	write, held := s.refusals().Note(key, now, r)
 	if !write {
 		return
@@ -321,13 +322,9 @@ func (s *Service) note(ctx context.Context, key string, now time.Time, r refusal
 	if held.Count > 0 {
 		s.summary(ctx, held, now)
 	}
-	if payload == nil {
-		payload = map[string]any{}
-	}
-	payload["count"] = 1
 	s.Log.Warn(r.message, "instance", r.instanceID, "kind", r.kind)
 	if _, err := (events.E{Kind: r.kind, Severity: r.severity, InstanceID: r.instanceID, Message: r.message,
-		Payload: payload}).Write(ctx, s.Store, now); err != nil {
+		Payload: p}).Write(ctx, s.Store, now); err != nil {
 		s.Log.Error("write enrollment refusal event", "kind", r.kind, "instance", r.instanceID, "err", err)
 	}
 }
@@ -339,8 +336,8 @@ func (s *Service) summary(ctx context.Context, sum throttle.Summary, now time.Ti
 		sum.First.UTC().Format(time.RFC3339), sum.Last.UTC().Format(time.RFC3339))
 	s.Log.Warn(msg, "instance", r.instanceID, "kind", r.kind, "count", sum.Count)
 	if _, err := (events.E{Kind: r.kind, Severity: r.severity, InstanceID: r.instanceID, Message: msg,
-		Payload: map[string]any{"count": sum.Count, "coalesced": true,
-			"first": sum.First.UTC().Format(time.RFC3339Nano), "last": sum.Last.UTC().Format(time.RFC3339Nano)}}).Write(ctx, s.Store, now); err != nil {
+		Payload: events.CoalescedPayload{Coalesced: true, Count: sum.Count,
+			First: sum.First.UTC().Format(time.RFC3339Nano), Last: sum.Last.UTC().Format(time.RFC3339Nano)}}).Write(ctx, s.Store, now); err != nil {
 		s.Log.Error("write coalesced enrollment refusal event", "kind", r.kind, "instance", r.instanceID, "count", sum.Count, "err", err)
 	}
 }

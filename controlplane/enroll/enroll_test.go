@@ -116,7 +116,7 @@ func TestEnrollIssuesOnceAndRecords(t *testing.T) {
 	if err != nil || id.Kind != pki.KindInstance || id.Name != f.inst.ID.String() {
 		t.Fatalf("identity %+v (%v)", id, err)
 	}
-	if _, err := f.st.GetCertificate(ctx, ca.SerialString(issued.Cert)); err != nil {
+	if _, err := f.st.GetCertificate(ctx, store.CertSerial(ca.SerialString(issued.Cert))); err != nil {
 		t.Fatalf("certificate not recorded: %v", err)
 	}
 	if n := countEvents(t, f.st, events.EnrollSucceeded); n != 1 {
@@ -250,7 +250,7 @@ func TestEnrollRetriedForTheSameKey(t *testing.T) {
 				ca.SerialString(second.Cert) == ca.SerialString(first.Cert) {
 				t.Fatalf("retry issued %s for %s (first %s)", ca.SerialString(second.Cert), second.InstanceID, ca.SerialString(first.Cert))
 			}
-			if _, err := f.st.GetCertificate(ctx, ca.SerialString(second.Cert)); err != nil {
+			if _, err := f.st.GetCertificate(ctx, store.CertSerial(ca.SerialString(second.Cert))); err != nil {
 				t.Fatalf("the retry's certificate is not recorded: %v", err)
 			}
 			if n := countEvents(t, f.st, events.EnrollRetried); n != 1 {

@@ -38,7 +38,7 @@ func (s *Service) checkMeasured(ctx context.Context, a *Attestation, ev attestat
 	}
 	s.note(ctx, "measured/"+a.InstanceID.String()+"/"+ref.Reason, now, refusal{kind: events.EnrollRefused, severity: events.High, instanceID: a.InstanceID,
 		message: "attested enrollment refused by the measured-boot policy: " + ref.Reason},
-		map[string]any{"ek": a.EKHash, "attested": true, "measured_boot": true, "template": ref.Image.Template, "expected": ref.Image.Digest,
-			"booted": ref.Booted.Applications, "secure_boot": ref.Booted.SecureBoot})
+		events.MeasuredBootRefusedPayload{Attested: true, Booted: ref.Booted.Applications, Count: 1, EK: a.EKHash, Expected: ref.Image.Digest,
+			MeasuredBoot: true, SecureBoot: ref.Booted.SecureBoot, Template: ref.Image.Template})
 	return fail.Denied("attested enrollment refused by the measured-boot policy: %s", ref.Reason)
 }

@@ -144,9 +144,10 @@ type E struct {
 	Severity      store.Severity
 	InstanceID    store.InstanceID
 	PoolID        store.PoolID
-	CorrelationID string
+	CorrelationID store.CorrelationID
 	Message       string
-	Payload       map[string]any
+	// Payload is the kind's payload (payload.go); nil stores {}.
+	Payload Payload
 }
 
 // Write appends e through q (so it commits or rolls back with the caller's
@@ -167,7 +168,7 @@ func (e E) event(now time.Time) (*store.Event, error) {
 		return nil, fmt.Errorf("write event: %w", err)
 	}
 	payload := []byte("{}")
-	if len(e.Payload) > 0 {
+	if e.Payload != nil {
 		b, err := json.Marshal(e.Payload)
 		if err != nil {
 			return nil, fmt.Errorf("event %s payload: %w", e.Kind, err)

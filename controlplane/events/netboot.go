@@ -36,7 +36,9 @@ const NetbootAnnounced store.EventKind = "netboot.announced"
 
 // AnnounceCorrelation is the correlation id of the NetbootAnnounced events
 // of mac: an adoption reads what was announced for a MAC by it.
-func AnnounceCorrelation(mac string) string { return "mac:" + mac }
+func AnnounceCorrelation(mac string) store.CorrelationID {
+	return store.CorrelationID("mac:" + mac)
+}
 
 // NodeAdopted records an admin's adoption of a machine seen netbooting:
 // its MAC and its EK bound to a node, created or updated, in one call

@@ -20,5 +20,5 @@ const NodeEKConflict store.EventKind = "node.ek_conflict"
 func EKConflict(ek, boundNode, node, how string) E {
 	return E{Kind: NodeEKConflict, Severity: High,
 		Message: fmt.Sprintf("endorsement key %s is bound to node %q; %s for node %q was refused it", ek, boundNode, how, node),
-		Payload: map[string]any{"ek_hash": ek, "bound_node": boundNode, "node": node}}
+		Payload: EKConflictPayload{BoundNode: boundNode, EKHash: ek, Node: node}}
 }

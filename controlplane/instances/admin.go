@@ -81,7 +81,7 @@ func (s *Service) Hold(ctx context.Context, id store.InstanceID, reason, by stri
 			return err
 		}
 		_, err := events.E{Kind: events.InstanceHeld, Severity: events.Medium, InstanceID: in.ID,
-			Message: fmt.Sprintf("ops hold by %s: %s", by, reason), Payload: map[string]any{"by": by, "reason": reason}}.Write(ctx, q, now)
+			Message: fmt.Sprintf("ops hold by %s: %s", by, reason), Payload: events.HeldPayload{By: by, Reason: reason}}.Write(ctx, q, now)
 		return err
 	})
 }
@@ -98,7 +98,7 @@ func (s *Service) Unhold(ctx context.Context, id store.InstanceID, by string) (*
 			return err
 		}
 		_, err := events.E{Kind: events.InstanceUnheld, Severity: events.Medium, InstanceID: in.ID,
-			Message: fmt.Sprintf("ops hold lifted by %s (was: %s)", by, was), Payload: map[string]any{"by": by, "was": was}}.Write(ctx, q, now)
+			Message: fmt.Sprintf("ops hold lifted by %s (was: %s)", by, was), Payload: events.UnheldPayload{By: by, Was: was}}.Write(ctx, q, now)
 		return err
 	})
 }
@@ -154,7 +154,7 @@ func (s *Service) cordon(ctx context.Context, q store.Queries, in *store.Instanc
 	}
 	_, err := events.E{Kind: events.InstanceCordoned, InstanceID: in.ID, PoolID: in.PoolID,
 		Message: fmt.Sprintf("cordoned by %s (%s): %s", by, result, reason),
-		Payload: map[string]any{"by": by, "reason": reason, "cordon_state": result, "pool_state_before": in.Cordon.PoolStateBefore}}.Write(ctx, q, now)
+		Payload: events.CordonedPayload{By: by, CordonState: result, PoolStateBefore: in.Cordon.PoolStateBefore, Reason: reason}}.Write(ctx, q, now)
 	return result, err
 }
 
@@ -184,7 +184,7 @@ func (s *Service) Uncordon(ctx context.Context, id store.InstanceID, by string) 
 		}
 		_, err := events.E{Kind: events.InstanceUncordoned, InstanceID: in.ID, PoolID: in.PoolID,
 			Message: fmt.Sprintf("uncordoned by %s (%s); the cordon was: %s", by, result, c.Reason),
-			Payload: map[string]any{"by": by, "uncordon_state": result, "was": c.Reason}}.Write(ctx, q, now)
+			Payload: events.UncordonedPayload{By: by, UncordonState: result, Was: c.Reason}}.Write(ctx, q, now)
 		return err
 	})
 	if err != nil {

@@ -104,7 +104,7 @@ func (s *Service) AgentError(ctx context.Context, instanceID store.InstanceID, p
 			kind = events.ModuleSignatureRefused
 		}
 		_, err = events.E{Kind: kind, Severity: events.High, InstanceID: instanceID,
-			Message: fmt.Sprintf("agent reports (phase %s): %s", phase, msg), Payload: map[string]any{"phase": phase, "error": msg}}.Write(ctx, q, now)
+			Message: fmt.Sprintf("agent reports (phase %s): %s", phase, msg), Payload: events.AgentErrorPayload{Error: msg, Phase: phase}}.Write(ctx, q, now)
 		return err
 	})
 }
@@ -136,7 +136,7 @@ func (s *Service) AgentGaveUp(ctx context.Context, instanceID store.InstanceID, 
 			return err
 		}
 		_, err = events.E{Kind: events.InstanceErrored, Severity: events.High, InstanceID: instanceID, Message: reason,
-			Payload: map[string]any{"phase": phase, "error": msg}}.Write(ctx, q, now)
+			Payload: events.AgentErrorPayload{Error: msg, Phase: phase}}.Write(ctx, q, now)
 		return err
 	})
 }

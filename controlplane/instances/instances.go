@@ -225,13 +225,9 @@ func (s *Service) ProvisionTx(ctx context.Context, q store.Queries, p ProvisionP
 	if err := q.CreateInstance(ctx, in); err != nil {
 		return nil, err
 	}
-	payload := map[string]any{"node": node.Name, "provider": p.Provider, "operation_id": p.OperationID}
-	if p.PoolID != "" {
-		payload["pool_id"] = p.PoolID
-	}
 	if _, err := (events.E{Kind: events.InstanceProvisioned, InstanceID: in.ID, PoolID: p.PoolID,
 		Message: fmt.Sprintf("instance of node %s created on provider %s", node.Name, p.Provider),
-		Payload: payload}).Write(ctx, q, now); err != nil {
+		Payload: events.ProvisionedPayload{Node: node.Name, OperationID: p.OperationID, PoolID: p.PoolID, Provider: p.Provider}}).Write(ctx, q, now); err != nil {
 		return nil, err
 	}
 	if p.Provider != ProviderExternal {
@@ -241,7 +237,7 @@ func (s *Service) ProvisionTx(ctx context.Context, q store.Queries, p ProvisionP
 			return nil, err
 		}
 		out.TaskID = t.ID
-		if _, err := (events.E{Kind: events.TaskCreated, InstanceID: in.ID, CorrelationID: t.ID.String(),
+		if _, err := (events.E{Kind: events.TaskCreated, InstanceID: in.ID, CorrelationID: t.ID.Correlation(),
 			Message: fmt.Sprintf("provision task %s created", t.ID)}).Write(ctx, q, now); err != nil {
 			return nil, err
 		}
@@ -340,12 +336,8 @@ func (s *Service) issueTokenTTL(ctx context.Context, q store.Queries, instanceID
 	if err := q.CreateToken(ctx, &store.Token{Hash: hash, InstanceID: instanceID, ExpiresAt: now.Add(ttl), CreatedAt: now}); err != nil {
 		return "", err
 	}
-	payload := map[string]any{"expires_at": now.Add(ttl).UTC().Format(time.RFC3339)}
-	if superseded > 0 {
-		payload["superseded"] = superseded
-	}
 	_, err = events.E{Kind: events.TokenIssued, InstanceID: instanceID, Message: "bootstrap token issued",
-		Payload: payload}.Write(ctx, q, now)
+		Payload: events.TokenIssuedPayload{ExpiresAt: now.Add(ttl).UTC().Format(time.RFC3339), Superseded: superseded}}.Write(ctx, q, now)
 	return token, err
 }
 
@@ -363,7 +355,7 @@ func (s *Service) transition(ctx context.Context, q store.Queries, in *store.Ins
 	}
 	_, err = events.E{Kind: events.InstanceTransition, InstanceID: in.ID,
 		Message: fmt.Sprintf("%s: %s -> %s (%s)", ev, from, to, reason),
-		Payload: map[string]any{"event": string(ev), "from": string(from), "to": string(to), "reason": reason}}.Write(ctx, q, now)
+		Payload: events.TransitionPayload{Event: string(ev), From: string(from), Reason: reason, To: string(to)}}.Write(ctx, q, now)
 	return err
 }
 

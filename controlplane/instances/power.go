@@ -299,9 +299,9 @@ func (s *Service) settle(ctx context.Context, t *store.Task, p providers.Provide
 				return err
 			}
 			if res == answerLost {
-				if _, err := (events.E{Kind: events.InstanceProviderAnswerLost, Severity: events.Medium, InstanceID: in.ID, CorrelationID: t.ID.String(),
+				if _, err := (events.E{Kind: events.InstanceProviderAnswerLost, Severity: events.Medium, InstanceID: in.ID, CorrelationID: t.ID.Correlation(),
 					Message: fmt.Sprintf("%s reported %v, but machine %s is observed %s: counted as done", o.kind, herr, machine, obs),
-					Payload: map[string]any{"op": o.kind, "error": herr.Error(), "observed": obs.String()}}).Write(ctx, q, now); err != nil {
+					Payload: events.AnswerLostPayload{Error: herr.Error(), Observed: obs.String(), Op: o.kind.String()}}).Write(ctx, q, now); err != nil {
 					return err
 				}
 			}
@@ -374,8 +374,8 @@ func (s *Service) advance(ctx context.Context, q store.Queries, in *store.Instan
 }
 
 func (s *Service) failEvent(ctx context.Context, q store.Queries, in *store.Instance, t *store.Task, opName string, herr error, obs observed, msg string, now time.Time) error {
-	_, err := events.E{Kind: events.InstanceProviderFailed, Severity: events.High, InstanceID: in.ID, CorrelationID: t.ID.String(),
-		Message: msg, Payload: map[string]any{"op": opName, "provider": in.Provider, "error": errText(herr),
-			"kind": string(errKind(herr)), "observed": obs.String()}}.Write(ctx, q, now)
+	_, err := events.E{Kind: events.InstanceProviderFailed, Severity: events.High, InstanceID: in.ID, CorrelationID: t.ID.Correlation(),
+		Message: msg, Payload: events.ProviderFailedPayload{Error: errText(herr), Kind: string(errKind(herr)), Observed: obs.String(),
+			Op: opName, Provider: in.Provider}}.Write(ctx, q, now)
 	return err
 }

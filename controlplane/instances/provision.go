@@ -245,15 +245,15 @@ func (s *Service) recordMachine(ctx context.Context, t *store.Task, p providers.
 		if err := q.UpdateInstance(ctx, in); err != nil {
 			return err
 		}
-		if _, err := (events.E{Kind: events.InstanceMachineCreated, InstanceID: in.ID, CorrelationID: t.ID.String(),
+		if _, err := (events.E{Kind: events.InstanceMachineCreated, InstanceID: in.ID, CorrelationID: t.ID.Correlation(),
 			Message: fmt.Sprintf("provider %s created machine %s", p.Name(), m.ID),
-			Payload: map[string]any{"provider": p.Name(), "machine": m.ID, "state": string(m.State)}}).Write(ctx, q, now); err != nil {
+			Payload: events.MachineCreatedPayload{Machine: m.ID, Provider: p.Name(), State: string(m.State)}}).Write(ctx, q, now); err != nil {
 			return err
 		}
 		if lost {
-			if _, err := (events.E{Kind: events.InstanceProviderAnswerLost, Severity: events.Medium, InstanceID: in.ID, CorrelationID: t.ID.String(),
+			if _, err := (events.E{Kind: events.InstanceProviderAnswerLost, Severity: events.Medium, InstanceID: in.ID, CorrelationID: t.ID.Correlation(),
 				Message: fmt.Sprintf("provision reported %v, but machine %s exists; recorded it", perr, m.ID),
-				Payload: map[string]any{"op": TaskProvision, "error": perr.Error(), "observed": string(m.State)}}).Write(ctx, q, now); err != nil {
+				Payload: events.AnswerLostPayload{Error: perr.Error(), Observed: string(m.State), Op: TaskProvision.String()}}).Write(ctx, q, now); err != nil {
 				return err
 			}
 		}
@@ -271,8 +271,8 @@ func (s *Service) recordMachine(ctx context.Context, t *store.Task, p providers.
 	if terr != nil {
 		sev, msg = events.High, fmt.Sprintf("machine %s of a terminated instance could not be destroyed: %v (provider sync will retry)", m.ID, terr)
 	}
-	return s.writeEvent(ctx, events.E{Kind: events.InstanceMachineDestroyed, Severity: sev, InstanceID: t.InstanceID, CorrelationID: t.ID.String(),
-		Message: msg, Payload: map[string]any{"machine": m.ID, "error": errText(terr)}})
+	return s.writeEvent(ctx, events.E{Kind: events.InstanceMachineDestroyed, Severity: sev, InstanceID: t.InstanceID, CorrelationID: t.ID.Correlation(),
+		Message: msg, Payload: events.MachineDestroyedPayload{Error: errText(terr), Machine: m.ID}})
 }
 
 // reapIfTerminated destroys the machine of an instance terminated while
@@ -308,9 +308,9 @@ func (s *Service) failProvision(ctx context.Context, t *store.Task, cause error)
 				return err
 			}
 		}
-		if _, err := (events.E{Kind: events.InstanceProviderFailed, Severity: events.High, InstanceID: in.ID, CorrelationID: t.ID.String(),
-			Message: msg, Payload: map[string]any{"op": TaskProvision, "provider": in.Provider, "error": worker.Message(cause),
-				"kind": string(errKind(cause))}}).Write(ctx, q, now); err != nil {
+		if _, err := (events.E{Kind: events.InstanceProviderFailed, Severity: events.High, InstanceID: in.ID, CorrelationID: t.ID.Correlation(),
+			Message: msg, Payload: events.ProvisionFailedPayload{Error: worker.Message(cause), Kind: string(errKind(cause)),
+				Op: TaskProvision.String(), Provider: in.Provider}}).Write(ctx, q, now); err != nil {
 			return err
 		}
 		_, err = worker.Finish(ctx, q, t, cause, now)
@@ -387,7 +387,7 @@ func (s *Service) sweepOne(ctx context.Context, id store.InstanceID) (bool, erro
 			return err
 		}
 		_, err = events.E{Kind: events.InstanceProviderFailed, Severity: events.High, InstanceID: id,
-			Message: reason, Payload: map[string]any{"op": TaskProvision, "provider": in.Provider}}.Write(ctx, q, now)
+			Message: reason, Payload: events.ProvisionAbandonedPayload{Op: TaskProvision.String(), Provider: in.Provider}}.Write(ctx, q, now)
 		return err
 	})
 	return errored, err
@@ -455,7 +455,7 @@ func (s *Service) bootMAC(ctx context.Context, q store.Queries, in *store.Instan
 		}
 		_, err = events.E{Kind: events.NodeMACGenerated, InstanceID: in.ID,
 			Message: fmt.Sprintf("node %s had no hardware address; generated %s for its netbooting machine", node.Name, mac),
-			Payload: map[string]any{"node": node.Name, "mac": mac}}.Write(ctx, q, now)
+			Payload: events.MACGeneratedPayload{MAC: mac, Node: node.Name}}.Write(ctx, q, now)
 		return mac, err
 	}
 	return "", fail.Precondition("node %s has no hardware address, and %d generated ones were all taken", node.Name, maxMACTries)

@@ -55,7 +55,7 @@ func (s *Service) Terminate(ctx context.Context, id store.InstanceID) (*store.In
 		}
 		_, err = events.E{Kind: events.InstanceTerminateRequested, InstanceID: in.ID,
 			Message: fmt.Sprintf("terminate requested (instance %s, machine %q)", in.Status, in.CloudInstanceID),
-			Payload: map[string]any{"status": in.Status, "machine": in.CloudInstanceID}}.Write(ctx, q, now)
+			Payload: events.TerminateRequestedPayload{Machine: in.CloudInstanceID, Status: in.Status}}.Write(ctx, q, now)
 		return err
 	})
 	if err != nil || done {
@@ -120,8 +120,8 @@ func (s *Service) terminateFailed(ctx context.Context, id store.InstanceID, mach
 			return err
 		}
 		_, err = events.E{Kind: events.InstanceTerminateFailed, Severity: events.High, InstanceID: id, Message: msg,
-			Payload: map[string]any{"provider": in.Provider, "machine": machine, "error": errText(terr),
-				"kind": string(errKind(terr)), "observed": obs.String()}}.Write(ctx, q, now)
+			Payload: events.TerminateFailedPayload{Error: errText(terr), Kind: string(errKind(terr)), Machine: machine,
+				Observed: obs.String(), Provider: in.Provider}}.Write(ctx, q, now)
 		return err
 	})
 	return errors.Join(terr, err)
@@ -156,7 +156,7 @@ func (s *Service) markTerminated(ctx context.Context, id store.InstanceID, machi
 			return err
 		}
 		for _, serial := range serials {
-			if err := q.Notify(ctx, store.ChannelRevocations, serial); err != nil {
+			if err := q.Notify(ctx, store.ChannelRevocations, serial.String()); err != nil {
 				return err
 			}
 		}
@@ -174,14 +174,14 @@ func (s *Service) markTerminated(ctx context.Context, id store.InstanceID, machi
 		if lost {
 			if _, err := (events.E{Kind: events.InstanceProviderAnswerLost, Severity: events.Medium, InstanceID: id,
 				Message: fmt.Sprintf("terminate reported %v, but machine %s is gone: counted as done", terr, machine),
-				Payload: map[string]any{"op": "terminate", "error": errText(terr), "observed": string(providers.StateGone)}}).Write(ctx, q, now); err != nil {
+				Payload: events.AnswerLostPayload{Error: errText(terr), Observed: string(providers.StateGone), Op: "terminate"}}).Write(ctx, q, now); err != nil {
 				return err
 			}
 		}
 		_, err = events.E{Kind: events.InstanceTerminated, Severity: events.Medium, InstanceID: id,
 			Message: fmt.Sprintf("instance terminated: machine %q destroyed, %d certificate(s) revoked, %d token(s) expired, %d task(s) cancelled",
 				machine, len(serials), expired, cancelled),
-			Payload: map[string]any{"machine": machine, "revoked": serials, "tokens_expired": expired, "tasks_cancelled": cancelled}}.Write(ctx, q, now)
+			Payload: events.TerminatedPayload{Machine: machine, Revoked: serials, TasksCancelled: cancelled, TokensExpired: expired}}.Write(ctx, q, now)
 		ended = err == nil
 		return err
 	})

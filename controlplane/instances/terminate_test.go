@@ -18,7 +18,7 @@ import (
 )
 
 // issueCert records a node certificate for the instance, as enrollment does.
-func (e *env) issueCert(id store.InstanceID, serial string) {
+func (e *env) issueCert(id store.InstanceID, serial store.CertSerial) {
 	e.t.Helper()
 	c := &store.Certificate{Serial: serial, InstanceID: id, Kind: store.CertKindNode, Subject: "tether://instance/" + id.String(),
 		NotBefore: t0, NotAfter: t0.Add(24 * time.Hour), CreatedAt: t0}
@@ -29,7 +29,7 @@ func (e *env) issueCert(id store.InstanceID, serial string) {
 
 // identityEnded checks that the instance's certificates are revoked and
 // its tokens can no longer be used.
-func (e *env) identityEnded(id store.InstanceID, serials ...string) {
+func (e *env) identityEnded(id store.InstanceID, serials ...store.CertSerial) {
 	e.t.Helper()
 	for _, s := range serials {
 		c, err := e.st.GetCertificate(e.ctx, s)

@@ -212,7 +212,7 @@ func (s *Sensor) markSilent(ctx context.Context, id store.InstanceID, heard, now
 		n++
 		_, err = events.E{Kind: events.InstanceSilent, Severity: events.Medium, InstanceID: id,
 			Message: fmt.Sprintf("no heartbeat since %s (%s)", heard.UTC().Format(time.RFC3339), now.Sub(heard).Round(time.Second)),
-			Payload: map[string]any{"last_heartbeat_at": heard.UTC().Format(time.RFC3339)}}.Write(ctx, q, now)
+			Payload: events.SilentPayload{LastHeartbeatAt: heard.UTC().Format(time.RFC3339)}}.Write(ctx, q, now)
 		return err
 	})
 	if err == nil {
@@ -244,7 +244,7 @@ func (s *Sensor) presumeDead(ctx context.Context, id store.InstanceID, heard, no
 		}
 		n++
 		_, err = events.E{Kind: events.InstancePresumedDead, Severity: events.High, InstanceID: id, Message: reason,
-			Payload: map[string]any{"last_heartbeat_at": heard.UTC().Format(time.RFC3339), "observed": string(observed)}}.Write(ctx, q, now)
+			Payload: events.PresumedDeadPayload{LastHeartbeatAt: heard.UTC().Format(time.RFC3339), Observed: string(observed)}}.Write(ctx, q, now)
 		return err
 	})
 	if err == nil {
@@ -324,7 +324,7 @@ func (s *Sensor) timeOut(ctx context.Context, id store.InstanceID, limit time.Du
 		}
 		n++
 		_, err = events.E{Kind: events.InstanceBootTimeout, Severity: events.High, InstanceID: id, Message: reason,
-			Payload: map[string]any{"status": in.Status, "agent_phase": in.AgentPhase, "agent_error": in.AgentError}}.Write(ctx, q, now)
+			Payload: events.BootTimeoutPayload{AgentError: in.AgentError, AgentPhase: in.AgentPhase, Status: in.Status}}.Write(ctx, q, now)
 		return err
 	})
 	if err == nil {
@@ -379,7 +379,7 @@ func (s *Sensor) switchTimeOut(ctx context.Context, id store.InstanceID, limit t
 		}
 		n++
 		_, err = events.E{Kind: events.InstanceBootTimeout, Severity: events.High, InstanceID: id, Message: reason,
-			Payload: map[string]any{"status": in.Status, "agent_phase": in.AgentPhase, "switch_timeout": limit.String()}}.Write(ctx, q, now)
+			Payload: events.SwitchTimeoutPayload{AgentPhase: in.AgentPhase, Status: in.Status, SwitchTimeout: limit.String()}}.Write(ctx, q, now)
 		return err
 	})
 	if err == nil {

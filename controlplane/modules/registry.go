@@ -161,7 +161,7 @@ func (r *Registry) Push(ctx context.Context, h PushHeader, next func() ([]byte, 
 		}
 		m.Signatures = sigs
 		_, err = events.E{Kind: events.ModulePushed, Message: fmt.Sprintf("module %s:%s pushed (%s, %d bytes)", h.Name, h.Version, digest, m.Size),
-			Payload: map[string]any{"name": h.Name, "version": h.Version, "digest": digest, "size": m.Size}}.Write(ctx, q, now)
+			Payload: events.ModulePushedPayload{Digest: digest, Name: h.Name, Size: m.Size, Version: h.Version}}.Write(ctx, q, now)
 		return err
 	})
 	if err != nil {
@@ -184,7 +184,7 @@ func (r *Registry) Delete(ctx context.Context, name, version string) error {
 			return err
 		}
 		_, err := events.E{Kind: events.ModuleDeleted, Message: fmt.Sprintf("module %s:%s deleted", name, version),
-			Payload: map[string]any{"name": name, "version": version, "digest": m.Digest}}.Write(ctx, q, now)
+			Payload: events.ModuleDeletedPayload{Digest: m.Digest, Name: name, Version: version}}.Write(ctx, q, now)
 		return err
 	})
 	if err != nil {

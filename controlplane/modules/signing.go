@@ -145,7 +145,7 @@ func (r *Registry) Sign(ctx context.Context, name, version string, sig Signature
 			return err
 		}
 		_, err := events.E{Kind: events.ModuleSigned, Message: fmt.Sprintf("module %s:%s signed by %s (%s)", name, version, recs[0].SignerName, recs[0].Signer),
-			Payload: map[string]any{"name": name, "version": version, "digest": m.Digest, "signer": recs[0].Signer}}.Write(ctx, q, now)
+			Payload: events.ModuleSignedPayload{Digest: m.Digest, Name: name, Signer: recs[0].Signer, Version: version}}.Write(ctx, q, now)
 		return err
 	})
 	if err != nil {

@@ -189,16 +189,12 @@ func (s *Server) recordAnnounce(r *http.Request, mac, ek, issuer string, cert bo
 		return
 	}
 	s.Log.Info("netboot announcement", "mac", mac, "ek", ek, "remote", r.RemoteAddr)
-	payload := map[string]any{"mac": mac, "ek": ek, "ek_certificate": cert, "remote": r.RemoteAddr}
-	if issuer != "" {
-		payload["ek_certificate_issuer"] = issuer
-	}
 	ctx := context.WithoutCancel(r.Context())
 	err := s.Store.Tx(ctx, func(q store.Queries) error {
 		_, err := events.E{Kind: events.NetbootAnnounced, Severity: events.Medium, CorrelationID: events.AnnounceCorrelation(mac),
 			Message: fmt.Sprintf("unknown machine %s (%s) announced TPM endorsement key %s; adopt it with: tetherctl node adopt %s --ek %s --template T",
 				mac, r.RemoteAddr, ek, mac, ek),
-			Payload: payload}.Write(ctx, q, now)
+			Payload: events.AnnouncedPayload{EK: ek, EKCertificate: cert, EKCertificateIssuer: issuer, MAC: mac, Remote: r.RemoteAddr}}.Write(ctx, q, now)
 		return err
 	})
 	if err != nil {

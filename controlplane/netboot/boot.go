@@ -196,7 +196,7 @@ func (s *Server) recordMachineRefusal(r *http.Request, mac string, ref bootRefus
 	err := s.Store.Tx(ctx, func(q store.Queries) error {
 		_, err := events.E{Kind: events.NetbootMachineRefused, Severity: events.Medium,
 			Message: fmt.Sprintf("netboot refused to %s (%s): %s", orUnknown(mac), r.RemoteAddr, ref.msg),
-			Payload: map[string]any{"mac": mac, "reason": ref.code, "remote": r.RemoteAddr}}.Write(ctx, q, now)
+			Payload: events.MachineRefusedPayload{MAC: mac, Reason: ref.code, Remote: r.RemoteAddr}}.Write(ctx, q, now)
 		return err
 	})
 	if err != nil {
@@ -343,12 +343,10 @@ func (s *Server) flushMachineRefusals(ctx context.Context, now time.Time, final 
 // it sums every sender.
 func (s *Server) flushSummaries(ctx context.Context, now time.Time, sums []sourceSummary, kind store.EventKind, logMsg string, message func(sourceSummary) string) {
 	for _, sum := range sums {
-		payload := map[string]any{"count": sum.count, "coalesced": true,
-			"first": sum.first.UTC().Format(time.RFC3339Nano), "last": sum.last.UTC().Format(time.RFC3339Nano)}
+		first, last := sum.first.UTC().Format(time.RFC3339Nano), sum.last.UTC().Format(time.RFC3339Nano)
+		var payload events.Payload = events.SourceRefusalsPayload{Coalesced: true, Count: sum.count, First: first, Last: last, Remote: sum.source}
 		if sum.allSources {
-			payload["all_sources"] = true
-		} else {
-			payload["remote"] = sum.source
+			payload = events.AllSourcesRefusalsPayload{AllSources: true, Coalesced: true, Count: sum.count, First: first, Last: last}
 		}
 		s.Log.Warn(logMsg, "remote", sum.source, "all_sources", sum.allSources, "count", sum.count)
 		err := s.Store.Tx(ctx, func(q store.Queries) error {

@@ -317,7 +317,7 @@ func (s *Server) serveScript(w http.ResponseWriter, r *http.Request, id store.In
 		}
 		_, err = events.E{Kind: events.NetbootServed, InstanceID: id,
 			Message: fmt.Sprintf("%s served to %s (instance %s)", what, r.RemoteAddr, st),
-			Payload: map[string]any{"remote": r.RemoteAddr, "status": string(st)}}.Write(ctx, q, now)
+			Payload: events.ScriptServedPayload{Remote: r.RemoteAddr, Status: string(st)}}.Write(ctx, q, now)
 		return err
 	})
 	var ref *refusal
@@ -384,8 +384,8 @@ func (s *Server) refused(ctx context.Context, id store.InstanceID, remote string
 	if held.Count > 0 {
 		s.summary(ctx, held, now)
 	}
-	s.writeRefusal(ctx, id, now, fmt.Sprintf("iPXE script refused to %s: %s", remote, ref.msg),
-		map[string]any{"remote": remote, "reason": ref.msg, "status": ref.code, "count": 1})
+	s.writeRefusal(ctx, id, now, fmt.Sprintf("iPXE script refused to %s: %s", remote, ref.msg), ref.code,
+		events.ScriptRefusedPayload{Count: 1, Reason: ref.msg, Remote: remote, Status: ref.code})
 }
 
 // summary writes what a window held back: one event with the count.
@@ -394,13 +394,15 @@ func (s *Server) summary(ctx context.Context, sum throttle.Summary, now time.Tim
 	msg := fmt.Sprintf("iPXE script refused to %s %d more times from %s to %s: %s", f.remote, sum.Count,
 		sum.First.UTC().Format(time.RFC3339), sum.Last.UTC().Format(time.RFC3339), f.reason)
 	s.Log.Warn("netboot script refusals coalesced", "instance", f.id, "remote", f.remote, "count", sum.Count, "reason", f.reason)
-	s.writeRefusal(ctx, f.id, now, msg, map[string]any{"remote": f.remote, "reason": f.reason, "status": f.status, "count": sum.Count, "coalesced": true,
-		"first": sum.First.UTC().Format(time.RFC3339Nano), "last": sum.Last.UTC().Format(time.RFC3339Nano)})
+	s.writeRefusal(ctx, f.id, now, msg, f.status, events.ScriptRefusalsPayload{Coalesced: true, Count: sum.Count,
+		First: sum.First.UTC().Format(time.RFC3339Nano), Last: sum.Last.UTC().Format(time.RFC3339Nano), Reason: f.reason, Remote: f.remote, Status: f.status})
 }
 
-func (s *Server) writeRefusal(ctx context.Context, id store.InstanceID, now time.Time, msg string, payload map[string]any) {
+// writeRefusal writes a netboot.script_refused event of a refusal with
+// HTTP status.
+func (s *Server) writeRefusal(ctx context.Context, id store.InstanceID, now time.Time, msg string, status int, payload events.Payload) {
 	sev := events.Medium
-	if payload["status"] == http.StatusGone {
+	if status == http.StatusGone {
 		sev = events.High // a second fetch in one boot may be someone after the token
 	}
 	err := s.Store.Tx(ctx, func(q store.Queries) error {

@@ -226,7 +226,7 @@ func (s *Server) serveUKI(w http.ResponseWriter, r *http.Request, mac string, id
 		err := s.Store.Tx(r.Context(), func(q store.Queries) error {
 			_, err := events.E{Kind: events.NetbootUKIServed, InstanceID: id,
 				Message: fmt.Sprintf("unified kernel image %s of template %s served to %s (%s)", img.Digest, img.Template, mac, r.RemoteAddr),
-				Payload: map[string]any{"mac": mac, "remote": r.RemoteAddr, "template": img.Template, "digest": img.Digest, "signed": img.Signed}}.Write(r.Context(), q, now)
+				Payload: events.UKIServedPayload{Digest: img.Digest, MAC: mac, Remote: r.RemoteAddr, Signed: img.Signed, Template: img.Template}}.Write(r.Context(), q, now)
 			return err
 		})
 		if err != nil {

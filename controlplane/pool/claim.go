@@ -27,7 +27,7 @@ type AcquireParams struct {
 
 // Claim is an acquired member.
 type Claim struct {
-	ID       string
+	ID       store.ClaimID
 	Pool     *store.Pool
 	Instance *store.Instance
 	NodeName string
@@ -134,7 +134,7 @@ func (s *Service) claimTx(ctx context.Context, q store.Queries, reqs []*claimReq
 	}
 	cs := make([]store.PoolClaim, len(reqs))
 	for i, r := range reqs {
-		cs[i] = store.PoolClaim{ClaimID: uuid.Must(uuid.NewV7()).String(), AcquiredBy: r.acquiredBy, AcquiredFor: r.acquiredFor}
+		cs[i] = store.PoolClaim{ClaimID: store.ClaimID(uuid.Must(uuid.NewV7()).String()), AcquiredBy: r.acquiredBy, AcquiredFor: r.acquiredFor}
 	}
 	ms, err := s.claimLive(ctx, q, poolID, r0.class, cs, now)
 	if err != nil {
@@ -157,7 +157,7 @@ func (s *Service) claimTx(ctx context.Context, q store.Queries, reqs []*claimReq
 				pools[m.PoolID] = owner
 			}
 		}
-		evs = append(evs, events.E{Kind: events.PoolClaimed, InstanceID: m.ID, PoolID: m.PoolID, CorrelationID: m.ClaimID,
+		evs = append(evs, events.E{Kind: events.PoolClaimed, InstanceID: m.ID, PoolID: m.PoolID, CorrelationID: m.ClaimID.Correlation(),
 			Message: fmt.Sprintf("claim %s: member %s of pool %s claimed by %q for %q", m.ClaimID, m.ID, owner.Name, r.acquiredBy, r.acquiredFor),
 			Payload: claims.Attribution(m, owner.Name)})
 		out[i] = &Claim{ID: m.ClaimID, Pool: owner, Instance: m}
@@ -279,8 +279,8 @@ func (s *Service) parkExited(ctx context.Context, q store.Queries, m *store.Inst
 		return fmt.Errorf("park member %s whose machine exited: %w", m.ID, err)
 	}
 	if _, err := (events.E{Kind: events.InstanceErrored, Severity: events.High, InstanceID: m.ID, PoolID: m.PoolID, Message: reason,
-		Payload: map[string]any{"provider": m.Provider, "machine": m.CloudInstanceID, "source": "claim", "observed": "exited",
-			"detail": detail}}).Write(ctx, q, now); err != nil {
+		Payload: events.MachineExitedPayload{Detail: detail, Machine: m.CloudInstanceID, Observed: "exited",
+			Provider: m.Provider, Source: "claim"}}).Write(ctx, q, now); err != nil {
 		return fmt.Errorf("park member %s whose machine exited: %w", m.ID, err)
 	}
 	// A nudge of a transaction that then rolls back costs one replenish
@@ -319,7 +319,7 @@ func (s *Service) noReady(ctx context.Context, named *store.Pool, class string) 
 type Released struct {
 	// Disposition is recycled, reused, cordoned or errored.
 	Disposition string
-	ClaimID     string
+	ClaimID     store.ClaimID
 	Held        time.Duration
 	Instance    *store.Instance
 	NodeName    string
@@ -460,7 +460,7 @@ func (s *Service) parkErrored(ctx context.Context, id store.InstanceID, during s
 		}
 		_, err = events.E{Kind: events.PoolTerminateFailed, Severity: events.High, InstanceID: id, PoolID: in.PoolID,
 			Message: fmt.Sprintf("%s: terminate of member %s failed; parked errored, its machine may still run: %v", during, id, terr),
-			Payload: map[string]any{"failed_instance_ids": []store.InstanceID{id}, "during": during, "error": terr.Error()}}.Write(ctx, q, now)
+			Payload: events.TerminateFailuresPayload{During: during, Error: terr.Error(), FailedInstanceIDs: []store.InstanceID{id}}}.Write(ctx, q, now)
 		return err
 	})
 	return parked, err
@@ -489,6 +489,6 @@ func (s *Service) ReadyHook(ctx context.Context, q store.Queries, in *store.Inst
 	}
 	_, err := events.E{Kind: events.PoolMemberReady, InstanceID: in.ID, PoolID: in.PoolID,
 		Message: fmt.Sprintf("member %s is %s after warming %s", in.ID, state, warm.Truncate(time.Second)),
-		Payload: map[string]any{"pool_state": state, "warm_seconds": int64(warm / time.Second)}}.Write(ctx, q, now)
+		Payload: events.MemberReadyPayload{PoolState: state, WarmSeconds: int64(warm / time.Second)}}.Write(ctx, q, now)
 	return err
 }

@@ -50,10 +50,10 @@ func TestAcquireRace(t *testing.T) {
 // race runs n claimers at once and returns the distinct members claimed
 // and how many were told NoReadyMembers. A member claimed twice, or any
 // other error, fails the test.
-func race(t *testing.T, ctx context.Context, n int, acquire func(i int) (*pool.Claim, error)) (map[store.InstanceID]string, int) {
+func race(t *testing.T, ctx context.Context, n int, acquire func(i int) (*pool.Claim, error)) (map[store.InstanceID]store.ClaimID, int) {
 	t.Helper()
 	var mu sync.Mutex
-	got := map[store.InstanceID]string{}
+	got := map[store.InstanceID]store.ClaimID{}
 	exhausted := 0
 	start := make(chan struct{})
 	var wg sync.WaitGroup
@@ -242,12 +242,12 @@ func TestAcquireSelection(t *testing.T) {
 		in.PoolAcquiredAt == nil {
 		t.Fatalf("claimed row: %+v", in)
 	}
-	evs := e.events(events.PoolClaimed, store.EventFilter{CorrelationID: c.ID})
+	evs := e.events(events.PoolClaimed, store.EventFilter{CorrelationID: c.ID.Correlation()})
 	if len(evs) != 1 {
 		t.Fatalf("%d claim events", len(evs))
 	}
 	pl := payload(t, evs[0])
-	if pl["claim_id"] != c.ID || pl["acquired_by"] != "ci-job-1" || pl["acquired_for"] != "build-7" || pl["pool_name"] != "spot" {
+	if pl["claim_id"] != c.ID.String() || pl["acquired_by"] != "ci-job-1" || pl["acquired_for"] != "build-7" || pl["pool_name"] != "spot" {
 		t.Fatalf("claim event payload: %v", pl)
 	}
 
@@ -388,13 +388,13 @@ func TestRelease(t *testing.T) {
 			if in.ClaimID != "" || in.AcquiredBy != "" {
 				t.Fatalf("the claim stayed on the row: %q %q", in.ClaimID, in.AcquiredBy)
 			}
-			rel := e.events(events.PoolReleased, store.EventFilter{CorrelationID: c.ID})
+			rel := e.events(events.PoolReleased, store.EventFilter{CorrelationID: c.ID.Correlation()})
 			if len(rel) != 1 {
 				t.Fatalf("%d release events", len(rel))
 			}
 			pl := payload(t, rel[0])
 			if pl["disposition"] != tc.disposition || pl["acquired_by"] != "alice" || pl["acquired_for"] != "tests" ||
-				pl["held_seconds"] != float64(90) || pl["claim_id"] != c.ID {
+				pl["held_seconds"] != float64(90) || pl["claim_id"] != c.ID.String() {
 				t.Fatalf("release event: %v", pl)
 			}
 			switch tc.disposition {
@@ -461,7 +461,7 @@ func TestTerminateClaimedMemberClosesTheClaim(t *testing.T) {
 		if in.PoolState == lifecycle.PoolClaimed || in.ClaimID != "" || e.counts(p).Claimed != 0 {
 			t.Fatalf("phantom claim: state %s claim %q counts %+v", in.PoolState, in.ClaimID, e.counts(p))
 		}
-		rel := e.events(events.PoolReleased, store.EventFilter{CorrelationID: c.ID})
+		rel := e.events(events.PoolReleased, store.EventFilter{CorrelationID: c.ID.Correlation()})
 		if len(rel) != 1 || payload(t, rel[0])["disposition"] != claims.Terminated || payload(t, rel[0])["held_seconds"] != float64(60) {
 			t.Fatalf("release record: %v", rel)
 		}

@@ -64,15 +64,15 @@ func (s *Service) Drain(ctx context.Context, name string) (*DrainResult, error) 
 	}
 	slices.Sort(out.FailedIDs)
 	if len(failed) > 0 {
-		errs := map[string]any{}
+		errs := map[string]string{}
 		for id, err := range failed {
 			errs[id.String()] = err.Error()
 		}
 		if err := s.writeEvent(ctx, events.E{Kind: events.PoolTerminateFailed, Severity: events.High, PoolID: p.ID,
 			Message: fmt.Sprintf("drain of pool %s: %d of %d terminate(s) failed (%v); those members are parked errored and their machines may still run",
 				p.Name, len(failed), len(fenced), out.FailedIDs),
-			Payload: map[string]any{"during": "drain", "failed_instance_ids": out.FailedIDs, "errors": errs,
-				"drained": out.Drained, "terminate_failed": out.TerminateFailed}}); err != nil {
+			Payload: events.DrainFailedPayload{Drained: out.Drained, During: "drain", Errors: errs,
+				FailedInstanceIDs: out.FailedIDs, TerminateFailed: out.TerminateFailed}}); err != nil {
 			return nil, fmt.Errorf("drain pool %s: record failures: %w", p.Name, err)
 		}
 	}

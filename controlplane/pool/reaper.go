@@ -261,8 +261,8 @@ func (s *Service) recycle(ctx context.Context, p *store.Pool, staleAfter time.Du
 					_, err := events.E{Kind: events.PoolReadyStaleHeartbeat, Severity: events.Medium, InstanceID: c.ID, PoolID: c.PoolID,
 						Message: fmt.Sprintf("ready member %s: no heartbeat since %s (stale after %s); recycled early",
 							c.ID, heartbeatAnchor(c).UTC().Format(time.RFC3339), staleAfter),
-						Payload: map[string]any{"last_heartbeat_at": heartbeatAnchor(c).UTC().Format(time.RFC3339Nano),
-							"stale_after_seconds": int64(staleAfter / time.Second)}}.Write(ctx, q, now)
+						Payload: events.ReadyStaleHeartbeatPayload{LastHeartbeatAt: heartbeatAnchor(c).UTC().Format(time.RFC3339Nano),
+							StaleAfterSeconds: int64(staleAfter / time.Second)}}.Write(ctx, q, now)
 					return err
 				}
 			}
@@ -422,7 +422,7 @@ func (s *Service) abandon(ctx context.Context, id store.InstanceID, pol Policy, 
 		_, err := events.E{Kind: events.PoolTerminateAbandoned, Severity: events.High, InstanceID: c.ID, PoolID: c.PoolID,
 			Message: fmt.Sprintf("member %s: gave up terminating after %d attempt(s); its machine %q may still run: %s",
 				c.ID, c.PoolTerminateAttempts, c.CloudInstanceID, last),
-			Payload: map[string]any{"attempts": c.PoolTerminateAttempts, "machine": c.CloudInstanceID, "error": last}}.Write(ctx, q, now)
+			Payload: events.TerminateAbandonedPayload{Attempts: c.PoolTerminateAttempts, Error: last, Machine: c.CloudInstanceID}}.Write(ctx, q, now)
 		return err
 	})
 }
@@ -445,6 +445,7 @@ func (s *Service) flagClaimed(ctx context.Context, in *store.Instance, pol Polic
 	}
 	n := 0
 	claim := in.ClaimID
+	corr := claim.Correlation()
 	_, err := s.take(ctx, in.ID, func(c *store.Instance) bool {
 		return c.PoolState == lifecycle.PoolClaimed && c.ClaimID == claim && (overdue(c) || silent(c))
 	}, func(q store.Queries, c *store.Instance) error {
@@ -455,9 +456,8 @@ func (s *Service) flagClaimed(ctx context.Context, in *store.Instance, pol Polic
 		held := claims.Held(c, now)
 		if overdue(c) {
 			c.ClaimedStaleFlagged = true
-			p := claims.Attribution(c, pl.Name)
-			p["held_seconds"], p["claimed_ttl_seconds"] = int64(held/time.Second), int64(pol.ClaimedTTL/time.Second)
-			if _, err := (events.E{Kind: events.PoolClaimedStale, Severity: events.Medium, InstanceID: c.ID, PoolID: c.PoolID, CorrelationID: claim,
+			p := claims.Attribution(c, pl.Name).Stale(int64(held/time.Second), int64(pol.ClaimedTTL/time.Second))
+			if _, err := (events.E{Kind: events.PoolClaimedStale, Severity: events.Medium, InstanceID: c.ID, PoolID: c.PoolID, CorrelationID: corr,
 				Message: fmt.Sprintf("claim %s on %s held %s, past the claimed TTL %s (flagged only)", claim, c.ID, held.Truncate(time.Second), pol.ClaimedTTL),
 				Payload: p}).Write(ctx, q, now); err != nil {
 				return err
@@ -466,14 +466,13 @@ func (s *Service) flagClaimed(ctx context.Context, in *store.Instance, pol Polic
 		}
 		if silent(c) {
 			c.HeartbeatStaleFlagged = true
-			prior, err := q.ListEvents(ctx, store.EventFilter{Kind: events.PoolClaimedStaleHeartbeat, CorrelationID: claim}, store.Page{Limit: 1})
+			prior, err := q.ListEvents(ctx, store.EventFilter{Kind: events.PoolClaimedStaleHeartbeat, CorrelationID: corr}, store.Page{Limit: 1})
 			if err != nil {
 				return err
 			}
 			if claim == "" || len(prior) == 0 {
-				p := claims.Attribution(c, pl.Name)
-				p["last_heartbeat_at"] = heartbeatAnchor(c).UTC().Format(time.RFC3339Nano)
-				if _, err := (events.E{Kind: events.PoolClaimedStaleHeartbeat, Severity: events.Medium, InstanceID: c.ID, PoolID: c.PoolID, CorrelationID: claim,
+				p := claims.Attribution(c, pl.Name).Silent(heartbeatAnchor(c).UTC().Format(time.RFC3339Nano))
+				if _, err := (events.E{Kind: events.PoolClaimedStaleHeartbeat, Severity: events.Medium, InstanceID: c.ID, PoolID: c.PoolID, CorrelationID: corr,
 					Message: fmt.Sprintf("claimed member %s: no heartbeat since %s (flagged only)", c.ID, heartbeatAnchor(c).UTC().Format(time.RFC3339)),
 					Payload: p}).Write(ctx, q, now); err != nil {
 					return err

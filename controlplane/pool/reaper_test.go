@@ -160,10 +160,10 @@ func TestReaperFlagsStaleClaimsOnce(t *testing.T) {
 		if in.PoolState != lifecycle.PoolClaimed || terminated(in) || !in.ClaimedStaleFlagged {
 			t.Fatalf("claimed member: %s %s flagged %v", in.PoolState, in.Status, in.ClaimedStaleFlagged)
 		}
-		if n := len(e.events(events.PoolClaimedStale, store.EventFilter{CorrelationID: c.ID})); n != 1 {
+		if n := len(e.events(events.PoolClaimedStale, store.EventFilter{CorrelationID: c.ID.Correlation()})); n != 1 {
 			t.Fatalf("%d claimed_stale events", n)
 		}
-		if n := len(e.events(events.PoolClaimedStaleHeartbeat, store.EventFilter{CorrelationID: c.ID})); n != 1 {
+		if n := len(e.events(events.PoolClaimedStaleHeartbeat, store.EventFilter{CorrelationID: c.ID.Correlation()})); n != 1 {
 			t.Fatalf("%d claimed_stale_heartbeat_flagged events", n)
 		}
 	})
@@ -320,7 +320,7 @@ func TestReaperFinishesAnInterruptedRelease(t *testing.T) {
 		if !terminated(e.get(in.ID)) {
 			t.Fatal("leftover not terminated")
 		}
-		rel := e.events(events.PoolReleased, store.EventFilter{CorrelationID: c.ID})
+		rel := e.events(events.PoolReleased, store.EventFilter{CorrelationID: c.ID.Correlation()})
 		if len(rel) != 1 || payload(t, rel[0])["disposition"] != claims.Recycled {
 			t.Fatalf("claim not closed: %v", rel)
 		}

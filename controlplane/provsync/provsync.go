@@ -278,8 +278,8 @@ func (s *Syncer) confirmDead(ctx context.Context, p providers.Provider, in *stor
 		}
 		n++
 		_, err = events.E{Kind: events.InstanceErrored, Severity: events.High, InstanceID: cur.ID, PoolID: cur.PoolID, Message: reason,
-			Payload: map[string]any{"provider": p.Name(), "machine": cur.CloudInstanceID, "source": source, "observed": state,
-				"detail": m.Detail}}.Write(ctx, q, now)
+			Payload: events.MachineExitedPayload{Detail: m.Detail, Machine: cur.CloudInstanceID, Observed: state,
+				Provider: p.Name(), Source: source}}.Write(ctx, q, now)
 		return err
 	})
 	if err != nil {
@@ -330,8 +330,8 @@ func (s *Syncer) guestPresent(ctx context.Context, p providers.Provider, in *sto
 	now := s.Clock.Now()
 	return s.Store.Tx(ctx, func(q store.Queries) error {
 		_, err := events.E{Kind: events.InstanceGuestPresent, Severity: events.High, InstanceID: in.ID, Message: msg,
-			Payload: map[string]any{"provider": p.Name(), "machine": m.ID, "state": string(m.State), "destroyed": terr == nil,
-				"error": errText(terr)}}.Write(ctx, q, now)
+			Payload: events.GuestPresentPayload{Destroyed: terr == nil, Error: errText(terr), Machine: m.ID,
+				Provider: p.Name(), State: string(m.State)}}.Write(ctx, q, now)
 		return err
 	})
 }

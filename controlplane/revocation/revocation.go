@@ -23,11 +23,11 @@ import (
 // is reloaded periodically in case a notification was missed.
 type Set struct {
 	mu     sync.RWMutex
-	serial map[string]struct{}
+	serial map[store.CertSerial]struct{}
 	// onRevoke holds, per serial, the callbacks of the open streams
 	// authenticated with it: a revocation reaches its streams without a
 	// goroutine per stream or a broadcast to all of them.
-	onRevoke map[string]map[*func()]struct{}
+	onRevoke map[store.CertSerial]map[*func()]struct{}
 
 	// What Follow keeps, under mu: when the set last loaded, and how many
 	// periodic reloads in a row have failed since. Counting reloads rather
@@ -46,13 +46,13 @@ var reloadFailuresOpts = prometheus.CounterOpts{Name: "tether_revocation_reload_
 
 // NewSet returns an empty set.
 func NewSet() *Set {
-	return &Set{serial: map[string]struct{}{}, onRevoke: map[string]map[*func()]struct{}{}}
+	return &Set{serial: map[store.CertSerial]struct{}{}, onRevoke: map[store.CertSerial]map[*func()]struct{}{}}
 }
 
 // Check refuses a revoked serial, and every serial once the set is
 // stale: a revocation list that stopped reloading may be missing a
 // revocation, and a revoked certificate must not get in (fail closed).
-func (r *Set) Check(serial string) error {
+func (r *Set) Check(serial store.CertSerial) error {
 	if loaded, stale := r.Stale(); stale {
 		return fail.Unavailable("the certificate revocation list has failed to reload %d times in a row (last loaded %s; see the tetherd log): certificates are refused until it reloads",
 			StaleAfterReloads, loaded.UTC().Format(time.RFC3339))
@@ -72,7 +72,7 @@ func (r *Set) Stale() (time.Time, bool) {
 }
 
 // IsRevoked reports whether serial is revoked.
-func (r *Set) IsRevoked(serial string) bool {
+func (r *Set) IsRevoked(serial store.CertSerial) bool {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	_, ok := r.serial[serial]
@@ -81,7 +81,7 @@ func (r *Set) IsRevoked(serial string) bool {
 
 // Add marks serials revoked and ends the open streams authenticated with
 // them.
-func (r *Set) Add(serials ...string) {
+func (r *Set) Add(serials ...store.CertSerial) {
 	var ends []func()
 	r.mu.Lock()
 	for _, s := range serials {
@@ -101,7 +101,7 @@ func (r *Set) Add(serials ...string) {
 
 // OnRevoke calls end (which must not block) once serial is revoked, at
 // once if it already is; stop forgets it.
-func (r *Set) OnRevoke(serial string, end func()) (stop func()) {
+func (r *Set) OnRevoke(serial store.CertSerial, end func()) (stop func()) {
 	f := &end
 	r.mu.Lock()
 	_, revoked := r.serial[serial]
@@ -132,7 +132,7 @@ func (r *Set) Load(ctx context.Context, s store.Store, now time.Time) error {
 	if err != nil {
 		return err
 	}
-	fresh := make(map[string]struct{}, len(serials))
+	fresh := make(map[store.CertSerial]struct{}, len(serials))
 	for _, x := range serials {
 		fresh[x] = struct{}{}
 	}
@@ -140,7 +140,7 @@ func (r *Set) Load(ctx context.Context, s store.Store, now time.Time) error {
 	old := r.serial
 	r.serial, r.loadedAt, r.failed = fresh, now, 0
 	r.mu.Unlock()
-	var added []string
+	var added []store.CertSerial
 	for x := range fresh {
 		if _, ok := old[x]; !ok {
 			added = append(added, x)
@@ -174,7 +174,8 @@ func (r *Set) Follow(ctx context.Context, s store.Store, clock interface{ Now() 
 		case <-ctx.Done():
 			return
 		case serial := <-ch:
-			r.Add(serial)
+			// The notification's payload is the serial (store.ChannelRevocations).
+			r.Add(store.CertSerial(serial))
 		case <-t.C:
 			r.reload(ctx, s, clock.Now(), log, failures)
 		}

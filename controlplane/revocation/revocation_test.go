@@ -20,11 +20,11 @@ import (
 // down is set; nothing else of the store is used.
 type revokedStore struct {
 	store.Store
-	serials []string
+	serials []store.CertSerial
 	down    bool
 }
 
-func (s *revokedStore) ListRevokedSerials(context.Context, time.Time) ([]string, error) {
+func (s *revokedStore) ListRevokedSerials(context.Context, time.Time) ([]store.CertSerial, error) {
 	if s.down {
 		return nil, errors.New("database is locked")
 	}
@@ -37,7 +37,7 @@ func (s *revokedStore) ListRevokedSerials(context.Context, time.Time) ([]string,
 func TestRevocationReloadFailuresAreLoudAndFailClosed(t *testing.T) {
 	ctx := context.Background()
 	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
-	st := &revokedStore{serials: []string{"01"}}
+	st := &revokedStore{serials: []store.CertSerial{"01"}}
 	r := NewSet()
 	if err := r.Load(ctx, st, now); err != nil {
 		t.Fatal(err)

@@ -32,3 +32,29 @@ func (id NodeID) String() string { return string(id) }
 type PoolID string
 
 func (id PoolID) String() string { return string(id) }
+
+// ClaimID names one claim of a pool member: the member's record while it
+// is claimed, the claim's events (as their correlation id) and the
+// release that ends it.
+type ClaimID string
+
+func (id ClaimID) String() string { return string(id) }
+
+// Correlation is the correlation id of the claim's events.
+func (id ClaimID) Correlation() CorrelationID { return CorrelationID(id) }
+
+// CorrelationID ties together the events of one operation: a task's id, a
+// claim's id, or "mac:" and an address for what a machine announced.
+type CorrelationID string
+
+func (id CorrelationID) String() string { return string(id) }
+
+// Correlation is the correlation id of the task's events.
+func (id TaskID) Correlation() CorrelationID { return CorrelationID(id) }
+
+// CertSerial names an issued certificate by its serial number (lowercase
+// hex, as pki/ca.SerialString writes it): its record, the admin identity
+// and audit record that name it, and the revocation set.
+type CertSerial string
+
+func (s CertSerial) String() string { return string(s) }

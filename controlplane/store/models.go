@@ -90,7 +90,7 @@ type Signer struct {
 type AdminIdentity struct {
 	Name      string
 	Role      Role
-	Serial    string // the current certificate
+	Serial    CertSerial // the current certificate
 	NotAfter  time.Time
 	CreatedAt time.Time
 	RevokedAt time.Time // zero while active
@@ -102,7 +102,7 @@ type AuditRecord struct {
 	At       time.Time
 	Identity string
 	Role     Role
-	Serial   string
+	Serial   CertSerial
 	Method   string
 	Target   string
 	Code     string
@@ -259,7 +259,7 @@ type PoolMember struct {
 	// PoolReadyAt anchors the ready TTL; reuse resets it.
 	PoolReadyAt    *time.Time
 	PoolAcquiredAt *time.Time
-	ClaimID        string
+	ClaimID        ClaimID
 	AcquiredBy     string
 	AcquiredFor    string
 	// Flags so that stale-claim events fire once per claim.
@@ -352,7 +352,7 @@ type Token struct {
 
 // Certificate is an issued identity.
 type Certificate struct {
-	Serial string
+	Serial CertSerial
 	// Issuer is the fingerprint of the CA that signed it.
 	Issuer       string
 	InstanceID   InstanceID
@@ -454,7 +454,7 @@ type Event struct {
 	Severity      Severity
 	InstanceID    InstanceID
 	PoolID        PoolID
-	CorrelationID string
+	CorrelationID CorrelationID
 	Message       string
 	Payload       json.RawMessage // a JSON object
 	CreatedAt     time.Time
@@ -465,6 +465,6 @@ type EventFilter struct {
 	Kind          EventKind
 	InstanceID    InstanceID
 	PoolID        PoolID
-	CorrelationID string
+	CorrelationID CorrelationID
 	MinSeverity   Severity
 }

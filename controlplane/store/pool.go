@@ -54,7 +54,8 @@ type PoolCounts struct {
 
 // PoolClaim is what ClaimPoolMembers writes on one claimed member.
 type PoolClaim struct {
-	ClaimID, AcquiredBy, AcquiredFor string
+	ClaimID                 ClaimID
+	AcquiredBy, AcquiredFor string
 }
 
 // PoolQueries are the pool methods of Queries.

@@ -261,15 +261,15 @@ type CertificateQueries interface {
 	// AssignCertificateIssuer sets issuer on every certificate recorded
 	// without one (before CA rotation existed, one CA signed them all).
 	AssignCertificateIssuer(ctx context.Context, issuer string) (int, error)
-	GetCertificate(ctx context.Context, serial string) (*Certificate, error)
+	GetCertificate(ctx context.Context, serial CertSerial) (*Certificate, error)
 	ListCertificates(ctx context.Context, f CertificateFilter, p Page) ([]*Certificate, error)
-	RevokeCertificate(ctx context.Context, serial, reason string, now time.Time) (*Certificate, error)
+	RevokeCertificate(ctx context.Context, serial CertSerial, reason string, now time.Time) (*Certificate, error)
 	// RevokeInstanceCertificates revokes every unrevoked certificate of an
 	// instance and returns their serials.
-	RevokeInstanceCertificates(ctx context.Context, instanceID InstanceID, reason string, now time.Time) ([]string, error)
+	RevokeInstanceCertificates(ctx context.Context, instanceID InstanceID, reason string, now time.Time) ([]CertSerial, error)
 	// ListRevokedSerials lists revoked certificates that have not expired
 	// by now: the only ones a revocation check still needs.
-	ListRevokedSerials(ctx context.Context, now time.Time) ([]string, error)
+	ListRevokedSerials(ctx context.Context, now time.Time) ([]CertSerial, error)
 }
 
 // AuthorityQueries keep the CA rotation set (docs/design.md §3.10).

@@ -122,7 +122,7 @@ func (s *Service) CreateAgentTask(ctx context.Context, instanceID store.Instance
 		if err := q.CreateTask(ctx, t); err != nil {
 			return err
 		}
-		if _, err := (events.E{Kind: events.TaskCreated, InstanceID: instanceID, CorrelationID: t.ID.String(),
+		if _, err := (events.E{Kind: events.TaskCreated, InstanceID: instanceID, CorrelationID: t.ID.Correlation(),
 			Message: fmt.Sprintf("%s task %s created", kind, t.ID)}).Write(ctx, q, now); err != nil {
 			return err
 		}
@@ -295,9 +295,9 @@ func (s *Service) ApplyAgentUpdate(ctx context.Context, instanceID store.Instanc
 			if t.Status == store.TaskFailed {
 				sev = events.Medium
 			}
-			_, err = events.E{Kind: events.TaskFinished, Severity: sev, InstanceID: instanceID, CorrelationID: t.ID.String(),
+			_, err = events.E{Kind: events.TaskFinished, Severity: sev, InstanceID: instanceID, CorrelationID: t.ID.Correlation(),
 				Message: fmt.Sprintf("%s task %s %s", t.Kind, t.ID, t.Status),
-				Payload: map[string]any{"status": t.Status, "exit_code": t.ExitCode, "error": t.ErrorMessage}}.Write(ctx, q, now)
+				Payload: events.AgentTaskFinishedPayload{Error: t.ErrorMessage, ExitCode: t.ExitCode, Status: t.Status}}.Write(ctx, q, now)
 		}
 		return err
 	})

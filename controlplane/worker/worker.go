@@ -311,9 +311,9 @@ func Finish(ctx context.Context, q store.Queries, t *store.Task, herr error, now
 	if cur.Status == store.TaskFailed {
 		sev = events.Medium
 	}
-	_, err = events.E{Kind: events.TaskFinished, Severity: sev, InstanceID: cur.InstanceID, CorrelationID: cur.ID.String(),
+	_, err = events.E{Kind: events.TaskFinished, Severity: sev, InstanceID: cur.InstanceID, CorrelationID: cur.ID.Correlation(),
 		Message: fmt.Sprintf("%s task %s %s", cur.Kind, cur.ID, cur.Status),
-		Payload: map[string]any{"status": cur.Status, "error": cur.ErrorMessage, "target": cur.Target}}.Write(ctx, q, now)
+		Payload: events.WorkerTaskFinishedPayload{Error: cur.ErrorMessage, Status: cur.Status, Target: cur.Target}}.Write(ctx, q, now)
 	return true, err
 }
 

@@ -38,13 +38,11 @@ func Open(in *store.Instance) bool {
 
 // Attribution is the payload pool.claimed carries and pool.released
 // repeats, so that "who held what for how long" is one query on one kind.
-func Attribution(in *store.Instance, poolName string) map[string]any {
-	p := map[string]any{
-		"claim_id": in.ClaimID, "pool_id": in.PoolID, "pool_name": poolName, "instance_id": in.ID,
-		"acquired_by": in.AcquiredBy, "acquired_for": in.AcquiredFor,
-	}
+func Attribution(in *store.Instance, poolName string) events.ClaimPayload {
+	p := events.ClaimPayload{AcquiredBy: in.AcquiredBy, AcquiredFor: in.AcquiredFor, ClaimID: in.ClaimID, InstanceID: in.ID,
+		PoolID: in.PoolID, PoolName: poolName}
 	if in.PoolAcquiredAt != nil {
-		p["acquired_at"] = in.PoolAcquiredAt.UTC().Format(time.RFC3339Nano)
+		p.AcquiredAt = in.PoolAcquiredAt.UTC().Format(time.RFC3339Nano)
 	}
 	return p
 }
@@ -70,20 +68,16 @@ func Close(ctx context.Context, q store.Queries, in *store.Instance, disposition
 		return 0, fmt.Errorf("close claim %s: %w", in.ClaimID, err)
 	}
 	held := Held(in, now)
-	payload := Attribution(in, poolName)
-	payload["disposition"] = disposition
-	payload["released_at"] = now.UTC().Format(time.RFC3339Nano)
-	payload["held_seconds"] = int64(held / time.Second)
+	payload := Attribution(in, poolName).Released(disposition, failure, int64(held/time.Second), now.UTC().Format(time.RFC3339Nano))
 	sev := events.Low
 	msg := fmt.Sprintf("claim %s on %s (by %q for %q) closed: %s after %s", in.ClaimID, in.ID, in.AcquiredBy, in.AcquiredFor,
 		disposition, held.Truncate(time.Second))
 	if failure != "" {
-		payload["error"] = failure
 		sev = events.Medium
 		msg += ": " + failure
 	}
 	if _, err := (events.E{Kind: events.PoolReleased, Severity: sev, InstanceID: in.ID, PoolID: in.PoolID,
-		CorrelationID: in.ClaimID, Message: msg, Payload: payload}).Write(ctx, q, now); err != nil {
+		CorrelationID: in.ClaimID.Correlation(), Message: msg, Payload: payload}).Write(ctx, q, now); err != nil {
 		return 0, fmt.Errorf("close claim %s: %w", in.ClaimID, err)
 	}
 	in.ClaimID, in.AcquiredBy, in.AcquiredFor, in.PoolAcquiredAt = "", "", "", nil

@@ -59,7 +59,7 @@ func TestRestartUnderLoad(t *testing.T) {
 					if err := q.CreateTask(ctx, tk); err != nil {
 						return err
 					}
-					return q.AppendEvent(ctx, &store.Event{Kind: "task.created", Severity: 1, CorrelationID: tk.ID.String(), CreatedAt: t0})
+					return q.AppendEvent(ctx, &store.Event{Kind: "task.created", Severity: 1, CorrelationID: tk.ID.Correlation(), CreatedAt: t0})
 				})
 				mu.Lock()
 				switch {

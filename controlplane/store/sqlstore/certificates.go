@@ -24,17 +24,17 @@ func scanCert(s scanner) (*store.Certificate, error) {
 
 func (q *queries) CreateCertificate(ctx context.Context, c *store.Certificate) error {
 	_, err := q.exec(ctx, `INSERT INTO certificates (`+certCols+`) VALUES (?,?,?,?,?,?,?,?,?,?)`,
-		c.Serial, string(c.InstanceID), string(c.Kind), c.Subject, ts(c.NotBefore), ts(c.NotAfter), nts(c.RevokedAt), c.RevokeReason, ts(c.CreatedAt), c.Issuer)
+		string(c.Serial), string(c.InstanceID), string(c.Kind), c.Subject, ts(c.NotBefore), ts(c.NotAfter), nts(c.RevokedAt), c.RevokeReason, ts(c.CreatedAt), c.Issuer)
 	if err != nil {
 		return fmt.Errorf("record certificate %s: %w", c.Serial, err)
 	}
 	return nil
 }
 
-func (q *queries) GetCertificate(ctx context.Context, serial string) (*store.Certificate, error) {
-	c, err := scanCert(q.row(ctx, `SELECT `+certCols+` FROM certificates WHERE serial = ?`, serial))
+func (q *queries) GetCertificate(ctx context.Context, serial store.CertSerial) (*store.Certificate, error) {
+	c, err := scanCert(q.row(ctx, `SELECT `+certCols+` FROM certificates WHERE serial = ?`, string(serial)))
 	if err != nil {
-		return nil, notFound(q.db.classify(err), "certificate", serial)
+		return nil, notFound(q.db.classify(err), "certificate", string(serial))
 	}
 	return c, nil
 }
@@ -61,21 +61,21 @@ func (q *queries) ListCertificates(ctx context.Context, f store.CertificateFilte
 	return out, nil
 }
 
-func (q *queries) RevokeCertificate(ctx context.Context, serial, reason string, now time.Time) (*store.Certificate, error) {
+func (q *queries) RevokeCertificate(ctx context.Context, serial store.CertSerial, reason string, now time.Time) (*store.Certificate, error) {
 	// Revoking twice keeps the first time and reason.
 	if _, err := q.exec(ctx, `UPDATE certificates SET revoked_at = ?, revoke_reason = ? WHERE serial = ? AND revoked_at IS NULL`,
-		ts(now), reason, serial); err != nil {
+		ts(now), reason, string(serial)); err != nil {
 		return nil, fmt.Errorf("revoke certificate %s: %w", serial, err)
 	}
 	return q.GetCertificate(ctx, serial)
 }
 
-func (q *queries) RevokeInstanceCertificates(ctx context.Context, instanceID store.InstanceID, reason string, now time.Time) ([]string, error) {
+func (q *queries) RevokeInstanceCertificates(ctx context.Context, instanceID store.InstanceID, reason string, now time.Time) ([]store.CertSerial, error) {
 	rows, err := q.query(ctx, `SELECT serial FROM certificates WHERE instance_id = ? AND revoked_at IS NULL`, string(instanceID))
 	if err != nil {
 		return nil, fmt.Errorf("revoke certificates of %s: %w", instanceID, err)
 	}
-	serials, err := collect(q, rows, func(s scanner) (string, error) { var v string; return v, s.Scan(&v) })
+	serials, err := collect(q, rows, func(s scanner) (store.CertSerial, error) { var v store.CertSerial; return v, s.Scan(&v) })
 	if err != nil {
 		return nil, fmt.Errorf("revoke certificates of %s: %w", instanceID, err)
 	}
@@ -89,12 +89,12 @@ func (q *queries) RevokeInstanceCertificates(ctx context.Context, instanceID sto
 	return serials, nil
 }
 
-func (q *queries) ListRevokedSerials(ctx context.Context, now time.Time) ([]string, error) {
+func (q *queries) ListRevokedSerials(ctx context.Context, now time.Time) ([]store.CertSerial, error) {
 	rows, err := q.query(ctx, `SELECT serial FROM certificates WHERE revoked_at IS NOT NULL AND not_after > ?`, ts(now))
 	if err != nil {
 		return nil, fmt.Errorf("list revoked certificates: %w", err)
 	}
-	out, err := collect(q, rows, func(s scanner) (string, error) { var v string; return v, s.Scan(&v) })
+	out, err := collect(q, rows, func(s scanner) (store.CertSerial, error) { var v store.CertSerial; return v, s.Scan(&v) })
 	if err != nil {
 		return nil, fmt.Errorf("list revoked certificates: %w", err)
 	}

@@ -36,7 +36,7 @@ func (q *queries) AppendEvent(ctx context.Context, e *store.Event) error {
 	}
 	err := q.row(ctx, `INSERT INTO events (kind, severity, instance_id, pool_id, correlation_id, message, payload, created_at)
 		VALUES (?,?,?,?,?,?,?,?) RETURNING id`,
-		string(e.Kind), int(e.Severity), string(e.InstanceID), string(e.PoolID), e.CorrelationID, e.Message, jsonObject(e.Payload), ts(e.CreatedAt)).Scan(&e.ID)
+		string(e.Kind), int(e.Severity), string(e.InstanceID), string(e.PoolID), string(e.CorrelationID), e.Message, jsonObject(e.Payload), ts(e.CreatedAt)).Scan(&e.ID)
 	if err != nil {
 		return fmt.Errorf("append event %s: %w", e.Kind, q.db.classify(err))
 	}
@@ -112,7 +112,7 @@ func (q *queries) insertEvents(ctx context.Context, es []*store.Event) error {
 		rows := make([]string, len(chunk))
 		for i, e := range chunk {
 			rows[i] = "(?,?,?,?,?,?,?,?)"
-			args = append(args, string(e.Kind), int(e.Severity), string(e.InstanceID), string(e.PoolID), e.CorrelationID, e.Message, jsonObject(e.Payload), ts(e.CreatedAt))
+			args = append(args, string(e.Kind), int(e.Severity), string(e.InstanceID), string(e.PoolID), string(e.CorrelationID), e.Message, jsonObject(e.Payload), ts(e.CreatedAt))
 		}
 		res, err := q.query(ctx, `INSERT INTO events (kind, severity, instance_id, pool_id, correlation_id, message, payload, created_at)
 		VALUES `+strings.Join(rows, ",")+` RETURNING id`, args...)
@@ -156,7 +156,7 @@ func eventWhere(f store.EventFilter) ([]string, []any) {
 		conds, args = append(conds, "pool_id = ?"), append(args, string(f.PoolID))
 	}
 	if f.CorrelationID != "" {
-		conds, args = append(conds, "correlation_id = ?"), append(args, f.CorrelationID)
+		conds, args = append(conds, "correlation_id = ?"), append(args, string(f.CorrelationID))
 	}
 	if f.MinSeverity > 0 {
 		conds, args = append(conds, "severity >= ?"), append(args, int(f.MinSeverity))

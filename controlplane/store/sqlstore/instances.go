@@ -83,7 +83,7 @@ func instanceArgs(in *store.Instance) ([]any, error) {
 		return nil, fmt.Errorf("instance %s: %w", in.ID, err)
 	}
 	return []any{string(in.ID), string(in.NodeID), status, in.Provider, in.Region, in.InstanceType, in.CloudInstanceID, nstr(in.OperationID),
-		nstr(string(in.PoolID)), poolState, nts(in.PoolWarmingStartedAt), nts(in.PoolReadyAt), nts(in.PoolAcquiredAt), in.ClaimID, in.AcquiredBy, in.AcquiredFor,
+		nstr(string(in.PoolID)), poolState, nts(in.PoolWarmingStartedAt), nts(in.PoolReadyAt), nts(in.PoolAcquiredAt), string(in.ClaimID), in.AcquiredBy, in.AcquiredFor,
 		in.PoolTerminateAttempts, nts(in.PoolNextTerminateAt), in.ClaimedStaleFlagged, in.HeartbeatStaleFlagged,
 		in.Hold, in.HoldReason, cordonBy, cordonReason, cordonAt, cordonBefore,
 		nts(in.LastHeartbeatAt), in.AgentPhase, in.AgentVersion, jsonList(in.RunningModules), in.AgentError, jsonList(in.Addresses), in.BootID, nts(in.SilentSince),

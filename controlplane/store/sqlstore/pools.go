@@ -208,7 +208,7 @@ func (q *queries) ClaimPoolMembers(ctx context.Context, poolID store.PoolID, cla
 	}
 	args := []any{claimed, ts(at), ts(at), false, false}
 	sets := []string{
-		cases("claim_id", func(c store.PoolClaim) string { return c.ClaimID }, &args),
+		cases("claim_id", func(c store.PoolClaim) string { return string(c.ClaimID) }, &args),
 		cases("acquired_by", func(c store.PoolClaim) string { return c.AcquiredBy }, &args),
 		cases("acquired_for", func(c store.PoolClaim) string { return c.AcquiredFor }, &args),
 	}

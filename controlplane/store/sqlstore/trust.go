@@ -118,7 +118,7 @@ func (q *queries) PutAdminIdentity(ctx context.Context, id *store.AdminIdentity)
 		revoked = &id.RevokedAt
 	}
 	res, err := q.exec(ctx, `UPDATE admin_identities SET role = ?, serial = ?, not_after = ?, revoked_at = ? WHERE name = ?`,
-		string(id.Role), id.Serial, ts(id.NotAfter), nts(revoked), id.Name)
+		string(id.Role), string(id.Serial), ts(id.NotAfter), nts(revoked), id.Name)
 	if err != nil {
 		return fmt.Errorf("record identity %q: %w", id.Name, err)
 	}
@@ -128,7 +128,7 @@ func (q *queries) PutAdminIdentity(ctx context.Context, id *store.AdminIdentity)
 		return nil
 	}
 	if _, err := q.exec(ctx, `INSERT INTO admin_identities (`+identityCols+`) VALUES (?,?,?,?,?,?)`,
-		id.Name, string(id.Role), id.Serial, ts(id.NotAfter), ts(id.CreatedAt), nts(revoked)); err != nil {
+		id.Name, string(id.Role), string(id.Serial), ts(id.NotAfter), ts(id.CreatedAt), nts(revoked)); err != nil {
 		return fmt.Errorf("record identity %q: %w", id.Name, q.db.classify(err))
 	}
 	return nil
@@ -156,7 +156,7 @@ func (q *queries) ListAdminIdentities(ctx context.Context) ([]*store.AdminIdenti
 
 func (q *queries) AppendAudit(ctx context.Context, r *store.AuditRecord) error {
 	err := q.row(ctx, `INSERT INTO audit (at, identity, role, serial, method, target, code) VALUES (?,?,?,?,?,?,?) RETURNING id`,
-		ts(r.At), r.Identity, string(r.Role), r.Serial, r.Method, r.Target, r.Code).Scan(&r.ID)
+		ts(r.At), r.Identity, string(r.Role), string(r.Serial), r.Method, r.Target, r.Code).Scan(&r.ID)
 	if err != nil {
 		return fmt.Errorf("append audit record for %s: %w", r.Method, q.db.classify(err))
 	}

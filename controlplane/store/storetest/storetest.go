@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -677,7 +676,7 @@ func testCertificates(t *testing.T, s store.Store) {
 
 	serials, err := s.RevokeInstanceCertificates(c, "i1", "terminated", t0.Add(time.Minute))
 	must(t, err)
-	sort.Strings(serials)
+	slices.Sort(serials)
 	if len(serials) != 2 || serials[0] != "01" {
 		t.Fatalf("RevokeInstanceCertificates = %v", serials)
 	}
@@ -908,7 +907,7 @@ func testEvents(t *testing.T, s store.Store) {
 		sev      store.Severity
 		instance store.InstanceID
 		pool     store.PoolID
-		corr     string
+		corr     store.CorrelationID
 	}{
 		{"instance.silent", store.SeverityMedium, "i1", "", ""},
 		{"pool.claimed", store.SeverityLow, "i1", "p1", "claim-1"},

@@ -85,7 +85,7 @@ func New(t *testing.T) *Env {
 // As is a context whose caller is the admin identity name with role.
 func As(name string, role store.Role) context.Context {
 	return adminkit.WithCaller(context.Background(), adminkit.Caller{
-		Identity: pki.Identity{Kind: pki.KindAdmin, Name: name, Role: role.String()}, Serial: "serial-" + name,
+		Identity: pki.Identity{Kind: pki.KindAdmin, Name: name, Role: role.String()}, Serial: store.CertSerial("serial-" + name),
 		NotAfter: T0.Add(24 * time.Hour)})
 }
 

@@ -13,7 +13,7 @@ import (
 // Caller is the authenticated peer of a call.
 type Caller struct {
 	Identity  pki.Identity
-	Serial    string
+	Serial    store.CertSerial
 	NotAfter  time.Time
 	PublicKey crypto.PublicKey
 }

@@ -142,7 +142,7 @@ func InstanceProto(in *store.Instance, nodeName string) *v1.Instance {
 		Id: in.ID.String(), NodeId: in.NodeID.String(), NodeName: nodeName, Status: InstanceStatus(in.Status), Provider: in.Provider,
 		Region: in.Region, InstanceType: in.InstanceType, CloudInstanceId: in.CloudInstanceID, OperationId: in.OperationID,
 		PoolId: in.PoolID.String(), PoolState: PoolState(in.PoolState), PoolWarmingStartedAt: TimestampPtr(in.PoolWarmingStartedAt),
-		PoolReadyAt: TimestampPtr(in.PoolReadyAt), PoolAcquiredAt: TimestampPtr(in.PoolAcquiredAt), ClaimId: in.ClaimID,
+		PoolReadyAt: TimestampPtr(in.PoolReadyAt), PoolAcquiredAt: TimestampPtr(in.PoolAcquiredAt), ClaimId: in.ClaimID.String(),
 		Hold: in.Hold, HoldReason: in.HoldReason, LastHeartbeatAt: TimestampPtr(in.LastHeartbeatAt), AgentPhase: AgentPhase(in.AgentPhase),
 		AgentVersion: in.AgentVersion, RunningModuleDigests: in.RunningModules, ErrorMessage: in.ErrorMessage,
 		AgentError: in.AgentError, Addresses: in.Addresses, CreatedAt: Timestamp(in.CreatedAt), UpdatedAt: Timestamp(in.UpdatedAt),
@@ -171,7 +171,7 @@ func PresenceProto(p *store.Presence, now time.Time) *v1.AgentPresence {
 
 // CertProto converts a certificate.
 func CertProto(c *store.Certificate) *v1.Certificate {
-	return &v1.Certificate{Serial: c.Serial, InstanceId: c.InstanceID.String(), Kind: protoconv.CertKind(c.Kind), Subject: c.Subject,
+	return &v1.Certificate{Serial: c.Serial.String(), InstanceId: c.InstanceID.String(), Kind: protoconv.CertKind(c.Kind), Subject: c.Subject,
 		NotBefore: Timestamp(c.NotBefore), NotAfter: Timestamp(c.NotAfter), RevokedAt: TimestampPtr(c.RevokedAt), RevokeReason: c.RevokeReason}
 }
 
@@ -201,7 +201,7 @@ func TaskProto(t *store.Task) *v1.Task {
 // EventProto converts an event.
 func EventProto(e *store.Event) *v1.FleetEvent {
 	return &v1.FleetEvent{Id: strconv.FormatInt(e.ID, 10), Kind: e.Kind.String(), Severity: protoconv.Severity(e.Severity), InstanceId: e.InstanceID.String(),
-		PoolId: e.PoolID.String(), CorrelationId: e.CorrelationID, Message: e.Message, Payload: JSONStruct(e.Payload), CreatedAt: Timestamp(e.CreatedAt)}
+		PoolId: e.PoolID.String(), CorrelationId: e.CorrelationID.String(), Message: e.Message, Payload: JSONStruct(e.Payload), CreatedAt: Timestamp(e.CreatedAt)}
 }
 
 // TemplateConsole is what a template's console reads as: rows from before

@@ -49,7 +49,7 @@ func eventFilter(kind, instance, pool, corr string, sev v1.Severity) (store.Even
 	}
 	// The kind is not checked against the vocabulary: the log keeps the
 	// kinds of every version that wrote it (docs/adr/0050).
-	return store.EventFilter{Kind: store.EventKind(kind), InstanceID: store.InstanceID(instance), PoolID: store.PoolID(pool), CorrelationID: corr, MinSeverity: min}, nil
+	return store.EventFilter{Kind: store.EventKind(kind), InstanceID: store.InstanceID(instance), PoolID: store.PoolID(pool), CorrelationID: store.CorrelationID(corr), MinSeverity: min}, nil
 }
 
 // ListEvents implements AdminService.

@@ -38,7 +38,7 @@ type Reads interface {
 // Revoked is this replica's revocation set: a revoked certificate's
 // streams are cut here at once.
 type Revoked interface {
-	Add(serials ...string)
+	Add(serials ...store.CertSerial)
 }
 
 // Config is what the fleet handlers use.
@@ -231,7 +231,7 @@ func (a *Server) ListCertificates(ctx context.Context, req *v1.ListCertificatesR
 	out := &v1.ListCertificatesResponse{}
 	if out.Certificates, out.NextPageToken, err = adminkit.Fill(cs, p.Limit,
 		func(c *store.Certificate) (*v1.Certificate, error) { return adminkit.CertProto(c), nil },
-		func(c *store.Certificate) string { return c.Serial }); err != nil {
+		func(c *store.Certificate) string { return c.Serial.String() }); err != nil {
 		return nil, err
 	}
 	return out, nil
@@ -245,7 +245,7 @@ func (a *Server) RevokeCertificate(ctx context.Context, req *v1.RevokeCertificat
 		return nil, fail.Invalid("reason", "longer than 1024 characters")
 	}
 	caller, _ := adminkit.CallerFrom(ctx)
-	c, err := a.cfg.Certificates.Revoke(ctx, req.Serial, req.Reason, caller.Identity.Name)
+	c, err := a.cfg.Certificates.Revoke(ctx, store.CertSerial(req.Serial), req.Reason, caller.Identity.Name)
 	if err != nil {
 		return nil, err
 	}

@@ -24,9 +24,9 @@ func serve(t *testing.T) (*fleet.Server, *admintest.Env, *revoked) {
 	return s, env, rv
 }
 
-type revoked struct{ serials []string }
+type revoked struct{ serials []store.CertSerial }
 
-func (r *revoked) Add(serials ...string) { r.serials = append(r.serials, serials...) }
+func (r *revoked) Add(serials ...store.CertSerial) { r.serials = append(r.serials, serials...) }
 
 func TestNewNamesWhatIsMissing(t *testing.T) {
 	if _, err := fleet.New(fleet.Config{}); err == nil {

@@ -32,7 +32,7 @@ type Reads interface {
 // certificates are refused here at once, before the store's notification
 // comes back.
 type Revoked interface {
-	Add(serials ...string)
+	Add(serials ...store.CertSerial)
 }
 
 // Config is what the identity RPCs use (all required).
@@ -190,13 +190,13 @@ func (a *Server) ListAudit(ctx context.Context, req *v1.ListAuditRequest) (*v1.L
 	out := &v1.ListAuditResponse{}
 	for _, r := range rs {
 		out.Records = append(out.Records, &v1.AuditRecord{Id: r.ID, At: adminkit.Timestamp(r.At), Identity: r.Identity, Role: r.Role.String(),
-			Serial: r.Serial, Method: r.Method, Target: r.Target, Code: r.Code})
+			Serial: r.Serial.String(), Method: r.Method, Target: r.Target, Code: r.Code})
 	}
 	return out, nil
 }
 
 func identityProto(id *store.AdminIdentity) *v1.AdminIdentity {
-	out := &v1.AdminIdentity{Name: id.Name, Role: id.Role.String(), Serial: id.Serial, NotAfter: adminkit.Timestamp(id.NotAfter),
+	out := &v1.AdminIdentity{Name: id.Name, Role: id.Role.String(), Serial: id.Serial.String(), NotAfter: adminkit.Timestamp(id.NotAfter),
 		CreatedAt: adminkit.Timestamp(id.CreatedAt)}
 	if !id.RevokedAt.IsZero() {
 		out.RevokedAt = adminkit.Timestamp(id.RevokedAt)

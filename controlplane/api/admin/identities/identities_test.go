@@ -16,6 +16,7 @@ import (
 	"github.com/tetherfleet/tether/controlplane/api/admin/adminkit"
 	"github.com/tetherfleet/tether/controlplane/api/admin/identities"
 	"github.com/tetherfleet/tether/controlplane/fail"
+	"github.com/tetherfleet/tether/controlplane/store"
 	"github.com/tetherfleet/tether/internal/testkit/admintest"
 	"github.com/tetherfleet/tether/pki"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
@@ -24,10 +25,14 @@ import (
 // revoked records what the handler adds to this replica's set.
 type revoked struct {
 	mu      sync.Mutex
-	serials []string
+	serials []store.CertSerial
 }
 
-func (r *revoked) Add(s ...string) { r.mu.Lock(); r.serials = append(r.serials, s...); r.mu.Unlock() }
+func (r *revoked) Add(s ...store.CertSerial) {
+	r.mu.Lock()
+	r.serials = append(r.serials, s...)
+	r.mu.Unlock()
+}
 
 // serve starts only the identity RPCs, over a real store.
 func serve(t *testing.T) (*identities.Server, *revoked) {
@@ -79,7 +84,7 @@ func TestIdentityRPCs(t *testing.T) {
 	}
 	// bob renews himself: a new serial, the same role.
 	bob := adminkit.WithCaller(context.Background(), adminkit.Caller{Identity: pki.Identity{Kind: pki.KindAdmin, Name: "bob", Role: adminkit.RoleOperator.String()},
-		Serial: got.Identity.Serial, NotAfter: got.Identity.NotAfter.AsTime()})
+		Serial: store.CertSerial(got.Identity.Serial), NotAfter: got.Identity.NotAfter.AsTime()})
 	renewed, err := s.RenewIdentity(bob, &v1.RenewIdentityRequest{CsrPem: csr(t)})
 	if err != nil || renewed.Identity.Serial == got.Identity.Serial || renewed.Identity.Role != adminkit.RoleOperator.String() ||
 		renewed.Identity.NotAfter.AsTime().After(got.Identity.NotAfter.AsTime()) {

@@ -30,7 +30,7 @@ type Reads interface {
 // Revoked is this replica's revocation set: a terminated instance's
 // streams are cut here at once.
 type Revoked interface {
-	Add(serials ...string)
+	Add(serials ...store.CertSerial)
 }
 
 // Config is what the instance actions use.

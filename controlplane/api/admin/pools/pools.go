@@ -230,7 +230,7 @@ func (a *Server) AcquirePoolMember(ctx context.Context, req *v1.AcquirePoolMembe
 	if err != nil {
 		return nil, err
 	}
-	return &v1.AcquirePoolMemberResponse{ClaimId: c.ID, Instance: adminkit.InstanceProto(c.Instance, c.NodeName),
+	return &v1.AcquirePoolMemberResponse{ClaimId: c.ID.String(), Instance: adminkit.InstanceProto(c.Instance, c.NodeName),
 		PoolId: c.Pool.ID.String(), PoolName: c.Pool.Name}, nil
 }
 
@@ -248,5 +248,5 @@ func (a *Server) ReleasePoolMember(ctx context.Context, req *v1.ReleasePoolMembe
 	// (error_message) and in the pool.released and pool.terminate_failed
 	// events.
 	return &v1.ReleasePoolMemberResponse{Disposition: r.Disposition, Instance: adminkit.InstanceProto(r.Instance, r.NodeName),
-		ClaimId: r.ClaimID, HeldSeconds: int64(r.Held / time.Second)}, nil
+		ClaimId: r.ClaimID.String(), HeldSeconds: int64(r.Held / time.Second)}, nil
 }
