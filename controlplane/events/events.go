@@ -173,7 +173,10 @@ func (e E) event(now time.Time) (*store.Event, error) {
 		if err != nil {
 			return nil, fmt.Errorf("event %s payload: %w", e.Kind, err)
 		}
-		payload = b
+		// A nil pointer to a payload struct is no payload, as a nil map was.
+		if string(b) != "null" {
+			payload = b
+		}
 	}
 	sev := e.Severity
 	if sev == 0 {

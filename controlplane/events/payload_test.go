@@ -303,8 +303,14 @@ func TestEveryPayloadHasACase(t *testing.T) {
 // TestNoPayloadStoresAnEmptyObject: an event without a payload stores
 // "{}", as a nil or empty map did.
 func TestNoPayloadStoresAnEmptyObject(t *testing.T) {
-	if got := stored(t, nil); got != "{}" {
-		t.Errorf("no payload stored %s; want {}", got)
+	var none *events.RenewedPayload
+	for _, tc := range []struct {
+		name string
+		p    events.Payload
+	}{{"nil", nil}, {"nil pointer", none}} {
+		if got := stored(t, tc.p); got != "{}" {
+			t.Errorf("%s payload stored %s; want {}", tc.name, got)
+		}
 	}
 }
 
