@@ -111,7 +111,7 @@ func (a *agent) enrollOnce(ctx context.Context, mgr *enroll.Manager, what string
 func (a *agent) retry(ctx context.Context, what string, fn func() error) error {
 	for attempt := 0; ; attempt++ {
 		err := fn()
-		if err == nil || !transient(err) {
+		if err == nil || !enroll.Transient(err) {
 			return err
 		}
 		d := a.backoff.Delay(attempt)
@@ -122,16 +122,4 @@ func (a *agent) retry(ctx context.Context, what string, fn func() error) error {
 		case <-a.cfg.Clock.After(d):
 		}
 	}
-}
-
-func transient(err error) bool {
-	var pm *enroll.PinMismatchError
-	if errors.As(err, &pm) {
-		return false
-	}
-	switch status.Code(err) {
-	case codes.Unavailable, codes.DeadlineExceeded, codes.ResourceExhausted, codes.Aborted:
-		return true
-	}
-	return false
 }

@@ -5,6 +5,8 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"sort"
 	"strings"
 	"sync"
@@ -286,4 +288,21 @@ func describeCert(c *x509.Certificate) string {
 		return "DNS:" + c.DNSNames[0]
 	}
 	return "serial " + c.SerialNumber.String()
+}
+
+// Transient says whether waiting may fix an enrollment error: the control
+// plane unreachable, slow, refusing for load or asking for a retry. A
+// pin mismatch never is (another server answered), nor a refusal. The
+// agent retries these, and so does the fleet simulator, so that both
+// count the same failures.
+func Transient(err error) bool {
+	var pm *PinMismatchError
+	if errors.As(err, &pm) {
+		return false
+	}
+	switch status.Code(err) {
+	case codes.Unavailable, codes.DeadlineExceeded, codes.ResourceExhausted, codes.Aborted:
+		return true
+	}
+	return false
 }

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/tetherfleet/tether/agent/enroll"
 	"github.com/tetherfleet/tether/agent/session"
 	v1 "github.com/tetherfleet/tether/proto/tether/v1"
 )
@@ -251,8 +252,8 @@ func StartFleet(ctx context.Context, o FleetOptions) *Fleet {
 }
 
 // identity is agent i's known identity, or a fresh enrollment (saved).
-// A transient failure (Unavailable, DeadlineExceeded, ResourceExhausted,
-// Aborted: what the real agent retries, agent/enrollment.go) is counted
+// A transient failure (enroll.Transient: Unavailable, DeadlineExceeded, ResourceExhausted,
+// Aborted, what the real agent retries) is counted
 // as a failed attempt and retried after a pause, as the agent does; any
 // other error, or the 20th attempt, is the agent's failure.
 func (f *Fleet) identity(i int, src net.IP) (*SimAgent, error) {
@@ -261,12 +262,12 @@ func (f *Fleet) identity(i int, src net.IP) (*SimAgent, error) {
 		k := f.o.Known[i]
 		return &SimAgent{InstanceID: k.InstanceID, Cert: k.Cert}, nil
 	}
-	enroll := f.o.Enroll
+	client := f.o.Enroll
 	if f.o.EnrollFrom != nil {
-		enroll = f.o.EnrollFrom(src)
+		client = f.o.EnrollFrom(src)
 	}
-	a, err := enrollOne(f.ctx, f.o.Admin, enroll, f.o.Node, func(attempt int, err error) bool {
-		if !transientEnroll(err) || attempt >= 20 {
+	a, err := enrollOne(f.ctx, f.o.Admin, client, f.o.Node, func(attempt int, err error) bool {
+		if !enroll.Transient(err) || attempt >= 20 {
 			return false
 		}
 		if status.Code(err) != codes.ResourceExhausted {
@@ -290,16 +291,6 @@ func (f *Fleet) identity(i int, src net.IP) (*SimAgent, error) {
 		}
 	}
 	return a, nil
-}
-
-// transientEnroll is the real agent's list of enrollment errors that
-// waiting may fix.
-func transientEnroll(err error) bool {
-	switch status.Code(err) {
-	case codes.Unavailable, codes.DeadlineExceeded, codes.ResourceExhausted, codes.Aborted:
-		return true
-	}
-	return false
 }
 
 func (f *Fleet) fail(err error) {
