@@ -5,6 +5,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"io"
 	"os"
 	"text/tabwriter"
@@ -93,6 +95,22 @@ func (a *App) pushModule(ref, path, sigFile string) error {
 	sigs, err := moduleSignatures("--sign-with", a.signWith, n, v, digest)
 	if err != nil {
 		return err
+	}
+	// The same bytes already there under this name need no upload (make run
+	// pushes its modules on every start, the Debian root is 114 MiB); other
+	// bytes under it are refused before the first byte is sent, not after a
+	// progress line. A push that brings signatures still goes through, to add
+	// them. Any other answer (not found, not allowed to read) leaves the
+	// decision to the push itself.
+	existing, err := invoke(a, v1.AdminServiceClient.GetModule, &v1.GetModuleRequest{Name: n, Version: v})
+	if err == nil {
+		if existing.Digest != digest {
+			return status.Errorf(codes.AlreadyExists, "module %s already exists with digest %s, and %s is %s; modules are immutable, push a new version", ref, existing.Digest, path, digest)
+		}
+		if sig == nil && len(sigs) == 0 {
+			fmt.Fprintf(a.Stderr, "module %s is already there with this digest; nothing to upload\n", ref)
+			return a.print(existing, a.moduleDetail(existing))
+		}
 	}
 	c, err := a.dial()
 	if err != nil {
