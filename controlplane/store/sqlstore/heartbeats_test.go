@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/bits"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -291,3 +292,49 @@ func TestPreparedIsBounded(t *testing.T) {
 type cachingDialect struct{ testDialect }
 
 func (cachingDialect) CachesStatements() bool { return true }
+
+// queryAll reads through the prepared statement inside a transaction too,
+// run after run, beside a write, and while query holds the same text's
+// rows open (query runs that text unprepared, so the two never share a
+// cursor).
+func TestQueryAllPreparesInATransaction(t *testing.T) {
+	d := openTestDB(t)
+	ctx := context.Background()
+	for i, k := range []string{"a", "b", "c"} {
+		if _, err := d.exec(ctx, `INSERT INTO kv (k, v) VALUES (?, ?)`, k, i+1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const text = `SELECT v FROM kv WHERE v > ? ORDER BY k`
+	scanInt := func(s scanner) (int, error) {
+		var v int
+		return v, s.Scan(&v)
+	}
+	err := d.Tx(ctx, func(sq store.Queries) error {
+		q := sq.(*queries)
+		open, err := q.query(ctx, text, 0)
+		if err != nil {
+			return err
+		}
+		defer open.Close()
+		if !open.Next() {
+			return fmt.Errorf("no first row: %v", open.Err())
+		}
+		for run, want := range [][]int{{1, 2, 3}, {10, 2, 3}} {
+			got, err := queryAll(ctx, q, scanInt, text, 0)
+			if err != nil || !slices.Equal(got, want) {
+				return fmt.Errorf("run %d: %v, %v; want %v", run, got, err, want)
+			}
+			if _, err := q.exec(ctx, `UPDATE kv SET v = v * 10 WHERE k = ?`, "a"); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := d.prepared.Load(d.queries.sql(text)); !ok {
+		t.Fatalf("queryAll did not prepare %q", text)
+	}
+}

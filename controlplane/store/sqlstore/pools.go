@@ -168,12 +168,8 @@ func (q *queries) readyMembers(ctx context.Context, poolID store.PoolID, class s
 	if lock != "" {
 		lock = " FOR UPDATE OF i SKIP LOCKED"
 	}
-	rows, err := q.query(ctx, `SELECT `+prefixCols("i.", instanceCols)+` FROM instances i JOIN pools p ON p.id = i.pool_id
+	out, err := queryAll(ctx, q, scanInstance, `SELECT `+prefixCols("i.", instanceCols)+` FROM instances i JOIN pools p ON p.id = i.pool_id
 		WHERE `+conds+` ORDER BY i.pool_warming_started_at LIMIT ?`+lock, args...)
-	if err != nil {
-		return nil, fmt.Errorf("claim pool members: %w", err)
-	}
-	out, err := collect(q, rows, scanInstance)
 	if err != nil {
 		return nil, fmt.Errorf("claim pool members: %w", q.db.classify(err))
 	}

@@ -311,6 +311,28 @@ func (q *queries) query(ctx context.Context, query string, args ...any) (*sql.Ro
 	return rows, q.db.classify(err)
 }
 
+// queryAll runs query and reads all its rows with scan. The rows are
+// closed before it returns and scan runs no query, so no second cursor can
+// open on the statement meanwhile: unlike query, it can use the prepared
+// statement inside a transaction too. On SQLite that spares parsing the
+// text again on every call (a claim's locked read of its members was a
+// sixth of the claim benchmark's CPU in the parser).
+func queryAll[T any](ctx context.Context, q *queries, scan func(scanner) (T, error), query string, args ...any) ([]T, error) {
+	q.observed(query)
+	ctx = q.stmtCtx(ctx)
+	var rows *sql.Rows
+	var err error
+	if st := q.stmt(ctx, query); st != nil {
+		rows, err = st.QueryContext(ctx, args...)
+	} else {
+		rows, err = q.ex.QueryContext(ctx, q.sql(query), args...)
+	}
+	if err != nil {
+		return nil, q.db.classify(err)
+	}
+	return collect(q, rows, scan)
+}
+
 func (q *queries) row(ctx context.Context, query string, args ...any) *sql.Row {
 	q.observed(query)
 	ctx = q.stmtCtx(ctx)
