@@ -36,7 +36,9 @@ func (a *App) taskDetail(w *tabwriter.Writer, t *v1.Task) {
 		row(w, "argv:", strings.Join(t.Exec.Argv, " "))
 	}
 	row(w, "status:", taskStatus(t.Status))
-	row(w, "attempts:", fmt.Sprintf("%d/%d", t.Attempts, t.MaxAttempts))
+	// Attempts counts the leases that ran out (design §6.2), not the runs:
+	// a task done on its first run has 0, which "attempts: 0/3" misread.
+	row(w, "lost leases:", fmt.Sprintf("%d (the task fails at %d)", t.Attempts, t.MaxAttempts))
 	if t.Progress != "" {
 		row(w, "progress:", t.Progress)
 	}
