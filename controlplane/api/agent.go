@@ -467,8 +467,14 @@ func (a *agentServer) receive(ctx context.Context, opened *store.Instance, strea
 				if err != nil {
 					// Not marked running: forget this ready so the agent's next
 					// ready heartbeat tries again, rather than leaving the
-					// instance in its boot state until the boot timeout.
-					a.Log.Error("mark instance running failed; retrying at the next ready heartbeat", "instance", id, "err", err)
+					// instance in its boot state until the boot timeout. A
+					// stream that ended meanwhile (the agent left, tetherd is
+					// stopping) canceled the write: no fault, so no error line.
+					log := a.Log.Error
+					if ctx.Err() != nil {
+						log = a.Log.Info
+					}
+					log("mark instance running failed; retrying at the next ready heartbeat", "instance", id, "err", err)
 					phase = ""
 				}
 			}

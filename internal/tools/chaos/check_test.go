@@ -166,6 +166,8 @@ func TestMixedBuilds(t *testing.T) {
 		{"an internal error", map[codes.Code]int{codes.Internal: 1}, "", true},
 		{"unavailable while nothing was killed", map[codes.Code]int{codes.Unavailable: 2}, "", true},
 		{"an error in a replica's log", nil, "time=t level=ERROR msg=\"column does not exist\"\n", true},
+		{"the previous build's canceled ready write", nil, "time=t level=ERROR msg=\"mark instance running failed; retrying at the next ready heartbeat\" instance=i err=\"append 3 events (instance.transition, ...): context canceled\"\n", false},
+		{"a ready write that failed for a reason", nil, "time=t level=ERROR msg=\"mark instance running failed; retrying at the next ready heartbeat\" instance=i err=\"database is locked\"\n", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			log := filepath.Join(t.TempDir(), "tetherd-0.log")

@@ -711,7 +711,21 @@ func (h *harness) stream(ctx context.Context, client v1.AgentServiceClient, inst
 		return send(&v1.AgentMessage{Msg: &v1.AgentMessage_Heartbeat{Heartbeat: &v1.Heartbeat{
 			Phase: v1.AgentPhase_AGENT_PHASE_READY, AgentVersion: "chaos", BootId: "chaos"}}})
 	}
+	// A Send that fails with io.EOF means the server ended the stream, and
+	// Recv then returns its status (gRPC's contract); a clean end (Recv's
+	// io.EOF) is no error, the agent just reconnects. Counted as it came,
+	// either showed as a call failed Unknown with the error "EOF".
+	ended := func(err error) error {
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		return err
+	}
 	if err := hb(); err != nil {
+		if errors.Is(err, io.EOF) {
+			_, err = s.Recv()
+			return ended(err)
+		}
 		return err
 	}
 	h.c.AgentsConnected.Add(1)
@@ -726,7 +740,7 @@ func (h *harness) stream(ctx context.Context, client v1.AgentServiceClient, inst
 		for {
 			m, err := s.Recv()
 			if err != nil {
-				errc <- err
+				errc <- ended(err)
 				return
 			}
 			if t := m.GetTask(); t != nil {
@@ -747,6 +761,9 @@ func (h *harness) stream(ctx context.Context, client v1.AgentServiceClient, inst
 			return err
 		case <-tick.C:
 			if err := hb(); err != nil {
+				if errors.Is(err, io.EOF) {
+					return <-errc
+				}
 				return err
 			}
 		}
