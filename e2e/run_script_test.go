@@ -48,18 +48,8 @@ func TestRunScriptCtrlCStopsEverything(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			r := startRunScript(t, tc.piped, filepath.Join(t.TempDir(), "data"), "", runningLine)
 			tc.before(t, r)
-			if err := syscall.Kill(-r.cmd.Process.Pid, syscall.SIGINT); err != nil {
-				t.Fatal(err)
-			}
-			exited := make(chan error, 1)
-			go func() { exited <- r.cmd.Wait() }()
-			select {
-			case err := <-exited:
-				if err != nil && !tc.mayFail {
-					t.Fatalf("run.sh after Ctrl-C: %v\n%s", err, r.out.String())
-				}
-			case <-time.After(2 * time.Minute):
-				t.Fatalf("run.sh did not stop within 2 minutes of Ctrl-C:\n%s", r.out.String())
+			if err := r.interrupt(t); err != nil && !tc.mayFail {
+				t.Fatalf("run.sh after Ctrl-C: %v\n%s", err, r.out.String())
 			}
 			out := r.out.String()
 			if left := processesMentioning(r.machines); len(left) > 0 {
@@ -123,9 +113,9 @@ func (r *scriptRun) ctl(t *testing.T, args ...string) string {
 	return string(out)
 }
 
-// ctrlC sends the run's process group SIGINT, as a terminal's Ctrl-C does,
-// and waits for the script to finish its cleanup.
-func (r *scriptRun) ctrlC(t *testing.T) {
+// interrupt sends the run's process group SIGINT, as a terminal's Ctrl-C
+// does, and returns how the script exited after its cleanup.
+func (r *scriptRun) interrupt(t *testing.T) error {
 	t.Helper()
 	if err := syscall.Kill(-r.cmd.Process.Pid, syscall.SIGINT); err != nil {
 		t.Fatal(err)
@@ -134,11 +124,18 @@ func (r *scriptRun) ctrlC(t *testing.T) {
 	go func() { exited <- r.cmd.Wait() }()
 	select {
 	case err := <-exited:
-		if err != nil {
-			t.Fatalf("run.sh after Ctrl-C: %v\n%s", err, r.out.String())
-		}
+		return err
 	case <-time.After(2 * time.Minute):
 		t.Fatalf("run.sh did not stop within 2 minutes of Ctrl-C:\n%s", r.out.String())
+		return nil
+	}
+}
+
+// ctrlC is interrupt for a run that must exit cleanly.
+func (r *scriptRun) ctrlC(t *testing.T) {
+	t.Helper()
+	if err := r.interrupt(t); err != nil {
+		t.Fatalf("run.sh after Ctrl-C: %v\n%s", err, r.out.String())
 	}
 }
 

@@ -290,19 +290,25 @@ func (q *queries) exec(ctx context.Context, query string, args ...any) (sql.Resu
 }
 
 func (q *queries) query(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
-	q.observed(query)
-	ctx = q.stmtCtx(ctx)
-	var rows *sql.Rows
-	var err error
 	// In a transaction every statement runs on one connection, where one
 	// prepared statement cannot serve a second query while the first's
 	// rows are still open (SQLite: "API misuse"); a text prepared per call
 	// can. Outside one, an open result holds its connection, so the next
 	// call runs on another.
+	return q.rows(ctx, !q.inTx, query, args...)
+}
+
+// rows runs query through its prepared statement when prepared allows
+// and there is one, else as text.
+func (q *queries) rows(ctx context.Context, prepared bool, query string, args ...any) (*sql.Rows, error) {
+	q.observed(query)
+	ctx = q.stmtCtx(ctx)
 	var st *sql.Stmt
-	if !q.inTx {
+	if prepared {
 		st = q.stmt(ctx, query)
 	}
+	var rows *sql.Rows
+	var err error
 	if st != nil {
 		rows, err = st.QueryContext(ctx, args...)
 	} else {
@@ -318,17 +324,9 @@ func (q *queries) query(ctx context.Context, query string, args ...any) (*sql.Ro
 // text again on every call (a claim's locked read of its members was a
 // sixth of the claim benchmark's CPU in the parser).
 func queryAll[T any](ctx context.Context, q *queries, scan func(scanner) (T, error), query string, args ...any) ([]T, error) {
-	q.observed(query)
-	ctx = q.stmtCtx(ctx)
-	var rows *sql.Rows
-	var err error
-	if st := q.stmt(ctx, query); st != nil {
-		rows, err = st.QueryContext(ctx, args...)
-	} else {
-		rows, err = q.ex.QueryContext(ctx, q.sql(query), args...)
-	}
+	rows, err := q.rows(ctx, true, query, args...)
 	if err != nil {
-		return nil, q.db.classify(err)
+		return nil, err
 	}
 	return collect(q, rows, scan)
 }

@@ -252,10 +252,9 @@ func StartFleet(ctx context.Context, o FleetOptions) *Fleet {
 }
 
 // identity is agent i's known identity, or a fresh enrollment (saved).
-// A transient failure (enroll.Transient: Unavailable, DeadlineExceeded, ResourceExhausted,
-// Aborted, what the real agent retries) is counted
-// as a failed attempt and retried after a pause, as the agent does; any
-// other error, or the 20th attempt, is the agent's failure.
+// A failure the real agent retries (enroll.Transient) is counted as a
+// failed attempt and retried after a pause, as the agent does; any other
+// error, or the 20th attempt, is the agent's failure.
 func (f *Fleet) identity(i int, src net.IP) (*SimAgent, error) {
 	if i < len(f.o.Known) {
 		f.reused.Add(1)
