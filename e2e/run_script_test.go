@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -126,7 +127,7 @@ func (r *scriptRun) interrupt(t *testing.T) error {
 	case err := <-exited:
 		return err
 	case <-time.After(2 * time.Minute):
-		t.Fatalf("run.sh did not stop within 2 minutes of Ctrl-C:\n%s", r.out.String())
+		t.Fatalf("run.sh did not stop within 2 minutes of Ctrl-C; still alive, in its group or holding its output:\n%s\nits output:\n%s", r.holders(), r.out.String())
 		return nil
 	}
 }
@@ -140,7 +141,10 @@ func (r *scriptRun) ctrlC(t *testing.T) {
 }
 
 type scriptRun struct {
-	cmd      *exec.Cmd
+	cmd *exec.Cmd
+	// pipe is the run's output pipe ("pipe:[inode]"): cmd.Wait returns
+	// only once every process holding it has closed it.
+	pipe     string
 	data     string
 	addr     string
 	out      *syncBuffer
@@ -181,6 +185,7 @@ func startRunScript(t *testing.T, piped bool, data, addr, until string) *scriptR
 	if err := r.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	r.pipe, _ = os.Readlink("/proc/" + strconv.Itoa(r.cmd.Process.Pid) + "/fd/1")
 	// Whatever happens, nothing of this run outlives the test.
 	t.Cleanup(func() {
 		_ = syscall.Kill(-r.cmd.Process.Pid, syscall.SIGKILL)
@@ -224,6 +229,48 @@ func startRunScript(t *testing.T, piped bool, data, addr, until string) *scriptR
 		t.Fatalf("no QEMU of this run is alive before Ctrl-C: the test would prove nothing\n%s", r.out.String())
 	}
 	return r
+}
+
+// holders describes the processes that keep the run from ending: those in
+// its process group and those holding its output pipe.
+func (r *scriptRun) holders() string {
+	var b strings.Builder
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		stat, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid pgrp ...
+		i := bytes.LastIndexByte(stat, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(stat[i+1:]))
+		if len(f) < 3 {
+			continue
+		}
+		why := ""
+		if f[2] == strconv.Itoa(r.cmd.Process.Pid) {
+			why = "in the group"
+		}
+		fds, _ := os.ReadDir("/proc/" + e.Name() + "/fd")
+		for _, fd := range fds {
+			if l, _ := os.Readlink("/proc/" + e.Name() + "/fd/" + fd.Name()); r.pipe != "" && l == r.pipe {
+				why += " holds the output pipe as fd " + fd.Name()
+			}
+		}
+		if why == "" {
+			continue
+		}
+		wchan, _ := os.ReadFile("/proc/" + e.Name() + "/wchan")
+		fmt.Fprintf(&b, "  pid %d ppid %s state %s wchan %s: %s: %s\n", pid, f[1], f[0], wchan, strings.TrimSpace(why), strings.Join(cmdline(pid), " "))
+	}
+	return b.String()
 }
 
 func freeAddr(t *testing.T) string {

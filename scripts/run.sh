@@ -130,6 +130,7 @@ cleanup() {
   local tty=()
   if [ ! -t 1 ] && { : >/dev/tty; } 2>/dev/null; then tty=(/dev/tty); fi
   exec > >(tee -p -a "$data/cleanup.log" "${tty[@]}" 2>/dev/null) 2>&1
+  local teepid=$!
   echo
   say "stopping: terminating QEMU instances, then tetherd (this takes a few seconds)"
   if kill -0 "$tetherd" 2>/dev/null && ctl node list --limit 1 >/dev/null 2>&1; then
@@ -159,13 +160,24 @@ cleanup() {
     echo "tetherd did not stop within 20 s; killing it"
     kill -KILL "$tetherd" 2>/dev/null || true
   fi
-  wait "$tetherd" 2>/dev/null || true
+  # Reap it only while it exists: when the Ctrl-C cut short the script's
+  # own `wait "$tetherd"` just as tetherd died, bash has already reaped it
+  # but not noted so, and a second wait would block forever (bash 5.2).
+  if kill -0 "$tetherd" 2>/dev/null; then wait "$tetherd" 2>/dev/null || true; fi
   if stop_leftover_vms; then
     [ -z "$own_machines" ] || rm -rf "$own_machines"
     say "stopped"
   else
     status=1
   fi
+  # tee writes what was said after this shell's last write: give it the
+  # end of its input and a moment, so that "stopped" is on the terminal
+  # and in cleanup.log before the prompt returns.
+  exec >&- 2>&-
+  for _ in $(seq 1 40); do
+    kill -0 "$teepid" 2>/dev/null || break
+    sleep 0.05
+  done
   exit "$status"
 }
 trap 'cleanup 0' INT TERM HUP
