@@ -2,6 +2,7 @@ package postgres_test
 
 import (
 	"context"
+	"strconv"
 	"testing"
 	"time"
 
@@ -141,6 +142,67 @@ func waitForLockWaiters(t *testing.T, ctx context.Context, dsn string, n int, re
 		case <-ctx.Done():
 			t.Fatalf("%d sessions wait on the events lock, want %d", waiting, n)
 		case <-tick.C:
+		}
+	}
+}
+
+// An append's lock, INSERT and notification are one statement, and the
+// lock still comes first: while the lock is held exclusively (as
+// EventHorizon holds it), an append waits without drawing an id, and once
+// it is released the append's notification names the id it drew.
+func TestEventAppendTakesTheLockBeforeItDrawsAnID(t *testing.T) {
+	dsn := pg.DSN(t)
+	s := open(t, dsn, postgres.Options{})
+	ctx := ctxT(t, 30*time.Second)
+	first := event("first", "")
+	if err := s.AppendEvent(ctx, first); err != nil {
+		t.Fatal(err)
+	}
+	notes, stop := s.Subscribe(store.ChannelEvents)
+	defer stop()
+
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.Close(context.Background()) }()
+	horizon, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = horizon.Rollback(context.Background()) }()
+	if _, err := horizon.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, postgres.EventsLockKey); err != nil {
+		t.Fatal(err)
+	}
+
+	waiting := event("waiting", "")
+	appended := make(chan readResult, 1)
+	go func() { appended <- readResult{err: s.AppendEvent(ctx, waiting)} }()
+	waitForLockWaiters(t, ctx, dsn, 1, appended)
+	var drawn int64
+	if err := horizon.QueryRow(ctx, `SELECT pg_sequence_last_value('events_id_seq')`).Scan(&drawn); err != nil {
+		t.Fatal(err)
+	}
+	if drawn != first.ID {
+		t.Fatalf("an append waiting for the events lock already drew id %d (the last one before was %d)", drawn, first.ID)
+	}
+	if err := horizon.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r := <-appended; r.err != nil {
+		t.Fatal(r.err)
+	}
+	if waiting.ID <= first.ID {
+		t.Fatalf("the append drew id %d, not above %d", waiting.ID, first.ID)
+	}
+	for want := strconv.FormatInt(waiting.ID, 10); ; {
+		select {
+		case got := <-notes:
+			if got == want {
+				return
+			}
+		case <-ctx.Done():
+			t.Fatalf("no notification naming id %s", want)
 		}
 	}
 }

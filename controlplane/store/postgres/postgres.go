@@ -252,9 +252,16 @@ func (s *Store) Close() error {
 // other replica: one path, one order.
 type notifier struct{ l *listener }
 
+var _ sqlstore.StatementNotifier = notifier{}
+
 func (notifier) Notify(ctx context.Context, ex sqlstore.Execer, channel, payload string) (func(), error) {
 	_, err := ex.ExecContext(ctx, `SELECT pg_notify($1, $2)`, channel, payload)
 	return nil, err
+}
+
+// NotifyCall implements sqlstore.StatementNotifier.
+func (notifier) NotifyCall(channel, payload string) string {
+	return "pg_notify(" + channel + ", " + payload + ")"
 }
 
 func (n notifier) Subscribe(channel string) (<-chan string, func()) { return n.l.subscribe(channel) }

@@ -75,61 +75,99 @@ func (q *queries) deferEvents(ctx context.Context, es []*store.Event) error {
 // them, or any third writer queued on the lock. Taken last, the lock's
 // holder has no row left to wait for: the INSERT into events has no
 // foreign key, and the sequence does not block.
+//
+// The lock, the INSERT and the notification are one statement, one round
+// trip: as three, they were a third of a pool claim's nine, each waiting
+// for a core on a busy machine (docs/benchmarks-pools.md).
 func (q *queries) flushEvents(ctx context.Context) error {
 	if len(q.pending) == 0 {
 		return nil
 	}
 	es := q.pending
 	q.pending = nil
-	if ser, ok := q.db.dialect.(EventSerializer); ok {
-		if _, err := q.exec(ctx, ser.SerializeEvents()); err != nil {
-			return fmt.Errorf("append %s: %w", eventKinds(es), err)
+	last := es[len(es)-1]
+	ser := q.db.dialect.(EventSerializer) // deferEvents queues only for one
+	sn, inStatement := q.db.notifier.(StatementNotifier)
+	for len(es) > 0 {
+		chunk := es[:min(len(es), maxEventsPerInsert)]
+		es = es[len(chunk):]
+		// The lock's CTE is materialised and joined to the rows, so it is
+		// held before the INSERT draws the first id; taken again by a
+		// later chunk, it is the same transaction-long hold.
+		values, args := eventValues(chunk, "(?, CAST(? AS INTEGER), ?, ?, ?, ?, ?, CAST(? AS BIGINT))")
+		stmt := `WITH serialized AS MATERIALIZED (` + ser.SerializeEvents() + `),
+		inserted AS (INSERT INTO events (` + eventInsertCols + `)
+			SELECT v.* FROM serialized, (VALUES ` + values + `) AS v(` + eventInsertCols + `) RETURNING id)
+		SELECT inserted.id FROM inserted`
+		if inStatement && len(es) == 0 {
+			// Watchers re-read everything after the id they last saw, so
+			// the last id stands for the whole transaction.
+			stmt += `, (SELECT ` + sn.NotifyCall("?", "CAST(max(id) AS TEXT)") + ` FROM inserted) AS notified`
+			args = append(args, store.ChannelEvents)
+		}
+		if err := q.assignIDs(ctx, chunk, stmt, args); err != nil {
+			return err
 		}
 	}
-	if err := q.insertEvents(ctx, es); err != nil {
-		return err
+	if inStatement {
+		return nil
 	}
-	// Watchers re-read everything after the id they last saw, so the last
-	// id stands for the whole transaction.
-	return q.Notify(ctx, store.ChannelEvents, strconv.FormatInt(es[len(es)-1].ID, 10))
+	return q.Notify(ctx, store.ChannelEvents, strconv.FormatInt(last.ID, 10))
 }
 
 // maxEventsPerInsert keeps one INSERT's parameters (8 a row) well under
 // PostgreSQL's limit of 65535.
 const maxEventsPerInsert = 1000
 
-// insertEvents writes es in multi-row INSERTs and sets their ids. Both
-// backends draw the ids of one statement in VALUES order (a sequence's
-// nextval per row; SQLite's rowid), while the order RETURNING lists them
-// in is not promised: sorted, the ids map back onto es in order. Chunks
+// eventInsertCols are the columns an append writes (the id is drawn).
+const eventInsertCols = `kind, severity, instance_id, pool_id, correlation_id, message, payload, created_at`
+
+// eventValues returns the VALUES rows for es, each written as row, and
+// their arguments.
+func eventValues(es []*store.Event, row string) (string, []any) {
+	const cols = 8
+	args := make([]any, 0, cols*len(es))
+	rows := make([]string, len(es))
+	for i, e := range es {
+		rows[i] = row
+		args = append(args, string(e.Kind), int(e.Severity), string(e.InstanceID), string(e.PoolID), string(e.CorrelationID), e.Message, jsonObject(e.Payload), ts(e.CreatedAt))
+	}
+	return strings.Join(rows, ","), args
+}
+
+// insertEvents writes es in multi-row INSERTs and sets their ids. Chunks
 // run one after the other in one transaction, so ids rise across them.
 func (q *queries) insertEvents(ctx context.Context, es []*store.Event) error {
 	for len(es) > 0 {
 		chunk := es[:min(len(es), maxEventsPerInsert)]
 		es = es[len(chunk):]
-		const cols = 8
-		args := make([]any, 0, cols*len(chunk))
-		rows := make([]string, len(chunk))
-		for i, e := range chunk {
-			rows[i] = "(?,?,?,?,?,?,?,?)"
-			args = append(args, string(e.Kind), int(e.Severity), string(e.InstanceID), string(e.PoolID), string(e.CorrelationID), e.Message, jsonObject(e.Payload), ts(e.CreatedAt))
+		values, args := eventValues(chunk, "(?,?,?,?,?,?,?,?)")
+		if err := q.assignIDs(ctx, chunk, `INSERT INTO events (`+eventInsertCols+`) VALUES `+values+` RETURNING id`, args); err != nil {
+			return err
 		}
-		res, err := q.query(ctx, `INSERT INTO events (kind, severity, instance_id, pool_id, correlation_id, message, payload, created_at)
-		VALUES `+strings.Join(rows, ",")+` RETURNING id`, args...)
-		if err != nil {
-			return fmt.Errorf("append %s: %w", eventKinds(chunk), err)
-		}
-		ids, err := collect(q, res, func(s scanner) (int64, error) { var id int64; return id, s.Scan(&id) })
-		if err != nil {
-			return fmt.Errorf("append %s: %w", eventKinds(chunk), q.db.classify(err))
-		}
-		if len(ids) != len(chunk) {
-			return fmt.Errorf("append %s: %d ids returned", eventKinds(chunk), len(ids))
-		}
-		slices.Sort(ids)
-		for i, e := range chunk {
-			e.ID = ids[i]
-		}
+	}
+	return nil
+}
+
+// assignIDs runs stmt, which inserts chunk and returns the ids drawn, and
+// sets them. Both backends draw the ids of one statement in VALUES order
+// (a sequence's nextval per row; SQLite's rowid), while the order the ids
+// come back in is not promised: sorted, they map back onto chunk in order.
+func (q *queries) assignIDs(ctx context.Context, chunk []*store.Event, stmt string, args []any) error {
+	res, err := q.query(ctx, stmt, args...)
+	if err != nil {
+		return fmt.Errorf("append %s: %w", eventKinds(chunk), err)
+	}
+	ids, err := collect(q, res, func(s scanner) (int64, error) { var id int64; return id, s.Scan(&id) })
+	if err != nil {
+		return fmt.Errorf("append %s: %w", eventKinds(chunk), q.db.classify(err))
+	}
+	if len(ids) != len(chunk) {
+		return fmt.Errorf("append %s: %d ids returned", eventKinds(chunk), len(ids))
+	}
+	slices.Sort(ids)
+	for i, e := range chunk {
+		e.ID = ids[i]
 	}
 	return nil
 }

@@ -41,7 +41,8 @@ type Dialect interface {
 // (PostgreSQL sequences), a reader following ids (events.Watch) could step
 // over an event that commits late.
 //
-// SerializeEvents runs before each transaction's event INSERT and holds
+// SerializeEvents is a SELECT that each transaction's event INSERT runs
+// first, as a CTE of its own statement (see flushEvents), and that holds
 // until the transaction ends; writers must not exclude each other with it,
 // or the fleet's event writes take turns at one commit at a time (what
 // stopped six replicas short of 100,000 agents, docs/reliability.md).
@@ -109,6 +110,16 @@ type Notifier interface {
 	// may return a function to run once the transaction has committed.
 	Notify(ctx context.Context, ex Execer, channel, payload string) (afterCommit func(), err error)
 	Subscribe(channel string) (<-chan string, func())
+}
+
+// StatementNotifier is an optional Notifier extension: its notification
+// is a function a statement calls (PostgreSQL's pg_notify), sent at commit
+// as Notify's is. The events flush then notifies in the INSERT's own
+// round trip.
+type StatementNotifier interface {
+	// NotifyCall is the SQL call that notifies channel with payload, both
+	// SQL expressions.
+	NotifyCall(channel, payload string) string
 }
 
 // DB implements store.Store except Elector, Backend and Close, which the

@@ -57,6 +57,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"ClaimNeedsPresence", testClaimNeedsPresence},
 		{"TxRollback", testTxRollback},
 		{"Notifications", testNotifications},
+		{"EventsInChunks", testEventsInChunks},
 		{"Elector", testElector},
 		{"PruneRecords", testPruneRecords},
 		{"Trust", testTrust},
@@ -1215,6 +1216,58 @@ func testNotifications(t *testing.T, s store.Store) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("no event notification")
+	}
+}
+
+// testEventsInChunks: more events in one transaction than one INSERT
+// carries get ids in the order they were appended, and the transaction's
+// notification names the last.
+func testEventsInChunks(t *testing.T, s store.Store) {
+	c := ctx(t)
+	ch, stop := s.Subscribe(store.ChannelEvents)
+	defer stop()
+	es := make([]*store.Event, 2001)
+	for i := range es {
+		es[i] = &store.Event{Kind: store.EventKind("k" + strconv.Itoa(i)), Severity: 1, CreatedAt: t0}
+	}
+	single := &store.Event{Kind: "single", Severity: 1, CreatedAt: t0}
+	must(t, s.Tx(c, func(q store.Queries) error {
+		if err := q.AppendEvents(c, es[:1500]); err != nil {
+			return err
+		}
+		if err := q.AppendEvent(c, single); err != nil {
+			return err
+		}
+		return q.AppendEvents(c, es[1500:])
+	}))
+	all := append(append(append([]*store.Event{}, es[:1500]...), single), es[1500:]...)
+	for i := 1; i < len(all); i++ {
+		if all[i].ID <= all[i-1].ID {
+			t.Fatalf("event %d (%s) got id %d, not above %d of the one appended before it", i, all[i].Kind, all[i].ID, all[i-1].ID)
+		}
+	}
+	var back []*store.Event
+	for after := all[0].ID - 1; ; {
+		page, err := s.ListEventsSince(c, store.EventFilter{}, after, store.MaxPageSize)
+		must(t, err)
+		if len(page) == 0 {
+			break
+		}
+		back, after = append(back, page...), page[len(page)-1].ID
+	}
+	if len(back) != len(all) || back[0].Kind != all[0].Kind || back[1500].Kind != "single" || back[len(back)-1].Kind != all[len(all)-1].Kind {
+		t.Fatalf("read back %d of %d events, or out of order", len(back), len(all))
+	}
+	last := strconv.FormatInt(all[len(all)-1].ID, 10)
+	for {
+		select {
+		case got := <-ch:
+			if got == last {
+				return
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no notification naming the last id %s", last)
+		}
 	}
 }
 
