@@ -73,6 +73,35 @@ func TestRunScriptCtrlCStopsEverything(t *testing.T) {
 	}
 }
 
+// When tetherd dies under a running `make run`, the run says so, stops the
+// VMs tetherd left behind, and fails: no Ctrl-C needed, nothing left.
+func TestRunScriptStopsWhenTetherdDies(t *testing.T) {
+	r := startRunScript(t, false, filepath.Join(t.TempDir(), "data"), "", runningLine)
+	if err := syscall.Kill(r.tetherd, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- r.cmd.Wait() }()
+	var err error
+	select {
+	case err = <-exited:
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("run.sh did not end within 2 minutes of tetherd's death; still alive, in its group or holding its output:\n%s\nits output:\n%s", r.holders(), r.out.String())
+	}
+	out := r.out.String()
+	if err == nil {
+		t.Fatalf("run.sh exited 0 although tetherd died:\n%s", out)
+	}
+	if left := processesMentioning(r.machines); len(left) > 0 {
+		t.Fatalf("QEMU of this run still alive after tetherd died: pids %v\n%s", left, out)
+	}
+	for _, want := range []string{"tetherd exited on its own (killed by signal 9)", "is still running; stopping it", "==> stopped"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("run.sh output lacks %q:\n%s", want, out)
+		}
+	}
+}
+
 // A pool's replenisher would replace the VMs the Ctrl-C terminates, so the
 // cleanup pauses the active pools; the next run resumes those, and only
 // those: a pool the operator paused stays paused.

@@ -70,7 +70,7 @@ run_vms() {
     dir=${pidfile%/qemu.pid}
     pid=$(cat "$pidfile" 2>/dev/null) || continue
     [[ $pid =~ ^[0-9]+$ ]] || continue
-    if tr '\0' '\n' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF "$dir/qmp.sock"; then
+    if { tr '\0' '\n' <"/proc/$pid/cmdline"; } 2>/dev/null | grep -qF "$dir/qmp.sock"; then
       echo "$pid ${dir##*/}"
     fi
   done
@@ -113,9 +113,10 @@ tetherd=$!
 
 # cleanup terminates the VMs through tetherd, stops tetherd, then stops
 # whatever VM of this run is still alive. It exits with $1, or 1 when a VM
-# could not be stopped.
+# could not be stopped. $2 is what started it: "signal" (Ctrl-C, TERM,
+# HUP) or "exit" (the script ended: tetherd died, or a step failed).
 cleanup() {
-  local status=$1 pool id
+  local status=$1 cause=$2 pool id
   # A second Ctrl-C must not cut the cleanup short and leave VMs behind.
   trap '' INT TERM HUP
   trap - EXIT
@@ -125,10 +126,12 @@ cleanup() {
   # stopping the VMs comes first.
   trap '' PIPE
   set +e
-  # When stdout is not the terminal (that pipe), the terminal still hears
-  # how the stop goes.
+  # When stdout is not the terminal (that pipe) and a signal started the
+  # stop, the terminal still hears how it goes. Not when the script ended
+  # by itself: the pipe's reader is then alive and shows every line, which
+  # the terminal would get twice.
   local tty=()
-  if [ ! -t 1 ] && { : >/dev/tty; } 2>/dev/null; then tty=(/dev/tty); fi
+  if [ "$cause" = signal ] && [ ! -t 1 ] && { : >/dev/tty; } 2>/dev/null; then tty=(/dev/tty); fi
   exec > >(tee -p -a "$data/cleanup.log" "${tty[@]}" 2>/dev/null) 2>&1
   local teepid=$!
   echo
@@ -180,8 +183,8 @@ cleanup() {
   done
   exit "$status"
 }
-trap 'cleanup 0' INT TERM HUP
-trap 'cleanup $?' EXIT
+trap 'cleanup 0 signal' INT TERM HUP
+trap 'cleanup $? exit' EXIT
 
 for _ in $(seq 1 100); do
   ctl node list --limit 1 >/dev/null 2>&1 && break
@@ -268,4 +271,9 @@ Instance $id is running. Try, in another terminal:
 
 tetherd keeps running; Ctrl-C here terminates the VMs and stops it.
 EOF2
-wait "$tetherd"
+# Until Ctrl-C. Should tetherd end first, say so before the stop.
+wait "$tetherd" && st=0 || st=$?
+how="with status $st"
+[ "$st" -le 128 ] || how="killed by signal $((st - 128))"
+echo "make run: tetherd exited on its own ($how); its log: $data/tetherd.log" >&2
+exit "$st"
