@@ -80,14 +80,7 @@ func TestRunScriptStopsWhenTetherdDies(t *testing.T) {
 	if err := syscall.Kill(r.tetherd, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- r.cmd.Wait() }()
-	var err error
-	select {
-	case err = <-exited:
-	case <-time.After(2 * time.Minute):
-		t.Fatalf("run.sh did not end within 2 minutes of tetherd's death; still alive, in its group or holding its output:\n%s\nits output:\n%s", r.holders(), r.out.String())
-	}
+	err := r.wait(t, "tetherd's death")
 	out := r.out.String()
 	if err == nil {
 		t.Fatalf("run.sh exited 0 although tetherd died:\n%s", out)
@@ -150,13 +143,20 @@ func (r *scriptRun) interrupt(t *testing.T) error {
 	if err := syscall.Kill(-r.cmd.Process.Pid, syscall.SIGINT); err != nil {
 		t.Fatal(err)
 	}
+	return r.wait(t, "Ctrl-C")
+}
+
+// wait returns how the script exited, and fails the test, naming what
+// still holds the run, if it has not ended within 2 minutes of after.
+func (r *scriptRun) wait(t *testing.T, after string) error {
+	t.Helper()
 	exited := make(chan error, 1)
 	go func() { exited <- r.cmd.Wait() }()
 	select {
 	case err := <-exited:
 		return err
 	case <-time.After(2 * time.Minute):
-		t.Fatalf("run.sh did not stop within 2 minutes of Ctrl-C; still alive, in its group or holding its output:\n%s\nits output:\n%s", r.holders(), r.out.String())
+		t.Fatalf("run.sh did not end within 2 minutes of %s; still alive, in its group or holding its output:\n%s\nits output:\n%s", after, r.holders(), r.out.String())
 		return nil
 	}
 }
@@ -270,16 +270,7 @@ func (r *scriptRun) holders() string {
 		if err != nil || pid == os.Getpid() {
 			continue
 		}
-		stat, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		// pid (comm) state ppid pgrp ...
-		i := bytes.LastIndexByte(stat, ')')
-		if i < 0 {
-			continue
-		}
-		f := strings.Fields(string(stat[i+1:]))
+		f := statFields(pid)
 		if len(f) < 3 {
 			continue
 		}
@@ -339,16 +330,24 @@ func cmdline(pid int) []string {
 	return strings.Split(string(bytes.TrimRight(b, "\x00")), "\x00")
 }
 
-// alive is true while pid exists and is not a zombie.
-func alive(pid int) bool {
+// statFields returns the fields of /proc/pid/stat after the command's
+// name: state, ppid, pgrp, ... (nil once pid is gone).
+func statFields(pid int) []string {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
-		return false
+		return nil
 	}
-	if i := bytes.LastIndexByte(b, ')'); i > 0 && i+2 < len(b) {
-		return b[i+2] != 'Z'
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return nil
 	}
-	return true
+	return strings.Fields(string(b[i+1:]))
+}
+
+// alive is true while pid exists and is not a zombie.
+func alive(pid int) bool {
+	f := statFields(pid)
+	return len(f) > 0 && f[0] != "Z"
 }
 
 func waitGone(t *testing.T, pids []int, limit time.Duration) {

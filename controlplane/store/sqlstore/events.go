@@ -31,16 +31,7 @@ func scanEvent(s scanner) (*store.Event, error) {
 // flushEvents, so the serialising lock is the last one the transaction
 // takes. Their ids are assigned then: set once Tx has returned.
 func (q *queries) AppendEvent(ctx context.Context, e *store.Event) error {
-	if _, ok := q.db.dialect.(EventSerializer); ok {
-		return q.deferEvents(ctx, []*store.Event{e})
-	}
-	err := q.row(ctx, `INSERT INTO events (kind, severity, instance_id, pool_id, correlation_id, message, payload, created_at)
-		VALUES (?,?,?,?,?,?,?,?) RETURNING id`,
-		string(e.Kind), int(e.Severity), string(e.InstanceID), string(e.PoolID), string(e.CorrelationID), e.Message, jsonObject(e.Payload), ts(e.CreatedAt)).Scan(&e.ID)
-	if err != nil {
-		return fmt.Errorf("append event %s: %w", e.Kind, q.db.classify(err))
-	}
-	return q.Notify(ctx, store.ChannelEvents, strconv.FormatInt(e.ID, 10))
+	return q.AppendEvents(ctx, []*store.Event{e})
 }
 
 func (q *queries) AppendEvents(ctx context.Context, es []*store.Event) error {
@@ -156,7 +147,7 @@ func (q *queries) insertEvents(ctx context.Context, es []*store.Event) error {
 func (q *queries) assignIDs(ctx context.Context, chunk []*store.Event, stmt string, args []any) error {
 	res, err := q.query(ctx, stmt, args...)
 	if err != nil {
-		return fmt.Errorf("append %s: %w", eventKinds(chunk), err)
+		return fmt.Errorf("append %s: %w", eventKinds(chunk), q.db.classify(err))
 	}
 	ids, err := collect(q, res, func(s scanner) (int64, error) { var id int64; return id, s.Scan(&id) })
 	if err != nil {
