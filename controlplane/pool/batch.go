@@ -178,9 +178,26 @@ func (b *batcher) leave(k string) {
 
 // claimBatch claims for every request in one transaction. The context is
 // not any one caller's: a caller that leaves does not fail the others.
+// The claims that found no ready member share one explanation: counted
+// once for the batch, not once per caller, so claimers hammering an empty
+// pool cost one count a transaction rather than one each.
 func (s *Service) claimBatch(batch []*claimReq) {
 	ctx, cancel := context.WithTimeout(context.Background(), claimTimeout)
 	defer cancel()
+	s.claimAll(ctx, batch)
+	var why error
+	for _, r := range batch {
+		if errors.Is(r.err, errNoReady) {
+			if why == nil {
+				why = s.noReady(ctx, r.pool, r.class)
+			}
+			r.err = exhausted{why}
+		}
+	}
+}
+
+// claimAll answers every request of the batch: a claim, or an error.
+func (s *Service) claimAll(ctx context.Context, batch []*claimReq) {
 	now := s.Clock.Now()
 	var named *store.Pool
 	var out []*Claim

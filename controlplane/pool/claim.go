@@ -38,6 +38,13 @@ const maxAttribution = 256
 // errNoReady ends a claim transaction that found no ready member.
 var errNoReady = errors.New("no ready member")
 
+// exhausted is a claim that found no ready member, with the
+// ResourceExhausted answer that explains it (noReady).
+type exhausted struct{ why error }
+
+func (e exhausted) Error() string { return e.why.Error() }
+func (e exhausted) Unwrap() error { return e.why }
+
 // Acquire claims the oldest ready member of an active pool, atomically:
 // the member row is taken with SKIP LOCKED on PostgreSQL (one writer at a
 // time on SQLite), and the pool.claimed event that records who claimed it
@@ -59,13 +66,14 @@ func (s *Service) Acquire(ctx context.Context, p AcquireParams) (*Claim, error) 
 	}
 	c, named, err := s.claims().claim(ctx, &claimReq{poolID: p.PoolID, poolName: p.PoolName, class: p.LifecycleClass,
 		acquiredBy: p.AcquiredBy, acquiredFor: p.AcquiredFor})
-	if errors.Is(err, errNoReady) {
+	var none exhausted
+	if errors.As(err, &none) {
 		var poolID store.PoolID
 		if named != nil {
 			poolID = named.ID
 		}
 		s.Nudge(poolID)
-		return nil, s.noReady(ctx, named, p.LifecycleClass)
+		return nil, none.why
 	}
 	if err != nil {
 		return nil, err

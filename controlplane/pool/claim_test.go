@@ -3,9 +3,12 @@ package pool_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"runtime"
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -117,8 +120,63 @@ func (f failingQueries) AppendEvents(ctx context.Context, es []*store.Event) err
 	return f.Queries.AppendEvents(ctx, es)
 }
 
-// A batch of claims shares its pool's refusal: each caller gets it, and
-// nothing is claimed.
+// gatedStore holds the first transaction until release is closed, so
+// the claims that arrive meanwhile queue into one batch, and counts the
+// transactions and the member counts that explain a refusal.
+type gatedStore struct {
+	store.Store
+	entered, release chan struct{}
+	once             sync.Once
+	txs, counts      atomic.Int32
+}
+
+func newGatedStore(st store.Store) *gatedStore {
+	return &gatedStore{Store: st, entered: make(chan struct{}), release: make(chan struct{})}
+}
+
+func (g *gatedStore) Tx(ctx context.Context, fn func(store.Queries) error) error {
+	g.txs.Add(1)
+	g.once.Do(func() { close(g.entered); <-g.release })
+	return g.Store.Tx(ctx, fn)
+}
+
+func (g *gatedStore) CountPoolMembers(ctx context.Context, id store.PoolID) (store.PoolCounts, error) {
+	g.counts.Add(1)
+	return g.Store.CountPoolMembers(ctx, id)
+}
+
+// claimInBatch runs the first of ps alone, held in its transaction, and
+// the rest as one batch queued behind it (one claim lane), and returns
+// each claim's answer, aligned with ps.
+func claimInBatch(t *testing.T, e *env, g *gatedStore, ps ...pool.AcquireParams) ([]*pool.Claim, []error) {
+	t.Helper()
+	svc := &pool.Service{Store: g, Clock: e.clk, Log: e.svc.Log, Instances: e.inst, ClaimLanes: 1}
+	claims, errs := make([]*pool.Claim, len(ps)), make([]error, len(ps))
+	var wg sync.WaitGroup
+	acquire := func(i int) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			claims[i], errs[i] = svc.Acquire(e.ctx, ps[i])
+		}()
+	}
+	acquire(0)
+	<-g.entered
+	for i := 1; i < len(ps); i++ {
+		acquire(i)
+	}
+	// The queue is the batcher's own state; nothing signals its growth.
+	for pool.QueuedClaims(svc) < len(ps)-1 {
+		runtime.Gosched()
+	}
+	close(g.release)
+	wg.Wait()
+	return claims, errs
+}
+
+// A batch of claims shares its pool's refusal: each caller gets it from
+// the batch's one transaction, with no retry one by one, and nothing is
+// claimed.
 func TestBatchedClaimsShareTheirPoolsRefusal(t *testing.T) {
 	eachBackend(t, func(t *testing.T, open func(testing.TB) store.Store) {
 		e := newEnv(t, open)
@@ -127,20 +185,55 @@ func TestBatchedClaimsShareTheirPoolsRefusal(t *testing.T) {
 		if _, err := e.svc.Drain(e.ctx, "ci"); err != nil {
 			t.Fatal(err)
 		}
-		var wg sync.WaitGroup
-		for _, ap := range []pool.AcquireParams{{PoolName: "ci"}, {PoolName: "ci"}, {PoolID: p.ID}, {PoolID: p.ID}, {PoolName: "ci"}, {PoolID: p.ID}} {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				_, err := e.svc.Acquire(e.ctx, ap)
-				wantCode(t, err, codes.FailedPrecondition)
-			}()
+		g := newGatedStore(e.st)
+		_, errs := claimInBatch(t, e, g, pool.AcquireParams{PoolName: "ci"}, pool.AcquireParams{PoolName: "ci"}, pool.AcquireParams{PoolName: "ci"},
+			pool.AcquireParams{PoolName: "ci"}, pool.AcquireParams{PoolName: "ci"}, pool.AcquireParams{PoolName: "ci"})
+		for _, err := range errs {
+			wantCode(t, err, codes.FailedPrecondition)
 		}
-		wg.Wait()
+		if n := g.txs.Load(); n != 2 {
+			t.Errorf("%d transactions for a lone claim and a refused batch of 5, want 2", n)
+		}
 		for _, m := range seeded {
 			if got := e.get(m.ID); got.ClaimID != "" {
 				t.Fatalf("member %s of a draining pool was claimed", m.ID)
 			}
+		}
+	})
+}
+
+// The claims of a batch that found no ready member share one explanation:
+// the pool's members are counted once for the batch, not once per caller.
+func TestBatchedClaimsCountAnEmptyPoolOnce(t *testing.T) {
+	eachBackend(t, func(t *testing.T, open func(testing.TB) store.Store) {
+		e := newEnv(t, open)
+		p := e.create("ci", 0, store.PoolMetadata{})
+		seedReady(t, e.ctx, e.st, p, 2)
+		g := newGatedStore(e.st)
+		ps := make([]pool.AcquireParams, 6)
+		for i := range ps {
+			ps[i] = pool.AcquireParams{PoolName: "ci", AcquiredBy: fmt.Sprintf("c%d", i)}
+		}
+		claims, errs := claimInBatch(t, e, g, ps...)
+		got := 0
+		for i, err := range errs {
+			if err == nil {
+				got++
+				if claims[i].Instance.AcquiredBy != ps[i].AcquiredBy {
+					t.Errorf("claim %d went to %q", i, claims[i].Instance.AcquiredBy)
+				}
+				continue
+			}
+			wantCode(t, err, codes.ResourceExhausted)
+			if !strings.Contains(err.Error(), "claimed 2") {
+				t.Errorf("refusal %d does not count the claimed members: %v", i, err)
+			}
+		}
+		if got != 2 {
+			t.Fatalf("%d claims succeeded of 2 ready members", got)
+		}
+		if n := g.counts.Load(); n != 1 {
+			t.Errorf("the pool's members were counted %d times for one batch's refusals, want 1", n)
 		}
 	})
 }
