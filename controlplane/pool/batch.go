@@ -178,20 +178,18 @@ func (b *batcher) leave(k string) {
 
 // claimBatch claims for every request in one transaction. The context is
 // not any one caller's: a caller that leaves does not fail the others.
-// The claims that found no ready member share one explanation: counted
-// once for the batch, not once per caller, so claimers hammering an empty
-// pool cost one count a transaction rather than one each.
+// The claims that found no ready member share one exhausted answer.
 func (s *Service) claimBatch(batch []*claimReq) {
 	ctx, cancel := context.WithTimeout(context.Background(), claimTimeout)
 	defer cancel()
 	s.claimAll(ctx, batch)
-	var why error
+	var none *exhausted
 	for _, r := range batch {
 		if errors.Is(r.err, errNoReady) {
-			if why == nil {
-				why = s.noReady(ctx, r.pool, r.class)
+			if none == nil {
+				none = &exhausted{s: s, named: r.pool, class: r.class}
 			}
-			r.err = exhausted{why}
+			r.err = none
 		}
 	}
 }

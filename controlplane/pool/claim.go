@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -38,12 +39,32 @@ const maxAttribution = 256
 // errNoReady ends a claim transaction that found no ready member.
 var errNoReady = errors.New("no ready member")
 
-// exhausted is a claim that found no ready member, with the
-// ResourceExhausted answer that explains it (noReady).
-type exhausted struct{ why error }
+// exhausted is the claims of one batch that found no ready member. The
+// first of their callers to answer counts the pool's members for all of
+// them (noReady), so claimers hammering an empty pool cost one count a
+// batch rather than one each, and the batch's claims that got a member
+// do not wait for it.
+type exhausted struct {
+	s     *Service
+	named *store.Pool
+	class string
+	once  sync.Once
+	why   error
+}
 
-func (e exhausted) Error() string { return e.why.Error() }
-func (e exhausted) Unwrap() error { return e.why }
+func (e *exhausted) Error() string { return errNoReady.Error() }
+func (e *exhausted) Unwrap() error { return errNoReady }
+
+// explain is the ResourceExhausted answer. The count outlives the caller
+// that runs it: the others of the batch wait for the same answer.
+func (e *exhausted) explain(ctx context.Context) error {
+	e.once.Do(func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimTimeout)
+		defer cancel()
+		e.why = e.s.noReady(ctx, e.named, e.class)
+	})
+	return e.why
+}
 
 // Acquire claims the oldest ready member of an active pool, atomically:
 // the member row is taken with SKIP LOCKED on PostgreSQL (one writer at a
@@ -66,14 +87,14 @@ func (s *Service) Acquire(ctx context.Context, p AcquireParams) (*Claim, error) 
 	}
 	c, named, err := s.claims().claim(ctx, &claimReq{poolID: p.PoolID, poolName: p.PoolName, class: p.LifecycleClass,
 		acquiredBy: p.AcquiredBy, acquiredFor: p.AcquiredFor})
-	var none exhausted
+	var none *exhausted
 	if errors.As(err, &none) {
 		var poolID store.PoolID
 		if named != nil {
 			poolID = named.ID
 		}
 		s.Nudge(poolID)
-		return nil, none.why
+		return nil, none.explain(ctx)
 	}
 	if err != nil {
 		return nil, err

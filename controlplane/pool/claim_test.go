@@ -128,6 +128,8 @@ type gatedStore struct {
 	entered, release chan struct{}
 	once             sync.Once
 	txs, counts      atomic.Int32
+	// countGate, when set, holds every member count until it is closed.
+	countGate chan struct{}
 }
 
 func newGatedStore(st store.Store) *gatedStore {
@@ -142,6 +144,9 @@ func (g *gatedStore) Tx(ctx context.Context, fn func(store.Queries) error) error
 
 func (g *gatedStore) CountPoolMembers(ctx context.Context, id store.PoolID) (store.PoolCounts, error) {
 	g.counts.Add(1)
+	if g.countGate != nil {
+		<-g.countGate
+	}
 	return g.Store.CountPoolMembers(ctx, id)
 }
 
@@ -150,14 +155,33 @@ func (g *gatedStore) CountPoolMembers(ctx context.Context, id store.PoolID) (sto
 // each claim's answer, aligned with ps.
 func claimInBatch(t *testing.T, e *env, g *gatedStore, ps ...pool.AcquireParams) ([]*pool.Claim, []error) {
 	t.Helper()
-	svc := &pool.Service{Store: g, Clock: e.clk, Log: e.svc.Log, Instances: e.inst, ClaimLanes: 1}
 	claims, errs := make([]*pool.Claim, len(ps)), make([]error, len(ps))
+	for a := range startBatch(t, e, g, ps...) {
+		claims[a.i], errs[a.i] = a.claim, a.err
+	}
+	return claims, errs
+}
+
+// answer is one claim's, for startBatch.
+type answer struct {
+	i     int
+	claim *pool.Claim
+	err   error
+}
+
+// startBatch is claimInBatch with the answers sent as they come; the
+// channel closes after the last.
+func startBatch(t *testing.T, e *env, g *gatedStore, ps ...pool.AcquireParams) <-chan answer {
+	t.Helper()
+	svc := &pool.Service{Store: g, Clock: e.clk, Log: e.svc.Log, Instances: e.inst, ClaimLanes: 1}
+	out := make(chan answer, len(ps))
 	var wg sync.WaitGroup
 	acquire := func(i int) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			claims[i], errs[i] = svc.Acquire(e.ctx, ps[i])
+			c, err := svc.Acquire(e.ctx, ps[i])
+			out <- answer{i, c, err}
 		}()
 	}
 	acquire(0)
@@ -170,8 +194,8 @@ func claimInBatch(t *testing.T, e *env, g *gatedStore, ps ...pool.AcquireParams)
 		runtime.Gosched()
 	}
 	close(g.release)
-	wg.Wait()
-	return claims, errs
+	go func() { wg.Wait(); close(out) }()
+	return out
 }
 
 // A batch of claims shares its pool's refusal: each caller gets it from
@@ -236,6 +260,45 @@ func TestBatchedClaimsCountAnEmptyPoolOnce(t *testing.T) {
 			t.Errorf("the pool's members were counted %d times for one batch's refusals, want 1", n)
 		}
 	})
+}
+
+// A claim of a batch that got its member is answered without waiting
+// for the count that explains the batch's refusals.
+func TestBatchedClaimsDoNotWaitForTheRefusalsCount(t *testing.T) {
+	e := newEnv(t, instancestest.SQLite)
+	p := e.create("ci", 0, store.PoolMetadata{})
+	seedReady(t, e.ctx, e.st, p, 2)
+	g := newGatedStore(e.st)
+	g.countGate = make(chan struct{})
+	ps := make([]pool.AcquireParams, 4)
+	for i := range ps {
+		ps[i] = pool.AcquireParams{PoolName: "ci"}
+	}
+	// The lone first claim and one of the batch of three get the two
+	// members; the other two wait on the count.
+	answers := startBatch(t, e, g, ps...)
+	release := sync.OnceFunc(func() { close(g.countGate) })
+	defer release()
+	deadline := time.After(30 * time.Second)
+	for got := 0; got < 2; got++ {
+		select {
+		case a := <-answers:
+			if a.err != nil {
+				t.Fatalf("claim %d answered before the count was let through: %v", a.i, a.err)
+			}
+		case <-deadline:
+			t.Fatalf("%d of the 2 claims that got a member were answered while the refusals' count was held", got)
+		}
+	}
+	release()
+	refused := 0
+	for a := range answers {
+		wantCode(t, a.err, codes.ResourceExhausted)
+		refused++
+	}
+	if refused != 2 || g.counts.Load() != 1 {
+		t.Fatalf("%d refused, %d counts; want 2 refused on one count", refused, g.counts.Load())
+	}
 }
 
 // nodeNamesFail fails the read that names the claimed members' nodes.
