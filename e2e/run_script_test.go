@@ -75,23 +75,36 @@ func TestRunScriptCtrlCStopsEverything(t *testing.T) {
 
 // When tetherd dies under a running `make run`, the run says so, stops the
 // VMs tetherd left behind, and fails: no Ctrl-C needed, nothing left.
+// Killed or stopped cleanly by someone else, tetherd ending is the run
+// failing.
 func TestRunScriptStopsWhenTetherdDies(t *testing.T) {
-	r := startRunScript(t, false, filepath.Join(t.TempDir(), "data"), "", runningLine)
-	if err := syscall.Kill(r.tetherd, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	err := r.wait(t, "tetherd's death")
-	out := r.out.String()
-	if err == nil {
-		t.Fatalf("run.sh exited 0 although tetherd died:\n%s", out)
-	}
-	if left := processesMentioning(r.machines); len(left) > 0 {
-		t.Fatalf("QEMU of this run still alive after tetherd died: pids %v\n%s", left, out)
-	}
-	for _, want := range []string{"tetherd exited on its own (killed by signal 9)", "is still running; stopping it", "==> stopped"} {
-		if !strings.Contains(out, want) {
-			t.Fatalf("run.sh output lacks %q:\n%s", want, out)
-		}
+	for _, tc := range []struct {
+		name string
+		sig  syscall.Signal
+		how  string
+	}{
+		{"killed", syscall.SIGKILL, "killed by signal 9"},
+		{"stopped cleanly", syscall.SIGTERM, "with status 0"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := startRunScript(t, false, filepath.Join(t.TempDir(), "data"), "", runningLine)
+			if err := syscall.Kill(r.tetherd, tc.sig); err != nil {
+				t.Fatal(err)
+			}
+			err := r.wait(t, "tetherd's end")
+			out := r.out.String()
+			if err == nil {
+				t.Fatalf("run.sh exited 0 although tetherd ended:\n%s", out)
+			}
+			if left := processesMentioning(r.machines); len(left) > 0 {
+				t.Fatalf("QEMU of this run still alive after tetherd ended: pids %v\n%s", left, out)
+			}
+			for _, want := range []string{"tetherd exited on its own (" + tc.how + ")", "is still running; stopping it", "==> stopped"} {
+				if !strings.Contains(out, want) {
+					t.Fatalf("run.sh output lacks %q:\n%s", want, out)
+				}
+			}
+		})
 	}
 }
 

@@ -276,4 +276,6 @@ wait "$tetherd" && st=0 || st=$?
 how="with status $st"
 [ "$st" -le 128 ] || how="killed by signal $((st - 128))"
 echo "make run: tetherd exited on its own ($how); its log: $data/tetherd.log" >&2
-exit "$st"
+# A tetherd that ends under make run is the run failing, even with status
+# 0 (someone sent it TERM).
+exit $((st == 0 ? 1 : st))
